@@ -1,0 +1,1 @@
+"""Ray worker groups, their placement, and the sharding of work across them."""

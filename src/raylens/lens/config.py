@@ -1,0 +1,167 @@
+"""What lens should export, and where, read from the environment.
+
+Variables (all optional):
+
+``RAYLENS_TELEMETRY``
+    ``on`` or ``off`` (also ``1/0``, ``true/false``, ``yes/no``); default ``on``.
+``RAYLENS_EXPORTER``
+    ``console``, ``otlp``, ``prometheus`` or ``none``. Default: ``otlp`` when an
+    OTLP endpoint is configured (``OTEL_EXPORTER_OTLP_ENDPOINT`` or
+    ``OTEL_EXPORTER_OTLP_METRICS_ENDPOINT``), otherwise ``none``.
+``RAYLENS_PROMETHEUS_ADDR``
+    ``host:port`` the Prometheus exporter listens on; default ``127.0.0.1:9464``.
+``OTEL_SERVICE_NAME``, ``OTEL_RESOURCE_ATTRIBUTES``
+    The resource, as the OpenTelemetry SDK reads them (service name default ``raylens``).
+``OTEL_EXPORTER_OTLP_ENDPOINT``, ``OTEL_EXPORTER_OTLP_METRICS_ENDPOINT``
+    The OTLP/HTTP base endpoint (``/v1/metrics`` is appended), or the full metrics
+    URL, which wins; default ``http://localhost:4318/v1/metrics``.
+``OTEL_METRIC_EXPORT_INTERVAL``
+    Milliseconds between pushes of a periodic exporter; default 60000.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+EXPORTERS = ("console", "otlp", "prometheus", "none")
+
+DEFAULT_SERVICE_NAME = "raylens"
+DEFAULT_PROMETHEUS_ADDR = "127.0.0.1:9464"
+DEFAULT_OTLP_ENDPOINT = "http://localhost:4318"
+DEFAULT_EXPORT_INTERVAL_MS = 60_000
+
+_TRUE = {"1", "true", "on", "yes"}
+_FALSE = {"0", "false", "off", "no"}
+
+
+def _parse_switch(variable: str, raw: str) -> bool:
+    value = raw.strip().lower()
+    if value in _TRUE:
+        return True
+    if value in _FALSE:
+        return False
+    raise ValueError(f"{variable}={raw!r} is not a switch; allowed: on, off, 1, 0, true, false, yes, no")
+
+
+def parse_host_port(value: str, *, source: str = "address") -> tuple[str, int]:
+    """Split ``host:port`` (``[v6]:port`` for IPv6) and check the port; ValueError names ``source``."""
+    raw = value.strip()
+    host, sep, port_text = raw.rpartition(":")
+    if not sep or not host or not port_text.isdigit():
+        raise ValueError(f"{source}={value!r} is not host:port (for example 127.0.0.1:9464)")
+    port = int(port_text)
+    if not 0 <= port <= 65535:
+        raise ValueError(f"{source}={value!r} has port {port}; allowed ports are 0 to 65535")
+    if host.startswith("[") and host.endswith("]"):
+        host = host[1:-1]
+    return host, port
+
+
+@dataclass(frozen=True)
+class TelemetryConfig:
+    """Everything :func:`raylens.lens.init_telemetry` needs to know."""
+
+    enabled: bool = True
+    exporter: str = "none"
+    service_name: str = DEFAULT_SERVICE_NAME
+    resource_attributes: Mapping[str, str] = field(default_factory=dict)
+    otlp_endpoint: str = DEFAULT_OTLP_ENDPOINT + "/v1/metrics"
+    prometheus_addr: str = DEFAULT_PROMETHEUS_ADDR
+    export_interval_ms: int = DEFAULT_EXPORT_INTERVAL_MS
+
+    def __post_init__(self) -> None:
+        if self.exporter not in EXPORTERS:
+            raise ValueError(
+                f"exporter {self.exporter!r} is not known; allowed: {', '.join(EXPORTERS)}"
+            )
+        if isinstance(self.export_interval_ms, bool) or not isinstance(self.export_interval_ms, int):
+            raise ValueError(f"export_interval_ms must be an int, got {self.export_interval_ms!r}")
+        if self.export_interval_ms <= 0:
+            raise ValueError(
+                f"export_interval_ms={self.export_interval_ms} must be a positive number of ms"
+            )
+        parse_host_port(self.prometheus_addr, source="prometheus_addr")
+
+    @property
+    def prometheus_host_port(self) -> tuple[str, int]:
+        return parse_host_port(self.prometheus_addr, source="prometheus_addr")
+
+    @classmethod
+    def from_env(cls, environ: Mapping[str, str] | None = None) -> TelemetryConfig:
+        """Read the configuration from ``environ`` (default ``os.environ``).
+
+        Raises ValueError naming the variable, its value and what is allowed.
+        """
+        env = os.environ if environ is None else environ
+
+        enabled = _parse_switch("RAYLENS_TELEMETRY", env.get("RAYLENS_TELEMETRY", "on"))
+
+        metrics_endpoint = env.get("OTEL_EXPORTER_OTLP_METRICS_ENDPOINT", "").strip()
+        base_endpoint = env.get("OTEL_EXPORTER_OTLP_ENDPOINT", "").strip()
+        if metrics_endpoint:
+            otlp_endpoint = metrics_endpoint
+        elif base_endpoint:
+            otlp_endpoint = base_endpoint.rstrip("/") + "/v1/metrics"
+        else:
+            otlp_endpoint = DEFAULT_OTLP_ENDPOINT + "/v1/metrics"
+        for variable, url in (
+            ("OTEL_EXPORTER_OTLP_METRICS_ENDPOINT", metrics_endpoint),
+            ("OTEL_EXPORTER_OTLP_ENDPOINT", base_endpoint),
+        ):
+            if url and not url.startswith(("http://", "https://")):
+                raise ValueError(f"{variable}={url!r} must be an http:// or https:// URL")
+
+        default_exporter = "otlp" if (metrics_endpoint or base_endpoint) else "none"
+        exporter = env.get("RAYLENS_EXPORTER", default_exporter).strip().lower() or default_exporter
+        if exporter not in EXPORTERS:
+            raise ValueError(
+                f"RAYLENS_EXPORTER={env.get('RAYLENS_EXPORTER')!r} is not known; "
+                f"allowed: {', '.join(EXPORTERS)}"
+            )
+
+        prometheus_addr = env.get("RAYLENS_PROMETHEUS_ADDR", DEFAULT_PROMETHEUS_ADDR)
+        parse_host_port(prometheus_addr, source="RAYLENS_PROMETHEUS_ADDR")
+
+        interval_raw = env.get("OTEL_METRIC_EXPORT_INTERVAL", str(DEFAULT_EXPORT_INTERVAL_MS))
+        try:
+            interval = int(interval_raw.strip())
+        except ValueError:
+            interval = -1
+        if interval <= 0:
+            raise ValueError(
+                f"OTEL_METRIC_EXPORT_INTERVAL={interval_raw!r} must be a positive whole number "
+                "of milliseconds"
+            )
+
+        service_name = env.get("OTEL_SERVICE_NAME", "").strip() or DEFAULT_SERVICE_NAME
+        resource_attributes = _parse_resource_attributes(env.get("OTEL_RESOURCE_ATTRIBUTES", ""))
+
+        return cls(
+            enabled=enabled,
+            exporter=exporter,
+            service_name=service_name,
+            resource_attributes=resource_attributes,
+            otlp_endpoint=otlp_endpoint,
+            prometheus_addr=prometheus_addr.strip(),
+            export_interval_ms=interval,
+        )
+
+
+def _parse_resource_attributes(raw: str) -> dict[str, str]:
+    """``key1=value1,key2=value2`` with percent-encoded values, as the SDK documents it."""
+    from urllib.parse import unquote
+
+    attributes: dict[str, str] = {}
+    for item in raw.split(","):
+        item = item.strip()
+        if not item:
+            continue
+        key, sep, value = item.partition("=")
+        if not sep or not key.strip():
+            raise ValueError(
+                f"OTEL_RESOURCE_ATTRIBUTES={raw!r} has {item!r}, which is not key=value"
+            )
+        attributes[key.strip()] = unquote(value.strip())
+    return attributes

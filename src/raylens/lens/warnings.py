@@ -1,0 +1,48 @@
+"""Log a recurring problem loudly once, then quietly.
+
+Background paths (scrape loops, gauge callbacks, samplers) meet the same failure
+every cycle. :func:`warn_once` keeps the first occurrence visible at WARNING, with
+the traceback of the exception being handled if there is one, and demotes the
+rest to DEBUG so a dead node does not flood the log.
+
+State: the set of keys already warned about. :func:`reset_warn_once` clears it.
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+import threading
+
+_LOGGER = logging.getLogger("raylens")
+
+_WARNED_KEYS: set[str] = set()
+_WARNED_LOCK = threading.Lock()
+
+
+def warn_once(key: str, message: str, *, logger: logging.Logger | None = None) -> bool:
+    """Log ``message`` at WARNING the first time ``key`` is seen, at DEBUG after.
+
+    Called from inside an ``except`` block, the first log line carries the
+    traceback of the exception being handled. Returns True when this call was
+    the one that warned, so a caller can attach extra one-time work to it.
+    """
+    log = logger or _LOGGER
+    with _WARNED_LOCK:
+        first = key not in _WARNED_KEYS
+        _WARNED_KEYS.add(key)
+    handling = sys.exc_info()[0] is not None
+    if first:
+        log.warning(message, exc_info=handling)
+    else:
+        log.debug(message, exc_info=handling)
+    return first
+
+
+def reset_warn_once(key: str | None = None) -> None:
+    """Forget ``key`` (or every key when None), so its next warning is loud again."""
+    with _WARNED_LOCK:
+        if key is None:
+            _WARNED_KEYS.clear()
+        else:
+            _WARNED_KEYS.discard(key)

@@ -1,0 +1,1 @@
+"""What raylens measures: host memory per Ray node, and process-tree memory."""
