@@ -30,6 +30,7 @@ from raylens.lens.runtime import (
     register_observable_gauge,
     reset_observable_gauges,
     shutdown_telemetry,
+    unregister_observable_gauge,
 )
 from raylens.lens.warnings import reset_warn_once, warn_once
 
@@ -57,5 +58,6 @@ __all__ = [
     "reset_recorded_metrics",
     "reset_warn_once",
     "shutdown_telemetry",
+    "unregister_observable_gauge",
     "warn_once",
 ]

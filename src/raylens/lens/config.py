@@ -42,7 +42,9 @@ def _parse_switch(variable: str, raw: str) -> bool:
         return True
     if value in _FALSE:
         return False
-    raise ValueError(f"{variable}={raw!r} is not a switch; allowed: on, off, 1, 0, true, false, yes, no")
+    raise ValueError(
+        f"{variable}={raw!r} is not a switch; allowed: on, off, 1, 0, true, false, yes, no"
+    )
 
 
 def parse_host_port(value: str, *, source: str = "address") -> tuple[str, int]:
@@ -76,7 +78,9 @@ class TelemetryConfig:
             raise ValueError(
                 f"exporter {self.exporter!r} is not known; allowed: {', '.join(EXPORTERS)}"
             )
-        if isinstance(self.export_interval_ms, bool) or not isinstance(self.export_interval_ms, int):
+        if isinstance(self.export_interval_ms, bool) or not isinstance(
+            self.export_interval_ms, int
+        ):
             raise ValueError(f"export_interval_ms must be an int, got {self.export_interval_ms!r}")
         if self.export_interval_ms <= 0:
             raise ValueError(

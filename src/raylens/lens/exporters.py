@@ -52,7 +52,9 @@ class ConsoleLineExporter(MetricExporter):
                         value = getattr(point, "value", None)
                         if value is None:
                             value = getattr(point, "sum", "?")
-                        lines.append(format_point_line(metric.name, metric.unit, point.attributes, value))
+                        lines.append(
+                            format_point_line(metric.name, metric.unit, point.attributes, value)
+                        )
         if lines:
             stream = self._stream or sys.stdout
             with self._lock:

@@ -112,12 +112,20 @@ def register_observable_gauge(metric: RecordedMetric, callback: ObservableCallba
     Registering the same name again replaces the callback.
     """
     if metric.kind != OBSERVABLE_GAUGE:
-        raise ValueError(f"metric {metric.name!r} has kind {metric.kind!r}, not {OBSERVABLE_GAUGE!r}")
+        raise ValueError(
+            f"metric {metric.name!r} has kind {metric.kind!r}, not {OBSERVABLE_GAUGE!r}"
+        )
     register_recorded_metrics([metric])
     with _HANDLE_LOCK:
         _OBSERVABLES[metric.name] = (metric, callback)
         if _HANDLE is not None:
             _create_observables(_HANDLE)
+
+
+def unregister_observable_gauge(name: str) -> None:
+    """Stop reporting ``name``: its instrument stays on the current meter but yields no points."""
+    with _HANDLE_LOCK:
+        _OBSERVABLES.pop(name, None)
 
 
 def reset_observable_gauges() -> None:
@@ -202,7 +210,11 @@ def init_telemetry_driver(
     handle = init_telemetry(config, metric_reader=metric_reader)
     from raylens.telemetry import host_memory  # lazy: lens must import without telemetry
 
-    interval = host_memory.FALLBACK_COLLECTION_INTERVAL if host_memory_interval is None else host_memory_interval
+    interval = (
+        host_memory.FALLBACK_COLLECTION_INTERVAL
+        if host_memory_interval is None
+        else host_memory_interval
+    )
     host_memory.start_host_memory_monitoring(interval)
     return handle
 

@@ -1,0 +1,130 @@
+from __future__ import annotations
+
+import itertools
+import logging
+from collections.abc import Iterator
+
+import pytest
+from opentelemetry.metrics import Observation
+from opentelemetry.sdk.metrics.export import InMemoryMetricReader
+
+from raylens.lens import (
+    CARDINALITY_LIMIT,
+    OBSERVABLE_GAUGE,
+    RecordedMetric,
+    TelemetryConfig,
+    get_telemetry_handle,
+    init_telemetry,
+    register_observable_gauge,
+    shutdown_telemetry,
+    unregister_observable_gauge,
+)
+from raylens_fakes import MetricsProbe
+
+_names = (f"test.lens.gauge.{i}" for i in itertools.count())
+
+
+@pytest.fixture
+def gauge_name() -> Iterator[str]:
+    name = next(_names)
+    yield name
+    unregister_observable_gauge(name)
+
+
+def _gauge(name: str) -> RecordedMetric:
+    return RecordedMetric(name, OBSERVABLE_GAUGE, "By", "a test gauge")
+
+
+def test_init_is_idempotent_and_reachable() -> None:
+    assert get_telemetry_handle() is None
+    first = init_telemetry(TelemetryConfig())
+    assert init_telemetry(TelemetryConfig(exporter="console")) is first
+    assert get_telemetry_handle() is first
+
+
+def test_exporter_none_and_telemetry_off_do_not_export() -> None:
+    handle = init_telemetry(TelemetryConfig(exporter="none"))
+    assert handle.is_exporting is False
+    shutdown_telemetry()
+    handle = init_telemetry(TelemetryConfig(enabled=False, exporter="console"))
+    assert handle.is_exporting is False
+
+
+def test_metric_reader_replaces_the_exporter(gauge_name: str) -> None:
+    reader = InMemoryMetricReader()
+    handle = init_telemetry(TelemetryConfig(exporter="none"), metric_reader=reader)
+    assert handle.is_exporting is True
+    register_observable_gauge(_gauge(gauge_name), lambda options: [Observation(7, {"a": "b"})])
+    probe = MetricsProbe()
+    probe.reader = reader
+    assert probe.points(gauge_name) == {frozenset({("a", "b")}): 7}
+
+
+def test_gauge_declared_before_init_and_across_reinit(gauge_name: str) -> None:
+    register_observable_gauge(_gauge(gauge_name), lambda options: [Observation(1)])
+    for _ in range(2):
+        with MetricsProbe() as probe:
+            assert probe.points(gauge_name) == {frozenset(): 1}
+            assert probe.metric(gauge_name).unit == "By"
+
+
+def test_reregistering_replaces_the_callback(metrics_probe: MetricsProbe, gauge_name: str) -> None:
+    register_observable_gauge(_gauge(gauge_name), lambda options: [Observation(1)])
+    register_observable_gauge(_gauge(gauge_name), lambda options: [Observation(2)])
+    assert metrics_probe.points(gauge_name) == {frozenset(): 2}
+
+
+def test_failing_callback_costs_its_points_and_warns_once(
+    metrics_probe: MetricsProbe, gauge_name: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.DEBUG, logger="raylens")
+
+    def broken(options):
+        raise RuntimeError("snapshot corrupt")
+
+    register_observable_gauge(_gauge(gauge_name), broken)
+    for _ in range(3):
+        metrics_probe.collect()
+        assert metrics_probe.points(gauge_name) == {}
+    warnings = [r for r in caplog.records if r.levelno == logging.WARNING]
+    assert len(warnings) == 1
+    assert gauge_name in warnings[0].getMessage()
+
+
+def test_register_rejects_non_gauge_kinds() -> None:
+    with pytest.raises(ValueError, match="'counter'"):
+        register_observable_gauge(RecordedMetric("x.y", "counter", "1", "d"), lambda o: [])
+
+
+def test_points_is_empty_when_nothing_observed(
+    metrics_probe: MetricsProbe, gauge_name: str
+) -> None:
+    register_observable_gauge(_gauge(gauge_name), lambda options: [])
+    assert metrics_probe.points(gauge_name) == {}
+
+
+def test_shutdown_never_raises_and_allows_init_again() -> None:
+    shutdown_telemetry()
+    init_telemetry(TelemetryConfig())
+    shutdown_telemetry()
+    shutdown_telemetry()
+    assert get_telemetry_handle() is None
+    assert init_telemetry(TelemetryConfig()) is get_telemetry_handle()
+
+
+def test_thousands_of_attribute_sets_never_overflow(
+    metrics_probe: MetricsProbe, gauge_name: str
+) -> None:
+    assert CARDINALITY_LIMIT >= 100_000
+    current: dict[str, list[Observation]] = {"obs": []}
+    register_observable_gauge(_gauge(gauge_name), lambda options: current["obs"])
+    batch = 1_000
+    for round_ in range(5):
+        current["obs"] = [
+            Observation(i, {"node": f"n{i}", "round": str(round_)}) for i in range(batch)
+        ]
+        metrics_probe.collect()
+        points = metrics_probe.points(gauge_name)
+        assert len(points) == batch
+        assert all(("otel.metric.overflow", True) not in attrs for attrs in points)
+        assert points[frozenset({("node", "n5"), ("round", str(round_))})] == 5

@@ -1,0 +1,46 @@
+from __future__ import annotations
+
+import logging
+
+import pytest
+
+from raylens.lens import reset_warn_once, warn_once
+
+
+def test_first_warning_is_loud_with_traceback_then_debug(caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.DEBUG, logger="raylens")
+    for _ in range(3):
+        try:
+            raise ConnectionError("node down")
+        except ConnectionError:
+            warn_once("scrape.n1", "node n1 cannot be scraped")
+    levels = [record.levelno for record in caplog.records]
+    assert levels == [logging.WARNING, logging.DEBUG, logging.DEBUG]
+    assert caplog.records[0].exc_info is not None
+    assert "node down" in caplog.text
+
+
+def test_no_traceback_outside_an_except_block(caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.DEBUG, logger="raylens")
+    assert warn_once("k", "plain") is True
+    assert not caplog.records[0].exc_info
+
+
+def test_keys_are_independent_and_reset_makes_them_loud_again(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    caplog.set_level(logging.DEBUG, logger="raylens")
+    assert warn_once("a", "a") is True
+    assert warn_once("b", "b") is True
+    assert warn_once("a", "a") is False
+    reset_warn_once("a")
+    assert warn_once("a", "a") is True
+    assert warn_once("b", "b") is False
+    reset_warn_once()
+    assert warn_once("b", "b") is True
+
+
+def test_custom_logger(caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.DEBUG)
+    warn_once("c", "to my logger", logger=logging.getLogger("mine"))
+    assert caplog.records[0].name == "mine"
