@@ -1,0 +1,258 @@
+"""Read a few named samples out of Prometheus or OpenMetrics exposition text, quickly.
+
+A raylet's metrics endpoint answers with 50-400 KB of text covering hundreds of series, and
+raylens wants two of them (``ray_node_mem_used`` and ``ray_node_mem_total``) from every node on
+every collection tick. A full parser such as ``prometheus_client``'s tokenises every line, unescapes
+every label value and builds an object per sample: around 75 ms for one head-node payload, which
+is a real cost when multiplied by the nodes of a large cluster. Nearly all of that work is thrown
+away, so this module never looks at lines it was not asked about.
+
+How a sample is found: the payload is searched, with the C-speed ``find`` of ``bytes``/``str``,
+for each wanted name (or for a long prefix that all wanted names share, so a single pass serves
+them all). A hit counts only if it starts a line, optionally after blanks, which is what rules
+out a name quoted in a label value, in a ``# HELP``/``# TYPE``/``# UNIT`` line or in any other
+comment: label values and help text cannot hold a raw newline, so nothing inside them starts a
+line. The whole metric name at the hit must then equal a wanted name, so ``ray_node_mem_used_host``
+is never read as ``ray_node_mem_used``. Only then is that one line parsed, by a regular
+expression that walks the label set (quote- and escape-aware, so ``}``, ``,``, ``#``, ``\\"`` and
+``\\\\`` inside values do not end it early), then the value, an optional timestamp and an optional
+OpenMetrics exemplar, and requires the line to end there.
+
+What a caller may rely on:
+
+* The payload is handled as raw bytes and never decoded, so bytes that are not UTF-8 anywhere
+  (even in the wanted lines' label values) do no harm. ``str`` payloads are searched as they are.
+* Both the Prometheus text format 0.0.4 and OpenMetrics are read; comments (``# EOF`` included)
+  are skipped like any other line that does not start with a wanted name, and ``\\r\\n`` line ends
+  are accepted.
+* Samples with and without labels, and with an empty label set, are all samples of the name.
+* Values are decimal or scientific-notation numbers. ``NaN``, ``Inf`` in any spelling, negative
+  numbers and numbers too large for a float are not memory figures: such a sample is dropped.
+* When a name has several samples, the last one in the payload that was kept wins (the order in
+  which ``prometheus_client`` would report them). A dropped sample therefore never hides an
+  earlier good one.
+* A malformed line for a wanted name drops that sample and nothing else. What counts as
+  malformed: an unterminated or unquoted label value, a missing comma between labels, anything
+  other than one value and at most one timestamp after the labels (exemplars excepted), values
+  spelt in ways Go's and Python's number parsers disagree on (``1_000``, ``0x10``).
+* Not recognised: a metric name given only inside the braces (``{__name__="x"}`` or the quoted
+  ``{"x"}`` form of UTF-8 names). Raylets do not write them.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+import re
+from collections.abc import Iterable
+from typing import NamedTuple
+
+__all__ = ["SampleExtractor", "clear_extractor_cache", "extract_samples"]
+
+_METRIC_NAME = re.compile(r"[a-zA-Z_:][a-zA-Z0-9_:]*")
+
+# A prefix shared by every wanted name is searched for once instead of each name on its own when
+# it is at least this long: long enough that its stray hits (help lines, sibling series such as
+# ray_node_mem_available) cost less than another full pass over a few hundred kilobytes.
+_SHARED_PREFIX_MIN = 8
+
+_NUMBER = r"[+-]?(?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+)(?:[eE][+-]?[0-9]+)?"
+_QUOTED = r'"[^"\\\n]*(?:\\.[^"\\\n]*)*"'
+_LABEL = rf"[ \t]*(?:[a-zA-Z_][a-zA-Z0-9_]*|{_QUOTED})[ \t]*=[ \t]*{_QUOTED}[ \t]*"
+_LABELS = rf"\{{[ \t]*(?:{_LABEL}(?:,{_LABEL})*(?:,[ \t]*)?)?\}}"
+# Everything after the metric name up to and including the line end; group 1 is the value.
+_TAIL = (
+    rf"(?:[ \t]*{_LABELS}[ \t]*|[ \t]+)({_NUMBER})"
+    rf"(?:[ \t]+{_NUMBER})?"
+    r"(?:[ \t]+#[ \t]+\{[^\n]*)?"
+    r"[ \t]*\r?(?:\n|\Z)"
+)
+
+_NAME_TOKEN_STR = re.compile(_METRIC_NAME.pattern)
+_NAME_TOKEN_BYTES = re.compile(_METRIC_NAME.pattern.encode("ascii"))
+_TAIL_STR = re.compile(_TAIL)
+_TAIL_BYTES = re.compile(_TAIL.encode("ascii"))
+
+
+class _Flavour(NamedTuple):
+    """Everything the scan needs for one payload type (``bytes`` or ``str``)."""
+
+    needles: tuple[bytes, ...] | tuple[str, ...]
+    by_token: dict[bytes, str] | dict[str, str]
+    name_token: re.Pattern
+    tail: re.Pattern
+    blanks: tuple[int, int] | tuple[str, str]
+    newline: int | str
+
+
+def _validated_names(names: Iterable[str]) -> frozenset[str]:
+    if isinstance(names, (str, bytes, bytearray)):
+        raise TypeError(
+            f"names must be an iterable of metric names, not a single "
+            f"{type(names).__name__} {names!r}; pass [{names!r}] for one name"
+        )
+    checked = set()
+    for name in names:
+        if not isinstance(name, str):
+            raise TypeError(f"metric name {name!r} must be a str, not {type(name).__name__}")
+        if _METRIC_NAME.fullmatch(name) is None:
+            raise ValueError(
+                f"metric name {name!r} is not valid: a name is made of ASCII letters, digits, "
+                f"'_' and ':', and does not start with a digit"
+            )
+        checked.add(name)
+    return frozenset(checked)
+
+
+def _needles(names: frozenset[str]) -> tuple[str, ...]:
+    """The strings to search for so that every line starting with a wanted name is hit once."""
+    if len(names) > 1:
+        # The smallest and largest names in sorted order share exactly the prefix all share.
+        first, last = min(names), max(names)
+        size = 0
+        while size < len(first) and first[size] == last[size]:
+            size += 1
+        shared = first[:size]
+        if len(shared) >= _SHARED_PREFIX_MIN:
+            return (shared,)
+    needles: list[str] = []
+    # Sorted order puts a name before the longer names it is a prefix of; those longer names'
+    # lines are already hit by the shorter needle.
+    for name in sorted(names):
+        if not any(name.startswith(needle) for needle in needles):
+            needles.append(name)
+    return tuple(needles)
+
+
+class SampleExtractor:
+    """Extracts the samples of a fixed set of metric names; build once, call many times.
+
+    Construction validates the names and works out what to search for; :meth:`extract` is then
+    a pure function of the payload, safe to call from several threads at once.
+    """
+
+    __slots__ = ("_bytes", "_names", "_str")
+
+    def __init__(self, names: Iterable[str]) -> None:
+        """Prepare to extract ``names``.
+
+        Raises:
+            TypeError: ``names`` is a single string, or holds something other than ``str``.
+            ValueError: a name is not a valid Prometheus metric name.
+        """
+        self._names = _validated_names(names)
+        needles = _needles(self._names)
+        self._str = _Flavour(
+            needles=needles,
+            by_token={name: name for name in self._names},
+            name_token=_NAME_TOKEN_STR,
+            tail=_TAIL_STR,
+            blanks=(" ", "\t"),
+            newline="\n",
+        )
+        self._bytes = _Flavour(
+            needles=tuple(needle.encode("ascii") for needle in needles),
+            by_token={name.encode("ascii"): name for name in self._names},
+            name_token=_NAME_TOKEN_BYTES,
+            tail=_TAIL_BYTES,
+            blanks=(ord(" "), ord("\t")),
+            newline=ord("\n"),
+        )
+
+    @property
+    def names(self) -> frozenset[str]:
+        """The metric names this extractor reads."""
+        return self._names
+
+    def __repr__(self) -> str:
+        return f"SampleExtractor({sorted(self._names)!r})"
+
+    def extract(self, payload: bytes | bytearray | memoryview | str) -> dict[str, float]:
+        """Return ``{name: value}`` for each wanted name that has a valid sample in ``payload``.
+
+        See the module documentation for which samples count and which one wins. Never raises
+        on malformed text; raises ``TypeError`` only for a payload that is not bytes-like or
+        ``str``.
+        """
+        if isinstance(payload, bytes):
+            flavour = self._bytes
+        elif isinstance(payload, str):
+            flavour = self._str
+        elif isinstance(payload, (bytearray, memoryview)):
+            payload = bytes(payload)
+            flavour = self._bytes
+        else:
+            raise TypeError(
+                f"payload must be bytes or str (bytearray and memoryview are accepted too), "
+                f"not {type(payload).__name__}"
+            )
+        return _scan(payload, flavour)
+
+
+def _scan(data: bytes | str, flavour: _Flavour) -> dict[str, float]:
+    found: dict[str, float] = {}
+    find = data.find
+    blanks = flavour.blanks
+    newline = flavour.newline
+    by_token = flavour.by_token
+    name_token = flavour.name_token.match
+    tail = flavour.tail.match
+    inf = math.inf
+    for needle in flavour.needles:
+        step = len(needle)
+        pos = find(needle)
+        while pos != -1:
+            start = pos
+            while start and data[start - 1] in blanks:
+                start -= 1
+            if not start or data[start - 1] == newline:
+                token = name_token(data, pos)
+                name = by_token.get(token.group())
+                if name is not None:
+                    rest = tail(data, token.end())
+                    if rest is not None:
+                        value = float(rest.group(1))
+                        if 0.0 <= value < inf:
+                            found[name] = value
+            # A needle starts with a name character, so an occurrence overlapping this one
+            # cannot start a line: skipping past the whole needle loses nothing.
+            pos = find(needle, pos + step)
+    return found
+
+
+@functools.lru_cache(maxsize=64)
+def _extractor_for(names: frozenset[str]) -> SampleExtractor:
+    return SampleExtractor(names)
+
+
+def clear_extractor_cache() -> None:
+    """Forget the extractors :func:`extract_samples` has compiled (for tests; never needed)."""
+    _extractor_for.cache_clear()
+
+
+def extract_samples(
+    payload: bytes | bytearray | memoryview | str, names: Iterable[str]
+) -> dict[str, float]:
+    """Return ``{name: value}`` for each of ``names`` with a valid sample in ``payload``.
+
+    ``payload`` is one scrape of a Prometheus (text 0.0.4) or OpenMetrics endpoint, preferably
+    the raw response bytes. A name with no valid sample is absent from the result. When a name
+    has several samples (several label sets), the last valid one in the payload wins; ``NaN``,
+    infinite and negative values are not valid. The extractor for a set of names is compiled
+    once and cached, so calling this on every scrape is cheap; :class:`SampleExtractor` does the
+    same without the cache lookup.
+
+    Raises:
+        TypeError: ``names`` is a single string or holds non-strings, or ``payload`` is neither
+            bytes-like nor ``str``.
+        ValueError: a name is not a valid Prometheus metric name.
+    """
+    if isinstance(names, (str, bytes, bytearray)):
+        _validated_names(names)  # raises, with a message saying how to pass one name
+    try:
+        key = frozenset(names)
+    except TypeError as exc:
+        raise TypeError(
+            f"names must be an iterable of metric names (str), got {names!r}: {exc}"
+        ) from None
+    return _extractor_for(key).extract(payload)
