@@ -1,0 +1,89 @@
+from __future__ import annotations
+
+import io
+
+import pytest
+from rich.console import Console
+
+from raylens.live_table import (
+    NodeRow,
+    ProcessTreeRow,
+    format_age,
+    format_bytes,
+    node_table,
+    process_table,
+    sparkline,
+)
+
+
+def _render(renderable) -> str:
+    out = io.StringIO()
+    Console(file=out, width=160, force_terminal=False, color_system=None).print(renderable)
+    return out.getvalue()
+
+
+@pytest.mark.parametrize(
+    ("value", "text"),
+    [
+        (None, "-"),
+        (float("nan"), "-"),
+        (0, "0 B"),
+        (1023, "1023 B"),
+        (1536, "1.5 KiB"),
+        (3 * 1024**3, "3.0 GiB"),
+        (2.5276063744e10, "23.5 GiB"),
+        (5 * 1024**6, "5120.0 PiB"),
+    ],
+)
+def test_format_bytes(value, text: str) -> None:
+    assert format_bytes(value) == text
+
+
+@pytest.mark.parametrize(
+    ("seconds", "text"), [(None, "-"), (0.42, "0.4s"), (12.4, "12s"), (185, "3m05s")]
+)
+def test_format_age(seconds, text: str) -> None:
+    assert format_age(seconds) == text
+
+
+def test_sparkline_scales_between_min_and_max() -> None:
+    assert sparkline([0, 7, 14]) == "▁▅█"
+    assert sparkline([5, 5, 5]) == "▅▅▅"
+    assert sparkline([]) == ""
+    assert len(sparkline(list(range(100)), width=12)) == 12
+
+
+def test_node_table_shows_every_column_and_errors() -> None:
+    rows = [
+        NodeRow(
+            "bbbbbbbbbbbbbbbb", "host-a", 2 * 1024**3, 4 * 1024**3, "policy", 1.2, None, [1, 2]
+        ),
+        NodeRow("aaaaaaaaaaaaaaaa", "host-a", None, None, "rollout", None, "timed out"),
+    ]
+    text = _render(node_table(rows))
+    for expected in ("aaaaaaaa", "bbbbbbbb", "2.0 GiB", "4.0 GiB", "50.0%", "policy", "timed out"):
+        assert expected in text
+    assert text.index("aaaaaaaa") < text.index("bbbbbbbb")
+    assert "aaaaaaaaa" not in text
+
+
+def test_node_row_json() -> None:
+    row = NodeRow("n1", "h", 1.0, 4.0, "none", 0.12345)
+    assert row.to_json() == {
+        "node_id": "n1",
+        "host": "h",
+        "used_bytes": 1.0,
+        "total_bytes": 4.0,
+        "used_percent": 25.0,
+        "worker_groups": "none",
+        "age_seconds": 0.123,
+        "error": None,
+    }
+
+
+def test_process_table_and_json() -> None:
+    row = ProcessTreeRow("python", 42, 3, 3 * 1024**2, None, None, 4 * 1024**2, None)
+    text = _render(process_table([row]))
+    assert "python" in text and "3.0 MiB" in text and "4.0 MiB" in text
+    assert row.to_json()["pss_bytes"] is None
+    assert row.to_json()["processes"] == 3
