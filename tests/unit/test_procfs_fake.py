@@ -1,0 +1,151 @@
+"""The fake /proc lays files out the way the kernel does and reproduces its failure modes."""
+
+from __future__ import annotations
+
+import errno
+import os
+
+import pytest
+
+from raylens_fakes.procfs import PAGE_SIZE, FakeProcFS
+
+
+@pytest.fixture
+def fake(tmp_path) -> FakeProcFS:
+    return FakeProcFS(tmp_path / "proc")
+
+
+def _read(path) -> str:
+    with open(path) as handle:
+        return handle.read()
+
+
+def test_process_files_have_kernel_layout(fake):
+    fake.add_process(100, rss_bytes=10 * PAGE_SIZE, pss_bytes=4 * PAGE_SIZE, start_ticks=777)
+    root = fake.root / "100"
+    statm = _read(root / "statm").split()
+    assert len(statm) == 7
+    assert int(statm[1]) == 10
+    rollup = _read(root / "smaps_rollup")
+    assert f"Rss: {10 * PAGE_SIZE // 1024} kB" in " ".join(rollup.split())
+    assert f"Pss: {4 * PAGE_SIZE // 1024} kB" in " ".join(rollup.split())
+    stat = _read(root / "stat")
+    fields_after_comm = stat.rpartition(")")[2].split()
+    assert fields_after_comm[19] == "777"  # field 22 of the whole line
+    assert _read(root / "task" / "100" / "children") == ""
+
+
+def test_children_are_listed_under_the_thread_that_forked_them(fake):
+    fake.add_process(100, threads=[101, 102])
+    fake.add_process(200, parent=100)
+    fake.add_process(300, parent=100, tid=102)
+    assert sorted(os.listdir(fake.root / "100" / "task")) == ["100", "101", "102"]
+    assert _read(fake.root / "100" / "task" / "100" / "children").split() == ["200"]
+    assert _read(fake.root / "100" / "task" / "101" / "children").split() == []
+    assert _read(fake.root / "100" / "task" / "102" / "children").split() == ["300"]
+
+
+def test_start_ticks_increase_when_not_given(fake):
+    fake.add_process(100)
+    fake.add_process(101)
+    assert fake.start_ticks(101) > fake.start_ticks(100)
+
+
+def test_remove_process_drops_directory_and_listing(fake):
+    fake.add_process(100)
+    fake.add_process(200, parent=100)
+    fake.remove_process(200)
+    assert not (fake.root / "200").exists()
+    assert _read(fake.root / "100" / "task" / "100" / "children") == ""
+
+
+def test_remove_process_can_keep_a_stale_listing(fake):
+    fake.add_process(100)
+    fake.add_process(200, parent=100)
+    fake.remove_process(200, keep_listing=True)
+    assert not (fake.root / "200").exists()
+    assert _read(fake.root / "100" / "task" / "100" / "children").split() == ["200"]
+
+
+def test_zombie_has_zero_statm_and_refuses_smaps_rollup(fake):
+    fake.add_process(100)
+    fake.make_zombie(100)
+    assert _read(fake.root / "100" / "statm").split() == ["0"] * 7
+    with pytest.raises(ProcessLookupError):
+        fake.open(str(fake.root / "100" / "smaps_rollup"), os.O_RDONLY)
+
+
+def test_zombie_with_empty_rollup(fake):
+    fake.add_process(100)
+    fake.make_zombie(100, empty_smaps_rollup=True)
+    fd = fake.open(str(fake.root / "100" / "smaps_rollup"), os.O_RDONLY)
+    try:
+        assert os.read(fd, 4096) == b""
+    finally:
+        os.close(fd)
+
+
+def test_denied_file_raises_permission_error_even_for_root(fake):
+    fake.add_process(100)
+    fake.deny(100, "smaps_rollup")
+    with pytest.raises(PermissionError) as raised:
+        fake.open(str(fake.root / "100" / "smaps_rollup"), os.O_RDONLY)
+    assert raised.value.errno == errno.EACCES
+    fd = fake.open(str(fake.root / "100" / "statm"), os.O_RDONLY)
+    os.close(fd)
+
+
+def test_exit_on_open_removes_the_process_first(fake):
+    fake.add_process(100)
+    fake.add_process(200, parent=100)
+    fake.exit_on_open(200, "statm")
+    with pytest.raises(FileNotFoundError):
+        fake.open(str(fake.root / "200" / "statm"), os.O_RDONLY)
+    assert not (fake.root / "200").exists()
+    assert _read(fake.root / "100" / "task" / "100" / "children") == ""
+
+
+def test_reuse_pid_gives_a_new_start_time(fake):
+    fake.add_process(100, start_ticks=5)
+    fake.reuse_pid(100, start_ticks=9, rss_bytes=3 * PAGE_SIZE)
+    assert fake.start_ticks(100) == 9
+    assert int(_read(fake.root / "100" / "statm").split()[1]) == 3
+
+
+def test_self_points_at_a_process_with_children_file(fake):
+    tid = os.listdir(fake.root / "self" / "task")[0]
+    assert (fake.root / "self" / "task" / tid / "children").exists()
+    assert (fake.root / "self" / "statm").exists()
+
+
+def test_without_self(tmp_path):
+    fake = FakeProcFS(tmp_path / "proc", self_pid=None)
+    assert not (fake.root / "self").exists()
+
+
+def test_memory_must_be_whole_pages(fake):
+    with pytest.raises(ValueError, match="rss_bytes"):
+        fake.add_process(100, rss_bytes=PAGE_SIZE + 1)
+
+
+def test_duplicate_pid_is_refused(fake):
+    fake.add_process(100)
+    with pytest.raises(ValueError, match="100"):
+        fake.add_process(100)
+
+
+def test_unknown_parent_is_refused(fake):
+    with pytest.raises(ValueError, match="parent 55"):
+        fake.add_process(100, parent=55)
+
+
+def test_reader_uses_the_fake_opener(fake):
+    fake.add_process(100)
+    fake.deny(100, "statm")
+    assert fake.procfs.root == str(fake.root)
+    assert fake.procfs.read_rss(100) is None
+
+
+def test_comm_with_parentheses_and_spaces(fake):
+    fake.add_process(100, comm="a) b (c", start_ticks=42)
+    assert fake.procfs.start_ticks(100) == 42
