@@ -1,26 +1,541 @@
-"""The ``raylens`` command."""
+"""The ``raylens`` command: a cluster's memory, live, in one command.
+
+``demo``      a local multi-node Ray cluster with two worker groups, and its memory table
+``watch``     the same table for a running cluster
+``simulate``  the same table over a simulated cluster (no Ray needed)
+``profile``   a command's process-tree memory (RSS, PSS, peaks) while it runs
+
+Every command feeds the OpenTelemetry pipeline chosen with ``--exporter`` (or
+``RAYLENS_EXPORTER``) at the same time. Errors a user can cause print one line
+and exit with status 2; Ctrl-C exits with 130 after cleaning up.
+"""
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
+import json
+import math
+import os
 import sys
+import threading
+import time
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from typing import Any
+
+from rich.console import Console
+from rich.live import Live
 
 import raylens
+from raylens.lens import EXPORTERS, TelemetryConfig, init_telemetry, shutdown_telemetry
+from raylens.live_table import NodeRow, ProcessTreeRow, node_table, process_table
+
+_HISTORY = 24
+
+
+class CliError(Exception):
+    """A problem the user can fix: printed as one line, exit status 2."""
+
+    exit_code = 2
+
+
+# --------------------------------------------------------------------------- flags
+
+
+def _positive_seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number of seconds, got {text!r}") from None
+    if not math.isfinite(value) or value <= 0:
+        raise argparse.ArgumentTypeError(f"must be a positive number of seconds, got {text!r}")
+    return value
+
+
+def _count(minimum: int) -> Callable[[str], int]:
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
+        if value < minimum:
+            raise argparse.ArgumentTypeError(f"must be at least {minimum}, got {text!r}")
+        return value
+
+    return parse
+
+
+def _add_common(parser: argparse.ArgumentParser, *, interval: float) -> None:
+    parser.add_argument(
+        "--interval",
+        type=_positive_seconds,
+        default=interval,
+        help=f"seconds between samples (default {interval:g})",
+    )
+    parser.add_argument(
+        "--exporter",
+        choices=EXPORTERS,
+        default=None,
+        help="OpenTelemetry exporter for this run (default: RAYLENS_EXPORTER, else none)",
+    )
+
+
+def _add_script_flags(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--once", action="store_true", help="take one sample, print it, exit")
+    parser.add_argument(
+        "--json", action="store_true", help="print one JSON object per sample instead of a table"
+    )
 
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
-        prog="raylens", description="See where host memory goes on a Ray cluster."
+        prog="raylens",
+        description="See where host memory goes on a Ray cluster, and export it via OpenTelemetry.",
     )
     parser.add_argument("--version", action="version", version=f"raylens {raylens.__version__}")
+    commands = parser.add_subparsers(dest="command", metavar="COMMAND")
+
+    demo = commands.add_parser(
+        "demo",
+        help="start a local multi-node Ray cluster with two worker groups and watch its memory",
+    )
+    demo.add_argument("--nodes", type=_count(2), default=3, help="Ray nodes to start (default 3)")
+    _add_common(demo, interval=2.0)
+    demo.add_argument(
+        "--duration", type=_positive_seconds, default=None, help="stop after this many seconds"
+    )
+    demo.set_defaults(handler=_run_demo)
+
+    watch = commands.add_parser("watch", help="watch the memory of a running Ray cluster")
+    watch.add_argument(
+        "--address",
+        default=None,
+        help="Ray cluster address (default: RAY_ADDRESS, else auto)",
+    )
+    _add_common(watch, interval=5.0)
+    _add_script_flags(watch)
+    watch.add_argument(
+        "--duration", type=_positive_seconds, default=None, help="stop after this many seconds"
+    )
+    watch.set_defaults(handler=_run_watch)
+
+    simulate = commands.add_parser(
+        "simulate", help="watch a simulated cluster of fake raylets (no Ray needed)"
+    )
+    simulate.add_argument("--nodes", type=_count(1), default=8, help="simulated nodes (default 8)")
+    simulate.add_argument(
+        "--hung", type=_count(0), default=0, help="how many nodes never answer (default 0)"
+    )
+    simulate.add_argument(
+        "--scrape-timeout",
+        type=_positive_seconds,
+        default=None,
+        help="deadline for one node's scrape (default: the interval, at most 5 s)",
+    )
+    _add_common(simulate, interval=1.0)
+    _add_script_flags(simulate)
+    simulate.add_argument(
+        "--duration", type=_positive_seconds, default=None, help="stop after this many seconds"
+    )
+    simulate.set_defaults(handler=_run_simulate)
+
+    profile = commands.add_parser(
+        "profile", help="run a command and sample its process tree's memory while it runs"
+    )
+    _add_common(profile, interval=1.0)
+    profile.add_argument(
+        "--pss-interval",
+        type=_positive_seconds,
+        default=None,
+        help="read PSS (costly for big processes) at most this often (default: every sample)",
+    )
+    _add_script_flags(profile)
+    profile.add_argument("argv", nargs=argparse.REMAINDER, metavar="-- COMMAND [ARGS...]")
+    profile.set_defaults(handler=_run_profile)
     return parser
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = build_parser()
-    parser.parse_args(argv)
-    parser.print_help()
+# --------------------------------------------------------------------------- telemetry
+
+
+def _start_telemetry(exporter: str | None) -> None:
+    try:
+        config = TelemetryConfig.from_env()
+        if exporter is not None:
+            config = dataclasses.replace(config, exporter=exporter)
+        init_telemetry(config)
+    except (ValueError, RuntimeError) as error:
+        raise CliError(str(error)) from None
+
+
+# --------------------------------------------------------------------------- output
+
+
+def _default_console() -> Console:
+    """The terminal; for a pipe or file, wide enough that tables do not wrap."""
+    console = Console()
+    if console.is_terminal:
+        return console
+    return Console(width=int(os.environ.get("COLUMNS", "160")))
+
+
+class _Output:
+    """Where samples go: a live table on a terminal, tables or JSON lines otherwise."""
+
+    def __init__(self, *, as_json: bool, console: Console | None = None) -> None:
+        self.as_json = as_json
+        self.console = console or _default_console()
+        self._live: Live | None = None
+
+    @contextmanager
+    def session(self, live: bool) -> Iterator[_Output]:
+        if live and not self.as_json and self.console.is_terminal:
+            with Live(console=self.console, auto_refresh=False, transient=False) as display:
+                self._live = display
+                try:
+                    yield self
+                finally:
+                    self._live = None
+        else:
+            yield self
+
+    def show(self, renderable: Any, record: dict[str, Any]) -> None:
+        if self.as_json:
+            sys.stdout.write(json.dumps(record, sort_keys=True) + "\n")
+            sys.stdout.flush()
+        elif self._live is not None:
+            self._live.update(renderable, refresh=True)
+        else:
+            self.console.print(renderable)
+
+    def note(self, message: str) -> None:
+        if self.as_json:
+            print(message, file=sys.stderr)
+        else:
+            self.console.print(message)
+
+
+def _sample_loop(
+    sample: Callable[[], None],
+    *,
+    interval: float,
+    once: bool,
+    duration: float | None,
+    stop: threading.Event,
+) -> None:
+    """Call ``sample`` now and then every ``interval`` until ``once``, ``duration`` or ``stop``."""
+    deadline = None if duration is None else time.monotonic() + duration
+    while True:
+        started = time.monotonic()
+        sample()
+        if once:
+            return
+        wake = started + interval
+        if deadline is not None:
+            if time.monotonic() >= deadline:
+                return
+            wake = min(wake, deadline)
+        if stop.wait(max(0.0, wake - time.monotonic())):
+            return
+
+
+# --------------------------------------------------------------------------- host memory
+
+
+class _NodeTable:
+    """Turns the monitor's latest samples into table rows, with a short trend per node."""
+
+    def __init__(self, monitor: Any, *, clock: Callable[[], float] = time.monotonic) -> None:
+        self.monitor = monitor
+        self.clock = clock
+        self.history: dict[str, list[float]] = {}
+
+    def rows(self) -> list[NodeRow]:
+        now = self.clock()
+        rows = []
+        seen = set()
+        for sample in self.monitor.latest():
+            seen.add(sample.node_id)
+            history = self.history.setdefault(sample.node_id, [])
+            if sample.error is None and sample.used is not None:
+                history.append(sample.used)
+                del history[:-_HISTORY]
+            rows.append(
+                NodeRow(
+                    node_id=sample.node_id,
+                    host=sample.host,
+                    used=sample.used,
+                    total=sample.total,
+                    worker_groups=sample.worker_groups,
+                    age_s=None if sample.sampled_at is None else max(0.0, now - sample.sampled_at),
+                    error=sample.error,
+                    history=list(history),
+                )
+            )
+        for gone in set(self.history) - seen:
+            del self.history[gone]
+        return rows
+
+
+def _watch_nodes(
+    monitor: Any,
+    *,
+    output: _Output,
+    interval: float,
+    once: bool,
+    duration: float | None,
+    title: str,
+    stop: threading.Event,
+) -> None:
+    table = _NodeTable(monitor)
+
+    def sample() -> None:
+        monitor.collect_once()
+        rows = table.rows()
+        record = {"time": time.time(), "nodes": [row.to_json() for row in rows]}
+        output.show(node_table(rows, title=title), record)
+
+    with output.session(live=not once):
+        _sample_loop(sample, interval=interval, once=once, duration=duration, stop=stop)
+
+
+_GIB = 1024**3
+
+
+def _simulated_memory(node_index: int, t: float) -> tuple[float, float]:
+    """A gentle, node-specific wave: 64 GiB hosts between 20% and 80% used."""
+    total = 64 * _GIB
+    phase = node_index * 0.7
+    used = total * (0.5 + 0.3 * math.sin(t / 6.0 + phase))
+    return used, total
+
+
+def _run_simulate(args: argparse.Namespace, stop: threading.Event) -> int:
+    if args.hung > args.nodes:
+        raise CliError(f"--hung {args.hung} is more than --nodes {args.nodes}")
+    from raylens.telemetry import host_memory
+    from raylens_fakes.simulated import SimulatedCluster
+
+    _start_telemetry(args.exporter)
+    scrape_timeout = args.scrape_timeout or min(host_memory._SCRAPE_TIMEOUT_S, args.interval)
+    output = _Output(as_json=args.json)
+    with SimulatedCluster(args.nodes, schedule=_simulated_memory) as simulated:
+        for index in range(args.hung):
+            simulated.raylet(args.nodes - 1 - index).hang()
+        node_ids = simulated.node_ids
+        host_memory.register_worker_group_nodes("policy", node_ids[: max(1, len(node_ids) // 2)])
+        host_memory.register_worker_group_nodes("rollout", node_ids[len(node_ids) // 2 :])
+        monitor = host_memory.HostMemoryMonitor(
+            args.interval, cluster=simulated.cluster, scrape_timeout=scrape_timeout
+        )
+        try:
+            _watch_nodes(
+                monitor,
+                output=output,
+                interval=args.interval,
+                once=args.once,
+                duration=args.duration,
+                title=f"Simulated cluster: {args.nodes} nodes, {args.hung} hung",
+                stop=stop,
+            )
+        finally:
+            monitor.stop()
+            host_memory.forget_worker_group_nodes("policy")
+            host_memory.forget_worker_group_nodes("rollout")
     return 0
+
+
+def _import_ray() -> Any:
+    try:
+        import ray
+    except ImportError:
+        raise CliError(
+            "Ray is not installed; install it with: pip install 'raylens[ray]'"
+        ) from None
+    return ray
+
+
+def _run_watch(args: argparse.Namespace, stop: threading.Event) -> int:
+    ray = _import_ray()
+    address = args.address or os.environ.get("RAY_ADDRESS") or "auto"
+    from raylens.telemetry import host_memory
+
+    _start_telemetry(args.exporter)
+    try:
+        ray.init(address=address, logging_level="ERROR", log_to_driver=False)
+    except Exception as error:  # Ray raises ConnectionError, RuntimeError, ValueError...
+        first_line = (
+            str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+        )
+        raise CliError(f"cannot reach a Ray cluster at {address!r}: {first_line}") from None
+    monitor = host_memory.HostMemoryMonitor(args.interval)
+    try:
+        _watch_nodes(
+            monitor,
+            output=_Output(as_json=args.json),
+            interval=args.interval,
+            once=args.once,
+            duration=args.duration,
+            title=f"Ray host memory at {address}",
+            stop=stop,
+        )
+    finally:
+        monitor.stop()
+        ray.shutdown()
+    return 0
+
+
+def _run_demo(args: argparse.Namespace, stop: threading.Event) -> int:
+    _import_ray()
+    from raylens import demo
+
+    _start_telemetry(args.exporter)
+    output = _Output(as_json=False)
+    output.note(f"Starting a local Ray cluster of {args.nodes} nodes (about 15 s)...")
+    with demo.DemoCluster(args.nodes) as cluster:
+        output.note(cluster.describe())
+        from raylens.telemetry import host_memory
+
+        monitor = host_memory.HostMemoryMonitor(args.interval)
+        try:
+            _watch_nodes(
+                monitor,
+                output=output,
+                interval=args.interval,
+                once=False,
+                duration=args.duration,
+                title=f"raylens demo: {args.nodes} Ray nodes, worker groups policy and rollout",
+                stop=stop,
+            )
+        finally:
+            monitor.stop()
+    output.note("Demo finished; the Ray cluster is shut down.")
+    return 0
+
+
+# --------------------------------------------------------------------------- profile
+
+
+def _run_profile(args: argparse.Namespace, stop: threading.Event) -> int:
+    import subprocess
+
+    from raylens.telemetry import process_memory
+
+    command = list(args.argv)
+    if command and command[0] == "--":
+        command = command[1:]
+    if not command:
+        raise CliError(
+            "profile needs a command to run, for example: raylens profile -- python train.py"
+        )
+    if not process_memory.process_tree_memory_supported():
+        raise CliError("process-tree memory needs Linux /proc, which this system does not have")
+    _start_telemetry(args.exporter)
+    try:
+        child = subprocess.Popen(command)
+    except OSError as error:
+        raise CliError(f"cannot run {command[0]!r}: {error.strerror or error}") from None
+
+    label = " ".join(command)
+    target = process_memory.ServerMemoryTarget(
+        name=os.path.basename(command[0]), server_type="command", pid=child.pid
+    )
+    profiler = process_memory.MemoryProfiler(
+        [target], args.interval, pss_interval_seconds=args.pss_interval
+    )
+    output = _Output(as_json=args.json)
+    history: list[float] = []
+
+    def rows() -> list[ProcessTreeRow]:
+        snapshot = profiler.latest()
+        found = []
+        for server in snapshot.servers if snapshot is not None else ():
+            if server.rss_bytes is not None:
+                history.append(server.rss_bytes)
+                del history[:-_HISTORY]
+            found.append(
+                ProcessTreeRow(
+                    name=label[:48],
+                    pid=child.pid,
+                    processes=server.process_count or 0,
+                    rss=server.rss_bytes,
+                    pss=server.pss_bytes,
+                    pss_age_s=server.pss_age_seconds,
+                    rss_peak=server.peak_rss_bytes,
+                    pss_peak=server.peak_pss_bytes,
+                    history=list(history),
+                )
+            )
+        return found
+
+    def show(title: str, extra: dict[str, Any] | None = None) -> None:
+        current = rows()
+        record: dict[str, Any] = {"time": time.time(), "servers": [r.to_json() for r in current]}
+        record.update(extra or {})
+        output.show(process_table(current, title=title), record)
+
+    interrupted = False
+    try:
+        profiler.start()
+        with output.session(live=not args.once):
+            show(f"raylens profile: {label}")
+            while not args.once and not stop.is_set():
+                try:
+                    child.wait(timeout=args.interval)
+                    break
+                except subprocess.TimeoutExpired:
+                    show(f"raylens profile: {label}")
+        returncode = child.wait()
+    except KeyboardInterrupt:
+        interrupted = True
+        returncode = _terminate(child)
+    finally:
+        profiler.stop()
+    if not args.once:
+        show(
+            f"Summary: {label} (exit status {returncode})",
+            {"summary": True, "exit_status": returncode},
+        )
+    if interrupted:
+        raise KeyboardInterrupt
+    return returncode if returncode >= 0 else 128 - returncode
+
+
+def _terminate(child: Any) -> int:
+    """Stop the profiled command after Ctrl-C: politely, then for good."""
+    import subprocess
+
+    child.terminate()
+    try:
+        return child.wait(timeout=5)
+    except subprocess.TimeoutExpired:
+        child.kill()
+        return child.wait()
+
+
+# --------------------------------------------------------------------------- main
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run the ``raylens`` command; returns the process exit status."""
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.command is None:
+        parser.print_help()
+        return 2
+    stop = threading.Event()
+    try:
+        return args.handler(args, stop)
+    except CliError as error:
+        print(f"raylens: error: {error}", file=sys.stderr)
+        return error.exit_code
+    except KeyboardInterrupt:
+        stop.set()
+        print("raylens: interrupted", file=sys.stderr)
+        return 130
+    finally:
+        shutdown_telemetry()
 
 
 if __name__ == "__main__":

@@ -90,12 +90,12 @@ def node_table(rows: Iterable[NodeRow], *, title: str = "Ray host memory") -> Ta
     """The live host-memory table: one line per node, sorted by host then node id."""
     table = Table(title=title, title_justify="left", expand=False)
     table.add_column("node", style="cyan", no_wrap=True)
-    table.add_column("host", no_wrap=True)
-    table.add_column("used", justify="right")
-    table.add_column("total", justify="right")
-    table.add_column("used %", justify="right")
+    table.add_column("host", no_wrap=True, max_width=24, overflow="ellipsis")
+    table.add_column("used", justify="right", no_wrap=True)
+    table.add_column("total", justify="right", no_wrap=True)
+    table.add_column("used %", justify="right", no_wrap=True)
     table.add_column("worker groups")
-    table.add_column("age", justify="right")
+    table.add_column("age", justify="right", no_wrap=True)
     table.add_column("trend", no_wrap=True)
     for row in sorted(rows, key=lambda r: (r.host, r.node_id)):
         percent = row.used_percent
@@ -149,14 +149,14 @@ class ProcessTreeRow:
 def process_table(rows: Iterable[ProcessTreeRow], *, title: str = "Process tree memory") -> Table:
     """The live ``profile`` table: RSS, PSS (with its age), process count, peaks, trend."""
     table = Table(title=title, title_justify="left", expand=False)
-    table.add_column("command", style="cyan")
-    table.add_column("pid", justify="right")
-    table.add_column("procs", justify="right")
-    table.add_column("rss", justify="right")
-    table.add_column("pss", justify="right")
-    table.add_column("pss age", justify="right")
-    table.add_column("peak rss", justify="right")
-    table.add_column("peak pss", justify="right")
+    table.add_column("command", style="cyan", no_wrap=True, max_width=32, overflow="ellipsis")
+    table.add_column("pid", justify="right", no_wrap=True)
+    table.add_column("procs", justify="right", no_wrap=True)
+    table.add_column("rss", justify="right", no_wrap=True)
+    table.add_column("pss", justify="right", no_wrap=True)
+    table.add_column("pss age", justify="right", no_wrap=True)
+    table.add_column("peak rss", justify="right", no_wrap=True)
+    table.add_column("peak pss", justify="right", no_wrap=True)
     table.add_column("trend", no_wrap=True)
     for row in rows:
         table.add_row(
