@@ -5,6 +5,9 @@ Installed with raylens and registered as a pytest plugin, so its fixtures
 project that installs raylens. See :mod:`raylens_fakes.pytest_plugin`.
 """
 
+from raylens_fakes.cluster import FakeCluster, FakePlacementGroup
 from raylens_fakes.otel import MetricsProbe
+from raylens_fakes.raylet import FakeRaylet
+from raylens_fakes.simulated import SimulatedCluster
 
-__all__ = ["MetricsProbe"]
+__all__ = ["FakeCluster", "FakePlacementGroup", "FakeRaylet", "MetricsProbe", "SimulatedCluster"]

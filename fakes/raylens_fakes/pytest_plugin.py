@@ -6,15 +6,38 @@ project with raylens installed can ask for these fixtures by name:
 ``metrics_probe``
     A :class:`raylens_fakes.otel.MetricsProbe` installed as lens' reader; lens is
     shut down after the test.
+
+``fake_cluster``
+    An empty :class:`raylens_fakes.cluster.FakeCluster` (``is_initialized()`` True):
+    add nodes and placement groups to it and pass it wherever raylens takes a
+    ``cluster=`` argument. No sockets are opened.
+
+``simulated_cluster``
+    A factory: ``simulated_cluster(n_nodes, **options)`` starts a
+    :class:`raylens_fakes.simulated.SimulatedCluster` (real fake raylets on
+    127.0.0.1 behind a FakeCluster, options as in its constructor) and returns it.
+    Call it as often as the test needs; every cluster it made is closed after the
+    test, hung requests included. Typical use::
+
+        def test_hung_node(simulated_cluster, metrics_probe):
+            sim = simulated_cluster(3)
+            sim.raylet(1).hang()
+            monitor = HostMemoryMonitor(1.0, cluster=sim.cluster, scrape_timeout=0.2)
+            monitor.collect_once()
+            ...
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+import contextlib
+from collections.abc import Callable, Iterator
+from typing import Any
 
 import pytest
 
+from raylens_fakes.cluster import FakeCluster
 from raylens_fakes.otel import MetricsProbe
+from raylens_fakes.simulated import SimulatedCluster
 
 
 @pytest.fixture
@@ -28,3 +51,33 @@ def metrics_probe() -> Iterator[MetricsProbe]:
         yield probe
     finally:
         probe.uninstall()
+
+
+@pytest.fixture
+def fake_cluster() -> FakeCluster:
+    """An empty, initialised :class:`FakeCluster`."""
+    return FakeCluster()
+
+
+@contextlib.contextmanager
+def simulated_clusters() -> Iterator[Callable[..., SimulatedCluster]]:
+    """The ``simulated_cluster`` factory outside pytest: every cluster it made closes on exit."""
+    started: list[SimulatedCluster] = []
+
+    def start(n_nodes: int = 3, **options: Any) -> SimulatedCluster:
+        cluster = SimulatedCluster(n_nodes, **options)
+        started.append(cluster)
+        return cluster
+
+    try:
+        yield start
+    finally:
+        for cluster in started:
+            cluster.close()
+
+
+@pytest.fixture
+def simulated_cluster() -> Iterator[Callable[..., SimulatedCluster]]:
+    """Factory ``(n_nodes=3, **options) -> SimulatedCluster``; every cluster is closed afterwards."""
+    with simulated_clusters() as start:
+        yield start

@@ -1,0 +1,128 @@
+"""ClusterView: the Ray-backed default reads Ray lazily; FakeCluster answers in Ray's shapes."""
+
+from __future__ import annotations
+
+import sys
+import types
+
+import pytest
+
+from raylens.cluster import ClusterView, RayClusterView, default_cluster_view
+from raylens_fakes import FakeCluster
+
+
+def test_default_view_is_ray_backed_and_shared() -> None:
+    assert isinstance(default_cluster_view(), RayClusterView)
+    assert default_cluster_view() is default_cluster_view()
+
+
+def test_is_initialized_is_false_without_importing_ray(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delitem(sys.modules, "ray", raising=False)
+
+    assert RayClusterView().is_initialized() is False
+    assert "ray" not in sys.modules
+
+
+def _stub_ray(monkeypatch: pytest.MonkeyPatch, *, initialized: bool) -> list[object]:
+    """Install a stand-in ``ray`` module that records which placement group it was asked about."""
+    asked: list[object] = []
+    ray = types.ModuleType("ray")
+    ray.is_initialized = lambda: initialized  # type: ignore[attr-defined]
+    ray.nodes = lambda: [{"NodeID": "ab" * 28, "Alive": True}]  # type: ignore[attr-defined]
+    util = types.ModuleType("ray.util")
+
+    def placement_group_table(pg: object) -> dict:
+        asked.append(pg)
+        return {"state": "CREATED", "bundles_to_node_id": {0: "cd" * 28}}
+
+    util.placement_group_table = placement_group_table  # type: ignore[attr-defined]
+    ray.util = util  # type: ignore[attr-defined]
+    monkeypatch.setitem(sys.modules, "ray", ray)
+    monkeypatch.setitem(sys.modules, "ray.util", util)
+    return asked
+
+
+@pytest.mark.parametrize("initialized", [True, False])
+def test_is_initialized_asks_an_imported_ray(
+    monkeypatch: pytest.MonkeyPatch, initialized: bool
+) -> None:
+    _stub_ray(monkeypatch, initialized=initialized)
+
+    assert RayClusterView().is_initialized() is initialized
+
+
+def test_nodes_and_placement_group_table_go_to_ray(monkeypatch: pytest.MonkeyPatch) -> None:
+    asked = _stub_ray(monkeypatch, initialized=True)
+    view = RayClusterView()
+    pg = object()
+
+    assert view.nodes() == [{"NodeID": "ab" * 28, "Alive": True}]
+    assert view.placement_group_table(pg)["bundles_to_node_id"] == {0: "cd" * 28}
+    assert asked == [pg]
+
+
+def test_fake_cluster_is_a_cluster_view() -> None:
+    assert isinstance(FakeCluster(), ClusterView)
+    assert isinstance(RayClusterView(), ClusterView)
+
+
+def test_fake_cluster_nodes_have_rays_keys_and_lifecycle(fake_cluster: FakeCluster) -> None:
+    node = fake_cluster.add_node(address="10.0.0.7", port=8080, hostname="worker-7")
+    record = fake_cluster.nodes()[0]
+
+    assert len(node) == 56 and int(node, 16) >= 0
+    assert record["NodeID"] == node
+    assert record["Alive"] is True
+    assert record["NodeManagerAddress"] == "10.0.0.7"
+    assert record["NodeManagerHostname"] == "worker-7"
+    assert record["MetricsExportPort"] == 8080
+
+    fake_cluster.kill_node(node)
+    assert fake_cluster.nodes()[0]["Alive"] is False
+    fake_cluster.remove_node(node)
+    assert fake_cluster.nodes() == []
+    with pytest.raises(KeyError, match=node):
+        fake_cluster.kill_node(node)
+
+
+def test_fake_cluster_returns_copies(fake_cluster: FakeCluster) -> None:
+    fake_cluster.add_node()
+    fake_cluster.nodes()[0]["Alive"] = False
+
+    assert fake_cluster.nodes()[0]["Alive"] is True
+
+
+def test_fake_cluster_initialised_flag(fake_cluster: FakeCluster) -> None:
+    assert fake_cluster.is_initialized() is True
+    fake_cluster.initialized = False
+    assert fake_cluster.is_initialized() is False
+
+
+def test_fake_placement_groups(fake_cluster: FakeCluster) -> None:
+    a, b = fake_cluster.add_node(), fake_cluster.add_node()
+    pg = fake_cluster.create_placement_group({0: a, 1: b, 2: ""}, state="PENDING")
+
+    table = fake_cluster.placement_group_table(pg)
+    assert table["state"] == "PENDING"
+    assert table["bundles_to_node_id"] == {0: a, 1: b, 2: ""}
+    assert table["placement_group_id"] == pg.id
+
+    fake_cluster.set_placement_group_state(pg, "REMOVED")
+    fake_cluster.move_bundle(pg, 2, a)
+    table = fake_cluster.placement_group_table(pg)
+    assert table["state"] == "REMOVED"
+    assert table["bundles_to_node_id"][2] == a
+    assert fake_cluster.placement_group_calls[pg.id] == 2
+
+
+def test_fake_placement_group_failure_and_bad_state(fake_cluster: FakeCluster) -> None:
+    pg = fake_cluster.create_placement_group({0: fake_cluster.add_node()})
+    fake_cluster.fail_placement_group_table(pg, TimeoutError("gcs down"))
+
+    with pytest.raises(TimeoutError, match="gcs down"):
+        fake_cluster.placement_group_table(pg)
+    fake_cluster.heal_placement_group_table(pg)
+    assert fake_cluster.placement_group_table(pg)["state"] == "CREATED"
+
+    with pytest.raises(ValueError, match=r"'DONE'.*CREATED"):
+        fake_cluster.create_placement_group({}, state="DONE")

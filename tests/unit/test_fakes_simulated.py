@@ -1,0 +1,139 @@
+"""SimulatedCluster and the pytest fixtures built on the fakes."""
+
+from __future__ import annotations
+
+import resource
+import threading
+from collections.abc import Callable
+
+import pytest
+import requests
+from prometheus_client.parser import text_string_to_metric_families
+
+from raylens.cluster import ClusterView
+from raylens_fakes import FakeCluster, SimulatedCluster
+from raylens_fakes.pytest_plugin import simulated_clusters
+from raylens_fakes.simulated import constant_schedule, ensure_open_file_limit
+
+
+def _memory(url: str) -> tuple[float, float]:
+    values = {}
+    for family in text_string_to_metric_families(requests.get(url, timeout=5).text):
+        for sample in family.samples:
+            values[sample.name] = sample.value
+    return values["ray_node_mem_used"], values["ray_node_mem_total"]
+
+
+class _Clock:
+    def __init__(self) -> None:
+        self.now = 100.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def test_nodes_are_listed_and_served(
+    simulated_cluster: Callable[..., SimulatedCluster],
+) -> None:
+    sim = simulated_cluster(3)
+
+    assert isinstance(sim.cluster, ClusterView)
+    nodes = sim.cluster.nodes()
+    assert [n["NodeID"] for n in nodes] == sim.node_ids
+    assert [n["NodeManagerHostname"] for n in nodes] == ["sim-node-0", "sim-node-1", "sim-node-2"]
+    for index, node in enumerate(nodes):
+        assert node["MetricsExportPort"] == sim.raylet(index).port
+        assert _memory(sim.raylet(index).url) == constant_schedule(index, 0.0)
+    assert sim.index_of(sim.node_id(2)) == 2
+
+
+def test_memory_follows_the_schedule_on_the_injected_clock(
+    simulated_cluster: Callable[..., SimulatedCluster],
+) -> None:
+    clock = _Clock()
+    sim = simulated_cluster(
+        2, schedule=lambda i, t: (1000.0 * (i + 1) + t, 1e6), clock=clock, same_host=True
+    )
+
+    assert _memory(sim.raylet(1).url) == (2000.0, 1e6)
+    clock.now += 30
+    assert _memory(sim.raylet(1).url) == (2030.0, 1e6)
+    assert sim.expected(0) == (1030.0, 1e6)
+    assert {n["NodeManagerHostname"] for n in sim.cluster.nodes()} == {"sim-host"}
+
+
+def test_kill_remove_and_add(simulated_cluster: Callable[..., SimulatedCluster]) -> None:
+    sim = simulated_cluster(2)
+    sim.kill_node(0)
+    sim.remove_node(1)
+
+    assert [n["Alive"] for n in sim.cluster.nodes()] == [False]
+    assert sim.raylet(1).closed
+    index = sim.add_node()
+    assert index == 2 and len(sim) == 3
+    assert _memory(sim.raylet(2).url) == constant_schedule(2, 0.0)
+
+
+def test_close_returns_with_hung_requests_in_flight() -> None:
+    sim = SimulatedCluster(2)
+    sim.raylet(0).hang()
+    errors: list[Exception] = []
+
+    def fetch() -> None:
+        try:
+            requests.get(sim.raylet(0).url, timeout=30)
+        except requests.RequestException as exc:
+            errors.append(exc)
+
+    client = threading.Thread(target=fetch, daemon=True)
+    client.start()
+    assert sim.raylet(0).wait_for_requests(1)
+
+    sim.close()
+    client.join(timeout=5)
+
+    assert not client.is_alive()
+    assert len(errors) == 1
+    assert all(r.closed for r in sim.raylets)
+
+
+def test_bad_node_count_is_refused() -> None:
+    with pytest.raises(ValueError, match=r"n_nodes.*-1"):
+        SimulatedCluster(-1)
+
+
+def test_open_file_limit_is_raised_only_when_needed() -> None:
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    assert ensure_open_file_limit(16) == soft
+    assert resource.getrlimit(resource.RLIMIT_NOFILE) == (soft, hard)
+
+
+def test_a_thousand_raylets_start_serve_and_close() -> None:
+    threads_before = threading.active_count()
+    with SimulatedCluster(1000) as sim:
+        assert len(sim.cluster.nodes()) == 1000
+        assert len({r.port for r in sim.raylets}) == 1000
+        assert threading.active_count() <= threads_before + 1
+        for index in (0, 499, 999):
+            assert _memory(sim.raylet(index).url) == constant_schedule(index, 0.0)
+    assert all(r.closed for r in sim.raylets)
+
+
+def test_fake_cluster_fixture_is_fresh(fake_cluster: FakeCluster) -> None:
+    assert fake_cluster.nodes() == []
+    assert fake_cluster.is_initialized()
+
+
+def test_simulated_cluster_factory_closes_what_it_started() -> None:
+    with simulated_clusters() as start:
+        sims = [start(1), start(2)]
+        assert not any(r.closed for sim in sims for r in sim.raylets)
+    assert all(r.closed for sim in sims for r in sim.raylets)
+
+
+def test_simulated_cluster_fixture_is_the_factory(
+    simulated_cluster: Callable[..., SimulatedCluster],
+) -> None:
+    sim = simulated_cluster()
+    assert len(sim) == 3
+    assert len(simulated_cluster(1, same_host=True)) == 1
