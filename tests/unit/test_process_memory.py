@@ -177,6 +177,8 @@ def test_start_ticks(fake):
     assert fake.procfs.start_ticks(4242) is None
     (fake.root / "100" / "stat").write_text("100 (truncated")
     assert fake.procfs.start_ticks(100) is None
+    (fake.root / "100" / "stat").write_text("100 (x) S 1" + " garbage" * 30)
+    assert fake.procfs.start_ticks(100) is None
 
 
 # ---------------------------------------------------------------- whole trees

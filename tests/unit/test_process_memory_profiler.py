@@ -9,6 +9,7 @@ import time
 
 import pytest
 
+from raylens.lens import get_telemetry_handle
 from raylens.telemetry import process_memory as pm
 from raylens.telemetry.process_memory import (
     HostMemory,
@@ -187,7 +188,7 @@ def test_reset_forgets_everything(metrics_probe, policy):
 
 
 def test_instruments_are_set_up_once_per_meter(metrics_probe, policy):
-    meter = metrics_probe.reader  # any weakly referenceable object stands for a meter here
+    meter = get_telemetry_handle().meter
     instruments = _get_instruments(meter)
     assert set(instruments) == {
         "gym_server_memory_usage",

@@ -16,9 +16,10 @@ How a tree is read (Linux only), through :class:`ProcFS`:
   unknown.
 - A process that exits while being read is simply not counted.
 
-PSS is costly: the kernel walks the process's page tables under its mmap lock,
-tens of milliseconds per gigabyte resident, and the walk stalls the process's
-own page faults. ``MemoryProfiler(pss_interval_seconds=...)`` therefore reads
+PSS is costly: to compute it the kernel walks the process's page tables while
+holding its mmap lock, which takes milliseconds per resident gigabyte (seconds
+for a process holding hundreds of gigabytes) and holds up the process's own
+page faults meanwhile. ``MemoryProfiler(pss_interval_seconds=...)`` therefore reads
 PSS less often than RSS; in between, RSS comes from ``statm`` alone (which never
 touches ``smaps_rollup``) and the last PSS is reported with its age.
 
@@ -291,9 +292,10 @@ class ProcFS:
             return None
         # The command name may hold spaces and parentheses; fields resume after the last ")".
         fields = stat.rpartition(b")")[2].split()
-        if len(fields) < 20:
+        try:
+            return int(fields[19])
+        except (IndexError, ValueError):
             return None
-        return int(fields[19])
 
     def tree_memory(self, root_pid: int, *, include_pss: bool = True) -> ProcessTreeMemory:
         """Sum the memory of ``root_pid``'s tree; see :func:`collect_process_tree_memory`."""
