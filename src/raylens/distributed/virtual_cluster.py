@@ -1,0 +1,448 @@
+"""A slice of a Ray cluster reserved for worker groups, as placement-group bundles.
+
+:class:`RayVirtualCluster` describes how many bundles to reserve on each logical node
+and reserves them on first use. Worker groups then address a bundle as
+``(node index, local bundle index)`` and ask the cluster where that is
+(:meth:`RayVirtualCluster.get_bundle_location`).
+
+Ray is imported only when a placement group is actually needed, so the class can be
+built, validated and inspected where Ray is not installed.
+"""
+
+from __future__ import annotations
+
+import socket
+import sys
+import uuid
+import weakref
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from raylens.cluster import default_cluster_view
+from raylens.lens import warn_once
+
+__all__ = [
+    "PLACEMENT_STRATEGIES",
+    "ClusterResourceError",
+    "PlacementTimeoutError",
+    "RayVirtualCluster",
+    "reset_remote_function_cache",
+]
+
+#: Strategies a virtual cluster accepts. The two PACK variants reserve one placement
+#: group per logical node (each node's bundles kept together); the two SPREAD variants
+#: reserve a single group holding every bundle, spread over the cluster's nodes.
+PLACEMENT_STRATEGIES = ("PACK", "STRICT_PACK", "SPREAD", "STRICT_SPREAD")
+_PER_NODE_STRATEGIES = ("PACK", "STRICT_PACK")
+
+# How many ports the port finder binds before it gives up on finding one that this
+# cluster has not handed out already.
+_PORT_ATTEMPTS = 64
+
+# Ray remote functions, built once on first use (decorating inside a method would
+# register a new function with the GCS on every call). Cleared by
+# reset_remote_function_cache().
+_REMOTE_FUNCTIONS: dict[str, Any] = {}
+
+
+def reset_remote_function_cache() -> None:
+    """Forget the Ray remote functions this module built (they are rebuilt on next use)."""
+    _REMOTE_FUNCTIONS.clear()
+
+
+class ClusterResourceError(RuntimeError):
+    """The Ray cluster does not have the CPUs or GPUs a virtual cluster asks for."""
+
+
+class PlacementTimeoutError(TimeoutError):
+    """Placement groups were not placed in time; the groups this cluster made are removed."""
+
+
+@dataclass(frozen=True)
+class _GroupPlan:
+    """One placement group to create: its Ray name, logical nodes, and bundle count."""
+
+    name: str
+    nodes: list[int]
+    bundle_count: int
+    strategy: str
+
+
+def _missing_resources(
+    required: dict[str, float], available: dict[str, float]
+) -> dict[str, tuple[float, float]]:
+    """``{resource: (needed, present)}`` for each resource the cluster has too little of."""
+    missing: dict[str, tuple[float, float]] = {}
+    for resource, needed in required.items():
+        present = float(available.get(resource, 0.0))
+        if present < needed:
+            missing[resource] = (needed, present)
+    return missing
+
+
+def _free_port(excluded: set[int]) -> int:
+    """A TCP port that is free on this host now and is not in ``excluded``."""
+    for _ in range(_PORT_ATTEMPTS):
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+            probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            probe.bind(("", 0))
+            port = int(probe.getsockname()[1])
+        if port not in excluded:
+            return port
+    raise RuntimeError(
+        f"could not find a free port outside the {len(excluded)} already handed out "
+        f"after {_PORT_ATTEMPTS} attempts"
+    )
+
+
+def _address_and_free_port(excluded: list[int]) -> tuple[str, int]:
+    """Runs on the node that holds a bundle: that node's IP and a free port there."""
+    import ray
+
+    return ray.util.get_node_ip_address(), _free_port(set(excluded))
+
+
+def _remote_address_and_free_port() -> Any:
+    remote = _REMOTE_FUNCTIONS.get("address_and_free_port")
+    if remote is None:
+        import ray
+
+        remote = ray.remote(num_cpus=0, num_gpus=0)(_address_and_free_port)
+        _REMOTE_FUNCTIONS["address_and_free_port"] = remote
+    return remote
+
+
+def _remove_placement_groups(groups: list[Any]) -> None:
+    """Remove ``groups`` from Ray if this process is still connected; never raises.
+
+    Used both by :meth:`RayVirtualCluster.shutdown` and as the cluster's finalizer,
+    which may run at interpreter exit after Ray has already disconnected.
+    """
+    pending = list(groups)
+    groups.clear()
+    if not pending or not default_cluster_view().is_initialized():
+        return
+    ray = sys.modules["ray"]
+    for group in pending:
+        try:
+            ray.util.remove_placement_group(group)
+        except Exception:
+            warn_once(
+                "virtual_cluster.remove_placement_group",
+                f"could not remove placement group {group!r}; it is released when the Ray job ends",
+            )
+
+
+class RayVirtualCluster:
+    """Placement-group bundles reserved on a Ray cluster for worker groups.
+
+    ``bundle_ct_per_node_list[i]`` is the number of bundles on logical node ``i``. Each
+    bundle holds ``max_colocated_worker_groups`` CPUs, plus one GPU when ``use_gpus``
+    (worker groups placed on the same bundle share it). With ``use_gpus=False`` the
+    cluster runs on CPU-only Ray.
+
+    ``placement_group_strategy`` is one of :data:`PLACEMENT_STRATEGIES`. ``PACK`` and
+    ``STRICT_PACK`` reserve one placement group per logical node, so each node's
+    bundles land together. ``SPREAD`` (the default) and ``STRICT_SPREAD`` reserve one
+    group for all bundles, placed across as many nodes as Ray can.
+
+    Nothing is reserved until :meth:`get_placement_groups` (or anything that needs a
+    bundle) is first called. Reservation first checks that the cluster as a whole has
+    the CPUs and GPUs asked for (:class:`ClusterResourceError` otherwise), then waits
+    at most ``placement_timeout_s`` seconds for every group to be placed; on timeout
+    the groups it made are removed and :class:`PlacementTimeoutError` names the ones
+    that did not place.
+
+    :meth:`shutdown` removes the groups. It is idempotent, harmless after
+    ``ray.shutdown()``, and also runs when the object is garbage collected or the
+    interpreter exits.
+    """
+
+    def __init__(
+        self,
+        bundle_ct_per_node_list: Sequence[int],
+        *,
+        use_gpus: bool = True,
+        num_gpus_per_node: int = 8,
+        max_colocated_worker_groups: int = 1,
+        name: str = "",
+        placement_group_strategy: str = "SPREAD",
+        placement_timeout_s: float = 180.0,
+    ) -> None:
+        counts = self._checked_counts(bundle_ct_per_node_list)
+        if placement_group_strategy not in PLACEMENT_STRATEGIES:
+            allowed = ", ".join(PLACEMENT_STRATEGIES)
+            raise ValueError(
+                f"placement_group_strategy={placement_group_strategy!r} is not supported; "
+                f"use one of {allowed}"
+            )
+        if isinstance(max_colocated_worker_groups, bool) or not (
+            isinstance(max_colocated_worker_groups, int) and max_colocated_worker_groups >= 1
+        ):
+            raise ValueError(
+                f"max_colocated_worker_groups={max_colocated_worker_groups!r} must be an "
+                "integer of at least 1"
+            )
+        if use_gpus:
+            if not isinstance(num_gpus_per_node, int) or num_gpus_per_node < 1:
+                raise ValueError(
+                    f"num_gpus_per_node={num_gpus_per_node!r} must be a positive integer "
+                    "when use_gpus=True"
+                )
+            for node_idx, count in enumerate(counts):
+                if count > num_gpus_per_node:
+                    raise ValueError(
+                        f"node {node_idx} asks for {count} bundles, but with use_gpus=True "
+                        f"each bundle takes a GPU and num_gpus_per_node={num_gpus_per_node}"
+                    )
+        if not placement_timeout_s > 0:
+            raise ValueError(
+                f"placement_timeout_s={placement_timeout_s!r} must be a positive number of seconds"
+            )
+        self._bundle_ct_per_node_list = counts
+        self.use_gpus = bool(use_gpus)
+        self.num_gpus_per_node = num_gpus_per_node
+        self.max_colocated_worker_groups = max_colocated_worker_groups
+        self.name = name or f"raylens-cluster-{uuid.uuid4().hex[:8]}"
+        self.placement_group_strategy = placement_group_strategy
+        self.placement_timeout_s = float(placement_timeout_s)
+        self._placement_groups: list[Any] = []
+        self._finalizer: weakref.finalize | None = None
+        self._handed_out_ports: set[int] = set()
+
+    @staticmethod
+    def _checked_counts(bundle_ct_per_node_list: Sequence[int]) -> list[int]:
+        if not isinstance(bundle_ct_per_node_list, (list, tuple)):
+            raise ValueError(
+                "bundle_ct_per_node_list must be a list of bundle counts per node, such as "
+                f"[2, 2], got {bundle_ct_per_node_list!r}"
+            )
+        for count in bundle_ct_per_node_list:
+            if isinstance(count, bool) or not isinstance(count, int) or count < 0:
+                raise ValueError(
+                    f"bundle_ct_per_node_list holds {count!r}; every entry must be a "
+                    "non-negative integer"
+                )
+        if sum(bundle_ct_per_node_list) < 1:
+            raise ValueError(
+                f"bundle_ct_per_node_list={list(bundle_ct_per_node_list)} must ask for at "
+                "least one bundle"
+            )
+        return list(bundle_ct_per_node_list)
+
+    # ---- description ------------------------------------------------------------------
+
+    @property
+    def bundle_ct_per_node_list(self) -> list[int]:
+        """Bundles per logical node (a copy)."""
+        return list(self._bundle_ct_per_node_list)
+
+    def world_size(self) -> int:
+        """Total number of bundles."""
+        return sum(self._bundle_ct_per_node_list)
+
+    def node_count(self) -> int:
+        """Number of logical nodes that hold at least one bundle."""
+        return sum(1 for count in self._bundle_ct_per_node_list if count > 0)
+
+    def bundle_resources(self) -> dict[str, int]:
+        """The resources one bundle reserves."""
+        resources = {"CPU": self.max_colocated_worker_groups}
+        if self.use_gpus:
+            resources["GPU"] = 1
+        return resources
+
+    def required_resources(self) -> dict[str, int]:
+        """The resources all bundles together reserve."""
+        return {
+            resource: amount * self.world_size()
+            for resource, amount in self.bundle_resources().items()
+        }
+
+    def _group_plan(self) -> list[_GroupPlan]:
+        strategy = self.placement_group_strategy
+        if strategy in _PER_NODE_STRATEGIES:
+            return [
+                _GroupPlan(f"{self.name}-node{node_idx}", [node_idx], count, strategy)
+                for node_idx, count in enumerate(self._bundle_ct_per_node_list)
+                if count > 0
+            ]
+        nodes = list(range(len(self._bundle_ct_per_node_list)))
+        return [_GroupPlan(f"{self.name}-all", nodes, self.world_size(), strategy)]
+
+    def node_and_local_index(self, node_idx: int, local_bundle_idx: int) -> tuple[int, int]:
+        """The logical node and the index on it of bundle ``(node_idx, local_bundle_idx)``.
+
+        A local index past the end of its node continues on the following nodes, which
+        is how a tied group that spans nodes is addressed from its first node.
+        """
+        _, node, local = self._resolve(node_idx, local_bundle_idx)
+        return node, local
+
+    def _resolve(self, node_idx: int, local_bundle_idx: int) -> tuple[int, int, int]:
+        """``(global bundle index, logical node, index on that node)``; ValueError if absent."""
+        counts = self._bundle_ct_per_node_list
+        if not (0 <= node_idx < len(counts)) or local_bundle_idx < 0:
+            raise ValueError(self._bad_bundle_message(node_idx, local_bundle_idx))
+        global_idx = sum(counts[:node_idx]) + local_bundle_idx
+        if global_idx >= self.world_size():
+            raise ValueError(self._bad_bundle_message(node_idx, local_bundle_idx))
+        remaining = global_idx
+        for node, count in enumerate(counts):
+            if remaining < count:
+                return global_idx, node, remaining
+            remaining -= count
+        raise AssertionError("unreachable: the global index was range-checked")
+
+    def _bundle_address(self, node_idx: int, local_bundle_idx: int) -> tuple[int, int, int]:
+        """``(placement group position, bundle index in that group, logical node)``."""
+        global_idx, node, local = self._resolve(node_idx, local_bundle_idx)
+        if self.placement_group_strategy not in _PER_NODE_STRATEGIES:
+            return 0, global_idx, node
+        group_position = sum(1 for count in self._bundle_ct_per_node_list[:node] if count > 0)
+        return group_position, local, node
+
+    def _bad_bundle_message(self, node_idx: int, local_bundle_idx: int) -> str:
+        return (
+            f"bundle ({node_idx}, {local_bundle_idx}) is not in this virtual cluster: it has "
+            f"{len(self._bundle_ct_per_node_list)} nodes with "
+            f"{self._bundle_ct_per_node_list} bundles"
+        )
+
+    # ---- placement --------------------------------------------------------------------
+
+    def _require_ray(self) -> Any:
+        if not default_cluster_view().is_initialized():
+            raise RuntimeError(
+                f"virtual cluster {self.name!r} needs a connected Ray: call ray.init() first"
+            )
+        import ray
+
+        return ray
+
+    def get_placement_groups(self) -> list[Any]:
+        """The placement groups of this cluster, reserved on the first call.
+
+        Raises :class:`ClusterResourceError` when the Ray cluster lacks the CPUs or
+        GPUs, and :class:`PlacementTimeoutError` when the groups do not place within
+        ``placement_timeout_s``.
+        """
+        if self._placement_groups:
+            return list(self._placement_groups)
+        ray = self._require_ray()
+        missing = _missing_resources(self.required_resources(), ray.cluster_resources())
+        if missing:
+            raise ClusterResourceError(self._missing_resources_message(missing))
+        from ray.util.placement_group import placement_group
+
+        plan = self._group_plan()
+        created: list[Any] = []
+        try:
+            for group in plan:
+                bundles = [dict(self.bundle_resources()) for _ in range(group.bundle_count)]
+                created.append(
+                    placement_group(bundles=bundles, strategy=group.strategy, name=group.name)
+                )
+            ready_refs = [group.ready() for group in created]
+            ready, _ = ray.wait(
+                ready_refs, num_returns=len(ready_refs), timeout=self.placement_timeout_s
+            )
+        except BaseException:
+            _remove_placement_groups(created)
+            raise
+        if len(ready) < len(ready_refs):
+            ready_set = set(ready)
+            unplaced = [group for group, ref in zip(plan, ready_refs) if ref not in ready_set]
+            _remove_placement_groups(created)
+            raise PlacementTimeoutError(self._unplaced_message(unplaced))
+        self._placement_groups = created
+        self._finalizer = weakref.finalize(self, _remove_placement_groups, created)
+        return list(created)
+
+    def _missing_resources_message(self, missing: dict[str, tuple[float, float]]) -> str:
+        lines = [
+            f"the Ray cluster cannot hold virtual cluster {self.name!r} "
+            f"({self._bundle_ct_per_node_list} bundles of {self.bundle_resources()}):"
+        ]
+        for resource, (needed, present) in missing.items():
+            lines.append(f"  {resource}: needs {needed:g}, the cluster has {present:g}")
+        if "GPU" in missing:
+            lines.append(
+                "  on a cluster without GPUs, build the virtual cluster with use_gpus=False"
+            )
+        return "\n".join(lines)
+
+    def _unplaced_message(self, unplaced: list[_GroupPlan]) -> str:
+        described = "; ".join(
+            f"{group.name!r} ({group.bundle_count} bundles of {self.bundle_resources()}, "
+            f"{group.strategy}, logical nodes {group.nodes})"
+            for group in unplaced
+        )
+        return (
+            f"virtual cluster {self.name!r}: {len(unplaced)} placement group(s) did not place "
+            f"within {self.placement_timeout_s:g}s: {described}. The cluster has the "
+            "resources in total, so they are probably held by others or split across "
+            "nodes in a way this strategy cannot use. Every group this cluster created "
+            "has been removed."
+        )
+
+    def get_bundle_location(self, node_idx: int, local_bundle_idx: int) -> tuple[Any, int]:
+        """``(placement group, bundle index)`` of bundle ``local_bundle_idx`` on ``node_idx``.
+
+        Reserves the groups if that has not happened yet. A local index past the end of
+        its node continues on the following nodes.
+        """
+        group_position, bundle_index, _ = self._bundle_address(node_idx, local_bundle_idx)
+        return self.get_placement_groups()[group_position], bundle_index
+
+    def get_master_address_and_port(self) -> tuple[str, int]:
+        """An address and port for a distributed rendezvous, on the node of bundle 0.
+
+        The address is the IP of the node holding the first bundle; the port was free
+        there when asked and has not been handed out before by this cluster, so two
+        worker groups on one cluster never get the same rendezvous.
+        """
+        ray = self._require_ray()
+        from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+        first_node = next(
+            node for node, count in enumerate(self._bundle_ct_per_node_list) if count > 0
+        )
+        group, bundle_index = self.get_bundle_location(first_node, 0)
+        strategy = PlacementGroupSchedulingStrategy(
+            placement_group=group, placement_group_bundle_index=bundle_index
+        )
+        ref = (
+            _remote_address_and_free_port()
+            .options(scheduling_strategy=strategy)
+            .remote(sorted(self._handed_out_ports))
+        )
+        try:
+            address, port = ray.get(ref, timeout=self.placement_timeout_s)
+        except ray.exceptions.GetTimeoutError:
+            ray.cancel(ref)
+            raise TimeoutError(
+                f"virtual cluster {self.name!r}: the node of bundle 0 did not report an "
+                f"address and port within {self.placement_timeout_s:g}s"
+            ) from None
+        self._handed_out_ports.add(int(port))
+        return str(address), int(port)
+
+    def shutdown(self) -> None:
+        """Release the placement groups. Idempotent; never needs Ray to still be up."""
+        finalizer = self._finalizer
+        self._finalizer = None
+        if finalizer is not None:
+            finalizer()
+        else:
+            _remove_placement_groups(self._placement_groups)
+        self._placement_groups = []
+
+    def __repr__(self) -> str:
+        return (
+            f"RayVirtualCluster(name={self.name!r}, "
+            f"bundle_ct_per_node_list={self._bundle_ct_per_node_list}, "
+            f"strategy={self.placement_group_strategy!r}, use_gpus={self.use_gpus}, "
+            f"reserved={bool(self._placement_groups)})"
+        )

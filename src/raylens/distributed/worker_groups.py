@@ -1,0 +1,1738 @@
+"""Groups of Ray actors placed on the bundles of a :class:`RayVirtualCluster`.
+
+A :class:`RayWorkerGroup` starts one actor per requested bundle, gives each the
+environment a distributed job expects (``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK``,
+``NODE_RANK``, ``MASTER_ADDR``, ``MASTER_PORT``), and dispatches method calls to them:
+to one worker, to all with the same data, to all with per-worker data, or sharded over
+the named axes of a :class:`NamedSharding`. It can rebuild one worker in place
+(:meth:`RayWorkerGroup.recreate_worker`), probe the GPU a worker's bundle holds
+(:meth:`RayWorkerGroup.log_worker_gpu_state`) and shut everything down within a bound
+(:meth:`RayWorkerGroup.shutdown`).
+
+Workers are not created by the driver but by a small helper actor,
+:class:`RayWorkerBuilder.IsolatedWorkerInitializer`, which imports the worker class in
+the worker's own environment and owns the workers it creates (they live exactly as long
+as it does). A group uses one initializer per placement group.
+
+Once its workers are ready, a group tells :mod:`raylens.telemetry.host_memory` which
+bundles it holds, so host-memory points carry the group's name; shutdown withdraws it.
+
+The bookkeeping that decides who runs what (worker plans, tied groups, data-parallel
+leaders, environment precedence, sharded routing, result selection) is kept in plain
+functions of this module that do not touch Ray. Ray is imported only inside the
+functions that talk to it, so this module imports where Ray is not installed.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib
+import inspect
+import itertools
+import logging
+import os
+import time
+import uuid
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from raylens.distributed.named_sharding import NamedSharding
+from raylens.lens import warn_once
+
+if TYPE_CHECKING:
+    from raylens.distributed.virtual_cluster import RayVirtualCluster
+
+__all__ = [
+    "DISTRIBUTED_ENV_VARS",
+    "MultiWorkerFuture",
+    "RayWorkerBuilder",
+    "RayWorkerGroup",
+    "reset_remote_function_cache",
+]
+
+_LOGGER = logging.getLogger("raylens.distributed")
+
+#: Variables every worker receives from its group; they describe the worker's place in
+#: the distributed job.
+DISTRIBUTED_ENV_VARS = (
+    "RANK",
+    "WORLD_SIZE",
+    "LOCAL_RANK",
+    "NODE_RANK",
+    "MASTER_ADDR",
+    "MASTER_PORT",
+)
+
+# Driver variables that describe the driver process or its node, not the job, and so
+# are not forwarded to workers: device visibility is assigned per bundle by Ray, and
+# the rest would point a worker at the driver's session or shell.
+_DRIVER_ONLY_ENV_VARS = frozenset(
+    {
+        "CUDA_VISIBLE_DEVICES",
+        "ROCR_VISIBLE_DEVICES",
+        "HIP_VISIBLE_DEVICES",
+        "NEURON_RT_VISIBLE_CORES",
+        "TPU_VISIBLE_CHIPS",
+        "ONEAPI_DEVICE_SELECTOR",
+        "RAY_ADDRESS",
+        "RAY_CLIENT_MODE",
+        "RAY_JOB_ID",
+        "RAY_RAYLET_PID",
+        "RAY_NODE_ID",
+        "PWD",
+        "OLDPWD",
+        "SHLVL",
+        "_",
+        "PYTEST_CURRENT_TEST",
+    }
+)
+
+# A worker that was told to die is expected to be reported dead by Ray within this.
+_DEATH_WAIT_S = 30.0
+# How long shutdown without a cleanup method waits for workers to answer a liveness
+# probe. A worker busy with a long call does not answer in time; that is not counted
+# as a failure, only a worker Ray reports dead is.
+_LIVENESS_PROBE_S = 5.0
+# Graceful exit after a successful cleanup, when no shutdown timeout bounds it.
+_GRACEFUL_EXIT_S = 30.0
+
+# Ray remote functions and actor classes, built once on first use: decorating inside a
+# method would register a new remote definition with the GCS on every call.
+_REMOTE: dict[str, Any] = {}
+
+
+def reset_remote_function_cache() -> None:
+    """Forget the Ray remote definitions this module built; they are rebuilt on next use."""
+    _REMOTE.clear()
+
+
+# =========================================================================================
+# Pure bookkeeping (no Ray)
+# =========================================================================================
+
+
+def _checked_env_vars(env_vars: Mapping[str, str] | None) -> dict[str, str]:
+    """A copy of ``env_vars``; ValueError naming any key or value that is not a string."""
+    if env_vars is None:
+        return {}
+    if not isinstance(env_vars, Mapping):
+        raise ValueError(f"env_vars must be a mapping of str to str, got {env_vars!r}")
+    for key, value in env_vars.items():
+        if not isinstance(key, str) or not isinstance(value, str):
+            raise ValueError(f"env_vars must map str to str; the entry {key!r}: {value!r} does not")
+    return dict(env_vars)
+
+
+def _driver_env(environ: Mapping[str, str] | None = None) -> dict[str, str]:
+    """The driver's environment as workers inherit it: everything but driver-only entries."""
+    source = os.environ if environ is None else environ
+    return {
+        key: value
+        for key, value in source.items()
+        if key not in _DRIVER_ONLY_ENV_VARS and key not in DISTRIBUTED_ENV_VARS
+    }
+
+
+def _worker_env_vars(
+    driver_env: Mapping[str, str],
+    group_env: Mapping[str, str],
+    distributed: Mapping[str, str],
+) -> dict[str, str]:
+    """One worker's environment, lowest precedence first: driver, group, distributed.
+
+    The worker class's ``configure_worker`` is applied later, inside the initializer,
+    and wins over all three.
+    """
+    env = dict(driver_env)
+    env.update(group_env)
+    env.update(distributed)
+    return env
+
+
+def _get_initializer_env_vars(env_vars: dict[str, str]) -> dict[str, str]:
+    """The environment of the initializer actor that creates workers with ``env_vars``.
+
+    The initializer unpickles the worker's constructor arguments and imports the
+    worker class, so it needs the worker's environment (import paths and any
+    variable a library reads at import time). It is not itself a rank of the job,
+    though, so the per-worker distributed variables are left out: a library imported
+    while unpickling must not believe it is part of the process group. Returns a new
+    dict; ``env_vars`` is not modified.
+    """
+    return {key: value for key, value in env_vars.items() if key not in DISTRIBUTED_ENV_VARS}
+
+
+@dataclass(frozen=True)
+class _WorkerPlan:
+    """Where one worker goes and who it is, decided before anything is created."""
+
+    global_rank: int
+    tied_group_idx: int
+    member_idx: int
+    node_idx: int  # first node of the worker's tied group, as given by the caller
+    local_bundle_idx: int  # local index as given (may spill past node_idx's bundles)
+    node_rank: int  # logical node the worker's bundle is on
+    local_rank: int  # index of the worker's bundle on that node
+    bundle_indices: tuple[int, list[int]] | None  # set on tied-group leaders only
+    name: str
+
+
+def _bundle_indices_from_workers_per_node(
+    workers_per_node: int | Sequence[int] | None, bundle_ct_per_node_list: Sequence[int]
+) -> list[tuple[int, list[int]]]:
+    """One single-worker tied group per requested bundle, node by node.
+
+    ``None`` means one worker per bundle; an int asks for that many on every node that
+    has bundles; a list gives the count per node.
+    """
+    counts = list(bundle_ct_per_node_list)
+    if workers_per_node is None:
+        per_node = counts
+    elif isinstance(workers_per_node, bool):
+        raise ValueError(f"workers_per_node must be an int or a list, got {workers_per_node!r}")
+    elif isinstance(workers_per_node, int):
+        per_node = [workers_per_node if count > 0 else 0 for count in counts]
+    elif isinstance(workers_per_node, (list, tuple)):
+        if len(workers_per_node) != len(counts):
+            raise ValueError(
+                f"workers_per_node has {len(workers_per_node)} entries but the cluster has "
+                f"{len(counts)} nodes ({counts} bundles); give one count per node"
+            )
+        per_node = list(workers_per_node)
+    else:
+        raise ValueError(f"workers_per_node must be an int or a list, got {workers_per_node!r}")
+    for node_idx, (wanted, available) in enumerate(zip(per_node, counts)):
+        if isinstance(wanted, bool) or not isinstance(wanted, int) or wanted < 0:
+            raise ValueError(
+                f"workers_per_node asks for {wanted!r} workers on node {node_idx}; "
+                "counts must be non-negative integers"
+            )
+        if wanted > available:
+            raise ValueError(
+                f"workers_per_node asks for {wanted} workers on node {node_idx}, which has "
+                f"only {available} bundles"
+            )
+    plan = [
+        (node_idx, [local_idx])
+        for node_idx, wanted in enumerate(per_node)
+        for local_idx in range(wanted)
+    ]
+    if not plan:
+        raise ValueError(f"workers_per_node={workers_per_node!r} asks for no workers at all")
+    return plan
+
+
+def _normalized_bundle_indices_list(bundle_indices_list: Any) -> list[tuple[int, list[int]]]:
+    """``bundle_indices_list`` as ``[(node_idx, [local indices])]``; ValueError if malformed."""
+    if not isinstance(bundle_indices_list, (list, tuple)) or not bundle_indices_list:
+        raise ValueError(
+            "bundle_indices_list must be a non-empty list of (node_idx, [local bundle "
+            f"indices]) tuples, got {bundle_indices_list!r}"
+        )
+    normalized: list[tuple[int, list[int]]] = []
+    for entry in bundle_indices_list:
+        ok = isinstance(entry, (list, tuple)) and len(entry) == 2
+        if ok:
+            node_idx, local = entry
+            ok = (
+                isinstance(node_idx, int)
+                and not isinstance(node_idx, bool)
+                and isinstance(local, (list, tuple))
+                and len(local) > 0
+                and all(isinstance(i, int) and not isinstance(i, bool) for i in local)
+            )
+        if not ok:
+            raise ValueError(
+                f"bundle_indices_list entry {entry!r} is not (node_idx, [local bundle "
+                "indices]) with integer indices and at least one bundle"
+            )
+        normalized.append((node_idx, list(local)))
+    return normalized
+
+
+def _plan_workers(
+    bundle_indices_list: Sequence[tuple[int, Sequence[int]]],
+    locate: Callable[[int, int], tuple[int, int]],
+    name_prefix: str,
+) -> list[_WorkerPlan]:
+    """Give every requested bundle a rank, a tied group, a node rank and a name.
+
+    ``locate(node_idx, local_idx)`` returns ``(logical node, index on that node)`` and
+    raises ValueError for a bundle that does not exist. Ranks are assigned in the
+    order of ``bundle_indices_list``; each entry is one tied group whose first worker
+    is its leader. A bundle may appear only once.
+    """
+    plans: list[_WorkerPlan] = []
+    seen: dict[tuple[int, int], int] = {}
+    for group_idx, (node_idx, local_indices) in enumerate(bundle_indices_list):
+        tied = len(local_indices) > 1
+        for member_idx, local_idx in enumerate(local_indices):
+            node_rank, local_rank = locate(node_idx, local_idx)
+            place = (node_rank, local_rank)
+            if place in seen:
+                raise ValueError(
+                    f"bundle ({node_idx}, {local_idx}) is node {node_rank}'s bundle "
+                    f"{local_rank}, already given to worker {seen[place]}; each bundle "
+                    "may hold one worker of a group"
+                )
+            rank = len(plans)
+            seen[place] = rank
+            if tied:
+                name = f"{name_prefix}-grp{group_idx}-{member_idx}"
+            else:
+                name = f"{name_prefix}-{node_idx}-{local_idx}"
+            plans.append(
+                _WorkerPlan(
+                    global_rank=rank,
+                    tied_group_idx=group_idx,
+                    member_idx=member_idx,
+                    node_idx=node_idx,
+                    local_bundle_idx=local_idx,
+                    node_rank=node_rank,
+                    local_rank=local_rank,
+                    bundle_indices=(node_idx, list(local_indices)) if member_idx == 0 else None,
+                    name=name,
+                )
+            )
+    return plans
+
+
+def _tied_groups(plans: Sequence[_WorkerPlan]) -> tuple[list[list[int]], dict[int, int]]:
+    """``(tied_workers_groups, worker_to_tied_group_index)`` from worker plans."""
+    groups: list[list[int]] = []
+    index: dict[int, int] = {}
+    for plan in plans:
+        while len(groups) <= plan.tied_group_idx:
+            groups.append([])
+        groups[plan.tied_group_idx].append(plan.global_rank)
+        index[plan.global_rank] = plan.tied_group_idx
+    return groups, index
+
+
+def _check_dp_leader_worker_indices(requested: list[int], tied_group_leaders: list[int]) -> None:
+    """Reject data-parallel leaders that are not an ascending subset of the group leaders.
+
+    Every shard-level call goes to a DP leader, so a leader must be a worker that owns
+    a model: the first worker of a tied group. Checking here turns a wrong layout into
+    an error at startup rather than calls reaching a worker that built nothing.
+    """
+    if not isinstance(requested, (list, tuple)) or not requested:
+        raise ValueError(
+            f"dp_leader_worker_indices must be a non-empty list of worker indices, got "
+            f"{requested!r}"
+        )
+    bad_type = [i for i in requested if isinstance(i, bool) or not isinstance(i, int)]
+    if bad_type:
+        raise ValueError(f"dp_leader_worker_indices must hold integers; got {bad_type}")
+    leaders = set(tied_group_leaders)
+    not_leaders = [i for i in requested if i not in leaders]
+    if not_leaders:
+        raise ValueError(
+            f"dp_leader_worker_indices {not_leaders} are not tied-group leaders; a DP "
+            f"leader must be one of {sorted(leaders)}"
+        )
+    out_of_order = [
+        later for earlier, later in itertools.pairwise(requested) if not later > earlier
+    ]
+    if out_of_order:
+        raise ValueError(
+            f"dp_leader_worker_indices must be strictly ascending; {out_of_order} come "
+            f"after an equal or larger index in {list(requested)}"
+        )
+
+
+def _dp_shard_of_workers(num_workers: int, dp_leaders: Sequence[int]) -> list[int | None]:
+    """The DP shard of each worker: shard ``j`` runs from leader ``j`` up to the next leader.
+
+    Workers before the first leader belong to no shard (None).
+    """
+    shards: list[int | None] = []
+    for worker_idx in range(num_workers):
+        shard = None
+        for shard_idx, leader in enumerate(dp_leaders):
+            if worker_idx < leader:
+                break
+            shard = shard_idx
+        shards.append(shard)
+    return shards
+
+
+def _check_axes(sharding: NamedSharding, axes: Iterable[str], argument: str) -> list[str]:
+    axes = list(axes)
+    unknown = [axis for axis in axes if axis not in sharding.names]
+    if unknown:
+        raise ValueError(
+            f"{argument} names {unknown}, which are not axes of this group's sharding "
+            f"{sharding.names}"
+        )
+    repeated = sorted({axis for axis in axes if axes.count(axis) > 1})
+    if repeated:
+        raise ValueError(f"{argument} lists {repeated} more than once")
+    return axes
+
+
+def _rank0_only_workers(
+    sharding: NamedSharding | None, num_workers: int, run_rank_0_only_axes: Sequence[str] | None
+) -> list[int]:
+    """Workers to call: all of them, less those off index 0 of any rank-0-only axis."""
+    if not run_rank_0_only_axes:
+        return list(range(num_workers))
+    if sharding is None:
+        raise ValueError(
+            f"run_rank_0_only_axes={list(run_rank_0_only_axes)} needs a group built with "
+            "sharding_annotations"
+        )
+    axes = _check_axes(sharding, run_rank_0_only_axes, "run_rank_0_only_axes")
+    selected = []
+    for worker_idx in range(num_workers):
+        coords = sharding.get_worker_coords(worker_idx)
+        if all(coords[axis] == 0 for axis in axes):
+            selected.append(worker_idx)
+    return selected
+
+
+@dataclass(frozen=True)
+class _ShardedCall:
+    """One call of a sharded dispatch: the worker, and which data slice it gets.
+
+    ``data_coords`` holds the worker's index along each in-sharded axis, in the order
+    the axes were given; ``None`` marks a dummy call whose arguments are all None.
+    """
+
+    worker_idx: int
+    data_coords: tuple[int, ...] | None
+
+
+def _plan_sharded_calls(
+    sharding: NamedSharding,
+    in_sharded_axes: Sequence[str] | None,
+    replicate_on_axes: Sequence[str] | None,
+    output_is_replicated: Sequence[str] | None,
+    make_dummy_calls_to_free_axes: bool,
+) -> tuple[list[_ShardedCall], list[int]]:
+    """Which workers a sharded dispatch calls, with what, and whose results come back.
+
+    An axis is *sharded* (each index gets its own slice), *replicated* (every index
+    gets the same slice) or *free* (neither: only index 0 gets data). A worker off
+    index 0 of a free axis is skipped, or given a dummy call when
+    ``make_dummy_calls_to_free_axes``; its result is never returned. A worker off
+    index 0 of an ``output_is_replicated`` axis is called but its result is not
+    returned either, since index 0 returns the same thing.
+    """
+    sharded = _check_axes(sharding, in_sharded_axes or [], "in_sharded_axes")
+    replicated = _check_axes(sharding, replicate_on_axes or [], "replicate_on_axes")
+    output_replicated = _check_axes(sharding, output_is_replicated or [], "output_is_replicated")
+    both = [axis for axis in sharded if axis in replicated]
+    if both:
+        raise ValueError(
+            f"axes {both} are in both in_sharded_axes and replicate_on_axes; an axis is "
+            "either sharded or replicated"
+        )
+    free = [axis for axis in sharding.names if axis not in sharded and axis not in replicated]
+    calls: list[_ShardedCall] = []
+    returned: list[int] = []
+    for worker_idx in range(sharding.size):
+        coords = sharding.get_worker_coords(worker_idx)
+        if any(coords[axis] != 0 for axis in free):
+            if make_dummy_calls_to_free_axes:
+                calls.append(_ShardedCall(worker_idx, None))
+            continue
+        calls.append(_ShardedCall(worker_idx, tuple(coords[axis] for axis in sharded)))
+        if all(coords[axis] == 0 for axis in output_replicated):
+            returned.append(worker_idx)
+    return calls, returned
+
+
+def _slice_sharded(
+    value: Any,
+    axes: Sequence[str],
+    coords: Sequence[int],
+    sharding: NamedSharding,
+    label: str,
+) -> Any:
+    """Index ``value`` by ``coords`` along ``axes`` in turn, checking each level's length."""
+    for axis, index in zip(axes, coords):
+        size = sharding.get_axis_size(axis)
+        try:
+            length = len(value)
+        except TypeError:
+            raise ValueError(
+                f"{label} must be a sequence with one entry per index of axis {axis!r} "
+                f"({size}), got {type(value).__name__}"
+            ) from None
+        if length != size:
+            raise ValueError(
+                f"{label} has {length} entries along axis {axis!r}, which has size {size}; "
+                "give one entry per shard"
+            )
+        value = value[index]
+    return value
+
+
+def _check_multiple_data_lengths(
+    args: Sequence[Any], kwargs: Mapping[str, Any], num_workers: int
+) -> None:
+    """Every per-worker argument must hold exactly one entry per worker."""
+    for label, value in [*((f"argument {i}", v) for i, v in enumerate(args)), *kwargs.items()]:
+        try:
+            length = len(value)
+        except TypeError:
+            raise ValueError(
+                f"{label} must be a list with one entry per worker ({num_workers}), got "
+                f"{type(value).__name__}"
+            ) from None
+        if length != num_workers:
+            raise ValueError(f"{label} has {length} entries; give one per worker ({num_workers})")
+
+
+def _check_no_kwarg_clash(common_kwargs: Mapping[str, Any], kwargs: Mapping[str, Any]) -> None:
+    clash = sorted(set(common_kwargs) & set(kwargs))
+    if clash:
+        raise ValueError(
+            f"keyword arguments {clash} are given both per worker and in common_kwargs; "
+            "give each in one place"
+        )
+
+
+def _select_results(
+    results: Sequence[Any],
+    called_workers: Sequence[int] | None,
+    return_from_workers: Sequence[int] | None,
+    worker_to_tied_group_index: Mapping[int, int],
+) -> list[Any]:
+    """The results a caller gets back, in order.
+
+    ``results[i]`` came from worker ``called_workers[i]``. Only workers in
+    ``return_from_workers`` (all called ones when None) are kept, in that list's order,
+    and of those only the first of each tied group. Without ``called_workers`` the
+    worker of each result is unknown: ``return_from_workers`` then selects positions,
+    and no tied-group filtering happens.
+    """
+    if called_workers is None:
+        if return_from_workers is None:
+            return list(results)
+        return [results[i] for i in return_from_workers if 0 <= i < len(results)]
+    if len(called_workers) != len(results):
+        raise ValueError(
+            f"{len(results)} futures but {len(called_workers)} called workers; the two "
+            "lists must line up"
+        )
+    position = {worker: i for i, worker in enumerate(called_workers)}
+    order = (
+        list(called_workers)
+        if return_from_workers is None
+        else [worker for worker in return_from_workers if worker in position]
+    )
+    seen_groups: set[int] = set()
+    selected = []
+    for worker in order:
+        group = worker_to_tied_group_index.get(worker)
+        if group is not None:
+            if group in seen_groups:
+                continue
+            seen_groups.add(group)
+        selected.append(results[position[worker]])
+    return selected
+
+
+def _import_by_fqn(fqn: str) -> Any:
+    """The object a dotted path names: ``package.module.Class`` or ``module.Outer.Inner``."""
+    if not isinstance(fqn, str) or "." not in fqn:
+        raise ValueError(
+            f"expected a fully qualified name such as 'package.module.WorkerClass', got {fqn!r}"
+        )
+    parts = fqn.split(".")
+    for split in range(len(parts) - 1, 0, -1):
+        module_name = ".".join(parts[:split])
+        try:
+            target = importlib.import_module(module_name)
+        except ModuleNotFoundError as error:
+            missing = error.name or ""
+            if not (module_name == missing or module_name.startswith(missing + ".")):
+                raise  # the module exists but one of its own imports is missing
+            continue
+        for attribute in parts[split:]:
+            try:
+                target = getattr(target, attribute)
+            except AttributeError:
+                raise ImportError(
+                    f"{fqn!r}: module {module_name!r} has no attribute path "
+                    f"{'.'.join(parts[split:])!r}"
+                ) from None
+        return target
+    raise ImportError(f"{fqn!r}: no importable module found in this path")
+
+
+def _call_configure_worker(
+    worker_class: Any,
+    num_gpus: float | int,
+    bundle_indices: tuple[int, list[int]] | None,
+    num_gpus_per_node: int | None,
+) -> tuple[dict[str, Any], dict[str, str], dict[str, Any]] | None:
+    """Ask the worker class for its settings; None when it defines no ``configure_worker``.
+
+    ``configure_worker`` is a static method of the worker class::
+
+        @staticmethod
+        def configure_worker(num_gpus, bundle_indices=None, num_gpus_per_node=None):
+            return resources, env_vars, init_kwargs
+
+    ``resources`` holds Ray actor options (``num_gpus``, ``num_cpus``, ``memory``,
+    ``resources``...), ``env_vars`` extra environment for the worker, ``init_kwargs``
+    extra constructor keyword arguments; any of them may be None. ``num_gpus_per_node``
+    is passed only to a method whose signature accepts it.
+    """
+    configure = getattr(worker_class, "configure_worker", None)
+    if configure is None:
+        return None
+    kwargs: dict[str, Any] = {"num_gpus": num_gpus, "bundle_indices": bundle_indices}
+    try:
+        parameters = inspect.signature(configure).parameters
+    except (TypeError, ValueError):
+        parameters = {}
+    if "num_gpus_per_node" in parameters or any(
+        p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters.values()
+    ):
+        kwargs["num_gpus_per_node"] = num_gpus_per_node
+    returned = configure(**kwargs)
+    if not (isinstance(returned, tuple) and len(returned) == 3):
+        raise TypeError(
+            f"{getattr(worker_class, '__name__', worker_class)}.configure_worker must return "
+            f"(resources, env_vars, init_kwargs), got {returned!r}"
+        )
+    resources, env_vars, init_kwargs = returned
+    for label, part in (
+        ("resources", resources),
+        ("env_vars", env_vars),
+        ("init_kwargs", init_kwargs),
+    ):
+        if part is not None and not isinstance(part, Mapping):
+            raise TypeError(f"configure_worker returned {label}={part!r}; expected a dict or None")
+    return dict(resources or {}), dict(env_vars or {}), dict(init_kwargs or {})
+
+
+def _apply_worker_configuration(
+    extra_options: Mapping[str, Any],
+    num_gpus: float | int,
+    init_kwargs: Mapping[str, Any],
+    configured: tuple[dict[str, Any], dict[str, str], dict[str, Any]] | None,
+    scheduling_strategy: Any,
+) -> tuple[dict[str, Any], dict[str, Any], list[str]]:
+    """Merge actor options, lowest precedence first, and say what was overridden.
+
+    1. the caller's ``extra_options`` (and ``num_gpus``);
+    2. what the worker class's ``configure_worker`` returned, which may override the
+       caller, with a message for every value it changes;
+    3. the scheduling strategy that pins the worker to its bundle, which always wins.
+
+    Returns ``(actor options, constructor kwargs, override messages)``; the inputs are
+    not modified.
+    """
+    options = dict(extra_options)
+    runtime_env = dict(options.get("runtime_env") or {})
+    env_vars = dict(runtime_env.get("env_vars") or {})
+    kwargs = dict(init_kwargs)
+    options["num_gpus"] = num_gpus
+    messages: list[str] = []
+    if configured is not None:
+        resources, configured_env, configured_kwargs = configured
+        for key, value in resources.items():
+            if key in options and options[key] != value:
+                messages.append(
+                    f"configure_worker sets actor option {key}={value!r} over {options[key]!r}"
+                )
+            options[key] = value
+        for key, value in configured_env.items():
+            if key in env_vars and env_vars[key] != value:
+                messages.append(
+                    f"configure_worker sets environment variable {key}={value!r} over "
+                    f"{env_vars[key]!r}"
+                )
+            env_vars[key] = value
+        for key, value in configured_kwargs.items():
+            if key in kwargs and kwargs[key] is not value and kwargs[key] != value:
+                messages.append(f"configure_worker sets constructor argument {key!r}")
+            kwargs[key] = value
+    if env_vars or "runtime_env" in options:
+        runtime_env["env_vars"] = env_vars
+        options["runtime_env"] = runtime_env
+    if (
+        "scheduling_strategy" in options
+        and options["scheduling_strategy"] is not scheduling_strategy
+    ):
+        messages.append(
+            "the worker is pinned to its bundle; the given scheduling_strategy is ignored"
+        )
+    options["scheduling_strategy"] = scheduling_strategy
+    return options, kwargs, messages
+
+
+def _describe_gpu_state(
+    label: str,
+    local_rank: int,
+    *,
+    node: str,
+    nvml: Any = None,
+    nvidia_devices: Sequence[str] | None = None,
+) -> str:
+    """A one-paragraph reading of GPU ``local_rank`` on this node, taken through NVML.
+
+    ``nvml`` is the ``pynvml`` module (imported here when None); ``nvidia_devices``
+    lists the ``/dev/nvidia<N>`` device files (read from ``/dev`` when None), used to
+    tell "no GPU here" from "NVML is not installed".
+    """
+    prefix = f"[{label}] node {node}, local rank {local_rank}:"
+    if nvidia_devices is None:
+        try:
+            nvidia_devices = [
+                name
+                for name in os.listdir("/dev")
+                if name.startswith("nvidia") and name[6:].isdigit()
+            ]
+        except OSError:
+            nvidia_devices = []
+    if nvml is None:
+        try:
+            import pynvml as nvml  # type: ignore[import-not-found,no-redef]
+        except ImportError:
+            if not nvidia_devices:
+                return f"{prefix} no GPU on this node (no NVIDIA device, NVML not installed)"
+            return (
+                f"{prefix} the node has {len(nvidia_devices)} NVIDIA device(s) but pynvml is "
+                "not installed, so their state cannot be read"
+            )
+    try:
+        nvml.nvmlInit()
+    except Exception as error:
+        if not nvidia_devices:
+            return f"{prefix} no GPU on this node (NVML: {error})"
+        return f"{prefix} NVML could not start: {error}"
+    try:
+        count = int(nvml.nvmlDeviceGetCount())
+        if count == 0:
+            return f"{prefix} no GPU on this node (NVML sees no device)"
+        if not 0 <= local_rank < count:
+            return f"{prefix} the node has {count} GPU(s), none with index {local_rank}"
+        handle = nvml.nvmlDeviceGetHandleByIndex(local_rank)
+        name = nvml.nvmlDeviceGetName(handle)
+        if isinstance(name, bytes):
+            name = name.decode(errors="replace")
+        memory = nvml.nvmlDeviceGetMemoryInfo(handle)
+        mib = 1024 * 1024
+        text = (
+            f"{prefix} GPU {local_rank} ({name}) memory used {memory.used // mib} MiB of "
+            f"{memory.total // mib} MiB"
+        )
+        try:
+            processes = nvml.nvmlDeviceGetComputeRunningProcesses(handle)
+        except Exception as error:
+            return f"{text}; processes unreadable ({error})"
+        if not processes:
+            return f"{text}; no compute processes"
+        held = ", ".join(
+            f"pid {proc.pid} "
+            + (
+                f"{proc.usedGpuMemory // mib} MiB"
+                if isinstance(getattr(proc, "usedGpuMemory", None), int)
+                else "(memory n/a)"
+            )
+            for proc in processes
+        )
+        return f"{text}; compute processes: {held}"
+    except Exception as error:
+        return f"{prefix} reading GPU {local_rank} through NVML failed: {error}"
+    finally:
+        with contextlib.suppress(Exception):
+            nvml.nvmlShutdown()
+
+
+def _log_gpu_state_on_bundle(label: str, local_rank: int) -> None:
+    """Print the state of GPU ``local_rank`` as seen from the node this runs on.
+
+    Runs as a Ray task pinned to a worker's bundle (see
+    :meth:`RayWorkerGroup.log_worker_gpu_state`); the text goes to that node's worker
+    log, which Ray forwards to the driver. The task asks for no GPU on purpose: it is
+    placed by bundle, and requesting the device would queue it behind whatever still
+    holds the GPU, which is exactly what it is meant to observe.
+    """
+    try:
+        import ray
+
+        context = ray.get_runtime_context()
+        node = f"{ray.util.get_node_ip_address()} ({context.get_node_id()[:12]})"
+    except Exception:
+        node = "(unknown)"
+    print(_describe_gpu_state(label, local_rank, node=node), flush=True)
+
+
+def _remote_log_gpu_state() -> Any:
+    """The Ray remote version of :func:`_log_gpu_state_on_bundle`, built once."""
+    remote = _REMOTE.get("log_gpu_state")
+    if remote is None:
+        import ray
+
+        remote = ray.remote(num_cpus=0, num_gpus=0, max_retries=0)(_log_gpu_state_on_bundle)
+        _REMOTE["log_gpu_state"] = remote
+    return remote
+
+
+# =========================================================================================
+# Ray-facing classes
+# =========================================================================================
+
+
+@dataclass
+class MultiWorkerFuture:
+    """The futures of one dispatch, and which workers they came from.
+
+    ``futures[i]`` is the result of the call on worker ``called_workers[i]``.
+    ``return_from_workers`` lists the workers whose results the caller wants (None:
+    all). Either list may be None when unknown.
+    """
+
+    futures: list[Any]
+    return_from_workers: list[int] | None = None
+    called_workers: list[int] | None = None
+
+    def get_results(
+        self, worker_group: RayWorkerGroup, return_generators_as_proxies: bool = False
+    ) -> list[Any]:
+        """Wait for every future and return the wanted results, one per tied group.
+
+        Results are those of ``return_from_workers`` (in that order), keeping only the
+        first worker of each tied group according to
+        ``worker_group.worker_to_tied_group_index``. A future that is an
+        ``ObjectRefGenerator`` is consumed into a list of its items, or returned as is
+        when ``return_generators_as_proxies``. Every future is waited on, including
+        those whose result is dropped, so errors anywhere surface here.
+        """
+        import ray
+
+        values: list[Any] = [None] * len(self.futures)
+        plain: list[int] = []
+        for position, future in enumerate(self.futures):
+            if isinstance(future, ray.ObjectRefGenerator):
+                if return_generators_as_proxies:
+                    values[position] = future
+                else:
+                    values[position] = [ray.get(item) for item in future]
+            else:
+                plain.append(position)
+        if plain:
+            fetched = ray.get([self.futures[position] for position in plain])
+            for position, value in zip(plain, fetched):
+                values[position] = value
+        mapping = getattr(worker_group, "worker_to_tied_group_index", None) or {}
+        return _select_results(values, self.called_workers, self.return_from_workers, mapping)
+
+
+class RayWorkerBuilder:
+    """Creates worker actors of one class, with fixed constructor arguments.
+
+    ``ray_actor_class_fqn`` names the worker class by import path (a ``@ray.remote``
+    class or a plain one, which is made remote). ``args`` and ``kwargs`` are passed to
+    its constructor. Workers are created by an :class:`IsolatedWorkerInitializer`
+    actor, which imports the class in the worker's environment and owns the worker.
+    """
+
+    class IsolatedWorkerInitializer:
+        """Imports a worker class in the worker's environment and creates workers of it.
+
+        Runs as a Ray actor (made remote on first use). It owns every worker it
+        creates, so those workers live exactly as long as it does: keep its handle
+        for as long as the workers are needed, and kill it after them.
+        """
+
+        def __init__(self, ray_actor_class_fqn: str, *init_args: Any, **init_kwargs: Any) -> None:
+            self.ray_actor_class_fqn = ray_actor_class_fqn
+            self.init_args = init_args
+            self.init_kwargs = init_kwargs
+            self._workers: list[Any] = []
+
+        def create_worker(
+            self,
+            placement_group: Any,
+            placement_group_bundle_index: int,
+            num_gpus: float | int,
+            bundle_indices: tuple[int, list[int]] | None = None,
+            num_gpus_per_node: int | None = None,
+            **extra_options: Any,
+        ) -> Any:
+            """Create one worker on a bundle and return its actor handle.
+
+            Actor options, lowest precedence first: ``extra_options`` from the caller;
+            what the worker class's ``configure_worker`` returns (each value it
+            changes is logged as a warning); the scheduling strategy that pins the
+            worker to ``placement_group_bundle_index``. ``num_gpus_per_node`` is handed
+            to ``configure_worker`` so it can map a bundle to a node-local index.
+            """
+            import ray
+            from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+            worker_class = _import_by_fqn(self.ray_actor_class_fqn)
+            if not hasattr(worker_class, "options"):
+                worker_class = ray.remote(worker_class)
+            configured = _call_configure_worker(
+                worker_class, num_gpus, bundle_indices, num_gpus_per_node
+            )
+            strategy = PlacementGroupSchedulingStrategy(
+                placement_group=placement_group,
+                placement_group_bundle_index=placement_group_bundle_index,
+                placement_group_capture_child_tasks=True,
+            )
+            options, kwargs, messages = _apply_worker_configuration(
+                extra_options, num_gpus, self.init_kwargs, configured, strategy
+            )
+            for message in messages:
+                _LOGGER.warning("%s: %s", self.ray_actor_class_fqn, message)
+            worker = worker_class.options(**options).remote(*self.init_args, **kwargs)
+            self._workers.append(worker)
+            return worker
+
+    def __init__(self, ray_actor_class_fqn: str, *args: Any, **kwargs: Any) -> None:
+        if not isinstance(ray_actor_class_fqn, str) or "." not in ray_actor_class_fqn:
+            raise ValueError(
+                "ray_actor_class_fqn must be the import path of the worker class, such as "
+                f"'package.module.Worker', got {ray_actor_class_fqn!r}"
+            )
+        self.ray_actor_class_fqn = ray_actor_class_fqn
+        self.args = args
+        self.kwargs = kwargs
+        # Initializers of workers created through __call__, kept so those workers live.
+        self._call_initializers: list[Any] = []
+
+    @staticmethod
+    def _initializer_class() -> Any:
+        remote = _REMOTE.get("initializer")
+        if remote is None:
+            import ray
+
+            remote = ray.remote(num_cpus=0, num_gpus=0)(RayWorkerBuilder.IsolatedWorkerInitializer)
+            _REMOTE["initializer"] = remote
+        return remote
+
+    def _create_initializer(
+        self, placement_group: Any, placement_group_bundle_index: int, env_vars: dict[str, str]
+    ) -> Any:
+        """Start an initializer beside ``placement_group``'s bundle with ``env_vars``."""
+        from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+        options: dict[str, Any] = {
+            "scheduling_strategy": PlacementGroupSchedulingStrategy(
+                placement_group=placement_group,
+                placement_group_bundle_index=placement_group_bundle_index,
+            )
+        }
+        if env_vars:
+            options["runtime_env"] = {"env_vars": dict(env_vars)}
+        return (
+            self._initializer_class()
+            .options(**options)
+            .remote(self.ray_actor_class_fqn, *self.args, **self.kwargs)
+        )
+
+    @staticmethod
+    def _submit_worker(
+        initializer: Any,
+        placement_group: Any,
+        placement_group_bundle_index: int,
+        num_gpus: float | int,
+        bundle_indices: tuple[int, list[int]] | None,
+        num_gpus_per_node: int | None,
+        extra_options: Mapping[str, Any],
+    ) -> Any:
+        return initializer.create_worker.remote(
+            placement_group,
+            placement_group_bundle_index,
+            num_gpus,
+            bundle_indices,
+            num_gpus_per_node,
+            **extra_options,
+        )
+
+    def create_worker_async(
+        self,
+        placement_group: Any,
+        placement_group_bundle_index: int,
+        num_gpus: float | int,
+        bundle_indices: tuple[int, list[int]] | None = None,
+        **extra_options: Any,
+    ) -> tuple[Any, Any]:
+        """Start creating a worker; return ``(worker_future, initializer_actor)`` at once.
+
+        ``ray.get(worker_future)`` gives the worker's handle. The initializer owns the
+        worker: keep its handle as long as the worker is needed. ``extra_options`` are
+        Ray actor options; a ``num_gpus_per_node`` entry among them is not an actor
+        option but is passed on to the worker class's ``configure_worker``.
+        """
+        num_gpus_per_node = extra_options.pop("num_gpus_per_node", None)
+        env_vars = dict((extra_options.get("runtime_env") or {}).get("env_vars") or {})
+        initializer = self._create_initializer(
+            placement_group, placement_group_bundle_index, _get_initializer_env_vars(env_vars)
+        )
+        future = self._submit_worker(
+            initializer,
+            placement_group,
+            placement_group_bundle_index,
+            num_gpus,
+            bundle_indices,
+            num_gpus_per_node,
+            extra_options,
+        )
+        return future, initializer
+
+    def __call__(
+        self,
+        placement_group: Any,
+        placement_group_bundle_index: int,
+        num_gpus: float | int,
+        bundle_indices: tuple[int, list[int]] | None = None,
+        **extra_options: Any,
+    ) -> Any:
+        """Create a worker and return its handle once Ray has accepted it.
+
+        Same options and precedence as :meth:`IsolatedWorkerInitializer.create_worker`.
+        The builder keeps the worker's initializer alive for as long as the builder
+        exists.
+        """
+        import ray
+
+        future, initializer = self.create_worker_async(
+            placement_group, placement_group_bundle_index, num_gpus, bundle_indices, **extra_options
+        )
+        worker = ray.get(future)
+        self._call_initializers.append(initializer)
+        return worker
+
+
+@dataclass
+class _CreationRecord:
+    """Everything needed to replay the creation of one worker."""
+
+    placement_group: Any
+    bundle_index: int
+    num_gpus: float | int
+    bundle_indices: tuple[int, list[int]] | None
+    extra_options: dict[str, Any]
+    initializer_key: str
+
+
+class RayWorkerGroup:
+    """A group of worker actors on a virtual cluster's bundles, dispatched to as one.
+
+    ``workers_per_node`` (ignored when ``bundle_indices_list`` is given) asks for one
+    worker per bundle (None), that many per node (int), or a count per node (list);
+    each such worker is a tied group of its own. ``bundle_indices_list`` lists tied
+    groups explicitly as ``(node_idx, [local bundle indices])``: all workers of a
+    group serve the same data, and the first is the group's leader. A local index past
+    the end of its node continues on the following nodes.
+
+    Each worker gets ``RANK`` (its index in the group), ``WORLD_SIZE``, ``LOCAL_RANK``
+    (its bundle's index on its logical node), ``NODE_RANK`` (that node's index),
+    ``MASTER_ADDR`` and ``MASTER_PORT`` (from the cluster). Environment precedence,
+    highest first: the worker class's ``configure_worker``, then those distributed
+    variables, then ``env_vars``, then the driver's environment (less driver-only
+    entries such as ``CUDA_VISIBLE_DEVICES``). ``env_vars`` is copied, never modified.
+
+    ``sharding_annotations`` maps named axes to worker ranks for
+    :meth:`run_all_workers_sharded_data` and the ``run_rank_0_only_axes`` filters; it
+    must cover exactly the group's workers. ``dp_leader_worker_indices`` names the
+    worker that owns each data-parallel shard; by default the leader of every tied
+    group. It must be an ascending subset of the tied-group leaders.
+
+    ``name_prefix`` names the workers' Ray actors and labels the group in host-memory
+    telemetry; when empty a unique one is generated.
+    """
+
+    def __init__(
+        self,
+        cluster: RayVirtualCluster,
+        remote_worker_builder: RayWorkerBuilder,
+        workers_per_node: int | list[int] | None = None,
+        name_prefix: str = "",
+        bundle_indices_list: list[tuple[int, list[int]]] | None = None,
+        sharding_annotations: NamedSharding | None = None,
+        env_vars: Mapping[str, str] | None = None,
+        dp_leader_worker_indices: list[int] | None = None,
+    ) -> None:
+        self.cluster = cluster
+        self.name_prefix = name_prefix or f"workers-{uuid.uuid4().hex[:8]}"
+        self._group_env = _checked_env_vars(env_vars)
+        if bundle_indices_list is None:
+            indices = _bundle_indices_from_workers_per_node(
+                workers_per_node, cluster.bundle_ct_per_node_list
+            )
+        else:
+            indices = _normalized_bundle_indices_list(bundle_indices_list)
+        self._plans = _plan_workers(indices, cluster.node_and_local_index, self.name_prefix)
+        if sharding_annotations is not None and sharding_annotations.size != len(self._plans):
+            raise ValueError(
+                f"sharding_annotations covers {sharding_annotations.size} ranks "
+                f"({sharding_annotations.shape}) but the group has {len(self._plans)} workers"
+            )
+        self.sharding_annotations = sharding_annotations
+        self.tied_workers_groups, self.worker_to_tied_group_index = _tied_groups(self._plans)
+        leaders = [group[0] for group in self.tied_workers_groups]
+        if dp_leader_worker_indices is None:
+            self._dp_leaders = leaders
+        else:
+            _check_dp_leader_worker_indices(dp_leader_worker_indices, leaders)
+            self._dp_leaders = list(dp_leader_worker_indices)
+        self._builder = remote_worker_builder
+        self._workers: list[Any] = []
+        self._worker_metadata: list[dict[str, Any]] = []
+        self._records: list[_CreationRecord] = []
+        self._initializers: dict[str, Any] = {}
+        self._initializer_sites: dict[str, tuple[Any, int, dict[str, str]]] = {}
+        self._placement_registered = False
+        self._create_workers_from_bundle_indices(remote_worker_builder, indices, self._group_env)
+
+    # ---- creation -------------------------------------------------------------------
+
+    def _create_workers_from_bundle_indices(
+        self,
+        remote_worker_builder: RayWorkerBuilder,
+        bundle_indices_list: list[tuple[int, list[int]]],
+        env_vars: Mapping[str, str] | None = None,
+    ) -> None:
+        """Create the workers of ``bundle_indices_list``, one tied group per entry.
+
+        Each entry is ``(node_idx, [local bundle indices])``; a tied group whose local
+        indices run past its node's bundles continues on the following nodes, and
+        ``node_idx`` is then the first of them. Returns once every worker's constructor
+        has finished; on any failure the workers and initializers created so far are
+        killed before the error propagates. ``env_vars`` is not modified.
+        """
+        import ray
+
+        plans = _plan_workers(
+            _normalized_bundle_indices_list(bundle_indices_list),
+            self.cluster.node_and_local_index,
+            self.name_prefix,
+        )
+        group_env = _checked_env_vars(env_vars)
+        master_address, master_port = self.cluster.get_master_address_and_port()
+        driver_env = _driver_env()
+        num_gpus: float | int = (
+            1 / self.cluster.max_colocated_worker_groups if self.cluster.use_gpus else 0
+        )
+        world_size = str(len(plans))
+        records: list[_CreationRecord] = []
+        futures = []
+        try:
+            for plan in plans:
+                group, bundle_index = self.cluster.get_bundle_location(
+                    plan.node_idx, plan.local_bundle_idx
+                )
+                env = _worker_env_vars(
+                    driver_env,
+                    group_env,
+                    {
+                        "RANK": str(plan.global_rank),
+                        "WORLD_SIZE": world_size,
+                        "LOCAL_RANK": str(plan.local_rank),
+                        "NODE_RANK": str(plan.node_rank),
+                        "MASTER_ADDR": master_address,
+                        "MASTER_PORT": str(master_port),
+                    },
+                )
+                key = self._initializer_for(
+                    remote_worker_builder, group, bundle_index, _get_initializer_env_vars(env)
+                )
+                record = _CreationRecord(
+                    placement_group=group,
+                    bundle_index=bundle_index,
+                    num_gpus=num_gpus,
+                    bundle_indices=plan.bundle_indices,
+                    extra_options={
+                        "runtime_env": {"env_vars": env},
+                        "name": plan.name,
+                        "num_cpus": 1,
+                    },
+                    initializer_key=key,
+                )
+                records.append(record)
+                futures.append(self._submit(remote_worker_builder, record))
+            workers = ray.get(futures)
+            ray.get([worker.__ray_ready__.remote() for worker in workers])
+        except BaseException:
+            self._kill_initializers()
+            raise
+        shards = _dp_shard_of_workers(len(plans), self._dp_leaders)
+        self._builder = remote_worker_builder
+        self._plans = plans
+        self._records = records
+        self._workers = list(workers)
+        self._worker_metadata = [
+            {
+                "name": plan.name,
+                "global_rank": plan.global_rank,
+                "node_idx": plan.node_idx,
+                "node_rank": plan.node_rank,
+                "local_rank": plan.local_rank,
+                "bundle_indices": plan.bundle_indices,
+                "tied_group_idx": plan.tied_group_idx,
+                "member_idx": plan.member_idx,
+                "dp_shard_idx": shards[plan.global_rank],
+                "placement_group_bundle_index": record.bundle_index,
+            }
+            for plan, record in zip(plans, records)
+        ]
+        self._register_placement()
+
+    def _initializer_for(
+        self, builder: RayWorkerBuilder, group: Any, bundle_index: int, env: dict[str, str]
+    ) -> str:
+        """Key of this group's initializer for ``group``, created at first need."""
+        key = group.id.hex()
+        if key not in self._initializers:
+            self._initializers[key] = builder._create_initializer(group, bundle_index, env)
+            self._initializer_sites[key] = (group, bundle_index, env)
+        return key
+
+    def _submit(self, builder: RayWorkerBuilder, record: _CreationRecord) -> Any:
+        return builder._submit_worker(
+            self._initializers[record.initializer_key],
+            record.placement_group,
+            record.bundle_index,
+            record.num_gpus,
+            record.bundle_indices,
+            self.cluster.num_gpus_per_node,
+            record.extra_options,
+        )
+
+    def _register_placement(self) -> None:
+        bundles = [(record.placement_group, record.bundle_index) for record in self._records]
+        try:
+            from raylens.telemetry.host_memory import register_worker_group_placement
+
+            register_worker_group_placement(self.name_prefix, bundles)
+            self._placement_registered = True
+        except Exception:
+            warn_once(
+                f"worker_groups.register.{self.name_prefix}",
+                f"worker group {self.name_prefix!r}: could not register its placement for "
+                "host-memory labels",
+                logger=_LOGGER,
+            )
+
+    def _forget_placement(self) -> None:
+        try:
+            from raylens.telemetry.host_memory import forget_worker_group_nodes
+
+            forget_worker_group_nodes(self.name_prefix)
+        except Exception:
+            warn_once(
+                f"worker_groups.forget.{self.name_prefix}",
+                f"worker group {self.name_prefix!r}: could not withdraw its host-memory labels",
+                logger=_LOGGER,
+            )
+        self._placement_registered = False
+
+    # ---- description ----------------------------------------------------------------
+
+    @property
+    def workers(self) -> list[Any]:
+        """The workers' actor handles, by rank (a copy of the list)."""
+        return list(self._workers)
+
+    @property
+    def worker_metadata(self) -> list[dict[str, Any]]:
+        """Per worker: name, global_rank, node_idx, node_rank, local_rank, bundle_indices,
+        tied_group_idx, member_idx, dp_shard_idx and placement_group_bundle_index."""
+        return [dict(metadata) for metadata in self._worker_metadata]
+
+    @property
+    def dp_size(self) -> int:
+        """Number of data-parallel shards (one per DP leader)."""
+        return len(self._dp_leaders)
+
+    @property
+    def dp_leader_worker_indices(self) -> list[int]:
+        """The worker that owns each data-parallel shard, in shard order."""
+        return list(self._dp_leaders)
+
+    def get_dp_leader_worker_idx(self, dp_shard_idx: int) -> int:
+        """The worker that owns data-parallel shard ``dp_shard_idx``."""
+        if (
+            isinstance(dp_shard_idx, bool)
+            or not isinstance(dp_shard_idx, int)
+            or not (0 <= dp_shard_idx < len(self._dp_leaders))
+        ):
+            raise ValueError(
+                f"dp_shard_idx={dp_shard_idx!r} is out of range; this group has "
+                f"{len(self._dp_leaders)} DP shards (0..{len(self._dp_leaders) - 1})"
+            )
+        return self._dp_leaders[dp_shard_idx]
+
+    def _check_worker_idx(self, worker_idx: int) -> None:
+        if (
+            isinstance(worker_idx, bool)
+            or not isinstance(worker_idx, int)
+            or not (0 <= worker_idx < len(self._workers))
+        ):
+            raise ValueError(
+                f"worker_idx={worker_idx!r} is out of range; this group has "
+                f"{len(self._workers)} workers"
+            )
+
+    # ---- dispatch -------------------------------------------------------------------
+
+    def run_single_worker_single_data(
+        self, method_name: str, worker_idx: int, *args: Any, **kwargs: Any
+    ) -> Any:
+        """Call ``method_name(*args, **kwargs)`` on worker ``worker_idx``; return its future."""
+        self._check_worker_idx(worker_idx)
+        return getattr(self._workers[worker_idx], method_name).remote(*args, **kwargs)
+
+    def run_all_workers_single_data(
+        self,
+        method_name: str,
+        *args: Any,
+        run_rank_0_only_axes: list[str] | None = None,
+        **kwargs: Any,
+    ) -> list[Any]:
+        """Call ``method_name`` with the same arguments on every worker; return the futures.
+
+        With ``run_rank_0_only_axes``, only workers at index 0 of each of those axes are
+        called. Arguments are stored in the object store once and shared.
+        """
+        selected = _rank0_only_workers(
+            self.sharding_annotations, len(self._workers), run_rank_0_only_axes
+        )
+        if len(selected) > 1:
+            args, kwargs = _put_once(args, kwargs)
+        return [getattr(self._workers[i], method_name).remote(*args, **kwargs) for i in selected]
+
+    def run_all_workers_multiple_data(
+        self,
+        method_name: str,
+        *args: Any,
+        run_rank_0_only_axes: list[str] | None = None,
+        common_kwargs: dict[str, Any] | None = None,
+        **kwargs: Any,
+    ) -> list[Any]:
+        """Call ``method_name`` on every worker with that worker's entry of each argument.
+
+        Every positional and keyword argument is a list with one entry per worker
+        (indexed by worker rank, whether or not the worker is called).
+        ``common_kwargs`` go to every called worker, stored once. With
+        ``run_rank_0_only_axes``, only workers at index 0 of those axes are called.
+        """
+        common_kwargs = dict(common_kwargs or {})
+        _check_no_kwarg_clash(common_kwargs, kwargs)
+        _check_multiple_data_lengths(args, kwargs, len(self._workers))
+        selected = _rank0_only_workers(
+            self.sharding_annotations, len(self._workers), run_rank_0_only_axes
+        )
+        if len(selected) > 1:
+            _, common_kwargs = _put_once((), common_kwargs)
+        futures = []
+        for worker_idx in selected:
+            worker_args = [arg[worker_idx] for arg in args]
+            worker_kwargs = {key: value[worker_idx] for key, value in kwargs.items()}
+            futures.append(
+                getattr(self._workers[worker_idx], method_name).remote(
+                    *worker_args, **worker_kwargs, **common_kwargs
+                )
+            )
+        return futures
+
+    def run_all_workers_sharded_data(
+        self,
+        method_name: str,
+        *args: Any,
+        in_sharded_axes: list[str] | None = None,
+        replicate_on_axes: list[str] | None = None,
+        output_is_replicated: list[str] | None = None,
+        make_dummy_calls_to_free_axes: bool = False,
+        common_kwargs: dict[str, Any] | None = None,
+        **kwargs: Any,
+    ) -> MultiWorkerFuture:
+        """Call ``method_name`` on the workers, each with its slice of sharded data.
+
+        Positional and keyword arguments are nested lists indexed by the worker's
+        coordinate along each axis of ``in_sharded_axes``, in that order. Along
+        ``replicate_on_axes`` every index gets the same slice. On the remaining (free)
+        axes only index 0 is called, unless ``make_dummy_calls_to_free_axes``, in
+        which case the others are called with None for every argument. Results come
+        back only from index 0 of free axes and of ``output_is_replicated`` axes.
+        ``common_kwargs`` go to every call. A slice that several workers receive is
+        stored in the object store once.
+        """
+        sharding = self.sharding_annotations
+        if sharding is None:
+            raise ValueError(
+                f"worker group {self.name_prefix!r} has no sharding_annotations; sharded "
+                "dispatch needs them"
+            )
+        common_kwargs = dict(common_kwargs or {})
+        _check_no_kwarg_clash(common_kwargs, kwargs)
+        calls, returned = _plan_sharded_calls(
+            sharding,
+            in_sharded_axes,
+            replicate_on_axes,
+            output_is_replicated,
+            make_dummy_calls_to_free_axes,
+        )
+        axes = list(in_sharded_axes or [])
+        receivers: dict[tuple[int, ...], int] = {}
+        for call in calls:
+            if call.data_coords is not None:
+                receivers[call.data_coords] = receivers.get(call.data_coords, 0) + 1
+        slices: dict[tuple[int, ...], tuple[tuple[Any, ...], dict[str, Any]]] = {}
+        for coords, count in receivers.items():
+            sliced_args = tuple(
+                _slice_sharded(arg, axes, coords, sharding, f"argument {i}")
+                for i, arg in enumerate(args)
+            )
+            sliced_kwargs = {
+                key: _slice_sharded(value, axes, coords, sharding, f"keyword argument {key!r}")
+                for key, value in kwargs.items()
+            }
+            if count > 1:
+                sliced_args, sliced_kwargs = _put_once(sliced_args, sliced_kwargs)
+            slices[coords] = (sliced_args, sliced_kwargs)
+        if len(calls) > 1:
+            _, common_kwargs = _put_once((), common_kwargs)
+        futures = []
+        for call in calls:
+            if call.data_coords is None:
+                call_args: tuple[Any, ...] = (None,) * len(args)
+                call_kwargs: dict[str, Any] = dict.fromkeys(kwargs)
+            else:
+                call_args, call_kwargs = slices[call.data_coords]
+            futures.append(
+                getattr(self._workers[call.worker_idx], method_name).remote(
+                    *call_args, **call_kwargs, **common_kwargs
+                )
+            )
+        return MultiWorkerFuture(
+            futures=futures,
+            return_from_workers=returned,
+            called_workers=[call.worker_idx for call in calls],
+        )
+
+    def get_all_worker_results(
+        self, future_bundle: MultiWorkerFuture, return_generators_as_proxies: bool = False
+    ) -> list[Any]:
+        """The results of ``future_bundle``, selected as :meth:`MultiWorkerFuture.get_results`."""
+        return future_bundle.get_results(self, return_generators_as_proxies)
+
+    # ---- diagnostics and repair -----------------------------------------------------
+
+    def log_worker_gpu_state(self, worker_idx: int, *, label: str, timeout_s: float = 30.0) -> None:
+        """Print the state of the GPU held by worker ``worker_idx``'s bundle, from its node.
+
+        Meant for the moment before a restart: whether the device is still occupied
+        decides whether a replacement can start at all. The reading runs as a short
+        task pinned to the worker's bundle (asking for no GPU, so it is not queued
+        behind whatever holds it), because reading NVML here would describe the
+        driver's node. The task prints on that node; Ray forwards the line to the
+        driver's output. A node without GPUs is reported as such.
+
+        Never raises and never waits more than ``timeout_s``: a probe that cannot be
+        scheduled, times out or fails is itself printed as the finding.
+        """
+        prefix = f"[{label}] worker {worker_idx}"
+        try:
+            self._check_worker_idx(worker_idx)
+            import ray
+            from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+            record = self._records[worker_idx]
+            metadata = self._worker_metadata[worker_idx]
+            prefix = f"[{label}] worker {worker_idx} ({metadata['name']})"
+            strategy = PlacementGroupSchedulingStrategy(
+                placement_group=record.placement_group,
+                placement_group_bundle_index=record.bundle_index,
+            )
+            ref = (
+                _remote_log_gpu_state()
+                .options(scheduling_strategy=strategy)
+                .remote(label, metadata["local_rank"])
+            )
+            ready, _ = ray.wait([ref], timeout=max(0.0, float(timeout_s)))
+            if not ready:
+                with contextlib.suppress(Exception):
+                    ray.cancel(ref, force=True)
+                print(
+                    f"{prefix}: the GPU probe on its bundle (index {record.bundle_index}) did "
+                    f"not finish within {timeout_s:g}s; the bundle could not be scheduled or "
+                    "its node did not answer",
+                    flush=True,
+                )
+                return
+            ray.get(ref, timeout=max(1.0, float(timeout_s)))
+        except Exception as error:
+            print(f"{prefix}: the GPU probe could not run: {error}", flush=True)
+
+    def recreate_worker(self, worker_idx: int) -> Any:
+        """Rebuild worker ``worker_idx`` on its bundle by replaying the call that made it.
+
+        Brings a dead or unresponsive worker back without touching the others. The old
+        actor is killed first (without restart) and awaited until Ray reports it dead:
+        its bundle stays reserved, so the replacement lands on the same resources once
+        they are free, with the same environment, name and constructor arguments.
+        Returns the new handle, also installed at ``workers[worker_idx]``, once its
+        constructor has finished; the group's host-memory placement is registered
+        again.
+        """
+        import ray
+
+        self._check_worker_idx(worker_idx)
+        old = self._workers[worker_idx]
+        try:
+            ray.kill(old, no_restart=True)
+        except Exception:
+            warn_once(
+                f"worker_groups.recreate.kill.{self.name_prefix}",
+                f"worker group {self.name_prefix!r}: could not kill worker {worker_idx} "
+                "before recreating it",
+                logger=_LOGGER,
+            )
+        if not _wait_until_dead(old, _DEATH_WAIT_S):
+            raise TimeoutError(
+                f"worker group {self.name_prefix!r}: worker {worker_idx} was killed but Ray "
+                f"did not report it dead within {_DEATH_WAIT_S:g}s; not recreating it"
+            )
+        record = self._records[worker_idx]
+        initializer = self._initializers.get(record.initializer_key)
+        if initializer is not None:
+            try:
+                new = ray.get(self._submit(self._builder, record))
+            except ray.exceptions.RayActorError:
+                new = None  # the initializer itself is gone: start a fresh one below
+        else:
+            new = None
+        if new is None:
+            group, bundle_index, env = self._initializer_sites[record.initializer_key]
+            self._initializers[record.initializer_key] = self._builder._create_initializer(
+                group, bundle_index, env
+            )
+            new = ray.get(self._submit(self._builder, record))
+        ray.get(new.__ray_ready__.remote())
+        self._workers[worker_idx] = new
+        self._register_placement()
+        return new
+
+    # ---- shutdown -------------------------------------------------------------------
+
+    def shutdown(
+        self,
+        cleanup_method: str | None = None,
+        timeout: float | None = 30.0,
+        force: bool = False,
+    ) -> bool:
+        """Stop every worker; True only if each one was shut down cleanly.
+
+        With ``cleanup_method``, that method is called on every worker first and
+        awaited for at most ``timeout`` seconds (None: as long as it takes); workers
+        whose cleanup succeeded are then asked to exit gracefully, unless ``force``.
+        A worker that was already dead, died during cleanup, failed it or did not finish
+        it in time makes the result False. Whatever happened, every worker is killed in
+        the end, then the initializers that owned them, and the group's host-memory
+        placement is withdrawn. Calling it again returns True.
+        """
+        if not self._workers and not self._initializers:
+            if self._placement_registered:
+                self._forget_placement()
+            return True
+        ok = True
+        try:
+            ray = _connected_ray()
+            if ray is None:
+                _LOGGER.warning(
+                    "worker group %r: Ray is no longer connected; its workers ended with the "
+                    "Ray job",
+                    self.name_prefix,
+                )
+                ok = False
+            else:
+                ok = self._stop_workers(ray, cleanup_method, timeout, force)
+        except Exception:
+            _LOGGER.exception("worker group %r: shutdown failed", self.name_prefix)
+            ok = False
+        finally:
+            self._workers = []
+            self._worker_metadata = []
+            self._records = []
+            self._initializers = {}
+            self._initializer_sites = {}
+            self._forget_placement()
+        return ok
+
+    def _stop_workers(
+        self, ray: Any, cleanup_method: str | None, timeout: float | None, force: bool
+    ) -> bool:
+        ok = True
+        workers = list(self._workers)
+        deadline = None if timeout is None else time.monotonic() + float(timeout)
+        finished_cleanly: list[Any] = []
+        try:
+            if cleanup_method is not None:
+                outcomes = _await_calls(
+                    ray, [_submit_call(w, cleanup_method) for w in workers], timeout
+                )
+                for worker_idx, (worker, outcome) in enumerate(zip(workers, outcomes)):
+                    if outcome == "ok":
+                        finished_cleanly.append(worker)
+                    else:
+                        ok = False
+                        _LOGGER.warning(
+                            "worker group %r: worker %d %s during %s()",
+                            self.name_prefix,
+                            worker_idx,
+                            outcome,
+                            cleanup_method,
+                        )
+                if finished_cleanly and not force:
+                    remaining = (
+                        _GRACEFUL_EXIT_S
+                        if deadline is None
+                        else max(0.0, deadline - time.monotonic())
+                    )
+                    _await_calls(
+                        ray,
+                        [_submit_call(w, "__ray_terminate__") for w in finished_cleanly],
+                        remaining,
+                    )
+            else:
+                probe_s = _LIVENESS_PROBE_S if timeout is None else min(_LIVENESS_PROBE_S, timeout)
+                outcomes = _await_calls(
+                    ray, [_submit_call(w, "__ray_ready__") for w in workers], probe_s
+                )
+                for worker_idx, outcome in enumerate(outcomes):
+                    if outcome == "died":
+                        ok = False
+                        _LOGGER.warning(
+                            "worker group %r: worker %d was already dead at shutdown",
+                            self.name_prefix,
+                            worker_idx,
+                        )
+        finally:
+            for worker_idx, worker in enumerate(workers):
+                try:
+                    ray.kill(worker, no_restart=True)
+                except Exception:
+                    ok = False
+                    _LOGGER.warning(
+                        "worker group %r: could not kill worker %d",
+                        self.name_prefix,
+                        worker_idx,
+                        exc_info=True,
+                    )
+            self._kill_initializers(ray)
+        return ok
+
+    def _kill_initializers(self, ray: Any = None) -> None:
+        if ray is None:
+            ray = _connected_ray()
+        initializers = list(self._initializers.values())
+        self._initializers = {}
+        if ray is None:
+            return
+        for initializer in initializers:
+            try:
+                ray.kill(initializer, no_restart=True)
+            except Exception:
+                warn_once(
+                    f"worker_groups.kill_initializer.{self.name_prefix}",
+                    f"worker group {self.name_prefix!r}: could not kill an initializer actor",
+                    logger=_LOGGER,
+                )
+
+    def __repr__(self) -> str:
+        return (
+            f"RayWorkerGroup(name_prefix={self.name_prefix!r}, workers={len(self._workers)}, "
+            f"tied_groups={len(self.tied_workers_groups)}, dp_size={self.dp_size})"
+        )
+
+
+# =========================================================================================
+# Ray helpers
+# =========================================================================================
+
+
+def _connected_ray() -> Any:
+    """The ray module when this process is connected to a cluster, else None."""
+    from raylens.cluster import default_cluster_view
+
+    if not default_cluster_view().is_initialized():
+        return None
+    import ray
+
+    return ray
+
+
+def _put_once(
+    args: Sequence[Any], kwargs: Mapping[str, Any]
+) -> tuple[tuple[Any, ...], dict[str, Any]]:
+    """Store every argument that is not already a Ray reference in the object store once.
+
+    Top-level references are resolved by Ray before the method runs, so workers see
+    the values while the data is serialized a single time.
+    """
+    import ray
+
+    def put(value: Any) -> Any:
+        if isinstance(value, (ray.ObjectRef, ray.ObjectRefGenerator)):
+            return value
+        return ray.put(value)
+
+    return tuple(put(arg) for arg in args), {key: put(value) for key, value in kwargs.items()}
+
+
+def _submit_call(worker: Any, method_name: str) -> Any:
+    """Submit ``worker.method_name()``; the submission error itself if that fails."""
+    try:
+        return getattr(worker, method_name).remote()
+    except Exception as error:
+        return error
+
+
+def _await_calls(ray: Any, refs: list[Any], timeout: float | None) -> list[str]:
+    """Wait for ``refs`` up to ``timeout`` seconds; say how each call ended.
+
+    ``"ok"``, ``"died"`` (the actor is gone), ``"failed"`` (the method raised or could
+    not be submitted) or ``"timed out"``.
+    """
+    pending = [ref for ref in refs if not isinstance(ref, Exception)]
+    ready: set[Any] = set()
+    if pending:
+        done, _ = ray.wait(pending, num_returns=len(pending), timeout=timeout)
+        ready = set(done)
+    outcomes = []
+    for ref in refs:
+        if isinstance(ref, Exception):
+            outcomes.append("failed")
+        elif ref not in ready:
+            outcomes.append("timed out")
+        else:
+            try:
+                ray.get(ref, timeout=0)
+                outcomes.append("ok")
+            except ray.exceptions.RayActorError:
+                outcomes.append("died")
+            except Exception:
+                outcomes.append("failed")
+    return outcomes
+
+
+def _wait_until_dead(worker: Any, timeout_s: float) -> bool:
+    """Poll a killed actor until Ray reports it dead; False if still alive at the deadline."""
+    import ray
+
+    deadline = time.monotonic() + timeout_s
+    while True:
+        remaining = deadline - time.monotonic()
+        if remaining <= 0:
+            return False
+        try:
+            ray.get(worker.__ray_ready__.remote(), timeout=remaining)
+        except ray.exceptions.RayActorError:
+            return True
+        except ray.exceptions.GetTimeoutError:
+            return False
+        time.sleep(min(0.05, max(0.0, deadline - time.monotonic())))

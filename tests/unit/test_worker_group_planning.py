@@ -1,0 +1,154 @@
+"""Worker-group planning without Ray: bundles, ranks, tied groups, DP leaders."""
+
+from __future__ import annotations
+
+import pytest
+
+from raylens.distributed import worker_groups as wg
+from raylens.distributed.virtual_cluster import RayVirtualCluster
+
+
+def plan(bundle_indices_list, counts=(2, 2), strategy="SPREAD"):  # type: ignore[no-untyped-def]
+    cluster = RayVirtualCluster(list(counts), use_gpus=False, placement_group_strategy=strategy)
+    return wg._plan_workers(bundle_indices_list, cluster.node_and_local_index, "g")
+
+
+# ---- workers_per_node -----------------------------------------------------------------
+
+
+def test_default_is_one_worker_per_bundle() -> None:
+    assert wg._bundle_indices_from_workers_per_node(None, [2, 1]) == [
+        (0, [0]),
+        (0, [1]),
+        (1, [0]),
+    ]
+
+
+def test_int_applies_to_every_node_with_bundles() -> None:
+    assert wg._bundle_indices_from_workers_per_node(1, [2, 0, 3]) == [(0, [0]), (2, [0])]
+
+
+def test_list_gives_count_per_node() -> None:
+    assert wg._bundle_indices_from_workers_per_node([0, 2], [2, 2]) == [(1, [0]), (1, [1])]
+
+
+@pytest.mark.parametrize(
+    ("workers_per_node", "match"),
+    [
+        (3, r"3 workers on node 0.*only 2 bundles"),
+        ([1], r"1 entries.*2 nodes"),
+        ([1, 5], r"5 workers on node 1"),
+        ([1, -1], r"-1"),
+        ([0, 0], r"no workers"),
+        (0, r"no workers"),
+        ("2", r"int or a list"),
+        (True, r"int or a list"),
+    ],
+)
+def test_bad_workers_per_node(workers_per_node: object, match: str) -> None:
+    with pytest.raises(ValueError, match=match):
+        wg._bundle_indices_from_workers_per_node(workers_per_node, [2, 2])  # type: ignore[arg-type]
+
+
+# ---- bundle_indices_list --------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "bad",
+    [
+        [],
+        None,
+        [(0,)],
+        [(0, [])],
+        [(0, 1)],
+        [("0", [1])],
+        [(0, [1.0])],
+        [(0, [True])],
+    ],
+)
+def test_malformed_bundle_indices_list(bad: object) -> None:
+    with pytest.raises(ValueError, match=r"bundle_indices_list"):
+        wg._normalized_bundle_indices_list(bad)
+
+
+def test_bundle_indices_list_is_copied() -> None:
+    source = [(0, [0, 1])]
+    normalized = wg._normalized_bundle_indices_list(source)
+    source[0][1].append(5)
+    assert normalized == [(0, [0, 1])]
+
+
+# ---- plans ----------------------------------------------------------------------------
+
+
+def test_single_worker_groups_get_ranks_in_order() -> None:
+    plans = plan([(0, [0]), (0, [1]), (1, [0]), (1, [1])])
+    assert [p.global_rank for p in plans] == [0, 1, 2, 3]
+    assert [p.tied_group_idx for p in plans] == [0, 1, 2, 3]
+    assert [(p.node_rank, p.local_rank) for p in plans] == [(0, 0), (0, 1), (1, 0), (1, 1)]
+    assert [p.name for p in plans] == ["g-0-0", "g-0-1", "g-1-0", "g-1-1"]
+    assert [p.bundle_indices for p in plans] == [(0, [0]), (0, [1]), (1, [0]), (1, [1])]
+
+
+def test_tied_groups_leader_carries_bundle_indices() -> None:
+    plans = plan([(0, [0, 1]), (1, [0, 1])])
+    assert [p.tied_group_idx for p in plans] == [0, 0, 1, 1]
+    assert [p.member_idx for p in plans] == [0, 1, 0, 1]
+    assert [p.bundle_indices for p in plans] == [(0, [0, 1]), None, (1, [0, 1]), None]
+    assert [p.name for p in plans] == ["g-grp0-0", "g-grp0-1", "g-grp1-0", "g-grp1-1"]
+
+
+def test_tied_group_spilling_onto_the_next_node() -> None:
+    plans = plan([(0, [0, 1, 2])], counts=(2, 2), strategy="PACK")
+    assert [(p.node_rank, p.local_rank) for p in plans] == [(0, 0), (0, 1), (1, 0)]
+    assert all(p.node_idx == 0 for p in plans)
+
+
+def test_bundle_used_twice_is_rejected() -> None:
+    with pytest.raises(ValueError, match=r"bundle \(1, 0\).*already given to worker 0"):
+        plan([(0, [2]), (1, [0])])
+
+
+def test_unknown_bundle_is_rejected() -> None:
+    with pytest.raises(ValueError, match=r"\(1, 2\)"):
+        plan([(1, [2])])
+    with pytest.raises(ValueError, match=r"\(5, 0\)"):
+        plan([(5, [0])])
+
+
+def test_tied_groups_index() -> None:
+    groups, index = wg._tied_groups(plan([(0, [0, 1]), (1, [0]), (1, [1])]))
+    assert groups == [[0, 1], [2], [3]]
+    assert index == {0: 0, 1: 0, 2: 1, 3: 2}
+
+
+# ---- DP leaders -----------------------------------------------------------------------
+
+
+def test_dp_leaders_subset_accepted() -> None:
+    wg._check_dp_leader_worker_indices([0, 4], [0, 2, 4, 6])
+    wg._check_dp_leader_worker_indices([0, 2, 4, 6], [0, 2, 4, 6])
+
+
+def test_dp_leaders_not_group_leaders_are_named() -> None:
+    with pytest.raises(ValueError, match=r"\[1, 3\] are not tied-group leaders.*\[0, 2, 4\]"):
+        wg._check_dp_leader_worker_indices([0, 1, 3], [0, 2, 4])
+
+
+def test_dp_leaders_must_ascend() -> None:
+    with pytest.raises(ValueError, match=r"ascending.*\[0\]"):
+        wg._check_dp_leader_worker_indices([2, 0], [0, 2])
+    with pytest.raises(ValueError, match=r"ascending.*\[2\]"):
+        wg._check_dp_leader_worker_indices([2, 2], [0, 2])
+
+
+@pytest.mark.parametrize("bad", [[], None, [0.0], [True], "0"])
+def test_dp_leaders_bad_shapes(bad: object) -> None:
+    with pytest.raises(ValueError, match=r"dp_leader_worker_indices"):
+        wg._check_dp_leader_worker_indices(bad, [0, 2])  # type: ignore[arg-type]
+
+
+def test_dp_shard_of_workers() -> None:
+    assert wg._dp_shard_of_workers(4, [0, 1, 2, 3]) == [0, 1, 2, 3]
+    assert wg._dp_shard_of_workers(6, [0, 4]) == [0, 0, 0, 0, 1, 1]
+    assert wg._dp_shard_of_workers(4, [2]) == [None, None, 0, 0]

@@ -1,0 +1,233 @@
+"""RayVirtualCluster bookkeeping that needs no Ray: validation, layout, resources, ports."""
+
+from __future__ import annotations
+
+import socket
+import subprocess
+import sys
+
+import pytest
+
+from raylens.distributed import virtual_cluster as vc
+from raylens.distributed.virtual_cluster import RayVirtualCluster
+
+
+def test_modules_import_without_importing_ray() -> None:
+    code = (
+        "import sys\n"
+        "import raylens.distributed\n"
+        "import raylens.distributed.named_sharding\n"
+        "import raylens.distributed.virtual_cluster\n"
+        "import raylens.distributed.worker_groups\n"
+        "assert 'ray' not in sys.modules, 'ray was imported'\n"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True, timeout=60)
+
+
+# ---- construction --------------------------------------------------------------------
+
+
+def test_defaults_and_sizes() -> None:
+    cluster = RayVirtualCluster([2, 0, 3], use_gpus=False)
+    assert cluster.world_size() == 5
+    assert cluster.node_count() == 2
+    assert cluster.bundle_ct_per_node_list == [2, 0, 3]
+    assert cluster.placement_group_strategy == "SPREAD"
+    assert cluster.max_colocated_worker_groups == 1
+    assert cluster.num_gpus_per_node == 8
+    assert cluster.use_gpus is False
+
+
+def test_bundle_counts_are_copied() -> None:
+    counts = [1, 1]
+    cluster = RayVirtualCluster(counts, use_gpus=False)
+    counts.append(4)
+    cluster.bundle_ct_per_node_list.append(7)
+    assert cluster.bundle_ct_per_node_list == [1, 1]
+
+
+@pytest.mark.parametrize(
+    ("counts", "match"),
+    [
+        ([], r"at least one"),
+        ([0, 0], r"at least one"),
+        ([1, -1], r"-1"),
+        ([1, 1.5], r"1\.5"),
+        ([True], r"True"),
+        ("12", r"list"),
+    ],
+)
+def test_bad_bundle_counts(counts: object, match: str) -> None:
+    with pytest.raises(ValueError, match=match):
+        RayVirtualCluster(counts, use_gpus=False)  # type: ignore[arg-type]
+
+
+def test_gpu_bundles_cannot_exceed_gpus_per_node() -> None:
+    with pytest.raises(ValueError, match=r"node 1.*3 bundles.*num_gpus_per_node=2"):
+        RayVirtualCluster([2, 3], use_gpus=True, num_gpus_per_node=2)
+    RayVirtualCluster([3], use_gpus=False, num_gpus_per_node=2)
+
+
+def test_bad_strategy_lists_the_allowed_ones() -> None:
+    with pytest.raises(ValueError, match=r"'BEST'.*PACK.*STRICT_PACK.*SPREAD.*STRICT_SPREAD"):
+        RayVirtualCluster([1], use_gpus=False, placement_group_strategy="BEST")
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "match"),
+    [
+        ({"max_colocated_worker_groups": 0}, r"max_colocated_worker_groups=0"),
+        ({"num_gpus_per_node": 0, "use_gpus": True}, r"num_gpus_per_node=0"),
+        ({"placement_timeout_s": 0}, r"placement_timeout_s=0"),
+    ],
+)
+def test_bad_numbers(kwargs: dict[str, object], match: str) -> None:
+    kwargs.setdefault("use_gpus", False)
+    with pytest.raises(ValueError, match=match):
+        RayVirtualCluster([1], **kwargs)  # type: ignore[arg-type]
+
+
+def test_unconnected_process_gets_a_clear_error_without_importing_ray() -> None:
+    cluster = RayVirtualCluster([1], use_gpus=False)
+    with pytest.raises(RuntimeError, match=r"ray\.init"):
+        cluster.get_placement_groups()
+    with pytest.raises(RuntimeError, match=r"ray\.init"):
+        cluster.get_master_address_and_port()
+    assert "ray" not in sys.modules
+
+
+def test_shutdown_before_use_is_harmless_and_repeatable() -> None:
+    cluster = RayVirtualCluster([1], use_gpus=False)
+    cluster.shutdown()
+    cluster.shutdown()
+
+
+# ---- bundle shapes and layout --------------------------------------------------------
+
+
+def test_bundle_resources() -> None:
+    assert RayVirtualCluster([1], use_gpus=False).bundle_resources() == {"CPU": 1}
+    assert RayVirtualCluster([1], use_gpus=True).bundle_resources() == {"CPU": 1, "GPU": 1}
+    colocated = RayVirtualCluster([1], use_gpus=True, max_colocated_worker_groups=2)
+    assert colocated.bundle_resources() == {"CPU": 2, "GPU": 1}
+
+
+def test_required_resources() -> None:
+    assert RayVirtualCluster([2, 1], use_gpus=False).required_resources() == {"CPU": 3}
+    gpus = RayVirtualCluster([2, 2], use_gpus=True, max_colocated_worker_groups=2)
+    assert gpus.required_resources() == {"CPU": 8, "GPU": 4}
+
+
+def test_missing_resources_names_each_shortfall() -> None:
+    missing = vc._missing_resources({"CPU": 4, "GPU": 2}, {"CPU": 6.0, "memory": 1e9})
+    assert missing == {"GPU": (2, 0.0)}
+    missing = vc._missing_resources({"CPU": 4, "GPU": 2}, {"CPU": 3.0, "GPU": 1.0})
+    assert missing == {"CPU": (4, 3.0), "GPU": (2, 1.0)}
+    assert vc._missing_resources({"CPU": 2}, {"CPU": 2.0}) == {}
+
+
+def test_missing_resources_message() -> None:
+    cluster = RayVirtualCluster([2, 2], use_gpus=True, name="train")
+    message = cluster._missing_resources_message({"GPU": (4, 0.0), "CPU": (4, 2.0)})
+    assert "'train'" in message
+    assert "GPU: needs 4, the cluster has 0" in message
+    assert "CPU: needs 4, the cluster has 2" in message
+    assert "use_gpus=False" in message
+
+
+@pytest.mark.parametrize("strategy", ["PACK", "STRICT_PACK"])
+def test_pack_strategies_make_one_group_per_node(strategy: str) -> None:
+    cluster = RayVirtualCluster([2, 0, 3], use_gpus=False, placement_group_strategy=strategy)
+    plan = cluster._group_plan()
+    assert [(group.nodes, group.bundle_count) for group in plan] == [([0], 2), ([2], 3)]
+    assert all(group.strategy == strategy for group in plan)
+
+
+@pytest.mark.parametrize("strategy", ["SPREAD", "STRICT_SPREAD"])
+def test_spread_strategies_make_one_unified_group(strategy: str) -> None:
+    cluster = RayVirtualCluster([2, 0, 3], use_gpus=False, placement_group_strategy=strategy)
+    plan = cluster._group_plan()
+    assert [(group.nodes, group.bundle_count) for group in plan] == [([0, 1, 2], 5)]
+
+
+def test_group_names_come_from_the_cluster_name() -> None:
+    named = RayVirtualCluster([1, 1], use_gpus=False, name="gen", placement_group_strategy="PACK")
+    assert [group.name for group in named._group_plan()] == ["gen-node0", "gen-node1"]
+    unified = RayVirtualCluster([1, 1], use_gpus=False, name="gen")
+    assert [group.name for group in unified._group_plan()] == ["gen-all"]
+    anonymous = RayVirtualCluster([1], use_gpus=False)
+    assert anonymous.name.startswith("raylens-cluster-")
+    assert RayVirtualCluster([1], use_gpus=False).name != anonymous.name
+
+
+def test_bundle_address_unified() -> None:
+    cluster = RayVirtualCluster([2, 0, 3], use_gpus=False)
+    assert cluster._bundle_address(0, 0) == (0, 0, 0)
+    assert cluster._bundle_address(0, 1) == (0, 1, 0)
+    assert cluster._bundle_address(2, 0) == (0, 2, 2)
+    assert cluster._bundle_address(2, 2) == (0, 4, 2)
+
+
+def test_bundle_address_per_node_groups() -> None:
+    cluster = RayVirtualCluster([2, 0, 3], use_gpus=False, placement_group_strategy="PACK")
+    assert cluster._bundle_address(0, 1) == (0, 1, 0)
+    assert cluster._bundle_address(2, 0) == (1, 0, 2)
+    assert cluster._bundle_address(2, 2) == (1, 2, 2)
+
+
+def test_bundle_address_spills_onto_following_nodes() -> None:
+    cluster = RayVirtualCluster([2, 2], use_gpus=False, placement_group_strategy="PACK")
+    # a tied group starting on node 0 that spans four bundles
+    assert cluster._bundle_address(0, 2) == (1, 0, 1)
+    assert cluster._bundle_address(0, 3) == (1, 1, 1)
+
+
+def test_node_and_local_index_of_a_bundle() -> None:
+    cluster = RayVirtualCluster([2, 0, 3], use_gpus=False)
+    assert cluster.node_and_local_index(0, 1) == (0, 1)
+    assert cluster.node_and_local_index(0, 2) == (2, 0)
+    assert cluster.node_and_local_index(1, 0) == (2, 0)
+
+
+@pytest.mark.parametrize(("node", "local"), [(3, 0), (-1, 0), (0, 5), (2, 3), (0, -1)])
+def test_bundle_address_out_of_range(node: int, local: int) -> None:
+    cluster = RayVirtualCluster([2, 0, 3], use_gpus=False)
+    with pytest.raises(ValueError, match=rf"\({node}, {local}\)"):
+        cluster._bundle_address(node, local)
+
+
+# ---- ports ----------------------------------------------------------------------------
+
+
+def test_free_port_avoids_excluded_ports() -> None:
+    first = vc._free_port(set())
+    assert 0 < first < 65536
+    second = vc._free_port({first})
+    assert second != first
+    with socket.socket() as probe:
+        probe.bind(("", second))
+
+
+def test_free_port_gives_up_when_every_try_is_excluded(monkeypatch: pytest.MonkeyPatch) -> None:
+    class Stuck:
+        def __init__(self, *args: object) -> None:
+            pass
+
+        def __enter__(self) -> Stuck:
+            return self
+
+        def __exit__(self, *args: object) -> None:
+            pass
+
+        def setsockopt(self, *args: object) -> None:
+            pass
+
+        def bind(self, address: object) -> None:
+            pass
+
+        def getsockname(self) -> tuple[str, int]:
+            return ("0.0.0.0", 40000)
+
+    monkeypatch.setattr(vc.socket, "socket", Stuck)
+    with pytest.raises(RuntimeError, match=r"free port"):
+        vc._free_port({40000})
