@@ -151,13 +151,13 @@ def spawn() -> Iterator[Callable[..., Spawned]]:
         started.append(process)
         first = process.stdout.readline().strip()
         if not first:
-            pytest.fail(f"helper process exited early with code {process.wait(5)}")
+            pytest.fail(f"spawned script exited early with code {process.wait(5)}")
         return Spawned(process, first)
 
     yield start
     for process in started:
         with contextlib.suppress(OSError):
-            process.stdin.close()  # EOF: the helper ends its tree and exits
+            process.stdin.close()  # EOF: the script ends its tree and exits
         with contextlib.suppress(subprocess.TimeoutExpired):
             process.wait(timeout=5)
         with contextlib.suppress(ProcessLookupError, PermissionError):
