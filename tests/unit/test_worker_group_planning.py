@@ -152,3 +152,46 @@ def test_dp_shard_of_workers() -> None:
     assert wg._dp_shard_of_workers(4, [0, 1, 2, 3]) == [0, 1, 2, 3]
     assert wg._dp_shard_of_workers(6, [0, 4]) == [0, 0, 0, 0, 1, 1]
     assert wg._dp_shard_of_workers(4, [2]) == [None, None, 0, 0]
+
+
+# ---- the group checks its arguments before touching Ray --------------------------------
+
+
+def _group(**kwargs):  # type: ignore[no-untyped-def]
+    cluster = RayVirtualCluster([2, 2], use_gpus=False)
+    return wg.RayWorkerGroup(cluster, wg.RayWorkerBuilder("pkg.mod.Worker"), **kwargs)
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "match"),
+    [
+        ({"name_prefix": "a,b"}, r"'a,b'.*commas"),
+        ({"dp_leader_worker_indices": [2, 1]}, r"ascending.*\[1\]"),
+        (
+            {"bundle_indices_list": [(0, [0, 1]), (1, [0, 1])], "dp_leader_worker_indices": [0, 1]},
+            r"\[1\] are not tied-group leaders.*\[0, 2\]",
+        ),
+        ({"workers_per_node": 3}, r"only 2 bundles"),
+        ({"env_vars": {"A": 1}}, r"'A': 1"),
+        (
+            {"sharding_annotations": wg.NamedSharding([[0, 1]], ["dp", "tp"])},
+            r"covers 2 ranks.*4 workers",
+        ),
+    ],
+)
+def test_group_rejects_bad_arguments_before_using_ray(
+    kwargs: dict[str, object], match: str
+) -> None:
+    import sys
+
+    with pytest.raises(ValueError, match=match):
+        _group(**kwargs)
+    assert "ray" not in sys.modules
+
+
+def test_group_without_a_ray_connection_says_so() -> None:
+    import sys
+
+    with pytest.raises(RuntimeError, match=r"ray\.init"):
+        _group()
+    assert "ray" not in sys.modules

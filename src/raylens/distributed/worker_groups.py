@@ -1056,6 +1056,12 @@ class RayWorkerGroup:
         env_vars: Mapping[str, str] | None = None,
         dp_leader_worker_indices: list[int] | None = None,
     ) -> None:
+        if not isinstance(name_prefix, str) or "," in name_prefix:
+            raise ValueError(
+                f"name_prefix={name_prefix!r} must be a string without commas: it names the "
+                "workers and labels the group in host-memory telemetry, which joins group "
+                "names with commas"
+            )
         self.cluster = cluster
         self.name_prefix = name_prefix or f"workers-{uuid.uuid4().hex[:8]}"
         self._group_env = _checked_env_vars(env_vars)
@@ -1104,15 +1110,16 @@ class RayWorkerGroup:
         has finished; on any failure the workers and initializers created so far are
         killed before the error propagates. ``env_vars`` is not modified.
         """
-        import ray
-
         plans = _plan_workers(
             _normalized_bundle_indices_list(bundle_indices_list),
             self.cluster.node_and_local_index,
             self.name_prefix,
         )
         group_env = _checked_env_vars(env_vars)
+        # Reserves the cluster's bundles, and fails clearly when Ray is not connected.
         master_address, master_port = self.cluster.get_master_address_and_port()
+        import ray
+
         driver_env = _driver_env()
         num_gpus: float | int = (
             1 / self.cluster.max_colocated_worker_groups if self.cluster.use_gpus else 0
