@@ -1,0 +1,611 @@
+"""HostMemoryMonitor against fake raylets: what is exported, and what a bad node costs."""
+
+from __future__ import annotations
+
+import logging
+import re
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pytest
+import requests
+import responses
+from freezegun import freeze_time
+
+from raylens.lens import init_telemetry_driver, shutdown_telemetry
+from raylens.telemetry import host_memory as hm
+from raylens_fakes import FakeCluster, MetricsProbe, SimulatedCluster
+from raylens_fakes.raylet import format_sample_value
+
+USED = "rl.host.memory.used"
+TOTAL = "rl.host.memory.total"
+LOGGER = "raylens.telemetry.host_memory"
+
+Factory = Callable[..., SimulatedCluster]
+
+
+@pytest.fixture
+def make_monitor() -> Iterator[Callable[..., hm.HostMemoryMonitor]]:
+    """Monitors with short timeouts, all stopped after the test."""
+    made: list[hm.HostMemoryMonitor] = []
+
+    def make(cluster: Any, **options: Any) -> hm.HostMemoryMonitor:
+        options.setdefault("scrape_timeout", 0.5)
+        monitor = hm.HostMemoryMonitor(options.pop("interval", 1.0), cluster=cluster, **options)
+        made.append(monitor)
+        return monitor
+
+    yield make
+    for monitor in made:
+        monitor.stop()
+
+
+def _by_node(probe: MetricsProbe, name: str) -> dict[str, tuple[dict[str, Any], float]]:
+    """The latest collection of ``name`` as ``{node id: (attributes, value)}``."""
+    found = {}
+    for attributes, value in probe.points(name).items():
+        attrs = dict(attributes)
+        assert attrs["ray.node.id"] not in found, "two points for one node"
+        found[attrs["ray.node.id"]] = (attrs, value)
+    return found
+
+
+def _export(probe: MetricsProbe, name: str = USED) -> dict[str, tuple[dict[str, Any], float]]:
+    probe.collect()
+    return _by_node(probe, name)
+
+
+def _warnings_about(caplog: pytest.LogCaptureFixture, text: str) -> int:
+    return sum(1 for r in caplog.records if r.levelno == logging.WARNING and text in r.getMessage())
+
+
+def _wait_until(condition: Callable[[], bool], timeout: float = 5.0) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if condition():
+            return True
+        time.sleep(0.01)  # polling a condition with a deadline, not synchronising by sleep
+    return condition()
+
+
+# What is exported ------------------------------------------------------------------
+
+
+def test_one_point_per_node_with_host_groups_and_node_id(
+    simulated_cluster: Factory, metrics_probe: MetricsProbe, make_monitor: Callable
+) -> None:
+    sim = simulated_cluster(3, schedule=lambda i, t: (1e9 * (i + 1), 64e9))
+    hm.register_worker_group_nodes("policy", [sim.node_id(0), sim.node_id(1)])
+    hm.register_worker_group_nodes("critic", [sim.node_id(1)])
+
+    make_monitor(sim.cluster).collect_once()
+    used = _export(metrics_probe)
+    total = _by_node(metrics_probe, TOTAL)
+
+    assert used == {
+        sim.node_id(i): (
+            {
+                "host.name": f"sim-node-{i}",
+                "rl.worker_groups": groups,
+                "ray.node.id": sim.node_id(i),
+            },
+            1e9 * (i + 1),
+        )
+        for i, groups in enumerate(["policy", "critic,policy", "none"])
+    }
+    assert {node: value for node, (_, value) in total.items()} == dict.fromkeys(sim.node_ids, 64e9)
+    assert metrics_probe.metric(USED).unit == "By"
+    assert metrics_probe.metric(TOTAL).description
+
+
+def test_nodes_sharing_a_host_keep_their_own_points(
+    simulated_cluster: Factory, metrics_probe: MetricsProbe, make_monitor: Callable
+) -> None:
+    sim = simulated_cluster(3, same_host=True)
+
+    make_monitor(sim.cluster).collect_once()
+    used = _export(metrics_probe)
+
+    assert set(used) == set(sim.node_ids)
+    assert {attrs["host.name"] for attrs, _ in used.values()} == {"sim-host"}
+    assert len(metrics_probe.points(USED)) == 3
+
+
+def test_samples_follow_the_schedule_between_cycles(
+    simulated_cluster: Factory, metrics_probe: MetricsProbe, make_monitor: Callable
+) -> None:
+    now = [0.0]
+    sim = simulated_cluster(1, schedule=lambda i, t: (1e9 + t, 8e9), clock=lambda: now[0])
+    monitor = make_monitor(sim.cluster)
+
+    monitor.collect_once()
+    first = _export(metrics_probe)[sim.node_id(0)][1]
+    now[0] = 512.0
+    monitor.collect_once()
+    second = _export(metrics_probe)[sim.node_id(0)][1]
+
+    assert (first, second) == (1e9, 1e9 + 512)
+
+
+# What a bad node costs ---------------------------------------------------------------
+
+FAILURES = {
+    "hang": (lambda r: r.hang(), "timed out"),
+    "delay": (lambda r: r.delay(5), "timed out"),
+    "trickle": (lambda r: r.trickle(0.01), "payload not complete"),
+    "status": (lambda r: r.respond_status(503), "HTTP 503"),
+    "reset": (lambda r: r.reset_connections(), "reset"),
+    "garbage": (lambda r: r.serve_garbage(), "no valid ray_node_mem_used"),
+    "huge": (lambda r: r.serve_huge(5_000_000), "exceeds the 1000000-byte cap"),
+    "huge-announced": (
+        lambda r: r.serve_huge(5_000_000, announce_length=True),
+        "payload of 5000000 bytes exceeds",
+    ),
+    "omitted": (lambda r: r.omit_memory_series(), "no valid ray_node_mem_used"),
+}
+
+
+@pytest.mark.parametrize("failure", sorted(FAILURES))
+def test_a_failing_node_costs_only_its_own_sample(
+    failure: str,
+    simulated_cluster: Factory,
+    metrics_probe: MetricsProbe,
+    make_monitor: Callable,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    misbehave, error = FAILURES[failure]
+    sim = simulated_cluster(3)
+    misbehave(sim.raylet(1))
+    monitor = make_monitor(sim.cluster, scrape_timeout=0.3, max_body_bytes=1_000_000)
+
+    with caplog.at_level(logging.DEBUG, logger=LOGGER):
+        monitor.collect_once()
+        monitor.collect_once()
+    used = _export(metrics_probe)
+
+    assert set(used) == {sim.node_id(0), sim.node_id(2)}
+    assert set(_by_node(metrics_probe, TOTAL)) == {sim.node_id(0), sim.node_id(2)}
+    failed = {s.node_id: s for s in monitor.latest()}[sim.node_id(1)]
+    assert failed.error is not None and error in failed.error
+    assert (failed.used, failed.sampled_at) == (None, None)
+    assert _warnings_about(caplog, sim.node_id(1)) == 1
+
+
+def test_a_node_that_stops_answering_loses_its_point_but_keeps_its_row(
+    simulated_cluster: Factory, metrics_probe: MetricsProbe, make_monitor: Callable
+) -> None:
+    sim = simulated_cluster(2, schedule=lambda i, t: (2e9, 4e9))
+    monitor = make_monitor(sim.cluster, scrape_timeout=0.3)
+    monitor.collect_once()
+    assert set(_export(metrics_probe)) == set(sim.node_ids)
+
+    sim.raylet(0).respond_status(500)
+    monitor.collect_once()
+
+    assert set(_export(metrics_probe)) == {sim.node_id(1)}
+    row = {s.node_id: s for s in monitor.latest()}[sim.node_id(0)]
+    assert row.error == "HTTP 500 Internal Server Error"
+    assert (row.used, row.total) == (2e9, 4e9)  # last good figures, for a table
+    assert row.sampled_at is not None and row.age() >= 0
+
+    sim.raylet(0).serve_normally()
+    monitor.collect_once()
+    assert set(_export(metrics_probe)) == set(sim.node_ids)
+    assert all(s.error is None for s in monitor.latest())
+
+
+@pytest.mark.parametrize("leave", ["kill", "remove"])
+def test_a_node_that_leaves_the_cluster_has_no_point(
+    leave: str, simulated_cluster: Factory, metrics_probe: MetricsProbe, make_monitor: Callable
+) -> None:
+    sim = simulated_cluster(3)
+    monitor = make_monitor(sim.cluster)
+    monitor.collect_once()
+    assert len(_export(metrics_probe)) == 3
+
+    (sim.kill_node if leave == "kill" else sim.remove_node)(2)
+    monitor.collect_once()
+
+    assert set(_export(metrics_probe)) == {sim.node_id(0), sim.node_id(1)}
+    assert {s.node_id for s in monitor.latest()} == {sim.node_id(0), sim.node_id(1)}
+
+
+def test_a_trickled_body_is_cut_at_the_deadline(
+    simulated_cluster: Factory, make_monitor: Callable
+) -> None:
+    sim = simulated_cluster(1)
+    sim.raylet(0).trickle(0.01)  # the whole payload would take ~16 minutes
+    monitor = make_monitor(sim.cluster, scrape_timeout=0.3)
+
+    started = time.monotonic()
+    monitor.collect_once()
+    elapsed = time.monotonic() - started
+
+    assert elapsed < 0.3 + 1.0
+    assert "payload not complete" in monitor.latest()[0].error
+    assert sim.raylet(0).wait_idle(timeout=2)  # the scraper hung up; the server saw it
+
+
+def test_wedged_nodes_are_asked_last_so_healthy_ones_are_not_starved(
+    simulated_cluster: Factory, metrics_probe: MetricsProbe, make_monitor: Callable
+) -> None:
+    sim = simulated_cluster(5)
+    sim.raylet(0).hang()
+    sim.raylet(1).hang()
+    # Two threads, both taken by the wedged nodes listed first: the first cycle
+    # cannot reach anyone else. From then on they are asked after everyone else.
+    monitor = make_monitor(sim.cluster, scrape_timeout=0.3, max_concurrency=2)
+
+    monitor.collect_once()
+    monitor.collect_once()
+
+    assert set(_export(metrics_probe)) == {sim.node_id(i) for i in (2, 3, 4)}
+    assert sim.raylet(2).requests >= 1
+
+
+class _WedgingSession(requests.Session):
+    """A session whose requests to some URLs block until released: scrapes that overrun."""
+
+    def __init__(self, wedged: set[str]) -> None:
+        super().__init__()
+        self.wedged = wedged
+        self.release = threading.Event()
+        self.calls: dict[str, int] = {}
+        self._lock = threading.Lock()
+
+    def get(self, url: str, **kwargs: Any) -> requests.Response:  # type: ignore[override]
+        if url in self.wedged:
+            with self._lock:
+                self.calls[url] = self.calls.get(url, 0) + 1
+            self.release.wait(60)
+            raise requests.ConnectionError(f"{url} released")
+        return super().get(url, **kwargs)
+
+
+def test_a_node_still_in_flight_is_not_asked_again_and_threads_stay_bounded(
+    simulated_cluster: Factory, metrics_probe: MetricsProbe, make_monitor: Callable
+) -> None:
+    sim = simulated_cluster(15)
+    session = _WedgingSession({sim.raylet(i).url for i in range(10)})
+    monitor = make_monitor(sim.cluster, session=session, scrape_timeout=0.2, max_concurrency=16)
+    baseline = threading.active_count()
+    most_threads = 0
+    try:
+        for _ in range(100):
+            monitor.collect_once()
+            most_threads = max(most_threads, threading.active_count())
+        used = _export(metrics_probe)
+        latest = {s.node_id: s for s in monitor.latest()}
+    finally:
+        session.release.set()
+
+    assert session.calls == {sim.raylet(i).url: 1 for i in range(10)}
+    assert [sim.raylet(i).requests for i in range(10, 15)] == [100] * 5
+    assert set(used) == {sim.node_id(i) for i in range(10, 15)}
+    assert latest[sim.node_id(3)].error == "not asked: its previous scrape is still running"
+    # Scrape threads never exceed the pool; a few more are the fake servers' handlers.
+    assert most_threads <= baseline + 16 + 6
+
+
+def test_scrape_threads_are_bounded_named_daemons_with_real_hung_raylets(
+    simulated_cluster: Factory, make_monitor: Callable
+) -> None:
+    sim = simulated_cluster(15)
+    for index in range(10):
+        sim.raylet(index).hang()
+    monitor = make_monitor(sim.cluster, scrape_timeout=0.05, max_concurrency=4)
+    baseline = threading.active_count()
+    most_scrapers = most_threads = 0
+
+    for _ in range(20):
+        monitor.collect_once()
+        scrapers = [t for t in threading.enumerate() if t.name.startswith("raylens-host-memory")]
+        assert all(t.daemon for t in scrapers)
+        most_scrapers = max(most_scrapers, len(scrapers))
+        most_threads = max(most_threads, threading.active_count())
+
+    assert 1 <= most_scrapers <= 4
+    # Server-side handlers of the hung raylets end once the scraper hangs up.
+    assert most_threads <= baseline + 4 + 10 + 2
+    assert all(sim.raylet(i).requests >= 10 for i in range(10, 15))
+
+
+def test_stop_is_bounded_when_every_node_hangs(
+    simulated_cluster: Factory, make_monitor: Callable
+) -> None:
+    sim = simulated_cluster(4)
+    for raylet in sim.raylets:
+        raylet.hang()
+    monitor = make_monitor(sim.cluster, interval=0.05, scrape_timeout=1.0)
+    monitor.start()
+    assert all(r.wait_for_requests(1) for r in sim.raylets)
+
+    started = time.monotonic()
+    monitor.stop()
+    elapsed = time.monotonic() - started
+
+    assert elapsed < 1.0 + hm._SHUTDOWN_GRACE_S
+    assert not monitor.running
+    assert not any(t.name == "raylens-host-memory" for t in threading.enumerate())
+
+
+def test_start_and_stop_are_idempotent_and_restartable(
+    simulated_cluster: Factory, make_monitor: Callable
+) -> None:
+    sim = simulated_cluster(2)
+    monitor = make_monitor(sim.cluster, interval=0.05)
+
+    monitor.start()
+    monitor.start()
+    assert [t.name for t in threading.enumerate()].count("raylens-host-memory") == 1
+    assert sim.raylet(0).wait_for_requests(2)
+    monitor.stop()
+    monitor.stop()
+    assert not monitor.running
+    seen = sim.raylet(0).requests
+
+    monitor.start()
+    assert sim.raylet(0).wait_for_requests(seen + 2)
+    assert monitor.running
+    monitor.stop()
+
+
+class _BrokenCluster(FakeCluster):
+    def __init__(self, where: str) -> None:
+        super().__init__()
+        self.where = where
+
+    def is_initialized(self) -> bool:
+        if self.where == "is_initialized":
+            raise RuntimeError("GCS unreachable")
+        return True
+
+    def nodes(self) -> list[dict[str, Any]]:
+        raise RuntimeError("GCS unreachable")
+
+
+@pytest.mark.parametrize("where", ["is_initialized", "nodes"])
+def test_collect_once_never_raises_when_the_cluster_fails(
+    where: str, make_monitor: Callable, caplog: pytest.LogCaptureFixture
+) -> None:
+    monitor = make_monitor(_BrokenCluster(where))
+
+    with caplog.at_level(logging.DEBUG, logger=LOGGER):
+        monitor.collect_once()
+        monitor.collect_once()
+
+    assert _warnings_about(caplog, "GCS unreachable") == 1
+    assert monitor.latest() == []
+
+
+def test_collect_once_never_raises_when_the_session_misbehaves(
+    fake_cluster: FakeCluster, make_monitor: Callable
+) -> None:
+    class Exploding(requests.Session):
+        def get(self, url: str, **kwargs: Any) -> requests.Response:  # type: ignore[override]
+            raise ValueError("bad session")
+
+    fake_cluster.add_node(port=1)
+    monitor = make_monitor(fake_cluster, session=Exploding())
+    monitor.collect_once()
+
+    assert monitor.latest()[0].error == "ValueError: bad session"
+
+
+# HTTP through `responses` ---------------------------------------------------------------
+
+
+def _payload(used: float, total: float) -> bytes:
+    return (
+        f"# TYPE ray_node_mem_used gauge\n"
+        f'ray_node_mem_used{{ip="10.0.0.1"}} {format_sample_value(used)}\n'
+        f"ray_node_mem_used_host 1\n"
+        f"ray_node_mem_total {format_sample_value(total)}\n"
+    ).encode()
+
+
+@responses.activate
+def test_http_answers_through_responses(
+    fake_cluster: FakeCluster, metrics_probe: MetricsProbe, make_monitor: Callable
+) -> None:
+    good = fake_cluster.add_node(address="10.0.0.1", port=8080)
+    missing = fake_cluster.add_node(address="10.0.0.2", port=8080)
+    refused = fake_cluster.add_node(address="10.0.0.3", port=8080)
+    responses.get("http://10.0.0.1:8080/metrics", body=_payload(3e9, 9e9))
+    responses.get("http://10.0.0.2:8080/metrics", status=404)
+    responses.get(
+        "http://10.0.0.3:8080/metrics", body=requests.ConnectionError("connection refused")
+    )
+    monitor = make_monitor(fake_cluster)
+
+    monitor.collect_once()
+
+    assert {node: value for node, (_, value) in _export(metrics_probe).items()} == {good: 3e9}
+    errors = {s.node_id: s.error for s in monitor.latest()}
+    assert errors[good] is None
+    assert errors[missing] == "HTTP 404 Not Found"
+    assert "connection refused" in errors[refused]
+    assert monitor._scrape(hm.ray_nodes(fake_cluster)[0]) == {
+        "host_memory_used": 3e9,
+        "host_memory_total": 9e9,
+    }
+
+
+@responses.activate
+def test_relabelling_a_thousand_nodes_never_overflows(
+    fake_cluster: FakeCluster, metrics_probe: MetricsProbe, make_monitor: Callable
+) -> None:
+    for index in range(1000):
+        fake_cluster.add_node(address=f"10.1.{index // 250}.{index % 250}", port=8080)
+    node_ids = fake_cluster.node_ids()
+    responses.add_callback(
+        responses.GET,
+        re.compile(r"http://10\.1\.\d+\.\d+:8080/metrics"),
+        callback=lambda request: (200, {}, _payload(1e9, 2e9)),
+    )
+    make_monitor(fake_cluster, scrape_timeout=30).collect_once()
+
+    seen: dict[str, set[frozenset]] = {USED: set(), TOTAL: set()}
+    for label in ("none", "policy", "critic", "reward"):
+        hm._WORKER_GROUP_NODES.clear()
+        if label != "none":
+            hm.register_worker_group_nodes(label, node_ids)
+        metrics_probe.collect()
+        for name in (USED, TOTAL):
+            points = metrics_probe.points(name)
+            attribute_sets = [dict(attrs) for attrs in points]
+            assert len(points) == 1000
+            assert not any("otel.metric.overflow" in attrs for attrs in attribute_sets)
+            assert {attrs["rl.worker_groups"] for attrs in attribute_sets} == {label}
+            assert {attrs["ray.node.id"] for attrs in attribute_sets} == set(node_ids)
+            seen[name].update(points)
+
+    # Each gauge saw 4,000 distinct attribute sets, twice the SDK's default limit.
+    assert {name: len(sets) for name, sets in seen.items()} == {USED: 4000, TOTAL: 4000}
+
+
+# Labels and age -----------------------------------------------------------------------
+
+
+def test_registering_or_forgetting_a_group_relabels_the_next_export(
+    simulated_cluster: Factory, metrics_probe: MetricsProbe, make_monitor: Callable
+) -> None:
+    sim = simulated_cluster(2)
+    monitor = make_monitor(sim.cluster)
+    monitor.collect_once()
+    node = sim.node_id(0)
+
+    hm.register_worker_group_nodes("policy", [node])
+    labels = {n: attrs["rl.worker_groups"] for n, (attrs, _) in _export(metrics_probe).items()}
+    assert labels == {node: "policy", sim.node_id(1): "none"}
+    assert len(metrics_probe.points(USED)) == 2  # no leftover point under "none"
+    assert {s.node_id: s.worker_groups for s in monitor.latest()}[node] == "policy"
+
+    hm.forget_worker_group_nodes("policy")
+    labels = {n: attrs["rl.worker_groups"] for n, (attrs, _) in _export(metrics_probe).items()}
+    assert labels == {node: "none", sim.node_id(1): "none"}
+    assert len(metrics_probe.points(USED)) == 2
+
+
+class _StuckCluster(FakeCluster):
+    """Lists ``inner``'s nodes while ``stuck`` is clear; blocks in ``nodes()`` once it is set."""
+
+    def __init__(self, inner: FakeCluster) -> None:
+        super().__init__()
+        self.inner = inner
+        self.stuck = threading.Event()
+        self.blocked = threading.Event()
+        self.release = threading.Event()
+
+    def nodes(self) -> list[dict[str, Any]]:
+        if self.stuck.is_set():
+            self.blocked.set()
+            self.release.wait(30)
+        return self.inner.nodes()
+
+
+def test_a_sample_past_its_max_age_is_not_exported_even_if_collection_is_stuck(
+    simulated_cluster: Factory, metrics_probe: MetricsProbe, make_monitor: Callable
+) -> None:
+    sim = simulated_cluster(1)
+    cluster = _StuckCluster(sim.cluster)
+    monitor = make_monitor(cluster, interval=0.05, scrape_timeout=0.5, max_age=3.0)
+    try:
+        with freeze_time("2026-03-01 12:00:00") as frozen:
+            monitor.collect_once()
+            cluster.stuck.set()
+            monitor.start()  # its first cycle wedges in nodes(): nothing new is published
+            assert cluster.blocked.wait(5)
+            assert set(_export(metrics_probe)) == {sim.node_id(0)}
+
+            frozen.tick(2.9)
+            assert set(_export(metrics_probe)) == {sim.node_id(0)}
+            frozen.tick(0.2)
+            assert _export(metrics_probe) == {}
+            assert _export(metrics_probe, TOTAL) == {}
+            assert monitor.latest()[0].age() == pytest.approx(3.1)
+    finally:
+        cluster.release.set()
+
+
+def test_default_max_age_is_two_intervals_plus_the_timeout(fake_cluster: FakeCluster) -> None:
+    monitor = hm.HostMemoryMonitor(10.0, cluster=fake_cluster, scrape_timeout=5.0)
+
+    assert monitor.max_age == 25.0
+
+
+@pytest.mark.parametrize(
+    ("option", "value"),
+    [
+        ("collection_interval", 0),
+        ("collection_interval", float("nan")),
+        ("scrape_timeout", -1.0),
+        ("max_age", float("inf")),
+        ("max_concurrency", 0),
+        ("max_body_bytes", 2.5),
+    ],
+)
+def test_bad_monitor_options_are_refused(
+    option: str, value: object, fake_cluster: FakeCluster
+) -> None:
+    options: dict[str, Any] = {"collection_interval": 1.0, option: value}
+    interval = options.pop("collection_interval")
+
+    with pytest.raises(ValueError, match=rf"{option} must be .*got {re.escape(repr(value))}"):
+        hm.HostMemoryMonitor(interval, cluster=fake_cluster, **options)
+
+
+# The process's monitor -----------------------------------------------------------------
+
+
+@pytest.mark.parametrize("interval", [0, -1.0, float("nan"), float("inf"), None, "10"])
+def test_start_falls_back_on_a_bad_interval(
+    interval: object, fake_cluster: FakeCluster, caplog: pytest.LogCaptureFixture
+) -> None:
+    with caplog.at_level(logging.WARNING, logger=LOGGER):
+        hm.start_host_memory_monitoring(interval, cluster=fake_cluster)  # type: ignore[arg-type]
+
+    assert hm._MONITOR is not None and hm._MONITOR.running
+    assert hm._MONITOR.collection_interval == hm.FALLBACK_COLLECTION_INTERVAL
+    assert _warnings_about(caplog, repr(interval)) == 1
+
+
+def test_one_monitor_per_process(fake_cluster: FakeCluster) -> None:
+    hm.start_host_memory_monitoring(1.0, cluster=fake_cluster)
+    first = hm._MONITOR
+    hm.start_host_memory_monitoring(2.0, cluster=fake_cluster)
+
+    assert hm._MONITOR is first
+    assert [t.name for t in threading.enumerate()].count("raylens-host-memory") == 1
+    hm.stop_host_memory_monitoring()
+    hm.stop_host_memory_monitoring()
+    assert hm._MONITOR is None
+    assert first is not None and not first.running
+
+
+def test_start_never_raises(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    def refuse(*args: object, **kwargs: object) -> None:
+        raise RuntimeError("cannot build")
+
+    monkeypatch.setattr(hm, "HostMemoryMonitor", refuse)
+    with caplog.at_level(logging.WARNING, logger=LOGGER):
+        hm.start_host_memory_monitoring(1.0)
+
+    assert hm._MONITOR is None
+    assert _warnings_about(caplog, "could not start host-memory monitoring") == 1
+
+
+def test_driver_telemetry_starts_and_stops_the_monitor_without_importing_ray() -> None:
+    ray_was_imported = "ray" in sys.modules
+    init_telemetry_driver(metric_reader=MetricsProbe().reader, host_memory_interval=0.5)
+
+    assert hm._MONITOR is not None and hm._MONITOR.running
+    assert hm._MONITOR.collection_interval == 0.5
+    shutdown_telemetry()
+    assert hm._MONITOR is None
+    assert ("ray" in sys.modules) == ray_was_imported
