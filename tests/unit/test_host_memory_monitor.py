@@ -531,6 +531,34 @@ def test_a_sample_past_its_max_age_is_not_exported_even_if_collection_is_stuck(
         cluster.release.set()
 
 
+def test_a_loop_stuck_past_stop_does_not_come_back_after_a_restart(
+    simulated_cluster: Factory, make_monitor: Callable
+) -> None:
+    sim = simulated_cluster(1)
+    cluster = _StuckCluster(sim.cluster)
+    cluster.stuck.set()
+    monitor = make_monitor(cluster, interval=0.05, scrape_timeout=0.2)
+    try:
+        monitor.start()
+        assert cluster.blocked.wait(5)
+        started = time.monotonic()
+        monitor.stop()  # the loop thread is wedged in nodes(): stop still returns
+        assert time.monotonic() - started < 0.2 + hm._SHUTDOWN_GRACE_S
+
+        cluster.stuck.clear()
+        monitor.start()
+        assert sim.raylet(0).wait_for_requests(1)
+    finally:
+        cluster.release.set()
+
+    def loops() -> int:
+        return sum(t.name == "raylens-host-memory" for t in threading.enumerate())
+
+    assert _wait_until(lambda: loops() == 1)
+    monitor.stop()
+    assert _wait_until(lambda: loops() == 0)
+
+
 def test_default_max_age_is_two_intervals_plus_the_timeout(fake_cluster: FakeCluster) -> None:
     monitor = hm.HostMemoryMonitor(10.0, cluster=fake_cluster, scrape_timeout=5.0)
 

@@ -658,7 +658,7 @@ class HostMemoryMonitor:
         self._owns_session = session is None
         self._lock = threading.Lock()
         self._cycle_lock = threading.Lock()
-        self._stop_event = threading.Event()
+        self._stop_event = threading.Event()  # replaced on every start()
         self._thread: threading.Thread | None = None
         self._pool: _ScrapePool | None = None
         self._cycle: _Cycle | None = None
@@ -681,9 +681,14 @@ class HostMemoryMonitor:
         with self._lock:
             if self._thread is not None:
                 return
-            self._stop_event.clear()
+            # A fresh event per loop: a loop from before a stop() that is still stuck
+            # (say, in the cluster's nodes()) must stay stopped after a new start().
+            self._stop_event = threading.Event()
             self._thread = threading.Thread(
-                target=self._collection_loop, name="raylens-host-memory", daemon=True
+                target=self._collection_loop,
+                args=(self._stop_event,),
+                name="raylens-host-memory",
+                daemon=True,
             )
             self._thread.start()
 
@@ -695,9 +700,10 @@ class HostMemoryMonitor:
         threads still stuck after that bound are left to end on their own
         deadline, as daemons.
         """
-        deadline = time.monotonic() + self.scrape_timeout + _SHUTDOWN_GRACE_S
-        self._stop_event.set()
+        # Half the grace is kept in hand so that the bound holds with room to spare.
+        deadline = time.monotonic() + self.scrape_timeout + _SHUTDOWN_GRACE_S / 2
         with self._lock:
+            self._stop_event.set()
             thread, self._thread = self._thread, None
             pool, self._pool = self._pool, None
             cycle = self._cycle
@@ -716,13 +722,14 @@ class HostMemoryMonitor:
                 except Exception:
                     warn_once("host_memory.session", "closing the scrape session failed")
 
-    def _collection_loop(self) -> None:
-        """Run a cycle every :attr:`collection_interval` seconds until stopped."""
-        while not self._stop_event.is_set():
+    def _collection_loop(self, stop: threading.Event | None = None) -> None:
+        """Run a cycle every :attr:`collection_interval` seconds until ``stop`` is set."""
+        stop = stop if stop is not None else self._stop_event
+        while not stop.is_set():
             started = time.monotonic()
-            self.collect_once()
+            self._guarded_cycle(stop)
             elapsed = time.monotonic() - started
-            self._stop_event.wait(max(0.0, self.collection_interval - elapsed))
+            stop.wait(max(0.0, self.collection_interval - elapsed))
 
     # One cycle -----------------------------------------------------------------------
 
@@ -733,8 +740,11 @@ class HostMemoryMonitor:
         finished by then count as failed for this cycle. A node whose previous
         scrape is still running is not asked again; it has no fresh sample.
         """
+        self._guarded_cycle(None)
+
+    def _guarded_cycle(self, stop: threading.Event | None) -> None:
         try:
-            self._collect_once()
+            self._collect_once(stop)
         except Exception:
             warn_once(
                 "host_memory.collect",
@@ -742,18 +752,26 @@ class HostMemoryMonitor:
                 logger=logger,
             )
 
-    def _collect_once(self) -> None:
-        """Body of :meth:`collect_once`, without its exception guard."""
+    def _collect_once(self, stop: threading.Event | None = None) -> None:
+        """Body of :meth:`collect_once`, without its exception guard.
+
+        ``stop`` is the calling loop's stop event: a loop stopped while it was
+        listing nodes publishes nothing and starts no scrape.
+        """
+        # Listed outside the cycle lock: a cluster call that hangs must not keep a
+        # restarted loop (or a caller's own collect_once) from running.
+        try:
+            nodes = ray_nodes(self._cluster)
+        except Exception as exc:
+            warn_once(
+                "host_memory.nodes",
+                f"could not list the cluster's nodes ({type(exc).__name__}: {exc}); "
+                f"samples are kept until they age out",
+                logger=logger,
+            )
+            return
         with self._cycle_lock:
-            try:
-                nodes = ray_nodes(self._cluster)
-            except Exception as exc:
-                warn_once(
-                    "host_memory.nodes",
-                    f"could not list the cluster's nodes ({type(exc).__name__}: {exc}); "
-                    f"samples are kept until they age out",
-                    logger=logger,
-                )
+            if stop is not None and stop.is_set():
                 return
             deadline = time.monotonic() + self.scrape_timeout
             pool = self._ensure_pool()
