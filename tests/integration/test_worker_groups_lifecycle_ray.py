@@ -79,6 +79,16 @@ def test_environment_precedence(two_node_cluster, monkeypatch: pytest.MonkeyPatc
     assert nodes[0] != nodes[1]
 
 
+def test_unknown_worker_class_fails_construction(two_node_cluster) -> None:
+    with pytest.raises(Exception, match=r"group_workers\.NoSuchWorker"):
+        RayWorkerGroup(
+            two_node_cluster,
+            RayWorkerBuilder("group_workers.NoSuchWorker"),
+            workers_per_node=[1, 0],
+            name_prefix="missing",
+        )
+
+
 def test_plain_class_is_made_remote(two_node_cluster) -> None:
     group = RayWorkerGroup(
         two_node_cluster,
@@ -152,8 +162,16 @@ def test_log_worker_gpu_state_on_a_cpu_node(
         out = capsys.readouterr().out
         assert "[bad-index] worker 5: the GPU probe could not run" in out
         assert "out of range" in out
+
+        # the bundle is gone: not reaching it is reported, not raised
+        two_node_cluster.shutdown()
+        group.log_worker_gpu_state(0, label="gone", timeout_s=2)
+        out = capsys.readouterr().out
+        assert "[gone] worker 0 (probe-1-0)" in out
+        assert "could not run" in out or "did not finish within 2s" in out
+        assert group.shutdown() is False  # removing the bundles killed the worker
     finally:
-        assert group.shutdown() is True
+        group.shutdown()
 
 
 def test_shutdown_with_a_worker_already_dead(two_node_cluster) -> None:

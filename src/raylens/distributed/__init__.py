@@ -1,1 +1,33 @@
-"""Ray worker groups, their placement, and the sharding of work across them."""
+"""Ray worker groups, their placement, and the sharding of work across them.
+
+:class:`RayVirtualCluster` reserves placement-group bundles, :class:`RayWorkerGroup`
+starts actors on them and dispatches calls, and :class:`NamedSharding` names the axes
+along which data is split between workers. Nothing here imports Ray until a cluster
+or group actually talks to it.
+"""
+
+from raylens.distributed.named_sharding import NamedSharding
+from raylens.distributed.virtual_cluster import (
+    PLACEMENT_STRATEGIES,
+    ClusterResourceError,
+    PlacementTimeoutError,
+    RayVirtualCluster,
+)
+from raylens.distributed.worker_groups import (
+    DISTRIBUTED_ENV_VARS,
+    MultiWorkerFuture,
+    RayWorkerBuilder,
+    RayWorkerGroup,
+)
+
+__all__ = [
+    "DISTRIBUTED_ENV_VARS",
+    "PLACEMENT_STRATEGIES",
+    "ClusterResourceError",
+    "MultiWorkerFuture",
+    "NamedSharding",
+    "PlacementTimeoutError",
+    "RayVirtualCluster",
+    "RayWorkerBuilder",
+    "RayWorkerGroup",
+]
