@@ -1,4 +1,4 @@
-"""Worker classes the integration tests start as Ray actors, and helpers to wait on them.
+"""Worker classes the integration tests start as Ray actors, and functions to wait on them.
 
 The classes are imported by fully qualified name (``group_workers.EnvWorker``) on the
 Ray nodes, which find this directory through the ``PYTHONPATH`` the session cluster
@@ -85,7 +85,7 @@ class PlainWorker:
         return f"{self.greeting} from {_rank()}"
 
 
-# ---- driver-side helpers ----------------------------------------------------------------
+# ---- waiting, on the driver ----------------------------------------------------------------
 
 
 def wait_for(condition: Callable[[], Any], timeout: float, what: str) -> Any:

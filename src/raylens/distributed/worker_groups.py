@@ -9,7 +9,7 @@ the named axes of a :class:`NamedSharding`. It can rebuild one worker in place
 (:meth:`RayWorkerGroup.log_worker_gpu_state`) and shut everything down within a bound
 (:meth:`RayWorkerGroup.shutdown`).
 
-Workers are not created by the driver but by a small helper actor,
+Workers are not created by the driver but by a small intermediate actor,
 :class:`RayWorkerBuilder.IsolatedWorkerInitializer`, which imports the worker class in
 the worker's own environment and owns the workers it creates (they live exactly as long
 as it does). A group uses one initializer per placement group.
@@ -651,7 +651,7 @@ def _apply_worker_configuration(
                 )
             env_vars[key] = value
         for key, value in configured_kwargs.items():
-            if key in kwargs and kwargs[key] is not value and kwargs[key] != value:
+            if key in kwargs:
                 messages.append(f"configure_worker sets constructor argument {key!r}")
             kwargs[key] = value
     if env_vars or "runtime_env" in options:
@@ -1658,7 +1658,7 @@ class RayWorkerGroup:
 
 
 # =========================================================================================
-# Ray helpers
+# Small Ray utilities
 # =========================================================================================
 
 
