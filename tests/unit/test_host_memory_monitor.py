@@ -246,6 +246,26 @@ def test_wedged_nodes_are_asked_last_so_healthy_ones_are_not_starved(
     assert sim.raylet(2).requests >= 1
 
 
+def test_more_wedged_nodes_than_threads_do_not_starve_the_first_cycle(
+    simulated_cluster: Factory,
+    metrics_probe: MetricsProbe,
+    make_monitor: Callable,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(hm, "_FIRST_TRY_S", 0.1)
+    sim = simulated_cluster(6)
+    for index in (0, 1, 2):
+        sim.raylet(index).hang()
+    monitor = make_monitor(sim.cluster, scrape_timeout=0.8, max_concurrency=2)
+
+    monitor.collect_once()
+
+    assert set(_export(metrics_probe)) == {sim.node_id(i) for i in (3, 4, 5)}
+    # The first wedged node was asked again, with the rest of the cycle's time,
+    # once everyone else had been asked.
+    assert sim.raylet(0).requests == 2
+
+
 class _WedgingSession(requests.Session):
     """A session whose requests to some URLs block until released: scrapes that overrun."""
 

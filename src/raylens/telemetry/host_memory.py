@@ -126,6 +126,10 @@ _SCRAPE_TIMEOUT_S = 5.0
 _SHUTDOWN_GRACE_S = 1.0
 #: How long past the scrape deadline a cycle waits for results already on their way.
 _CYCLE_SLACK_S = 0.25
+#: Most of the cycle's time the first try at a node may take (see _scrape_task).
+_FIRST_TRY_S = 1.0
+#: A node is tried again only if the cycle has at least this much time left.
+_RETRY_MIN_S = 0.1
 _MAX_CONCURRENCY = 32
 _MAX_BODY_BYTES = 16 * 1024 * 1024
 _READ_CHUNK = 64 * 1024
@@ -785,7 +789,12 @@ class HostMemoryMonitor:
             try:
                 for index, node in enumerate(to_scrape):
                     try:
-                        pool.submit(functools.partial(self._scrape_task, node, cycle, deadline))
+                        first_try = node.key not in self._slow
+                        pool.submit(
+                            functools.partial(
+                                self._scrape_task, pool, node, cycle, deadline, first_try
+                            )
+                        )
                     except RuntimeError:  # stopped meanwhile: these were never started
                         with self._lock:
                             self._in_flight.difference_update(n.key for n in to_scrape[index:])
@@ -816,21 +825,45 @@ class HostMemoryMonitor:
                 self._pool = _ScrapePool(self.max_concurrency, "raylens-host-memory-scrape")
             return self._pool
 
-    def _scrape_task(self, node: RayNode, cycle: _Cycle, deadline: float) -> None:
+    def _scrape_task(
+        self, pool: _ScrapePool, node: RayNode, cycle: _Cycle, deadline: float, first_try: bool
+    ) -> None:
+        """Scrape ``node`` for ``cycle`` and deliver the outcome; runs on a pool thread.
+
+        A first try gets at most :data:`_FIRST_TRY_S` of the cycle's time. A node
+        that does not answer within it is put back at the end of the queue with
+        whatever time the cycle has left, so that more wedged nodes than there
+        are threads cannot keep the healthy nodes behind them from being asked.
+        """
+        outcome = None
         try:
-            if time.monotonic() >= deadline:
+            now = time.monotonic()
+            if now >= deadline:
                 outcome = _Outcome(
                     None,
                     "not asked: no scrape thread was free before the deadline",
                     asked=False,
                 )
             else:
-                outcome = self._scrape_outcome(node, deadline)
+                try_deadline = min(deadline, now + _FIRST_TRY_S) if first_try else deadline
+                outcome = self._scrape_outcome(node, try_deadline)
+                retry = (
+                    outcome.slow
+                    and try_deadline < deadline
+                    and deadline - time.monotonic() > _RETRY_MIN_S
+                )
+                if retry:
+                    try:
+                        pool.submit(
+                            functools.partial(self._scrape_task, pool, node, cycle, deadline, False)
+                        )
+                        return  # still in flight: the retry delivers
+                    except RuntimeError:
+                        pass  # the monitor is stopping: report the first try
         except Exception as exc:  # reported as this node's failure
             outcome = _Outcome(None, f"{type(exc).__name__}: {exc}")
-        finally:
-            with self._lock:
-                self._in_flight.discard(node.key)
+        with self._lock:
+            self._in_flight.discard(node.key)
         cycle.deliver(node.key, outcome)
 
     def _publish(
@@ -916,7 +949,7 @@ class HostMemoryMonitor:
         except _ScrapeError as exc:
             return _Outcome(None, str(exc), slow=exc.slow)
         except (requests.Timeout, urllib3.exceptions.TimeoutError):
-            return _Outcome(None, f"timed out after {self.scrape_timeout:g} s", slow=True)
+            return _Outcome(None, "timed out", slow=True)
         except Exception as exc:
             return _Outcome(None, f"{type(exc).__name__}: {exc}")
         values = parse_memory_samples(body)
@@ -973,8 +1006,7 @@ class HostMemoryMonitor:
                 remaining = deadline - time.monotonic()
                 if remaining <= 0:
                     raise _ScrapeError(
-                        f"payload not complete after the {self.scrape_timeout:g} s scrape timeout "
-                        f"({size} bytes received)",
+                        f"payload not complete by the deadline ({size} bytes received)",
                         slow=True,
                     )
                 if sock is not None:
