@@ -1,0 +1,147 @@
+"""The cluster behind ``raylens demo``: local Ray nodes, two worker groups, real memory.
+
+:class:`DemoCluster` starts a multi-node ``ray.cluster_utils.Cluster`` on this
+machine, reserves one bundle per node, and places two :class:`RayWorkerGroup` s
+of :class:`MemoryHolder` workers on it: ``policy`` on every node but the last,
+``rollout`` on the last. The groups register their placement, so the host-memory
+monitor labels each node with the groups on it. Everything it started is torn
+down on exit, including when start-up is interrupted.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+from raylens.lens import warn_once
+
+_MIB = 1024 * 1024
+_PAGE = 4096
+
+
+class MemoryHolder:
+    """A demo worker that holds ``megabytes`` of touched (resident) memory."""
+
+    def __init__(self, megabytes: int = 64) -> None:
+        self._block = bytearray(megabytes * _MIB)
+        for offset in range(0, len(self._block), _PAGE):
+            self._block[offset] = 1
+
+    @staticmethod
+    def configure_worker(
+        num_gpus: float | int, bundle_indices: Any = None
+    ) -> tuple[dict[str, Any], dict[str, str], dict[str, Any]]:
+        # Two groups share each bundle's CPUs, so each worker asks for half a CPU.
+        return {"num_cpus": 0.5}, {}, {}
+
+    def describe(self) -> dict[str, Any]:
+        """Where this worker runs and what it holds."""
+        import ray
+
+        return {
+            "rank": int(os.environ.get("RANK", "-1")),
+            "node_id": ray.get_runtime_context().get_node_id(),
+            "held_bytes": len(self._block),
+        }
+
+
+class DemoCluster:
+    """A local Ray cluster with the ``policy`` and ``rollout`` worker groups on it.
+
+    Use as a context manager. ``n_nodes`` must be at least 2 so that the two groups
+    sit on different nodes.
+    """
+
+    def __init__(
+        self, n_nodes: int = 3, *, worker_megabytes: int = 64, cpus_per_node: int = 2
+    ) -> None:
+        if n_nodes < 2:
+            raise ValueError(f"n_nodes={n_nodes} must be at least 2 for two worker groups")
+        self.n_nodes = n_nodes
+        self.worker_megabytes = worker_megabytes
+        self.cpus_per_node = cpus_per_node
+        self.ray_cluster: Any = None
+        self.virtual_cluster: Any = None
+        self.groups: dict[str, Any] = {}
+
+    def __enter__(self) -> DemoCluster:
+        try:
+            self.start()
+        except BaseException:
+            self.close()
+            raise
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def start(self) -> None:
+        """Start the nodes, connect, reserve bundles and place both worker groups."""
+        import ray
+        from ray.cluster_utils import Cluster
+
+        from raylens.distributed.virtual_cluster import RayVirtualCluster
+        from raylens.distributed.worker_groups import RayWorkerBuilder, RayWorkerGroup
+
+        node_args = {
+            "num_cpus": self.cpus_per_node,
+            "object_store_memory": 80 * _MIB,
+            "include_dashboard": False,
+        }
+        self.ray_cluster = Cluster(initialize_head=True, head_node_args=dict(node_args))
+        for _ in range(self.n_nodes - 1):
+            self.ray_cluster.add_node(num_cpus=self.cpus_per_node, object_store_memory=80 * _MIB)
+        self.ray_cluster.wait_for_nodes()
+        ray.init(address=self.ray_cluster.address, logging_level="ERROR", log_to_driver=False)
+
+        self.virtual_cluster = RayVirtualCluster(
+            [1] * self.n_nodes,
+            use_gpus=False,
+            max_colocated_worker_groups=2,
+            name="raylens-demo",
+            placement_group_strategy="STRICT_SPREAD",
+            placement_timeout_s=120.0,
+        )
+        builder = RayWorkerBuilder(f"{__name__}.MemoryHolder", self.worker_megabytes)
+        last = self.n_nodes - 1
+        layout = {
+            "policy": [1] * last + [0],
+            "rollout": [0] * last + [1],
+        }
+        for name, per_node in layout.items():
+            self.groups[name] = RayWorkerGroup(
+                self.virtual_cluster, builder, workers_per_node=per_node, name_prefix=name
+            )
+        for group in self.groups.values():
+            ray.get(group.run_all_workers_single_data("describe"), timeout=120)
+
+    def describe(self) -> str:
+        """One line per worker group: how many workers and how much each holds."""
+        lines = []
+        for name, group in self.groups.items():
+            lines.append(
+                f"worker group {name!r}: {len(group.workers)} workers holding "
+                f"{self.worker_megabytes} MiB each"
+            )
+        return "\n".join(lines)
+
+    def close(self) -> None:
+        """Shut the groups, the reservation and every Ray process down. Idempotent."""
+        for group in self.groups.values():
+            try:
+                group.shutdown(timeout=10.0)
+            except Exception:
+                warn_once(f"demo.shutdown.{group.name_prefix}", "demo worker group shutdown failed")
+        self.groups = {}
+        if self.virtual_cluster is not None:
+            self.virtual_cluster.shutdown()
+            self.virtual_cluster = None
+        try:
+            import ray
+
+            ray.shutdown()
+        except ImportError:
+            pass
+        if self.ray_cluster is not None:
+            self.ray_cluster.shutdown()
+            self.ray_cluster = None
