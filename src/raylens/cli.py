@@ -169,6 +169,12 @@ def _start_telemetry(exporter: str | None) -> None:
         raise CliError(str(error)) from None
 
 
+def _stop_monitoring(monitor: Any) -> None:
+    """Stop sampling, then flush telemetry while the cluster and its labels still exist."""
+    monitor.stop()
+    shutdown_telemetry()
+
+
 # --------------------------------------------------------------------------- output
 
 
@@ -340,7 +346,7 @@ def _run_simulate(args: argparse.Namespace, stop: threading.Event) -> int:
                 stop=stop,
             )
         finally:
-            monitor.stop()
+            _stop_monitoring(monitor)
             host_memory.forget_worker_group_nodes("policy")
             host_memory.forget_worker_group_nodes("rollout")
     return 0
@@ -381,7 +387,7 @@ def _run_watch(args: argparse.Namespace, stop: threading.Event) -> int:
             stop=stop,
         )
     finally:
-        monitor.stop()
+        _stop_monitoring(monitor)
         ray.shutdown()
     return 0
 
@@ -409,12 +415,44 @@ def _run_demo(args: argparse.Namespace, stop: threading.Event) -> int:
                 stop=stop,
             )
         finally:
-            monitor.stop()
+            _stop_monitoring(monitor)
     output.note("Demo finished; the Ray cluster is shut down.")
     return 0
 
 
 # --------------------------------------------------------------------------- profile
+
+
+class _ProcessTable:
+    """Turns a profiler's latest sample into table rows, with a short RSS trend."""
+
+    def __init__(self, profiler: Any, *, label: str, pid: int) -> None:
+        self.profiler = profiler
+        self.label = label
+        self.pid = pid
+        self.history: list[float] = []
+
+    def rows(self) -> list[ProcessTreeRow]:
+        snapshot = self.profiler.latest()
+        found = []
+        for server in snapshot.servers if snapshot is not None else ():
+            if server.rss_bytes is not None:
+                self.history.append(server.rss_bytes)
+                del self.history[:-_HISTORY]
+            found.append(
+                ProcessTreeRow(
+                    name=self.label[:48],
+                    pid=self.pid,
+                    processes=server.process_count or 0,
+                    rss=server.rss_bytes,
+                    pss=server.pss_bytes,
+                    pss_age_s=server.pss_age_seconds,
+                    rss_peak=server.peak_rss_bytes,
+                    pss_peak=server.peak_pss_bytes,
+                    history=list(self.history),
+                )
+            )
+        return found
 
 
 def _run_profile(args: argparse.Namespace, stop: threading.Event) -> int:
@@ -445,32 +483,10 @@ def _run_profile(args: argparse.Namespace, stop: threading.Event) -> int:
         [target], args.interval, pss_interval_seconds=args.pss_interval
     )
     output = _Output(as_json=args.json)
-    history: list[float] = []
-
-    def rows() -> list[ProcessTreeRow]:
-        snapshot = profiler.latest()
-        found = []
-        for server in snapshot.servers if snapshot is not None else ():
-            if server.rss_bytes is not None:
-                history.append(server.rss_bytes)
-                del history[:-_HISTORY]
-            found.append(
-                ProcessTreeRow(
-                    name=label[:48],
-                    pid=child.pid,
-                    processes=server.process_count or 0,
-                    rss=server.rss_bytes,
-                    pss=server.pss_bytes,
-                    pss_age_s=server.pss_age_seconds,
-                    rss_peak=server.peak_rss_bytes,
-                    pss_peak=server.peak_pss_bytes,
-                    history=list(history),
-                )
-            )
-        return found
+    table = _ProcessTable(profiler, label=label, pid=child.pid)
 
     def show(title: str, extra: dict[str, Any] | None = None) -> None:
-        current = rows()
+        current = table.rows()
         record: dict[str, Any] = {"time": time.time(), "servers": [r.to_json() for r in current]}
         record.update(extra or {})
         output.show(process_table(current, title=title), record)

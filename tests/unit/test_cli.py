@@ -111,3 +111,82 @@ def test_profile_once_prints_one_sample(capsys: pytest.CaptureFixture[str]) -> N
     records = _json_lines(capsys.readouterr().out)
     assert len(records) == 1
     assert records[0]["servers"][0]["processes"] >= 0
+
+
+def test_simulate_once_json_shows_every_node_and_the_hung_one(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    status = main(
+        ["simulate", "--nodes", "4", "--hung", "1", "--once", "--json", "--scrape-timeout", "0.5"]
+    )
+    assert status == 0
+    records = _json_lines(capsys.readouterr().out)
+    assert len(records) == 1
+    nodes = records[0]["nodes"]
+    assert len(nodes) == 4
+    assert len({node["node_id"] for node in nodes}) == 4
+    failed = [node for node in nodes if node["error"] is not None]
+    healthy = [node for node in nodes if node["error"] is None]
+    assert len(failed) == 1 and len(healthy) == 3
+    assert failed[0]["used_bytes"] is None
+    for node in healthy:
+        assert node["total_bytes"] == 64 * 1024**3
+        assert 0 < node["used_bytes"] < node["total_bytes"]
+        assert node["age_seconds"] is not None
+    assert sorted(node["worker_groups"] for node in nodes) == [
+        "policy",
+        "policy",
+        "rollout",
+        "rollout",
+    ]
+
+
+def test_simulate_table_repeats_until_duration(capsys: pytest.CaptureFixture[str]) -> None:
+    status = main(["simulate", "--nodes", "2", "--interval", "0.2", "--duration", "0.5"])
+    assert status == 0
+    out = capsys.readouterr().out
+    assert out.count("Simulated cluster: 2 nodes, 0 hung") >= 2
+    assert "sim-node-0" in out and "sim-node-1" in out
+    assert "policy" in out and "rollout" in out
+
+
+def test_simulate_feeds_the_chosen_exporter(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["simulate", "--nodes", "2", "--once", "--exporter", "console"]) == 0
+    out = capsys.readouterr().out
+    assert 'rl.host.memory.used{host.name="sim-node-0"' in out
+    assert 'rl.worker_groups="policy"' in out
+
+
+def test_profile_rows_from_a_fake_process_tree(tmp_path) -> None:
+    from raylens.cli import _ProcessTable
+    from raylens.telemetry.process_memory import (
+        HostMemory,
+        MemoryProfiler,
+        ServerMemoryTarget,
+        collect_process_tree_memory,
+    )
+    from raylens_fakes.procfs import FakeProcFS
+
+    page = 4096
+    fake = FakeProcFS(tmp_path / "proc")
+    fake.add_process(100, rss_bytes=1000 * page, pss_bytes=800 * page)
+    fake.add_process(101, parent=100, rss_bytes=500 * page, pss_bytes=300 * page)
+    target = ServerMemoryTarget("train", "command", 100, procfs=fake.procfs)
+    profiler = MemoryProfiler(
+        [target],
+        60.0,
+        collector=lambda pid, **kw: collect_process_tree_memory(pid, procfs=fake.procfs, **kw),
+        host_collector=lambda: HostMemory(1, 2, 3),
+        procfs=fake.procfs,
+    )
+    table = _ProcessTable(profiler, label="python train.py", pid=100)
+    profiler.sample_once()
+    (row,) = table.rows()
+    assert (row.processes, row.rss, row.pss) == (2, 1500 * page, 1100 * page)
+    assert row.rss_peak == 1500 * page and row.pss_age_s == 0
+    fake.remove_process(101)
+    profiler.sample_once()
+    (row,) = table.rows()
+    assert (row.processes, row.rss) == (1, 1000 * page)
+    assert row.rss_peak == 1500 * page
+    assert row.history == [1500 * page, 1000 * page]
