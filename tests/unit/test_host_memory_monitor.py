@@ -138,6 +138,7 @@ FAILURES = {
     "trickle": (lambda r: r.trickle(0.01), "payload not complete"),
     "status": (lambda r: r.respond_status(503), "HTTP 503"),
     "reset": (lambda r: r.reset_connections(), "reset"),
+    "refused": (lambda r: r.close(), "Connection refused"),
     "garbage": (lambda r: r.serve_garbage(), "no valid ray_node_mem_used"),
     "huge": (lambda r: r.serve_huge(5_000_000), "exceeds the 1000000-byte cap"),
     "huge-announced": (

@@ -580,11 +580,6 @@ class _ScrapePool:
                 continue
             thread.join(max(0.0, deadline - time.monotonic()))
 
-    @property
-    def thread_count(self) -> int:
-        with self._lock:
-            return len(self._threads)
-
 
 def _socket_of(raw: Any) -> socket.socket | None:
     """The socket under a streamed urllib3 response, when there is a real one."""
@@ -621,6 +616,14 @@ class HostMemoryMonitor:
     exports, so collecting and exporting run on their own schedules: an exported
     figure can be up to one collection interval old, and samples taken between
     two exports are not all seen. Neither matters for a gauge.
+
+    Each cycle asks every node concurrently on at most ``max_concurrency``
+    threads, under one deadline ``scrape_timeout`` seconds away. Nodes that
+    answered last time are asked first and nodes that ran into the deadline last
+    time are asked last; a node's first try gets at most a second before it is
+    put back behind everyone else with the time that is left. A node whose
+    previous request is still open is skipped. :meth:`latest` reports, per node,
+    the last figures and why the last cycle got none, for tools that show a table.
 
     Args:
         collection_interval: Seconds between cycles (positive).
@@ -949,7 +952,7 @@ class HostMemoryMonitor:
         except _ScrapeError as exc:
             return _Outcome(None, str(exc), slow=exc.slow)
         except (requests.Timeout, urllib3.exceptions.TimeoutError):
-            return _Outcome(None, "timed out", slow=True)
+            return _Outcome(None, "timed out waiting for the raylet to answer", slow=True)
         except Exception as exc:
             return _Outcome(None, f"{type(exc).__name__}: {exc}")
         values = parse_memory_samples(body)
