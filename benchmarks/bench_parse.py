@@ -1,0 +1,96 @@
+"""Reading host memory out of one raylet payload: raylens against a full prometheus_client parse.
+
+For each recorded Ray 2.60 payload in ``shared/data/ray-2.60/`` (beside the checkout), times
+two ways of getting ``ray_node_mem_used`` and ``ray_node_mem_total`` from the raw response bytes:
+
+- raylens: :func:`raylens.telemetry.prometheus_text.extract_samples`, which searches for the
+  wanted lines and parses only those (the cached extractor lookup is included);
+- prometheus_client: decode the bytes, parse the whole payload with
+  ``prometheus_client.parser.text_string_to_metric_families`` (the OpenMetrics parser for
+  ``*.openmetrics``) and pick the two series out, as a straightforward scraper would.
+
+Both run in the same process, one after the other, after checking that they agree. Each figure
+is the median (and best) over ``--repeat`` rounds of one call's time, each round averaging over
+as many calls as fill about 0.2 s. ``ratio`` is prometheus_client's median over raylens'.
+
+Run: ``.venv/bin/python benchmarks/bench_parse.py [--repeat 7]``
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import timeit
+from collections.abc import Callable
+from pathlib import Path
+
+from prometheus_client.openmetrics.parser import (
+    text_string_to_metric_families as openmetrics_families,
+)
+from prometheus_client.parser import text_string_to_metric_families as text_families
+
+from raylens.telemetry.prometheus_text import extract_samples
+
+PAYLOAD_DIR = Path(__file__).resolve().parents[2] / "shared" / "data" / "ray-2.60"
+WANTED = ("ray_node_mem_used", "ray_node_mem_total")
+
+
+def full_parse(payload: bytes, parser: Callable) -> dict[str, float]:
+    """What a scraper built on prometheus_client does: parse everything, keep two series."""
+    found: dict[str, float] = {}
+    for family in parser(payload.decode("utf-8")):
+        for sample in family.samples:
+            if sample.name in WANTED:
+                found[sample.name] = float(sample.value)
+    return found
+
+
+def per_call_seconds(func: Callable[[], object], repeat: int) -> list[float]:
+    timer = timeit.Timer(func)
+    number = max(1, timer.autorange()[0])
+    return [total / number for total in timer.repeat(repeat=repeat, number=number)]
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--repeat", type=int, default=7, help="timing rounds per figure")
+    args = parser.parse_args(argv)
+    if args.repeat < 1:
+        parser.error(f"--repeat must be at least 1, got {args.repeat}")
+
+    paths = sorted(PAYLOAD_DIR.glob("*.prom")) + sorted(PAYLOAD_DIR.glob("*.openmetrics"))
+    if not paths:
+        print(f"no recorded payloads (*.prom, *.openmetrics) in {PAYLOAD_DIR}", file=sys.stderr)
+        return 1
+
+    print(f"Python {sys.version.split()[0]}; median (best) of {args.repeat} rounds; {PAYLOAD_DIR}")
+    header = (
+        f"{'payload':<18} {'size KB':>8} {'raylens µs':>18} {'prometheus_client ms':>22} "
+        f"{'ratio':>7}"
+    )
+    print(header)
+    print("-" * len(header))
+    for path in paths:
+        payload = path.read_bytes()
+        full_parser = openmetrics_families if path.suffix == ".openmetrics" else text_families
+        fast = extract_samples(payload, WANTED)
+        slow = full_parse(payload, full_parser)
+        if fast != slow:
+            print(f"{path.name}: results differ: raylens {fast} vs {slow}", file=sys.stderr)
+            return 1
+
+        ours = per_call_seconds(lambda p=payload: extract_samples(p, WANTED), args.repeat)
+        theirs = per_call_seconds(lambda p=payload, f=full_parser: full_parse(p, f), args.repeat)
+        ours_med, theirs_med = statistics.median(ours), statistics.median(theirs)
+        print(
+            f"{path.name:<18} {len(payload) / 1024:>8.1f} "
+            f"{f'{ours_med * 1e6:.1f} ({min(ours) * 1e6:.1f})':>18} "
+            f"{f'{theirs_med * 1e3:.2f} ({min(theirs) * 1e3:.2f})':>22} "
+            f"{theirs_med / ours_med:>6.0f}x"
+        )
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
