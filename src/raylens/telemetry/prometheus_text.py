@@ -5,7 +5,7 @@ raylens wants two of them (``ray_node_mem_used`` and ``ray_node_mem_total``) fro
 every collection tick. A full parser such as ``prometheus_client``'s tokenises every line, unescapes
 every label value and builds an object per sample: around 75 ms for one head-node payload, which
 is a real cost when multiplied by the nodes of a large cluster. Nearly all of that work is thrown
-away, so this module never looks at lines it was not asked about.
+away, so this module never parses a line it was not asked about.
 
 How a sample is found: the payload is searched, with the C-speed ``find`` of ``bytes``/``str``,
 for each wanted name (or for a long prefix that all wanted names share, so a single pass serves
@@ -33,8 +33,8 @@ What a caller may rely on:
   earlier good one.
 * A malformed line for a wanted name drops that sample and nothing else. What counts as
   malformed: an unterminated or unquoted label value, a missing comma between labels, anything
-  other than one value and at most one timestamp after the labels (exemplars excepted), values
-  spelt in ways Go's and Python's number parsers disagree on (``1_000``, ``0x10``).
+  other than one value and at most one timestamp after the labels (exemplars excepted), and
+  values written other than in plain decimal or scientific notation (``1_000``, ``0x1p4``).
 * Not recognised: a metric name given only inside the braces (``{__name__="x"}`` or the quoted
   ``{"x"}`` form of UTF-8 names). Raylets do not write them.
 """
