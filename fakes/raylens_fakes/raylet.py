@@ -47,7 +47,8 @@ def load_payload(name: str = "worker") -> bytes:
     """The bundled Ray 2.60 capture ``name`` (``"worker"``: ~97 KB, ``"head"``: ~340 KB)."""
     if name not in ("worker", "head"):
         raise ValueError(f"payload {name!r} is not bundled; choose 'worker' or 'head'")
-    return resources.files("raylens_fakes").joinpath("payloads", f"{name}.prom").read_bytes()
+    payloads = resources.files("raylens_fakes").joinpath("payloads")
+    return payloads.joinpath(f"{name}.prom").read_bytes()
 
 
 def format_sample_value(value: float) -> str:
