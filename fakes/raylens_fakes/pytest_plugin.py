@@ -12,6 +12,16 @@ project with raylens installed can ask for these fixtures by name:
     add nodes and placement groups to it and pass it wherever raylens takes a
     ``cluster=`` argument. No sockets are opened.
 
+``fake_procfs``
+    A :class:`raylens_fakes.procfs.FakeProcFS` under the test's ``tmp_path``: build
+    process trees with ``add_process`` and pass ``fake_procfs.procfs`` wherever
+    raylens takes ``procfs=``.
+
+``raylens_state``
+    Resets raylens' process-wide state before and after the test: the worker-group
+    placement map, the host-memory monitor, profiler snapshots, the telemetry
+    pipeline and remembered warnings (:func:`reset_raylens_state`).
+
 ``simulated_cluster``
     A factory: ``simulated_cluster(n_nodes, **options)`` starts a
     :class:`raylens_fakes.simulated.SimulatedCluster` (real fake raylets on
@@ -37,6 +47,7 @@ import pytest
 
 from raylens_fakes.cluster import FakeCluster
 from raylens_fakes.otel import MetricsProbe
+from raylens_fakes.procfs import FakeProcFS
 from raylens_fakes.simulated import SimulatedCluster
 
 
@@ -81,3 +92,36 @@ def simulated_cluster() -> Iterator[Callable[..., SimulatedCluster]]:
     """Factory ``(n_nodes=3, **options) -> SimulatedCluster``; every cluster is closed afterwards."""
     with simulated_clusters() as start:
         yield start
+
+
+@pytest.fixture
+def fake_procfs(tmp_path: Any) -> FakeProcFS:
+    """A fake ``/proc`` under the test's tmp_path; pass ``fake_procfs.procfs`` as ``procfs=``."""
+    return FakeProcFS(tmp_path / "proc")
+
+
+def reset_raylens_state() -> None:
+    """Return raylens to a fresh process: no telemetry, monitor, placements, profiler state or
+    remembered warnings."""
+    import sys
+
+    from raylens.lens import reset_warn_once, shutdown_telemetry
+
+    shutdown_telemetry()
+    for module_name, reset_name in (
+        ("raylens.telemetry.host_memory", "reset_host_memory_state"),
+        ("raylens.telemetry.process_memory", "reset_process_memory_state"),
+    ):
+        module = sys.modules.get(module_name)
+        if module is not None:
+            getattr(module, reset_name)()
+    reset_warn_once()
+
+
+@pytest.fixture
+def raylens_state() -> Iterator[None]:
+    """Resets raylens' process-wide state (worker-group placements, the host-memory monitor,
+    profiler snapshots, telemetry, warn_once) before and after the test."""
+    reset_raylens_state()
+    yield
+    reset_raylens_state()
