@@ -94,6 +94,12 @@ def build_parser() -> argparse.ArgumentParser:
         description="See where host memory goes on a Ray cluster, and export it via OpenTelemetry.",
     )
     parser.add_argument("--version", action="version", version=f"raylens {raylens.__version__}")
+    parser.add_argument(
+        "-v",
+        "--verbose",
+        action="store_true",
+        help="log raylens' warnings (a node that cannot be scraped...) to stderr",
+    )
     commands = parser.add_subparsers(dest="command", metavar="COMMAND")
 
     demo = commands.add_parser(
@@ -533,6 +539,19 @@ def _terminate(child: Any) -> int:
 # --------------------------------------------------------------------------- main
 
 
+def _configure_logging(*, verbose: bool) -> None:
+    """Tables already show failing nodes, so warnings go to stderr only with --verbose."""
+    import logging
+
+    log = logging.getLogger("raylens")
+    if not any(getattr(h, "_raylens_cli", False) for h in log.handlers):
+        handler = logging.StreamHandler(sys.stderr)
+        handler.setFormatter(logging.Formatter("raylens: %(levelname)s: %(message)s"))
+        handler._raylens_cli = True  # type: ignore[attr-defined]
+        log.addHandler(handler)
+    log.setLevel(logging.WARNING if verbose else logging.ERROR)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the ``raylens`` command; returns the process exit status."""
     parser = build_parser()
@@ -540,6 +559,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.command is None:
         parser.print_help()
         return 2
+    _configure_logging(verbose=args.verbose)
     stop = threading.Event()
     try:
         return args.handler(args, stop)

@@ -190,3 +190,16 @@ def test_profile_rows_from_a_fake_process_tree(tmp_path) -> None:
     assert (row.processes, row.rss) == (1, 1000 * page)
     assert row.rss_peak == 1500 * page
     assert row.history == [1500 * page, 1000 * page]
+
+
+@pytest.mark.parametrize(("flags", "shown"), [([], False), (["--verbose"], True)])
+def test_scrape_warnings_only_with_verbose(flags: list[str], shown: bool) -> None:
+    result = subprocess.run(
+        [sys.executable, "-m", "raylens", *flags, "simulate", "--nodes", "2", "--hung", "1"]
+        + ["--once", "--json", "--scrape-timeout", "0.3"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert result.returncode == 0, result.stderr
+    assert ("no host-memory sample from node" in result.stderr) is shown, result.stderr
