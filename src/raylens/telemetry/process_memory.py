@@ -161,11 +161,16 @@ class ProcFS:
     # low-level reads: one syscall each for the small files; kept lean on purpose
     # because a sample of a large tree is thousands of them.
 
-    def _read(self, path: str, chunk: int = 4096) -> bytes:
+    def _read(self, path: str, chunk: int = 4096, *, until_eof: bool = False) -> bytes:
+        """The file at ``path``; a short first read is taken as the whole file
+        unless ``until_eof``. That holds for files the kernel renders in one piece
+        (``statm``, ``stat``, ``smaps_rollup``), but not for ``children``, which it
+        serves a record at a time: a read there can stop short at a record
+        boundary with more to come, so only an empty read ends it."""
         fd = (self._opener or os.open)(path, os.O_RDONLY)
         try:
             data = os.read(fd, chunk)
-            if len(data) < chunk:
+            if not data or (len(data) < chunk and not until_eof):
                 return data
             parts = [data]
             while True:
@@ -211,7 +216,7 @@ class ProcFS:
             found.add(pid)
             for tid in tids:
                 try:
-                    listed = read(f"{root}/{pid}/task/{tid}/children")
+                    listed = read(f"{root}/{pid}/task/{tid}/children", until_eof=True)
                 except OSError:
                     continue
                 for child in listed.split():
