@@ -1,48 +1,40 @@
-"""tox inline plugin: find the Python 3.10-3.13 interpreters pyenv has installed.
+"""tox inline plugin: let tox find the Python 3.10-3.13 interpreters pyenv has installed.
 
-pyenv's ``python3.X`` shims answer only for the versions selected in pyenv, so on
-a machine whose global pyenv version is a single interpreter, tox would not find
-the others. When ``PYENV_VERSION`` is unset, this selects the newest installed
-patch release of each supported minor version (the global one first, so plain
-``python3`` is unchanged) for the tox run only.
+pyenv's ``python3.X`` shims answer only for the versions pyenv has selected (and
+``pyenv exec``, which runs tox through its shim, selects just one), so tox would
+not find the other interpreters. This appends the ``bin`` folder of the newest
+installed patch release of each supported minor version to ``PATH`` for the tox
+run, after everything already there, so no interpreter the user chose is shadowed.
 """
 
 from __future__ import annotations
 
 import os
 import re
-import shutil
-import subprocess
+from pathlib import Path
 
 _SUPPORTED = re.compile(r"^3\.(10|11|12|13)\.(\d+)$")
 
 
-def _pyenv(*args: str) -> list[str]:
-    try:
-        result = subprocess.run(
-            ["pyenv", *args], capture_output=True, text=True, timeout=30, check=True
-        )
-    except (OSError, subprocess.SubprocessError):
+def _pyenv_interpreter_dirs() -> list[str]:
+    root = Path(os.environ.get("PYENV_ROOT") or Path.home() / ".pyenv") / "versions"
+    if not root.is_dir():
         return []
-    return result.stdout.split()
-
-
-def _select_pyenv_versions() -> None:
-    if "PYENV_VERSION" in os.environ or shutil.which("pyenv") is None:
-        return
-    newest: dict[int, tuple[int, str]] = {}
-    for version in _pyenv("versions", "--bare", "--skip-aliases"):
-        match = _SUPPORTED.match(version)
-        if match:
+    newest: dict[int, tuple[int, Path]] = {}
+    for version in root.iterdir():
+        match = _SUPPORTED.match(version.name)
+        if match and (version / "bin").is_dir():
             minor, patch = int(match.group(1)), int(match.group(2))
             if minor not in newest or patch > newest[minor][0]:
-                newest[minor] = (patch, version)
-    if not newest:
-        return
-    selected = _pyenv("version-name")
-    chosen = [v for v in selected[:1] if v != "system"]
-    chosen += [version for _, (_, version) in sorted(newest.items()) if version not in chosen]
-    os.environ["PYENV_VERSION"] = ":".join(chosen)
+                newest[minor] = (patch, version / "bin")
+    return [str(path) for _, (_, path) in sorted(newest.items())]
 
 
-_select_pyenv_versions()
+def _extend_path() -> None:
+    current = os.environ.get("PATH", "").split(os.pathsep)
+    extra = [d for d in _pyenv_interpreter_dirs() if d not in current]
+    if extra:
+        os.environ["PATH"] = os.pathsep.join([*current, *extra])
+
+
+_extend_path()
