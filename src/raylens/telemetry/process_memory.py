@@ -776,7 +776,9 @@ class MemoryProfiler:
         self._host_peaks: dict[str, int] = {}
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
-        self._sample_lock = threading.Lock()
+        # Reentrant so that start() and stop() can hold it, with a bounded wait, around
+        # the sample_once() they take themselves.
+        self._sample_lock = threading.RLock()
         self._pss: dict[str, tuple[int, float]] = {}
         self._pss_attempted: dict[str, float] = {}
         self._latest: MemoryProfileSnapshot | None = None
@@ -797,9 +799,11 @@ class MemoryProfiler:
     def start(self) -> None:
         """Reset the peaks, take a first sample now, then sample in the background.
 
-        Raises RuntimeError if already running, or if there are servers to
-        measure and this host has no usable Linux procfs (see
-        :func:`process_tree_memory_supported`). Host memory alone works anywhere.
+        Raises RuntimeError if already running, if a sample of the previous run
+        is still stuck in progress after :data:`STOP_TIMEOUT_SECONDS`, or if
+        there are servers to measure and this host has no usable Linux procfs
+        (see :func:`process_tree_memory_supported`). Host memory alone works
+        anywhere.
         """
         if self._thread is not None:
             raise RuntimeError("memory profiler is already running; call stop() first")
@@ -811,36 +815,56 @@ class MemoryProfiler:
                 "process_tree_memory_supported() first, or profile host memory only "
                 "with no targets)"
             )
-        with self._sample_lock:
+        if not self._sample_lock.acquire(timeout=STOP_TIMEOUT_SECONDS):
+            raise RuntimeError(
+                "memory profiler cannot start: a sample of its previous run is still in "
+                f"progress after {STOP_TIMEOUT_SECONDS} s (a collector or a procfs read is "
+                "stuck); try again once it returns"
+            )
+        try:
             self._peaks.clear()
             self._host_peaks.clear()
             self._pss.clear()
             self._pss_attempted.clear()
-        self._stop = threading.Event()
-        self.sample_once()
+            self._stop = threading.Event()
+            self.sample_once()
+        finally:
+            self._sample_lock.release()
         thread = threading.Thread(target=self._run, name=THREAD_NAME, daemon=True)
-        self._thread = thread
         thread.start()
+        self._thread = thread
 
     def stop(self) -> None:
         """Stop the background thread, then take and export one last sample.
 
-        Waits up to :data:`STOP_TIMEOUT_SECONDS` for a sample in progress. Does
-        nothing if the profiler is not running.
+        Waits up to :data:`STOP_TIMEOUT_SECONDS` in all for a sample in progress;
+        if that sample is still stuck, the last sample is skipped (warned once)
+        rather than waited for. Does nothing if the profiler is not running.
         """
         thread = self._thread
         if thread is None:
             return
+        deadline = time.monotonic() + STOP_TIMEOUT_SECONDS
         self._stop.set()
         thread.join(STOP_TIMEOUT_SECONDS)
+        self._thread = None
         if thread.is_alive():
             warn_once(
                 "process_memory.stop",
                 f"memory profiler thread did not stop within {STOP_TIMEOUT_SECONDS} s",
                 logger=logger,
             )
-        self._thread = None
-        self.sample_once()
+        if not self._sample_lock.acquire(timeout=max(0.0, deadline - time.monotonic())):
+            warn_once(
+                "process_memory.stop.final_sample",
+                "memory profiler skipped its last sample: the sample in progress is stuck",
+                logger=logger,
+            )
+            return
+        try:
+            self.sample_once()
+        finally:
+            self._sample_lock.release()
 
     def _run(self) -> None:
         stop = self._stop  # this run's event; a later start() makes a new one
