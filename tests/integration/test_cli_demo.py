@@ -6,6 +6,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 
 import psutil
@@ -16,23 +17,48 @@ pytestmark = pytest.mark.integration
 _RAY_DAEMONS = ("raylet", "gcs_server")
 
 
-def _ray_daemon_pids() -> set[int]:
-    found = set()
-    for process in psutil.process_iter(["pid", "name", "cmdline"]):
-        name = process.info["name"] or ""
-        cmdline = " ".join(process.info["cmdline"] or [])
-        if any(daemon in name or f"/{daemon} " in cmdline for daemon in _RAY_DAEMONS):
-            found.add(process.info["pid"])
-    return found
+def _is_ray_daemon(process: psutil.Process) -> bool:
+    try:
+        name = process.name()
+        cmdline = " ".join(process.cmdline())
+    except psutil.Error:
+        return False
+    return any(daemon in name or f"/{daemon} " in cmdline for daemon in _RAY_DAEMONS)
 
 
-def _assert_no_new_ray_daemons(before: set[int], timeout: float = 30.0) -> None:
+def _daemons_started_by(pid: int) -> set[int]:
+    """Ray daemons among the descendants of ``pid`` (they are re-parented once it exits)."""
+    try:
+        descendants = psutil.Process(pid).children(recursive=True)
+    except psutil.Error:
+        return set()
+    return {child.pid for child in descendants if _is_ray_daemon(child)}
+
+
+def _run_collecting_daemons(process: subprocess.Popen, timeout: float) -> tuple[str, set[int]]:
+    """Wait for ``process`` while noting every Ray daemon it starts; returns its output too."""
+    seen: set[int] = set()
+    seen_output: list[str] = []
+    reader = threading.Thread(target=lambda: seen_output.append(process.stdout.read()))
+    reader.start()
     deadline = time.monotonic() + timeout
-    leftover = _ray_daemon_pids() - before
-    while leftover and time.monotonic() < deadline:
+    while process.poll() is None and time.monotonic() < deadline:
+        seen |= _daemons_started_by(process.pid)
+        time.sleep(0.2)
+    if process.poll() is None:
+        process.kill()
+    process.wait()
+    reader.join(30)
+    return "".join(seen_output), seen
+
+
+def _assert_gone(pids: set[int], timeout: float = 30.0) -> None:
+    deadline = time.monotonic() + timeout
+    alive = {pid for pid in pids if psutil.pid_exists(pid)}
+    while alive and time.monotonic() < deadline:
         time.sleep(0.5)
-        leftover = {pid for pid in leftover if psutil.pid_exists(pid)}
-    assert not leftover, f"Ray processes left behind: {sorted(leftover)}"
+        alive = {pid for pid in alive if psutil.pid_exists(pid)}
+    assert not alive, f"Ray processes left behind: {sorted(alive)}"
 
 
 def _demo(*args: str) -> subprocess.Popen:
@@ -46,10 +72,10 @@ def _demo(*args: str) -> subprocess.Popen:
 
 
 def test_demo_shows_both_groups_and_leaves_nothing_behind() -> None:
-    before = _ray_daemon_pids()
     process = _demo("--duration", "20", "--interval", "2")
-    output, _ = process.communicate(timeout=300)
+    output, daemons = _run_collecting_daemons(process, timeout=300)
     assert process.returncode == 0, output
+    assert daemons, "the demo never started a Ray daemon"
     table_lines = [line for line in output.splitlines() if line.startswith("│")]
     assert any("policy" in line for line in table_lines), output
     assert any("rollout" in line for line in table_lines), output
@@ -58,19 +84,20 @@ def test_demo_shows_both_groups_and_leaves_nothing_behind() -> None:
     rows = [line for line in last_table.splitlines() if line.startswith("│")]
     assert len(rows) == 3
     assert sorted(line.split("│")[6].strip() for line in rows) == ["policy", "policy", "rollout"]
-    _assert_no_new_ray_daemons(before)
+    _assert_gone(daemons)
 
 
 def test_ctrl_c_during_start_up_leaves_no_ray_process() -> None:
-    before = _ray_daemon_pids()
     process = _demo("--duration", "60")
     deadline = time.monotonic() + 120
-    # Wait until the cluster's own daemons exist, so the interrupt lands mid start-up.
-    while time.monotonic() < deadline and not (_ray_daemon_pids() - before):
+    daemons: set[int] = set()
+    # Interrupt as soon as the cluster's own daemons exist, so Ctrl-C lands mid start-up.
+    while time.monotonic() < deadline and not daemons and process.poll() is None:
+        daemons = _daemons_started_by(process.pid)
         time.sleep(0.2)
-    assert _ray_daemon_pids() - before, "the demo never started a raylet"
+    assert daemons, "the demo never started a Ray daemon"
     process.send_signal(signal.SIGINT)
-    output, _ = process.communicate(timeout=120)
+    output, later = _run_collecting_daemons(process, timeout=120)
     assert process.returncode == 130, output
     assert "Traceback" not in output
-    _assert_no_new_ray_daemons(before)
+    _assert_gone(daemons | later)
