@@ -148,6 +148,7 @@ class _Behaviour:
     body: bytes | None = None
     size: int = 0
     announce_length: bool = False
+    trickle_headers: bool = False
 
 
 class _Handler(BaseHTTPRequestHandler):
@@ -192,7 +193,7 @@ class _Handler(BaseHTTPRequestHandler):
             return
         body = raylet._render(omit_memory=mode == "omit")
         if mode == "trickle":
-            self._trickle(raylet, body, behaviour.seconds)
+            self._trickle(raylet, body, behaviour.seconds, headers=behaviour.trickle_headers)
             return
         self._send(200, body)
 
@@ -207,11 +208,21 @@ class _Handler(BaseHTTPRequestHandler):
         self._send_headers(status, len(body))
         self.wfile.write(body)
 
-    def _trickle(self, raylet: FakeRaylet, body: bytes, interval: float) -> None:
-        self._send_headers(200, len(body))
-        self.wfile.flush()
-        for index in range(len(body)):
-            self.wfile.write(body[index : index + 1])
+    def _trickle(self, raylet: FakeRaylet, body: bytes, interval: float, *, headers: bool) -> None:
+        if headers:
+            # Written by hand: the status line and headers go out a byte at a time too.
+            head = (
+                f"{self.protocol_version} 200 OK\r\n"
+                f"Content-Type: {_CONTENT_TYPE}\r\n"
+                f"Content-Length: {len(body)}\r\n\r\n"
+            )
+            data = head.encode("latin-1") + body
+        else:
+            self._send_headers(200, len(body))
+            self.wfile.flush()
+            data = body
+        for index in range(len(data)):
+            self.wfile.write(data[index : index + 1])
             self.wfile.flush()
             if not raylet._wait(self.connection, interval):
                 return
@@ -387,9 +398,15 @@ class FakeRaylet:
         """Accept requests and never answer until the client leaves or the raylet closes."""
         self._behaviour = _Behaviour("hang")
 
-    def trickle(self, interval: float = 0.05) -> None:
-        """Send the headers, then the body one byte every ``interval`` seconds."""
-        self._behaviour = _Behaviour("trickle", seconds=float(interval))
+    def trickle(self, interval: float = 0.05, *, headers: bool = False) -> None:
+        """Send the headers, then the body one byte every ``interval`` seconds.
+
+        With ``headers`` the status line and headers are sent a byte at a time as
+        well, so a client is kept waiting before it even has a response.
+        """
+        self._behaviour = _Behaviour(
+            "trickle", seconds=float(interval), trickle_headers=bool(headers)
+        )
 
     def respond_status(self, status: int, body: bytes = b"") -> None:
         """Answer with HTTP ``status`` and ``body``."""

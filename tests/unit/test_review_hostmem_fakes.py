@@ -1,0 +1,26 @@
+"""FakeRaylet behaviours a scraper's deadline has to survive, beyond the basic ones."""
+
+from __future__ import annotations
+
+import socket
+
+from raylens_fakes import FakeRaylet
+
+
+def _first_bytes(raylet: FakeRaylet) -> bytes:
+    with socket.create_connection(("127.0.0.1", raylet.port), timeout=5) as client:
+        client.sendall(b"GET /metrics HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n")
+        return client.recv(4096)
+
+
+def test_trickle_can_hold_back_the_status_line_and_headers_too() -> None:
+    with FakeRaylet() as raylet:
+        # A long interval: the second byte cannot arrive before the client reads the first.
+        raylet.trickle(2.0, headers=True)
+        assert _first_bytes(raylet) == b"H"
+        assert raylet.wait_idle(timeout=5)  # the client left; the handler noticed
+
+        raylet.trickle(2.0)
+        first = _first_bytes(raylet)
+        assert first.startswith(b"HTTP/1.0 200 OK\r\n")
+        assert b"Content-Length:" in first
