@@ -1445,12 +1445,19 @@ class RayWorkerGroup:
         prefix = f"[{label}] worker {worker_idx}"
         try:
             self._check_worker_idx(worker_idx)
-            import ray
-            from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
-
             record = self._records[worker_idx]
             metadata = self._worker_metadata[worker_idx]
             prefix = f"[{label}] worker {worker_idx} ({metadata['name']})"
+            # Submitting to Ray from a disconnected process would start a new local cluster.
+            ray = _connected_ray()
+            if ray is None:
+                print(
+                    f"{prefix}: the GPU probe could not run: this process is not connected to Ray",
+                    flush=True,
+                )
+                return
+            from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
             strategy = PlacementGroupSchedulingStrategy(
                 placement_group=record.placement_group,
                 placement_group_bundle_index=record.bundle_index,
@@ -1484,11 +1491,17 @@ class RayWorkerGroup:
         they are free, with the same environment, name and constructor arguments.
         Returns the new handle, also installed at ``workers[worker_idx]``, once its
         constructor has finished; the group's host-memory placement is registered
-        again.
+        again. Raises RuntimeError when this process is no longer connected to Ray.
         """
-        import ray
-
         self._check_worker_idx(worker_idx)
+        # Ray's calls would otherwise start a new, empty local cluster to recreate into.
+        ray = _connected_ray()
+        if ray is None:
+            raise RuntimeError(
+                f"worker group {self.name_prefix!r}: cannot recreate worker {worker_idx}, this "
+                "process is not connected to Ray (ray.init() was not called, or "
+                "ray.shutdown() was)"
+            )
         old = self._workers[worker_idx]
         try:
             ray.kill(old, no_restart=True)
