@@ -11,6 +11,7 @@ built, validated and inspected where Ray is not installed.
 
 from __future__ import annotations
 
+import math
 import socket
 import sys
 import uuid
@@ -185,7 +186,11 @@ class RayVirtualCluster:
                 "integer of at least 1"
             )
         if use_gpus:
-            if not isinstance(num_gpus_per_node, int) or num_gpus_per_node < 1:
+            if (
+                isinstance(num_gpus_per_node, bool)
+                or not isinstance(num_gpus_per_node, int)
+                or num_gpus_per_node < 1
+            ):
                 raise ValueError(
                     f"num_gpus_per_node={num_gpus_per_node!r} must be a positive integer "
                     "when use_gpus=True"
@@ -196,9 +201,15 @@ class RayVirtualCluster:
                         f"node {node_idx} asks for {count} bundles, but with use_gpus=True "
                         f"each bundle takes a GPU and num_gpus_per_node={num_gpus_per_node}"
                     )
-        if not placement_timeout_s > 0:
+        if (
+            isinstance(placement_timeout_s, bool)
+            or not isinstance(placement_timeout_s, (int, float))
+            or not math.isfinite(placement_timeout_s)
+            or placement_timeout_s <= 0
+        ):
             raise ValueError(
-                f"placement_timeout_s={placement_timeout_s!r} must be a positive number of seconds"
+                f"placement_timeout_s={placement_timeout_s!r} must be a positive, finite number "
+                "of seconds"
             )
         self._bundle_ct_per_node_list = counts
         self.use_gpus = bool(use_gpus)
