@@ -256,12 +256,16 @@ class NamedSharding:
         for name, index in indices.items():
             axis = self.get_axis_index(name)
             extent = self._shape[axis]
-            if isinstance(index, bool) or not isinstance(index, int) or not 0 <= index < extent:
+            try:
+                position = _as_rank(index)
+            except ValueError:
+                position = None
+            if position is None or not 0 <= position < extent:
+                problem = "is out of range" if position is not None else "is not an integer"
                 raise ValueError(
-                    f"{name}={index!r} is out of range: axis {name!r} takes an integer "
-                    f"0..{extent - 1}"
+                    f"{name}={index!r} {problem}: axis {name!r} takes an integer 0..{extent - 1}"
                 )
-            fixed[axis] = index
+            fixed[axis] = position
         return fixed
 
     def _unknown_axis_message(self, name: object) -> str:
