@@ -101,6 +101,9 @@ class FakeProcFS:
             raise ValueError(f"pid {pid} already exists in the fake procfs")
         if parent is not None and parent not in self._processes:
             raise ValueError(f"parent {parent} of pid {pid} does not exist in the fake procfs")
+        if parent is not None and tid is not None and tid not in self._processes[parent].tids:
+            threads = self._processes[parent].tids
+            raise ValueError(f"pid {parent} has no thread {tid}; threads are {threads}")
         pss = rss_bytes if pss_bytes is _SAME_AS_RSS else pss_bytes
         _check_pages("rss_bytes", rss_bytes)
         _check_pages("pss_bytes", pss)
