@@ -122,3 +122,11 @@ def test_a_thread_that_cannot_start_leaves_the_profiler_stopped(
         assert profiler._thread.is_alive()
     finally:
         profiler.stop()
+
+
+def test_an_interval_too_long_to_wait_on_is_refused() -> None:
+    # threading cannot wait that long: the sampling thread would die on its first wait.
+    too_long = threading.TIMEOUT_MAX * 2
+    with pytest.raises(ValueError, match=rf"interval_seconds.*{too_long!r}"):
+        MemoryProfiler([], too_long)
+    MemoryProfiler([], threading.TIMEOUT_MAX)

@@ -695,8 +695,12 @@ def _check_interval(name: str, value: object) -> float:
         or not isinstance(value, (int, float))
         or not math.isfinite(value)
         or value <= 0
+        or value > threading.TIMEOUT_MAX
     ):
-        raise ValueError(f"{name} must be a positive, finite number of seconds, got {value!r}")
+        raise ValueError(
+            f"{name} must be a positive, finite number of seconds of at most "
+            f"{threading.TIMEOUT_MAX:g}, got {value!r}"
+        )
     return float(value)
 
 
