@@ -368,11 +368,35 @@ def _import_ray() -> Any:
     return ray
 
 
+def _check_reachable(address: str, timeout: float = 5.0) -> None:
+    """Fail fast on a ``host:port`` nobody listens on; ``ray.init`` would retry for minutes.
+
+    ``auto`` and ``ray://`` addresses are left to Ray, which answers those quickly.
+    """
+    import socket
+
+    from raylens.lens.config import parse_host_port
+
+    if address == "auto" or "://" in address:
+        return
+    try:
+        host, port = parse_host_port(address, source="--address")
+    except ValueError as error:
+        raise CliError(str(error)) from None
+    try:
+        with socket.create_connection((host, port), timeout=timeout):
+            pass
+    except OSError as error:
+        reason = error.strerror or str(error) or type(error).__name__
+        raise CliError(f"cannot reach a Ray cluster at {address!r}: {reason}") from None
+
+
 def _run_watch(args: argparse.Namespace, stop: threading.Event) -> int:
     ray = _import_ray()
     address = args.address or os.environ.get("RAY_ADDRESS") or "auto"
     from raylens.telemetry import host_memory
 
+    _check_reachable(address)
     _start_telemetry(args.exporter)
     try:
         ray.init(address=address, logging_level="ERROR", log_to_driver=False)

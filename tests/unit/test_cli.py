@@ -195,11 +195,40 @@ def test_profile_rows_from_a_fake_process_tree(tmp_path) -> None:
 @pytest.mark.parametrize(("flags", "shown"), [([], False), (["--verbose"], True)])
 def test_scrape_warnings_only_with_verbose(flags: list[str], shown: bool) -> None:
     result = subprocess.run(
-        [sys.executable, "-m", "raylens", *flags, "simulate", "--nodes", "2", "--hung", "1"]
-        + ["--once", "--json", "--scrape-timeout", "0.3"],
+        [
+            *(sys.executable, "-m", "raylens", *flags, "simulate", "--nodes", "2"),
+            *("--hung", "1", "--once", "--json", "--scrape-timeout", "0.3"),
+        ],
         capture_output=True,
         text=True,
         timeout=60,
     )
     assert result.returncode == 0, result.stderr
     assert ("no host-memory sample from node" in result.stderr) is shown, result.stderr
+
+
+def test_unreachable_address_fails_fast_naming_it() -> None:
+    import socket
+
+    from raylens.cli import CliError, _check_reachable
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]  # bound but not listening: connections are refused
+        with pytest.raises(CliError, match=rf"cannot reach a Ray cluster at '127.0.0.1:{port}'"):
+            _check_reachable(f"127.0.0.1:{port}")
+
+
+def test_listening_address_and_auto_pass_the_reachability_check() -> None:
+    import socket
+
+    from raylens.cli import CliError, _check_reachable
+
+    _check_reachable("auto")
+    _check_reachable("ray://head:10001")
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        sock.listen()
+        _check_reachable(f"127.0.0.1:{sock.getsockname()[1]}")
+    with pytest.raises(CliError, match=r"--address='head' is not host:port"):
+        _check_reachable("head")
