@@ -66,7 +66,14 @@ def _count(minimum: int) -> Callable[[str], int]:
     return parse
 
 
-def _add_common(parser: argparse.ArgumentParser, *, interval: float) -> None:
+def _add_common(parser: argparse.ArgumentParser, *, interval: float, duration: bool = True) -> None:
+    if duration:
+        parser.add_argument(
+            "--duration",
+            type=_positive_seconds,
+            default=None,
+            help="stop after this many seconds (default: run until Ctrl-C)",
+        )
     parser.add_argument(
         "--interval",
         type=_positive_seconds,
@@ -108,9 +115,6 @@ def build_parser() -> argparse.ArgumentParser:
     )
     demo.add_argument("--nodes", type=_count(2), default=3, help="Ray nodes to start (default 3)")
     _add_common(demo, interval=2.0)
-    demo.add_argument(
-        "--duration", type=_positive_seconds, default=None, help="stop after this many seconds"
-    )
     demo.set_defaults(handler=_run_demo)
 
     watch = commands.add_parser("watch", help="watch the memory of a running Ray cluster")
@@ -121,9 +125,6 @@ def build_parser() -> argparse.ArgumentParser:
     )
     _add_common(watch, interval=5.0)
     _add_script_flags(watch)
-    watch.add_argument(
-        "--duration", type=_positive_seconds, default=None, help="stop after this many seconds"
-    )
     watch.set_defaults(handler=_run_watch)
 
     simulate = commands.add_parser(
@@ -141,15 +142,12 @@ def build_parser() -> argparse.ArgumentParser:
     )
     _add_common(simulate, interval=1.0)
     _add_script_flags(simulate)
-    simulate.add_argument(
-        "--duration", type=_positive_seconds, default=None, help="stop after this many seconds"
-    )
     simulate.set_defaults(handler=_run_simulate)
 
     profile = commands.add_parser(
         "profile", help="run a command and sample its process tree's memory while it runs"
     )
-    _add_common(profile, interval=1.0)
+    _add_common(profile, interval=1.0, duration=False)
     profile.add_argument(
         "--pss-interval",
         type=_positive_seconds,

@@ -8,12 +8,12 @@ import signal
 import socket
 import subprocess
 import sys
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 import requests
+from group_workers import wait_for
 
 pytestmark = pytest.mark.integration
 
@@ -24,17 +24,6 @@ def _free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         return sock.getsockname()[1]
-
-
-def _wait_for(condition, timeout: float, what: str):
-    deadline = time.monotonic() + timeout
-    last = None
-    while time.monotonic() < deadline:
-        last = condition()
-        if last:
-            return last
-        time.sleep(0.25)
-    raise AssertionError(f"timed out after {timeout}s waiting for {what}; last: {last!r}")
 
 
 def _stop(process: subprocess.Popen) -> None:
@@ -74,7 +63,7 @@ def raylens_simulate() -> Iterator[int]:
         stderr=subprocess.PIPE,
     )
     try:
-        _wait_for(
+        wait_for(
             lambda: _scrape_ok(port) or process.poll() is not None,
             30,
             "raylens' Prometheus endpoint",
@@ -127,8 +116,8 @@ def test_prometheus_scrapes_host_memory_with_labels(raylens_simulate: int, tmp_p
                 return []
             return body.get("data", {}).get("result", [])
 
-        used = _wait_for(lambda: query('{__name__=~"rl_host_memory_used.*"}'), 60, "used series")
-        total = _wait_for(lambda: query('{__name__=~"rl_host_memory_total.*"}'), 30, "totals")
+        used = wait_for(lambda: query('{__name__=~"rl_host_memory_used.*"}'), 60, "used series")
+        total = wait_for(lambda: query('{__name__=~"rl_host_memory_total.*"}'), 30, "totals")
         # Four simulated nodes, one hung: three live points, each a distinct node id.
         assert len({series["metric"]["ray_node_id"] for series in used}) == 3
         for series in used:
