@@ -46,6 +46,9 @@ from dataclasses import dataclass
 from typing import Any
 
 import requests
+import requests.adapters
+import urllib3
+import urllib3.connection
 import urllib3.exceptions
 from opentelemetry.metrics import CallbackOptions, Observation
 
@@ -508,10 +511,10 @@ class _Cycle:
             self._cond.notify_all()
 
     def wait(self, deadline: float) -> dict[tuple[str, str], _Outcome]:
-        """Results delivered by ``deadline``; later deliveries are dropped."""
+        """Results delivered by ``deadline`` (:func:`_scrape_clock`); later ones are dropped."""
         with self._cond:
             while not self._done and len(self._results) < self._expected:
-                left = deadline - time.monotonic()
+                left = deadline - _scrape_clock()
                 if left <= 0:
                     break
                 self._cond.wait(left)
@@ -578,7 +581,11 @@ class _ScrapePool:
         for thread in threads:
             if thread is threading.current_thread():
                 continue
-            thread.join(max(0.0, deadline - time.monotonic()))
+            thread.join(max(0.0, deadline - _scrape_clock()))
+
+
+def _incomplete(size: int) -> _ScrapeError:
+    return _ScrapeError(f"payload not complete by the deadline ({size} bytes received)", slow=True)
 
 
 def _socket_of(raw: Any) -> socket.socket | None:
@@ -586,6 +593,76 @@ def _socket_of(raw: Any) -> socket.socket | None:
     connection = getattr(raw, "connection", None) or getattr(raw, "_connection", None)
     sock = getattr(connection, "sock", None)
     return sock if isinstance(sock, socket.socket) else None
+
+
+def _scrape_clock(_monotonic: Callable[[], float] = time.monotonic) -> float:
+    """Seconds on the clock scrape deadlines run on: the monotonic clock, bound at import.
+
+    Deadlines are checked on scrape threads deep inside HTTP reads and set on the
+    collecting thread, and must stay real time when a test freezes
+    ``time.monotonic`` to age samples (freezegun): a frozen deadline never passes,
+    and a hung node would then hang the test. Sample ages and expiry, which such
+    tests do move, stay on ``time.monotonic``.
+    """
+    return _monotonic()
+
+
+#: Deadline of the scrape running on this thread, read by the sockets of the monitor's
+#: own session (see :class:`_DeadlineSocket`); None outside a scrape.
+_SCRAPE_DEADLINE = threading.local()
+
+
+class _DeadlineSocket(socket.socket):
+    """A socket whose every receive ends by the scrape deadline of the thread using it.
+
+    A socket timeout bounds one receive, not a response: a raylet that sends its
+    status line and headers a byte at a time keeps each receive short and the
+    request open indefinitely, before :meth:`HostMemoryMonitor._fetch` has a
+    response to check the clock against. Setting the timeout to the time left
+    before every receive makes the deadline hold from the first byte.
+    """
+
+    def _limit(self) -> None:
+        deadline = getattr(_SCRAPE_DEADLINE, "value", None)
+        if deadline is None:
+            return
+        left = deadline - _scrape_clock()
+        if left <= 0:
+            raise TimeoutError("the scrape deadline has passed")
+        self.settimeout(left)
+
+    def recv(self, bufsize: int, flags: int = 0) -> bytes:
+        self._limit()
+        return super().recv(bufsize, flags)
+
+    def recv_into(self, buffer: Any, nbytes: int = 0, flags: int = 0) -> int:
+        self._limit()
+        return super().recv_into(buffer, nbytes, flags)
+
+
+class _DeadlineConnection(urllib3.connection.HTTPConnection):
+    def _new_conn(self) -> socket.socket:
+        sock = super()._new_conn()
+        timeout = sock.gettimeout()
+        wrapped = _DeadlineSocket(sock.family, sock.type, sock.proto, fileno=sock.detach())
+        wrapped.settimeout(timeout)
+        return wrapped
+
+
+class _DeadlineConnectionPool(urllib3.HTTPConnectionPool):
+    ConnectionCls = _DeadlineConnection
+
+
+class _DeadlineAdapter(requests.adapters.HTTPAdapter):
+    """Plain-HTTP adapter whose sockets are :class:`_DeadlineSocket` (raylets serve http)."""
+
+    def init_poolmanager(self, *args: Any, **kwargs: Any) -> None:
+        super().init_poolmanager(*args, **kwargs)
+        # A copy: the pool manager starts out sharing urllib3's module-level mapping.
+        self.poolmanager.pool_classes_by_scheme = {
+            **self.poolmanager.pool_classes_by_scheme,
+            "http": _DeadlineConnectionPool,
+        }
 
 
 def _positive_seconds(name: str, value: object) -> float:
@@ -629,7 +706,10 @@ class HostMemoryMonitor:
         collection_interval: Seconds between cycles (positive).
         cluster: Where the nodes come from; default the connected Ray.
         session: The ``requests.Session`` to scrape with; default a private one that
-            ignores proxy environment variables (raylets are cluster-internal).
+            ignores proxy environment variables (raylets are cluster-internal) and
+            holds the deadline even against a response trickled from its first byte.
+            A session passed in keeps its own adapters: there the deadline is checked
+            between reads of the body, and each read is bounded by the time left.
         scrape_timeout: Hard limit, in seconds, on one cycle's scrapes, body included.
         max_concurrency: Most scrapes in flight at once, hence most scrape threads.
         max_age: Seconds after which a sample is no longer exported, even if no
@@ -708,7 +788,7 @@ class HostMemoryMonitor:
         deadline, as daemons.
         """
         # Half the grace is kept in hand so that the bound holds with room to spare.
-        deadline = time.monotonic() + self.scrape_timeout + _SHUTDOWN_GRACE_S / 2
+        deadline = _scrape_clock() + self.scrape_timeout + _SHUTDOWN_GRACE_S / 2
         with self._lock:
             self._stop_event.set()
             thread, self._thread = self._thread, None
@@ -717,7 +797,7 @@ class HostMemoryMonitor:
         if cycle is not None:
             cycle.abandon()
         if thread is not None and thread is not threading.current_thread():
-            thread.join(max(0.0, deadline - time.monotonic()))
+            thread.join(max(0.0, deadline - _scrape_clock()))
         if pool is not None:
             pool.shutdown(deadline)
         if self._owns_session:
@@ -780,7 +860,7 @@ class HostMemoryMonitor:
         with self._cycle_lock:
             if stop is not None and stop.is_set():
                 return
-            deadline = time.monotonic() + self.scrape_timeout
+            deadline = _scrape_clock() + self.scrape_timeout
             pool = self._ensure_pool()
             with self._lock:
                 skipped = {node.key for node in nodes if node.key in self._in_flight}
@@ -840,7 +920,7 @@ class HostMemoryMonitor:
         """
         outcome = None
         try:
-            now = time.monotonic()
+            now = _scrape_clock()
             if now >= deadline:
                 outcome = _Outcome(
                     None,
@@ -853,7 +933,7 @@ class HostMemoryMonitor:
                 retry = (
                     outcome.slow
                     and try_deadline < deadline
-                    and deadline - time.monotonic() > _RETRY_MIN_S
+                    and deadline - _scrape_clock() > _RETRY_MIN_S
                 )
                 if retry:
                     try:
@@ -943,7 +1023,7 @@ class HostMemoryMonitor:
         A failure is not retried: the next cycle is the retry, and a node that is
         down or overloaded is exactly the one that must not hold the others up.
         """
-        outcome = self._scrape_outcome(node, time.monotonic() + self.scrape_timeout)
+        outcome = self._scrape_outcome(node, _scrape_clock() + self.scrape_timeout)
         return dict(outcome.values or {})
 
     def _scrape_outcome(self, node: RayNode, deadline: float) -> _Outcome:
@@ -969,6 +1049,7 @@ class HostMemoryMonitor:
             if self._session is None:
                 session = requests.Session()
                 session.trust_env = False
+                session.mount("http://", _DeadlineAdapter())
                 self._session = session
             return self._session
 
@@ -977,19 +1058,28 @@ class HostMemoryMonitor:
 
         The socket timeout is reset to the time left before every read, and each
         read returns whatever has arrived, so a body trickled byte by byte ends at
-        the deadline rather than at one timeout per byte.
+        the deadline rather than at one timeout per byte. With the monitor's own
+        session the same holds while the status line and headers arrive.
         """
-        remaining = deadline - time.monotonic()
+        remaining = deadline - _scrape_clock()
         if remaining <= 0:
             raise _ScrapeError("not started before the scrape deadline")
         session = self._session_for_use()
-        response = session.get(
-            url,
-            stream=True,
-            timeout=(remaining, remaining),
-            headers=_REQUEST_HEADERS,
-            allow_redirects=False,
-        )
+        _SCRAPE_DEADLINE.value = deadline
+        try:
+            response = session.get(
+                url,
+                stream=True,
+                timeout=(remaining, remaining),
+                headers=_REQUEST_HEADERS,
+                allow_redirects=False,
+            )
+            return self._read_body(response, deadline)
+        finally:
+            _SCRAPE_DEADLINE.value = None
+
+    def _read_body(self, response: requests.Response, deadline: float) -> bytes:
+        """``response``'s body, read before ``deadline`` and within the size cap; closes it."""
         try:
             if response.status_code != 200:
                 raise _ScrapeError(f"HTTP {response.status_code} {response.reason or ''}".strip())
@@ -1006,15 +1096,15 @@ class HostMemoryMonitor:
             chunks: list[bytes] = []
             size = 0
             while True:
-                remaining = deadline - time.monotonic()
+                remaining = deadline - _scrape_clock()
                 if remaining <= 0:
-                    raise _ScrapeError(
-                        f"payload not complete by the deadline ({size} bytes received)",
-                        slow=True,
-                    )
+                    raise _incomplete(size)
                 if sock is not None:
                     sock.settimeout(remaining)
-                chunk = read(_READ_CHUNK)
+                try:
+                    chunk = read(_READ_CHUNK)
+                except (TimeoutError, urllib3.exceptions.TimeoutError):
+                    raise _incomplete(size) from None
                 if not chunk:
                     break
                 size += len(chunk)
