@@ -2,13 +2,17 @@
 
 from __future__ import annotations
 
+import threading
+import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
+import responses
 
 from raylens.telemetry import host_memory as hm
-from raylens_fakes import MetricsProbe, SimulatedCluster
+from raylens_fakes import FakeCluster, MetricsProbe, SimulatedCluster
+from raylens_fakes.raylet import format_sample_value
 
 USED = "rl.host.memory.used"
 
@@ -54,3 +58,36 @@ def test_headers_trickled_a_byte_at_a_time_are_cut_at_the_deadline(
 
     monitor.collect_once()  # asked again, not skipped as still in flight
     assert sim.raylet(0).requests == 2
+
+
+def _payload(used: float, total: float) -> bytes:
+    return (
+        f"ray_node_mem_used {format_sample_value(used)}\n"
+        f"ray_node_mem_total {format_sample_value(total)}\n"
+    ).encode()
+
+
+@responses.activate
+def test_sample_age_counts_from_the_answer_not_from_the_end_of_the_cycle(
+    fake_cluster: FakeCluster, metrics_probe: MetricsProbe, make_monitor: Callable
+) -> None:
+    quick = fake_cluster.add_node(address="10.0.0.1", port=8080)
+    fake_cluster.add_node(address="10.0.0.2", port=8080)
+    slow_node_answers = threading.Event()
+
+    def slow_answer(request: Any) -> tuple[int, dict, bytes]:
+        slow_node_answers.wait(0.6)  # never set: a node that takes 0.6 s to fail
+        return (503, {}, b"")
+
+    responses.get("http://10.0.0.1:8080/metrics", body=_payload(1e9, 2e9))
+    responses.add_callback(responses.GET, "http://10.0.0.2:8080/metrics", slow_answer)
+    # One thread: the quick node answers at once, then the slow one holds the cycle open.
+    monitor = make_monitor(fake_cluster, scrape_timeout=5.0, max_concurrency=1, max_age=0.4)
+    started = time.monotonic()
+    monitor.collect_once()
+    assert time.monotonic() - started >= 0.6
+
+    # The quick node's sample was 0.6 s old when the cycle ended: past its max age.
+    row = {s.node_id: s for s in monitor.latest()}[quick]
+    assert row.age() >= 0.6
+    assert _exported_nodes(metrics_probe) == set()

@@ -42,7 +42,7 @@ import threading
 import time
 import weakref
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import requests
@@ -480,6 +480,9 @@ class _Outcome:
     slow: bool = False
     #: False when the node was never asked (no thread was free before the deadline).
     asked: bool = True
+    #: When the cycle received it (``time.monotonic`` seconds, on the publishing
+    #: thread): a sample's age counts from here, not from the end of its cycle.
+    received_at: float | None = None
 
 
 class _ScrapeError(Exception):
@@ -511,15 +514,28 @@ class _Cycle:
             self._cond.notify_all()
 
     def wait(self, deadline: float) -> dict[tuple[str, str], _Outcome]:
-        """Results delivered by ``deadline`` (:func:`_scrape_clock`); later ones are dropped."""
+        """Results delivered by ``deadline`` (:func:`_scrape_clock`); later ones are dropped.
+
+        Each result is stamped with ``received_at`` when it is seen here, on the
+        thread that publishes it, so that its age and the export agree on the clock.
+        """
+        received: dict[tuple[str, str], float] = {}
         with self._cond:
-            while not self._done and len(self._results) < self._expected:
+            while True:
+                now = time.monotonic()
+                for key in self._results.keys() - received.keys():
+                    received[key] = now
+                if self._done or len(self._results) >= self._expected:
+                    break
                 left = deadline - _scrape_clock()
                 if left <= 0:
                     break
                 self._cond.wait(left)
             self._done = True
-            return dict(self._results)
+            return {
+                key: replace(outcome, received_at=received[key])
+                for key, outcome in self._results.items()
+            }
 
 
 class _ScrapePool:
@@ -712,8 +728,9 @@ class HostMemoryMonitor:
             between reads of the body, and each read is bounded by the time left.
         scrape_timeout: Hard limit, in seconds, on one cycle's scrapes, body included.
         max_concurrency: Most scrapes in flight at once, hence most scrape threads.
-        max_age: Seconds after which a sample is no longer exported, even if no
-            newer one replaced it; default two intervals plus the scrape timeout.
+        max_age: Seconds, counted from the node's answer, after which its sample is
+            no longer exported, even if no newer one replaced it; default two
+            intervals plus the scrape timeout.
         max_body_bytes: A payload larger than this is abandoned (no sample).
 
     Raises:
@@ -959,8 +976,6 @@ class HostMemoryMonitor:
         expiry: dict[tuple[str, str], float] = {}
         latest: dict[tuple[str, str], NodeSample] = {}
         slow: set[tuple[str, str]] = set()
-        # One timestamp for the cycle, taken on the thread that publishes it: every
-        # result is at most a scrape timeout older than this, which max_age allows for.
         now = time.monotonic()
         for node in nodes:
             previous = self._latest.get(node.key)
@@ -978,8 +993,11 @@ class HostMemoryMonitor:
             if outcome.slow or (not outcome.asked and node.key in self._slow):
                 slow.add(node.key)
             if outcome.values:
+                # Aged from the node's answer: slow nodes that held the cycle open
+                # after it must not stretch how long this sample is exported.
+                sampled_at = outcome.received_at if outcome.received_at is not None else now
                 samples[node.key] = outcome.values
-                expiry[node.key] = now + self.max_age
+                expiry[node.key] = sampled_at + self.max_age
                 latest[node.key] = NodeSample(
                     node_id=node.node_id,
                     host=node.host,
@@ -987,7 +1005,7 @@ class HostMemoryMonitor:
                     used=outcome.values.get(_USED_KEY),
                     total=outcome.values.get(_TOTAL_KEY),
                     worker_groups="",
-                    sampled_at=now,
+                    sampled_at=sampled_at,
                     metrics_url=node.metrics_url,
                 )
                 if previous is not None and previous.error is not None:
