@@ -91,3 +91,31 @@ def test_sample_age_counts_from_the_answer_not_from_the_end_of_the_cycle(
     row = {s.node_id: s for s in monitor.latest()}[quick]
     assert row.age() >= 0.6
     assert _exported_nodes(metrics_probe) == set()
+
+
+def test_stopping_while_the_process_monitor_starts_leaves_none_running(
+    fake_cluster: FakeCluster, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    entered, go = threading.Event(), threading.Event()
+    real_start = hm.HostMemoryMonitor.start
+
+    def slow_start(self: hm.HostMemoryMonitor) -> None:
+        entered.set()
+        go.wait(5)
+        real_start(self)
+
+    monkeypatch.setattr(hm.HostMemoryMonitor, "start", slow_start)
+    starter = threading.Thread(target=hm.start_host_memory_monitoring, args=(1.0,))
+    starter.start()
+    assert entered.wait(5)
+    monitor = hm._MONITOR
+    stopper = threading.Thread(target=hm.stop_host_memory_monitoring)
+    stopper.start()
+    # A stop that does not wait for the start in progress ends here, before it.
+    stopper.join(0.5)
+    go.set()
+    starter.join(5)
+    stopper.join(5)
+
+    assert hm._MONITOR is None
+    assert monitor is not None and not monitor.running

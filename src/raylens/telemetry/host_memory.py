@@ -1208,11 +1208,13 @@ def start_host_memory_monitoring(
     global _MONITOR
     try:
         interval = _usable_interval(collection_interval)
+        # Started under the lock (start() only launches a thread): a stop that comes
+        # in meanwhile then finds the monitor running and stops it, rather than
+        # taking it away before it starts and leaving it running unowned.
         with _MONITOR_LOCK:
             if _MONITOR is None:
                 _MONITOR = HostMemoryMonitor(interval, cluster=cluster)
-            monitor = _MONITOR
-        monitor.start()
+            _MONITOR.start()
     except Exception:
         warn_once(
             "host_memory.start",
