@@ -17,6 +17,9 @@ Variables (all optional):
     URL, which wins; default ``http://localhost:4318/v1/metrics``.
 ``OTEL_METRIC_EXPORT_INTERVAL``
     Milliseconds between pushes of a periodic exporter; default 60000.
+
+As OpenTelemetry specifies for its own variables, a variable set to an empty
+(or blank) value is treated as unset, for every variable above.
 """
 
 from __future__ import annotations
@@ -51,7 +54,8 @@ def parse_host_port(value: str, *, source: str = "address") -> tuple[str, int]:
     """Split ``host:port`` (``[v6]:port`` for IPv6) and check the port; ValueError names ``source``."""
     raw = value.strip()
     host, sep, port_text = raw.rpartition(":")
-    if not sep or not host or not port_text.isdigit():
+    # isdigit() alone admits digits such as '²' that int() refuses.
+    if not sep or not host or not (port_text.isascii() and port_text.isdigit()):
         raise ValueError(f"{source}={value!r} is not host:port (for example 127.0.0.1:9464)")
     port = int(port_text)
     if not 0 <= port <= 65535:
@@ -98,7 +102,9 @@ class TelemetryConfig:
 
         Raises ValueError naming the variable, its value and what is allowed.
         """
-        env = os.environ if environ is None else environ
+        raw_env = os.environ if environ is None else environ
+        # Blank values read as unset, as OpenTelemetry specifies for its variables.
+        env = {name: value for name, value in raw_env.items() if value.strip()}
 
         enabled = _parse_switch("RAYLENS_TELEMETRY", env.get("RAYLENS_TELEMETRY", "on"))
 
@@ -139,8 +145,13 @@ class TelemetryConfig:
                 "of milliseconds"
             )
 
-        service_name = env.get("OTEL_SERVICE_NAME", "").strip() or DEFAULT_SERVICE_NAME
         resource_attributes = _parse_resource_attributes(env.get("OTEL_RESOURCE_ATTRIBUTES", ""))
+        # OTEL_SERVICE_NAME wins over a service.name among the resource attributes.
+        service_name = (
+            env.get("OTEL_SERVICE_NAME", "").strip()
+            or resource_attributes.get("service.name", "")
+            or DEFAULT_SERVICE_NAME
+        )
 
         return cls(
             enabled=enabled,
