@@ -2,9 +2,21 @@
 
 from __future__ import annotations
 
-import pytest
+import threading
+from collections.abc import Iterator
 
-from raylens.lens import TelemetryConfig
+import pytest
+from opentelemetry.metrics import Observation
+
+from raylens.lens import (
+    OBSERVABLE_GAUGE,
+    RecordedMetric,
+    TelemetryConfig,
+    init_telemetry,
+    register_observable_gauge,
+    shutdown_telemetry,
+    unregister_observable_gauge,
+)
 
 
 def test_an_empty_variable_counts_as_unset() -> None:
@@ -44,3 +56,51 @@ def test_a_port_of_non_ascii_digits_is_refused_naming_the_variable(value: str) -
     assert "RAYLENS_PROMETHEUS_ADDR" in message
     assert repr(value) in message
     assert "host:port" in message
+
+
+# Exporters ------------------------------------------------------------------------------
+
+_GAUGE = RecordedMetric("test.review.exported", OBSERVABLE_GAUGE, "By", "review exporter gauge")
+
+
+@pytest.fixture
+def awkward_gauge() -> Iterator[RecordedMetric]:
+    """A gauge whose attribute values hold a newline, quotes, a backslash and braces."""
+    register_observable_gauge(
+        _GAUGE,
+        lambda options: [
+            Observation(1.0, {"rl.worker_groups": 'policy\nrollout "b"'}),
+            Observation(2.0, {"rl.worker_groups": "C:\\tmp}{,x"}),
+        ],
+    )
+    yield _GAUGE
+    unregister_observable_gauge(_GAUGE.name)
+
+
+def test_console_writes_one_line_per_point_whatever_the_attribute_values(
+    awkward_gauge: RecordedMetric, capsys: pytest.CaptureFixture[str]
+) -> None:
+    init_telemetry(TelemetryConfig(exporter="console")).force_flush()
+
+    lines = [line for line in capsys.readouterr().out.splitlines() if _GAUGE.name in line]
+    assert sorted(lines) == [
+        'test.review.exported{rl.worker_groups="C:\\\\tmp}{,x"} 2.0 By',
+        'test.review.exported{rl.worker_groups="policy\\nrollout \\"b\\""} 1.0 By',
+    ]
+
+
+@pytest.mark.parametrize(
+    "config",
+    [TelemetryConfig(exporter="none"), TelemetryConfig(enabled=False, exporter="console")],
+    ids=["none", "off"],
+)
+def test_none_and_off_export_nothing(
+    config: TelemetryConfig, awkward_gauge: RecordedMetric, capsys: pytest.CaptureFixture[str]
+) -> None:
+    handle = init_telemetry(config)
+
+    assert handle.is_exporting is False
+    assert handle.force_flush() is True
+    shutdown_telemetry()
+    assert capsys.readouterr().out == ""
+    assert not [t for t in threading.enumerate() if "Export" in t.name]

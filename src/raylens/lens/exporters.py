@@ -26,9 +26,18 @@ from opentelemetry.sdk.metrics.export import (
 from raylens.lens.config import TelemetryConfig
 
 
+def _escape(value: Any) -> str:
+    """``value`` as Prometheus escapes a label value: backslash, double quote and newline."""
+    return str(value).replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
+
+
 def format_point_line(name: str, unit: str, attributes: Any, value: Any) -> str:
-    """``name{key="value",...} value unit``: one human-readable line for one point."""
-    labels = ",".join(f'{key}="{attributes[key]}"' for key in sorted(attributes or {}))
+    """``name{key="value",...} value unit``: one human-readable line for one point.
+
+    Attribute values are escaped as in Prometheus text, so a value holding a
+    newline or a quote still gives exactly one line that can be read back.
+    """
+    labels = ",".join(f'{key}="{_escape(attributes[key])}"' for key in sorted(attributes or {}))
     unit_part = f" {unit}" if unit else ""
     return f"{name}{{{labels}}} {value}{unit_part}"
 
