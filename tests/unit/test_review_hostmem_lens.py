@@ -104,3 +104,14 @@ def test_none_and_off_export_nothing(
     shutdown_telemetry()
     assert capsys.readouterr().out == ""
     assert not [t for t in threading.enumerate() if "Export" in t.name]
+
+
+def test_prometheus_endpoint_thread_is_a_named_daemon_that_stops() -> None:
+    def servers() -> list[threading.Thread]:
+        return [t for t in threading.enumerate() if t.name == "raylens-prometheus-exporter"]
+
+    init_telemetry(TelemetryConfig(exporter="prometheus", prometheus_addr="127.0.0.1:0"))
+    assert [t.daemon for t in servers()] == [True]
+
+    shutdown_telemetry()
+    assert servers() == []

@@ -104,6 +104,7 @@ class PrometheusEndpoint:
                 f"cannot serve Prometheus metrics on {host}:{port}: {error}; "
                 "set RAYLENS_PROMETHEUS_ADDR to a free host:port"
             ) from error
+        self._thread.name = "raylens-prometheus-exporter"
         self.host = host
         self.port = self._server.server_address[1]
 
