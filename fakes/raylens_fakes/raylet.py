@@ -7,9 +7,10 @@ answer, trickle its body one byte at a time, answer with any status, reset the
 connection, send garbage, send an enormous body, or leave the memory series out.
 
 Each server is a :class:`http.server.ThreadingHTTPServer` whose requests run on
-daemon threads. Accepting is shared: one daemon thread (``raylens-fake-raylet-
-acceptor``) multiplexes the listening sockets of every open raylet with a selector,
-so a thousand raylets cost one idle thread, not a thousand. It exits by itself
+daemon threads (``raylens-fake-raylet-request``). Accepting is shared: one daemon
+thread (``raylens-fake-raylet-acceptor``) multiplexes the listening sockets of every
+open raylet with a selector, so a thousand raylets cost one idle thread, not a
+thousand. It exits by itself
 when the last raylet closes, so no state outlives the raylets.
 
 :meth:`FakeRaylet.close` never waits for a request in flight: hung, delayed and
@@ -257,6 +258,15 @@ class _RayletHTTPServer(ThreadingHTTPServer):
 
     def handle_error(self, request: Any, client_address: Any) -> None:
         pass  # a misbehaving raylet is the point; tests read its counters, not stderr
+
+    def process_request(self, request: Any, client_address: Any) -> None:
+        # ThreadingMixIn's own thread, with a name that says whose it is.
+        threading.Thread(
+            target=self.process_request_thread,
+            args=(request, client_address),
+            name="raylens-fake-raylet-request",
+            daemon=True,
+        ).start()
 
 
 class _Acceptor:

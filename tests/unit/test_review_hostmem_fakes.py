@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import socket
+import threading
 
 from raylens_fakes import FakeRaylet
 
@@ -24,3 +25,14 @@ def test_trickle_can_hold_back_the_status_line_and_headers_too() -> None:
         first = _first_bytes(raylet)
         assert first.startswith(b"HTTP/1.0 200 OK\r\n")
         assert b"Content-Length:" in first
+
+
+def test_request_threads_are_named_daemons() -> None:
+    with FakeRaylet() as raylet:
+        raylet.hang()
+        with socket.create_connection(("127.0.0.1", raylet.port), timeout=5) as client:
+            client.sendall(b"GET /metrics HTTP/1.0\r\n\r\n")
+            assert raylet.wait_for_requests(1)
+            handlers = [t for t in threading.enumerate() if t.name == "raylens-fake-raylet-request"]
+            assert [t.daemon for t in handlers] == [True]
+        assert raylet.wait_idle(timeout=5)
