@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -119,3 +120,20 @@ def test_stopping_while_the_process_monitor_starts_leaves_none_running(
 
     assert hm._MONITOR is None
     assert monitor is not None and not monitor.running
+
+
+def test_stopping_mid_cycle_does_not_report_the_unanswered_nodes_as_timed_out(
+    simulated_cluster: Factory, make_monitor: Callable, caplog: pytest.LogCaptureFixture
+) -> None:
+    sim = simulated_cluster(2)
+    sim.raylet(1).hang()
+    monitor = make_monitor(sim.cluster, scrape_timeout=5.0)
+    monitor.start()
+    assert sim.raylet(1).wait_for_requests(1)
+
+    with caplog.at_level(logging.WARNING, logger="raylens.telemetry.host_memory"):
+        monitor.stop()
+
+    assert [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING] == []
+    rows = {s.node_id: s for s in monitor.latest()}
+    assert rows[sim.node_id(1)].error == "not answered before monitoring stopped"

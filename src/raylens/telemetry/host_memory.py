@@ -134,6 +134,7 @@ _FIRST_TRY_S = 1.0
 #: A node is tried again only if the cycle has at least this much time left.
 _RETRY_MIN_S = 0.1
 _MAX_CONCURRENCY = 32
+_STOPPED_ERROR = "not answered before monitoring stopped"
 _MAX_BODY_BYTES = 16 * 1024 * 1024
 _READ_CHUNK = 64 * 1024
 # An uncompressed body keeps the deadline exact (a decoder can read many times for
@@ -501,6 +502,8 @@ class _Cycle:
         self._expected = expected
         self._results: dict[tuple[str, str], _Outcome] = {}
         self._done = False
+        #: True once :meth:`abandon` cut the cycle short (the monitor is stopping).
+        self.abandoned = False
 
     def deliver(self, key: tuple[str, str], outcome: _Outcome) -> None:
         with self._cond:
@@ -511,6 +514,7 @@ class _Cycle:
     def abandon(self) -> None:
         with self._cond:
             self._done = True
+            self.abandoned = True
             self._cond.notify_all()
 
     def wait(self, deadline: float) -> dict[tuple[str, str], _Outcome]:
@@ -903,7 +907,7 @@ class HostMemoryMonitor:
             finally:
                 with self._lock:
                     self._cycle = None
-            self._publish(nodes, results, skipped)
+            self._publish(nodes, results, skipped, stopped=cycle.abandoned)
 
     def _priority(self, node: RayNode) -> int:
         """Scrape order: nodes that answered last time, then the rest, then wedged ones.
@@ -971,7 +975,14 @@ class HostMemoryMonitor:
         nodes: list[RayNode],
         results: dict[tuple[str, str], _Outcome],
         skipped: set[tuple[str, str]],
+        *,
+        stopped: bool = False,
     ) -> None:
+        """Publish one cycle's results; ``stopped`` when :meth:`stop` cut it short.
+
+        A node cut off by a stop has no sample, but is not warned about: it did
+        nothing wrong, and the timeout it would be blamed for never ran out.
+        """
         samples: dict[tuple[str, str], dict[str, float]] = {}
         expiry: dict[tuple[str, str], float] = {}
         latest: dict[tuple[str, str], NodeSample] = {}
@@ -984,6 +995,8 @@ class HostMemoryMonitor:
                 outcome = _Outcome(
                     None, "not asked: its previous scrape is still running", slow=True
                 )
+            elif outcome is None and stopped:
+                outcome = _Outcome(None, _STOPPED_ERROR, asked=False)
             elif outcome is None:
                 outcome = _Outcome(
                     None,
@@ -1012,12 +1025,13 @@ class HostMemoryMonitor:
                     reset_warn_once(_scrape_warning_key(node))
                 continue
             error = outcome.error or "no sample"
-            warn_once(
-                _scrape_warning_key(node),
-                f"no host-memory sample from node {node.node_id} ({node.host}, "
-                f"{node.metrics_url}): {error}",
-                logger=logger,
-            )
+            if error != _STOPPED_ERROR:
+                warn_once(
+                    _scrape_warning_key(node),
+                    f"no host-memory sample from node {node.node_id} ({node.host}, "
+                    f"{node.metrics_url}): {error}",
+                    logger=logger,
+                )
             latest[node.key] = NodeSample(
                 node_id=node.node_id,
                 host=node.host,
