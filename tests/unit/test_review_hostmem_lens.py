@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import threading
 from collections.abc import Iterator
 
@@ -12,11 +13,13 @@ from raylens.lens import (
     OBSERVABLE_GAUGE,
     RecordedMetric,
     TelemetryConfig,
+    get_telemetry_handle,
     init_telemetry,
     register_observable_gauge,
     shutdown_telemetry,
     unregister_observable_gauge,
 )
+from raylens_fakes import MetricsProbe
 
 
 def test_an_empty_variable_counts_as_unset() -> None:
@@ -115,3 +118,44 @@ def test_prometheus_endpoint_thread_is_a_named_daemon_that_stops() -> None:
 
     shutdown_telemetry()
     assert servers() == []
+
+
+# The pipeline's lifetime and the probe ----------------------------------------------------
+
+
+def test_shutdown_never_raises_when_every_part_fails(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    from raylens.telemetry import host_memory
+
+    def fail(*args: object, **kwargs: object) -> None:
+        raise RuntimeError("part failed")
+
+    handle = init_telemetry(TelemetryConfig(), metric_reader=MetricsProbe().reader)
+    monkeypatch.setattr(host_memory, "stop_host_memory_monitoring", fail)
+    monkeypatch.setattr(handle.meter_provider, "shutdown", fail)
+    handle._closers.append(fail)
+
+    with caplog.at_level(logging.WARNING, logger="raylens"):
+        shutdown_telemetry()
+
+    assert get_telemetry_handle() is None
+    assert len([r for r in caplog.records if r.levelno == logging.WARNING]) == 3
+
+
+def test_probe_points_are_those_of_the_latest_collection(metrics_probe: MetricsProbe) -> None:
+    gauge = RecordedMetric("test.review.probe", OBSERVABLE_GAUGE, "1", "probe gauge")
+    current = [Observation(1, {"k": "a"})]
+    register_observable_gauge(gauge, lambda options: current)
+    try:
+        assert metrics_probe.points(gauge.name) == {frozenset({("k", "a")}): 1}
+        current[:] = [Observation(2, {"k": "b"})]
+        assert metrics_probe.points(gauge.name) == {frozenset({("k", "a")}): 1}  # not re-read
+        metrics_probe.collect()
+        assert metrics_probe.points(gauge.name) == {frozenset({("k", "b")}): 2}
+        current[:] = []
+        metrics_probe.collect()
+        assert metrics_probe.points(gauge.name) == {}
+        assert metrics_probe.points("test.review.never.declared") == {}
+    finally:
+        unregister_observable_gauge(gauge.name)
