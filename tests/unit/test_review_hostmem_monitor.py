@@ -137,3 +137,28 @@ def test_stopping_mid_cycle_does_not_report_the_unanswered_nodes_as_timed_out(
     assert [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING] == []
     rows = {s.node_id: s for s in monitor.latest()}
     assert rows[sim.node_id(1)].error == "not answered before monitoring stopped"
+
+
+def test_documented_defaults(fake_cluster: FakeCluster) -> None:
+    monitor = hm.HostMemoryMonitor(2.0, cluster=fake_cluster)
+
+    assert monitor.scrape_timeout == 5.0
+    assert monitor.max_concurrency == 32
+    assert monitor.max_body_bytes == 16 * 1024 * 1024
+    assert monitor.max_age == 2 * 2.0 + 5.0
+
+
+def test_stop_monitoring_never_raises_and_forgets_the_monitor(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    class Broken:
+        def stop(self) -> None:
+            raise RuntimeError("stuck")
+
+    hm._MONITOR = Broken()  # type: ignore[assignment]
+    with caplog.at_level(logging.WARNING, logger="raylens.telemetry.host_memory"):
+        hm.stop_host_memory_monitoring()
+        hm.stop_host_memory_monitoring()
+
+    assert hm._MONITOR is None
+    assert [r.getMessage() for r in caplog.records] == ["stopping host-memory monitoring failed"]
