@@ -24,8 +24,19 @@ class MetricsProbe:
         self._latest: MetricsData | None = None
 
     def install(self, config: TelemetryConfig | None = None) -> MetricsProbe:
-        """Start lens with this probe's reader (configuration default: telemetry on, no exporter)."""
-        init_telemetry(config or TelemetryConfig(), metric_reader=self.reader)
+        """Start lens with this probe's reader (configuration default: telemetry on, no exporter).
+
+        Raises RuntimeError when lens is already running with another reader: the
+        probe would then read nothing, and every check that a point is absent would
+        pass whatever the code under test did.
+        """
+        handle = init_telemetry(config or TelemetryConfig(), metric_reader=self.reader)
+        if not any(reader is self.reader for reader in handle.readers):
+            raise RuntimeError(
+                "lens is already running without this probe's reader, so the probe would "
+                "see nothing; call raylens.lens.shutdown_telemetry() first, or use the "
+                "metrics_probe fixture"
+            )
         return self
 
     def uninstall(self) -> None:

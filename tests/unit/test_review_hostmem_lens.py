@@ -159,3 +159,13 @@ def test_probe_points_are_those_of_the_latest_collection(metrics_probe: MetricsP
         assert metrics_probe.points("test.review.never.declared") == {}
     finally:
         unregister_observable_gauge(gauge.name)
+
+
+def test_a_probe_refuses_to_install_over_a_running_pipeline() -> None:
+    running = init_telemetry(TelemetryConfig())
+    probe = MetricsProbe()
+
+    # Installed silently, it would read nothing and every "no point" assertion would pass.
+    with pytest.raises(RuntimeError, match=r"already running.*shutdown_telemetry"):
+        probe.install()
+    assert get_telemetry_handle() is running
