@@ -63,7 +63,9 @@ def test_a_port_of_non_ascii_digits_is_refused_naming_the_variable(value: str) -
 
 # Exporters ------------------------------------------------------------------------------
 
-_GAUGE = RecordedMetric("test.review.exported", OBSERVABLE_GAUGE, "By", "review exporter gauge")
+_GAUGE = RecordedMetric(
+    "test.console.awkward", OBSERVABLE_GAUGE, "By", "gauge with awkward attribute values"
+)
 
 
 @pytest.fixture
@@ -87,8 +89,8 @@ def test_console_writes_one_line_per_point_whatever_the_attribute_values(
 
     lines = [line for line in capsys.readouterr().out.splitlines() if _GAUGE.name in line]
     assert sorted(lines) == [
-        'test.review.exported{rl.worker_groups="C:\\\\tmp}{,x"} 2.0 By',
-        'test.review.exported{rl.worker_groups="policy\\nrollout \\"b\\""} 1.0 By',
+        'test.console.awkward{rl.worker_groups="C:\\\\tmp}{,x"} 2.0 By',
+        'test.console.awkward{rl.worker_groups="policy\\nrollout \\"b\\""} 1.0 By',
     ]
 
 
@@ -144,7 +146,7 @@ def test_shutdown_never_raises_when_every_part_fails(
 
 
 def test_probe_points_are_those_of_the_latest_collection(metrics_probe: MetricsProbe) -> None:
-    gauge = RecordedMetric("test.review.probe", OBSERVABLE_GAUGE, "1", "probe gauge")
+    gauge = RecordedMetric("test.probe.latest", OBSERVABLE_GAUGE, "1", "probe gauge")
     current = [Observation(1, {"k": "a"})]
     register_observable_gauge(gauge, lambda options: current)
     try:
@@ -156,7 +158,7 @@ def test_probe_points_are_those_of_the_latest_collection(metrics_probe: MetricsP
         current[:] = []
         metrics_probe.collect()
         assert metrics_probe.points(gauge.name) == {}
-        assert metrics_probe.points("test.review.never.declared") == {}
+        assert metrics_probe.points("test.probe.never.declared") == {}
     finally:
         unregister_observable_gauge(gauge.name)
 

@@ -18,7 +18,7 @@ Variables (all optional):
 ``OTEL_METRIC_EXPORT_INTERVAL``
     Milliseconds between pushes of a periodic exporter; default 60000.
 
-As OpenTelemetry specifies for its own variables, a variable set to an empty
+As OpenTelemetry defines it for its own variables, a variable set to an empty
 (or blank) value is treated as unset, for every variable above.
 """
 
@@ -103,7 +103,7 @@ class TelemetryConfig:
         Raises ValueError naming the variable, its value and what is allowed.
         """
         raw_env = os.environ if environ is None else environ
-        # Blank values read as unset, as OpenTelemetry specifies for its variables.
+        # Blank values read as unset, as OpenTelemetry defines it for its variables.
         env = {name: value for name, value in raw_env.items() if value.strip()}
 
         enabled = _parse_switch("RAYLENS_TELEMETRY", env.get("RAYLENS_TELEMETRY", "on"))
