@@ -42,16 +42,26 @@ def format_age(seconds: float | None) -> str:
     return f"{minutes}m{secs:02d}s"
 
 
-def sparkline(values: Sequence[float], width: int = 12) -> str:
-    """The last ``width`` values as block characters, scaled between their min and max."""
+def sparkline(values: Sequence[float], width: int = 12, *, min_span: float = 0.0) -> str:
+    """The last ``width`` values as block characters, scaled between their min and max.
+
+    ``min_span`` is the smallest range the full height stands for, so that noise
+    (a few MiB on a 64 GiB host) is drawn flat instead of as a cliff.
+    """
     recent = [v for v in values[-width:] if v is not None]
     if not recent:
         return ""
     low, high = min(recent), max(recent)
-    if high == low:
+    span = max(high - low, min_span)
+    if span <= 0:
         return _SPARK[len(_SPARK) // 2] * len(recent)
-    scale = (len(_SPARK) - 1) / (high - low)
+    scale = (len(_SPARK) - 1) / span
     return "".join(_SPARK[round((v - low) * scale)] for v in recent)
+
+
+def _trend_span(reference: float | None) -> float:
+    """The range a trend's full height stands for: at least 5% of ``reference``."""
+    return 0.05 * reference if reference else 0.0
 
 
 @dataclass
@@ -114,7 +124,7 @@ def node_table(rows: Iterable[NodeRow], *, title: str = "Ray host memory") -> Ta
             percent_cell,
             row.worker_groups,
             format_age(row.age_s),
-            sparkline(row.history),
+            sparkline(row.history, min_span=_trend_span(row.total)),
         )
     return table
 
@@ -168,6 +178,6 @@ def process_table(rows: Iterable[ProcessTreeRow], *, title: str = "Process tree 
             format_age(row.pss_age_s),
             format_bytes(row.rss_peak),
             format_bytes(row.pss_peak),
-            sparkline(row.history),
+            sparkline(row.history, min_span=_trend_span(row.rss_peak)),
         )
     return table

@@ -87,3 +87,12 @@ def test_process_table_and_json() -> None:
     assert "python" in text and "3.0 MiB" in text and "4.0 MiB" in text
     assert row.to_json()["pss_bytes"] is None
     assert row.to_json()["processes"] == 3
+
+
+def test_sparkline_draws_noise_flat_given_a_minimum_span() -> None:
+    gib = 1024**3
+    noisy = [10 * gib, 10 * gib + 2 * 1024**2, 10 * gib + 4 * 1024**2]
+    assert sparkline(noisy) == "▁▅█"
+    assert len(set(sparkline(noisy, min_span=0.05 * 64 * gib))) == 1
+    rising = [10 * gib, 20 * gib, 30 * gib]
+    assert sparkline(rising, min_span=0.05 * 64 * gib) == "▁▅█"
