@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from raylens.distributed import worker_groups as wg
+from raylens.distributed import worker_planning as wp
 from raylens.distributed.named_sharding import NamedSharding
 
 # dp x tp = 2 x 2: worker = dp * 2 + tp
@@ -14,7 +15,7 @@ PP_DP_TP = NamedSharding([[[0, 1], [2, 3]], [[4, 5], [6, 7]]], ["pp", "dp", "tp"
 
 
 def calls_of(*args, **kwargs):  # type: ignore[no-untyped-def]
-    calls, returned = wg._plan_sharded_calls(*args, **kwargs)
+    calls, returned = wp._plan_sharded_calls(*args, **kwargs)
     return [(call.worker_idx, call.data_coords) for call in calls], returned
 
 
@@ -77,7 +78,7 @@ def test_bad_axes(kwargs: dict[str, list[str]], match: str) -> None:
         **kwargs,
     }
     with pytest.raises(ValueError, match=match):
-        wg._plan_sharded_calls(
+        wp._plan_sharded_calls(
             DP_TP,
             arguments["in_sharded_axes"],
             arguments["replicate_on_axes"],
@@ -90,64 +91,64 @@ def test_bad_axes(kwargs: dict[str, list[str]], match: str) -> None:
 
 
 def test_slice_one_axis() -> None:
-    assert wg._slice_sharded(["a", "b"], ["dp"], (1,), DP_TP, "argument 0") == "b"
+    assert wp._slice_sharded(["a", "b"], ["dp"], (1,), DP_TP, "argument 0") == "b"
 
 
 def test_slice_two_axes_nested_in_given_order() -> None:
     data = [["dp0tp0", "dp1tp0"], ["dp0tp1", "dp1tp1"]]  # outer: tp, inner: dp
-    assert wg._slice_sharded(data, ["tp", "dp"], (1, 0), DP_TP, "x") == "dp0tp1"
+    assert wp._slice_sharded(data, ["tp", "dp"], (1, 0), DP_TP, "x") == "dp0tp1"
 
 
 def test_slice_without_sharded_axes_is_the_whole_value() -> None:
     value = {"whole": True}
-    assert wg._slice_sharded(value, [], (), DP_TP, "x") is value
+    assert wp._slice_sharded(value, [], (), DP_TP, "x") is value
 
 
 def test_slice_wrong_length_names_argument_and_axis() -> None:
     with pytest.raises(ValueError, match=r"argument 1 has 3 entries along axis 'dp'.*size 2"):
-        wg._slice_sharded([1, 2, 3], ["dp"], (0,), DP_TP, "argument 1")
+        wp._slice_sharded([1, 2, 3], ["dp"], (0,), DP_TP, "argument 1")
 
 
 def test_slice_not_a_sequence() -> None:
     with pytest.raises(ValueError, match=r"keyword argument 'batch'.*axis 'dp'.*int"):
-        wg._slice_sharded(5, ["dp"], (0,), DP_TP, "keyword argument 'batch'")
+        wp._slice_sharded(5, ["dp"], (0,), DP_TP, "keyword argument 'batch'")
 
 
 # ---- rank-0-only filters and per-worker data -------------------------------------------
 
 
 def test_rank0_only_without_axes_calls_everyone_even_without_sharding() -> None:
-    assert wg._rank0_only_workers(None, 3, None) == [0, 1, 2]
-    assert wg._rank0_only_workers(None, 3, []) == [0, 1, 2]
+    assert wp._rank0_only_workers(None, 3, None) == [0, 1, 2]
+    assert wp._rank0_only_workers(None, 3, []) == [0, 1, 2]
 
 
 def test_rank0_only_axes() -> None:
-    assert wg._rank0_only_workers(DP_TP, 4, ["tp"]) == [0, 2]
-    assert wg._rank0_only_workers(DP_TP, 4, ["dp"]) == [0, 1]
-    assert wg._rank0_only_workers(DP_TP, 4, ["dp", "tp"]) == [0]
+    assert wp._rank0_only_workers(DP_TP, 4, ["tp"]) == [0, 2]
+    assert wp._rank0_only_workers(DP_TP, 4, ["dp"]) == [0, 1]
+    assert wp._rank0_only_workers(DP_TP, 4, ["dp", "tp"]) == [0]
 
 
 def test_rank0_only_axes_need_sharding_and_known_axes() -> None:
     with pytest.raises(ValueError, match=r"sharding_annotations"):
-        wg._rank0_only_workers(None, 4, ["tp"])
+        wp._rank0_only_workers(None, 4, ["tp"])
     with pytest.raises(ValueError, match=r"\['cp'\]"):
-        wg._rank0_only_workers(DP_TP, 4, ["cp"])
+        wp._rank0_only_workers(DP_TP, 4, ["cp"])
 
 
 def test_multiple_data_lengths() -> None:
-    wg._check_multiple_data_lengths([[1, 2, 3]], {"k": "abc"}, 3)
+    wp._check_multiple_data_lengths([[1, 2, 3]], {"k": "abc"}, 3)
     with pytest.raises(ValueError, match=r"argument 1 has 2 entries.*\(3\)"):
-        wg._check_multiple_data_lengths([[1, 2, 3], [1, 2]], {}, 3)
+        wp._check_multiple_data_lengths([[1, 2, 3], [1, 2]], {}, 3)
     with pytest.raises(ValueError, match=r"k has 4 entries"):
-        wg._check_multiple_data_lengths([], {"k": [1, 2, 3, 4]}, 3)
+        wp._check_multiple_data_lengths([], {"k": [1, 2, 3, 4]}, 3)
     with pytest.raises(ValueError, match=r"argument 0 must be a list.*int"):
-        wg._check_multiple_data_lengths([7], {}, 3)
+        wp._check_multiple_data_lengths([7], {}, 3)
 
 
 def test_common_kwargs_clash() -> None:
-    wg._check_no_kwarg_clash({"a": 1}, {"b": [1]})
+    wp._check_no_kwarg_clash({"a": 1}, {"b": [1]})
     with pytest.raises(ValueError, match=r"\['a'\]"):
-        wg._check_no_kwarg_clash({"a": 1}, {"a": [1]})
+        wp._check_no_kwarg_clash({"a": 1}, {"a": [1]})
 
 
 # ---- selecting results ----------------------------------------------------------------
@@ -157,36 +158,36 @@ PAIRS = {0: 0, 1: 0, 2: 1, 3: 1}
 
 
 def test_select_all_called() -> None:
-    assert wg._select_results(["a", "b", "c"], [0, 1, 3], None, SOLO) == ["a", "b", "c"]
+    assert wp._select_results(["a", "b", "c"], [0, 1, 3], None, SOLO) == ["a", "b", "c"]
 
 
 def test_select_return_from_workers_in_their_order() -> None:
     results = ["w0", "w1", "w2", "w3"]
-    assert wg._select_results(results, [0, 1, 2, 3], [2, 0], SOLO) == ["w2", "w0"]
+    assert wp._select_results(results, [0, 1, 2, 3], [2, 0], SOLO) == ["w2", "w0"]
 
 
 def test_select_skips_workers_that_were_not_called() -> None:
-    assert wg._select_results(["w0", "w2"], [0, 2], [0, 1, 2], SOLO) == ["w0", "w2"]
+    assert wp._select_results(["w0", "w2"], [0, 2], [0, 1, 2], SOLO) == ["w0", "w2"]
 
 
 def test_select_keeps_first_of_each_tied_group() -> None:
     results = ["w0", "w1", "w2", "w3"]
-    assert wg._select_results(results, [0, 1, 2, 3], None, PAIRS) == ["w0", "w2"]
-    assert wg._select_results(results, [0, 1, 2, 3], [1, 0, 3], PAIRS) == ["w1", "w3"]
+    assert wp._select_results(results, [0, 1, 2, 3], None, PAIRS) == ["w0", "w2"]
+    assert wp._select_results(results, [0, 1, 2, 3], [1, 0, 3], PAIRS) == ["w1", "w3"]
 
 
 def test_select_workers_unknown_to_the_mapping_are_kept() -> None:
-    assert wg._select_results(["a", "b"], [0, 9], None, {0: 0}) == ["a", "b"]
+    assert wp._select_results(["a", "b"], [0, 9], None, {0: 0}) == ["a", "b"]
 
 
 def test_select_without_called_workers_uses_positions_and_no_dedup() -> None:
-    assert wg._select_results(["a", "b", "c"], None, None, PAIRS) == ["a", "b", "c"]
-    assert wg._select_results(["a", "b", "c"], None, [2, 0, 7], PAIRS) == ["c", "a"]
+    assert wp._select_results(["a", "b", "c"], None, None, PAIRS) == ["a", "b", "c"]
+    assert wp._select_results(["a", "b", "c"], None, [2, 0, 7], PAIRS) == ["c", "a"]
 
 
 def test_select_mismatched_lengths() -> None:
     with pytest.raises(ValueError, match=r"2 futures but 3 called workers"):
-        wg._select_results(["a", "b"], [0, 1, 2], None, SOLO)
+        wp._select_results(["a", "b"], [0, 1, 2], None, SOLO)
 
 
 def test_multi_worker_future_fields() -> None:

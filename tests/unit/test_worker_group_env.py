@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from raylens.distributed import worker_groups as wg
+from raylens.distributed import worker_planning as wp
 
 DIST = {
     "RANK": "3",
@@ -18,14 +19,14 @@ DIST = {
 
 def test_checked_env_vars_copies_and_validates() -> None:
     source = {"A": "1"}
-    checked = wg._checked_env_vars(source)
+    checked = wp._checked_env_vars(source)
     checked["B"] = "2"
     assert source == {"A": "1"}
-    assert wg._checked_env_vars(None) == {}
+    assert wp._checked_env_vars(None) == {}
     with pytest.raises(ValueError, match=r"'A': 1"):
-        wg._checked_env_vars({"A": 1})  # type: ignore[dict-item]
+        wp._checked_env_vars({"A": 1})  # type: ignore[dict-item]
     with pytest.raises(ValueError, match=r"mapping"):
-        wg._checked_env_vars([("A", "1")])  # type: ignore[arg-type]
+        wp._checked_env_vars([("A", "1")])  # type: ignore[arg-type]
 
 
 def test_driver_env_drops_driver_only_and_rank_variables() -> None:
@@ -38,18 +39,18 @@ def test_driver_env_drops_driver_only_and_rank_variables() -> None:
         "PYTEST_CURRENT_TEST": "t",
         "RAY_DEDUP_LOGS": "0",
     }
-    assert wg._driver_env(environ) == {"HOME": "/root", "PYTHONPATH": "/src", "RAY_DEDUP_LOGS": "0"}
+    assert wp._driver_env(environ) == {"HOME": "/root", "PYTHONPATH": "/src", "RAY_DEDUP_LOGS": "0"}
 
 
 def test_driver_env_defaults_to_os_environ(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("RAYLENS_TEST_MARKER", "yes")
-    assert wg._driver_env()["RAYLENS_TEST_MARKER"] == "yes"
+    assert wp._driver_env()["RAYLENS_TEST_MARKER"] == "yes"
 
 
 def test_worker_env_precedence() -> None:
     driver = {"A": "driver", "B": "driver", "RANK": "driver", "ONLY_DRIVER": "d"}
     group = {"A": "group", "RANK": "group", "ONLY_GROUP": "g"}
-    env = wg._worker_env_vars(driver, group, DIST)
+    env = wp._worker_env_vars(driver, group, DIST)
     assert env["A"] == "group"
     assert env["B"] == "driver"
     assert env["RANK"] == "3"
@@ -59,7 +60,7 @@ def test_worker_env_precedence() -> None:
 
 def test_initializer_env_leaves_out_rank_variables_and_copies() -> None:
     env = {"PYTHONPATH": "/src", "A": "1", **DIST}
-    initializer_env = wg._get_initializer_env_vars(env)
+    initializer_env = wp._get_initializer_env_vars(env)
     assert initializer_env == {"PYTHONPATH": "/src", "A": "1"}
     initializer_env["Z"] = "z"
     assert "Z" not in env and env["RANK"] == "3"

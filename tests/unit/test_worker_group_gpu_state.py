@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from raylens.distributed import worker_groups as wg
+from raylens.distributed import gpu_state
 
 
 @dataclass
@@ -48,7 +48,7 @@ class FakeNvml:
 
 
 def describe(nvml: Any, local_rank: int = 1, devices: list[str] | None = None) -> str:
-    return wg._describe_gpu_state(
+    return gpu_state._describe_gpu_state(
         "restart", local_rank, node="10.0.0.5 (abc)", nvml=nvml, nvidia_devices=devices
     )
 
@@ -97,9 +97,9 @@ def test_read_failure_is_reported_and_nvml_shut_down() -> None:
 
 def test_without_pynvml(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setitem(sys.modules, "pynvml", None)  # makes `import pynvml` fail
-    no_gpu = wg._describe_gpu_state("x", 0, node="n", nvidia_devices=[])
+    no_gpu = gpu_state._describe_gpu_state("x", 0, node="n", nvidia_devices=[])
     assert "no GPU on this node" in no_gpu
-    with_devices = wg._describe_gpu_state("x", 0, node="n", nvidia_devices=["nvidia0"])
+    with_devices = gpu_state._describe_gpu_state("x", 0, node="n", nvidia_devices=["nvidia0"])
     assert "1 NVIDIA device(s) but pynvml is not installed" in with_devices
 
 
@@ -107,9 +107,9 @@ def test_log_gpu_state_prints_the_reading(
     monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
     monkeypatch.setitem(sys.modules, "pynvml", None)
-    monkeypatch.setattr(wg.os, "listdir", lambda path: [])
+    monkeypatch.setattr(gpu_state.os, "listdir", lambda path: [])
     # Outside a Ray worker the node is reported as unknown rather than failing.
     monkeypatch.setitem(sys.modules, "ray", None)
-    wg._log_gpu_state_on_bundle("before-restart", 0)
+    gpu_state._log_gpu_state_on_bundle("before-restart", 0)
     out = capsys.readouterr().out
     assert out.startswith("[before-restart] node (unknown), local rank 0: no GPU on this node")

@@ -5,19 +5,20 @@ from __future__ import annotations
 import pytest
 
 from raylens.distributed import worker_groups as wg
+from raylens.distributed import worker_planning as wp
 from raylens.distributed.virtual_cluster import RayVirtualCluster
 
 
 def plan(bundle_indices_list, counts=(2, 2), strategy="SPREAD"):  # type: ignore[no-untyped-def]
     cluster = RayVirtualCluster(list(counts), use_gpus=False, placement_group_strategy=strategy)
-    return wg._plan_workers(bundle_indices_list, cluster.node_and_local_index, "g")
+    return wp._plan_workers(bundle_indices_list, cluster.node_and_local_index, "g")
 
 
 # ---- workers_per_node -----------------------------------------------------------------
 
 
 def test_default_is_one_worker_per_bundle() -> None:
-    assert wg._bundle_indices_from_workers_per_node(None, [2, 1]) == [
+    assert wp._bundle_indices_from_workers_per_node(None, [2, 1]) == [
         (0, [0]),
         (0, [1]),
         (1, [0]),
@@ -25,11 +26,11 @@ def test_default_is_one_worker_per_bundle() -> None:
 
 
 def test_int_applies_to_every_node_with_bundles() -> None:
-    assert wg._bundle_indices_from_workers_per_node(1, [2, 0, 3]) == [(0, [0]), (2, [0])]
+    assert wp._bundle_indices_from_workers_per_node(1, [2, 0, 3]) == [(0, [0]), (2, [0])]
 
 
 def test_list_gives_count_per_node() -> None:
-    assert wg._bundle_indices_from_workers_per_node([0, 2], [2, 2]) == [(1, [0]), (1, [1])]
+    assert wp._bundle_indices_from_workers_per_node([0, 2], [2, 2]) == [(1, [0]), (1, [1])]
 
 
 @pytest.mark.parametrize(
@@ -47,7 +48,7 @@ def test_list_gives_count_per_node() -> None:
 )
 def test_bad_workers_per_node(workers_per_node: object, match: str) -> None:
     with pytest.raises(ValueError, match=match):
-        wg._bundle_indices_from_workers_per_node(workers_per_node, [2, 2])  # type: ignore[arg-type]
+        wp._bundle_indices_from_workers_per_node(workers_per_node, [2, 2])  # type: ignore[arg-type]
 
 
 # ---- bundle_indices_list --------------------------------------------------------------
@@ -68,12 +69,12 @@ def test_bad_workers_per_node(workers_per_node: object, match: str) -> None:
 )
 def test_malformed_bundle_indices_list(bad: object) -> None:
     with pytest.raises(ValueError, match=r"bundle_indices_list"):
-        wg._normalized_bundle_indices_list(bad)
+        wp._normalized_bundle_indices_list(bad)
 
 
 def test_bundle_indices_list_is_copied() -> None:
     source = [(0, [0, 1])]
-    normalized = wg._normalized_bundle_indices_list(source)
+    normalized = wp._normalized_bundle_indices_list(source)
     source[0][1].append(5)
     assert normalized == [(0, [0, 1])]
 
@@ -117,7 +118,7 @@ def test_unknown_bundle_is_rejected() -> None:
 
 
 def test_tied_groups_index() -> None:
-    groups, index = wg._tied_groups(plan([(0, [0, 1]), (1, [0]), (1, [1])]))
+    groups, index = wp._tied_groups(plan([(0, [0, 1]), (1, [0]), (1, [1])]))
     assert groups == [[0, 1], [2], [3]]
     assert index == {0: 0, 1: 0, 2: 1, 3: 2}
 
@@ -126,32 +127,32 @@ def test_tied_groups_index() -> None:
 
 
 def test_dp_leaders_subset_accepted() -> None:
-    wg._check_dp_leader_worker_indices([0, 4], [0, 2, 4, 6])
-    wg._check_dp_leader_worker_indices([0, 2, 4, 6], [0, 2, 4, 6])
+    wp._check_dp_leader_worker_indices([0, 4], [0, 2, 4, 6])
+    wp._check_dp_leader_worker_indices([0, 2, 4, 6], [0, 2, 4, 6])
 
 
 def test_dp_leaders_not_group_leaders_are_named() -> None:
     with pytest.raises(ValueError, match=r"\[1, 3\] are not tied-group leaders.*\[0, 2, 4\]"):
-        wg._check_dp_leader_worker_indices([0, 1, 3], [0, 2, 4])
+        wp._check_dp_leader_worker_indices([0, 1, 3], [0, 2, 4])
 
 
 def test_dp_leaders_must_ascend() -> None:
     with pytest.raises(ValueError, match=r"ascending.*\[0\]"):
-        wg._check_dp_leader_worker_indices([2, 0], [0, 2])
+        wp._check_dp_leader_worker_indices([2, 0], [0, 2])
     with pytest.raises(ValueError, match=r"ascending.*\[2\]"):
-        wg._check_dp_leader_worker_indices([2, 2], [0, 2])
+        wp._check_dp_leader_worker_indices([2, 2], [0, 2])
 
 
 @pytest.mark.parametrize("bad", [[], None, [0.0], [True], "0"])
 def test_dp_leaders_bad_shapes(bad: object) -> None:
     with pytest.raises(ValueError, match=r"dp_leader_worker_indices"):
-        wg._check_dp_leader_worker_indices(bad, [0, 2])  # type: ignore[arg-type]
+        wp._check_dp_leader_worker_indices(bad, [0, 2])  # type: ignore[arg-type]
 
 
 def test_dp_shard_of_workers() -> None:
-    assert wg._dp_shard_of_workers(4, [0, 1, 2, 3]) == [0, 1, 2, 3]
-    assert wg._dp_shard_of_workers(6, [0, 4]) == [0, 0, 0, 0, 1, 1]
-    assert wg._dp_shard_of_workers(4, [2]) == [None, None, 0, 0]
+    assert wp._dp_shard_of_workers(4, [0, 1, 2, 3]) == [0, 1, 2, 3]
+    assert wp._dp_shard_of_workers(6, [0, 4]) == [0, 0, 0, 0, 1, 1]
+    assert wp._dp_shard_of_workers(4, [2]) == [None, None, 0, 0]
 
 
 # ---- the group checks its arguments before touching Ray --------------------------------

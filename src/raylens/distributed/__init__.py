@@ -4,6 +4,11 @@
 starts actors on them and dispatches calls, and :class:`NamedSharding` names the axes
 along which data is split between workers. Nothing here imports Ray until a cluster
 or group actually talks to it.
+
+Modules: ``virtual_cluster`` (bundles and their placement), ``worker_groups`` (the
+Ray-facing builder, group and futures), ``worker_planning`` (ranks, environments,
+data-parallel leaders and call routing, decided without Ray), ``gpu_state`` (the GPU
+reading taken on a worker's node) and ``named_sharding`` (named axes over ranks).
 """
 
 from raylens.distributed.named_sharding import NamedSharding

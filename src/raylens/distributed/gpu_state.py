@@ -1,0 +1,143 @@
+"""What the GPU behind a worker's bundle is doing, read on the node that holds it.
+
+Before a worker is restarted, the useful question is whether its device is still
+occupied, and by whom: a replacement cannot start while the old process holds the
+memory. Only the node that owns the GPU can answer, so the reading is a small Ray task
+pinned to the worker's bundle (see
+:meth:`~raylens.distributed.worker_groups.RayWorkerGroup.log_worker_gpu_state`). It
+asks for no GPU itself, so it is never queued behind the very process it is meant to
+observe, and it prints one line that Ray forwards to the driver's output.
+
+:func:`_describe_gpu_state` turns an NVML reading (``pynvml``) into that line and is
+given its NVML module and device list in tests; :func:`_log_gpu_state_on_bundle` is the
+task body; :func:`_remote_log_gpu_state` is its Ray remote form, built once per process
+and forgotten by :func:`reset_remote_function_cache`. Ray is imported only when the
+task runs or is built, so this module imports where Ray is not installed.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from collections.abc import Sequence
+from typing import Any
+
+__all__ = ["reset_remote_function_cache"]
+
+# The Ray remote form of the probe, built on first use: decorating on every call would
+# register a new remote function with the GCS each time.
+_REMOTE: dict[str, Any] = {}
+
+
+def reset_remote_function_cache() -> None:
+    """Forget the probe's Ray remote function; it is rebuilt on next use."""
+    _REMOTE.clear()
+
+
+def _describe_gpu_state(
+    label: str,
+    local_rank: int,
+    *,
+    node: str,
+    nvml: Any = None,
+    nvidia_devices: Sequence[str] | None = None,
+) -> str:
+    """A one-paragraph reading of GPU ``local_rank`` on this node, taken through NVML.
+
+    ``nvml`` is the ``pynvml`` module (imported here when None); ``nvidia_devices``
+    lists the ``/dev/nvidia<N>`` device files (read from ``/dev`` when None), used to
+    tell "no GPU here" from "NVML is not installed".
+    """
+    prefix = f"[{label}] node {node}, local rank {local_rank}:"
+    if nvidia_devices is None:
+        try:
+            nvidia_devices = [
+                name
+                for name in os.listdir("/dev")
+                if name.startswith("nvidia") and name[6:].isdigit()
+            ]
+        except OSError:
+            nvidia_devices = []
+    if nvml is None:
+        try:
+            import pynvml as nvml  # type: ignore[import-not-found,no-redef]
+        except ImportError:
+            if not nvidia_devices:
+                return f"{prefix} no GPU on this node (no NVIDIA device, NVML not installed)"
+            return (
+                f"{prefix} the node has {len(nvidia_devices)} NVIDIA device(s) but pynvml is "
+                "not installed, so their state cannot be read"
+            )
+    try:
+        nvml.nvmlInit()
+    except Exception as error:
+        if not nvidia_devices:
+            return f"{prefix} no GPU on this node (NVML: {error})"
+        return f"{prefix} NVML could not start: {error}"
+    try:
+        count = int(nvml.nvmlDeviceGetCount())
+        if count == 0:
+            return f"{prefix} no GPU on this node (NVML sees no device)"
+        if not 0 <= local_rank < count:
+            return f"{prefix} the node has {count} GPU(s), none with index {local_rank}"
+        handle = nvml.nvmlDeviceGetHandleByIndex(local_rank)
+        name = nvml.nvmlDeviceGetName(handle)
+        if isinstance(name, bytes):
+            name = name.decode(errors="replace")
+        memory = nvml.nvmlDeviceGetMemoryInfo(handle)
+        mib = 1024 * 1024
+        text = (
+            f"{prefix} GPU {local_rank} ({name}) memory used {memory.used // mib} MiB of "
+            f"{memory.total // mib} MiB"
+        )
+        try:
+            processes = nvml.nvmlDeviceGetComputeRunningProcesses(handle)
+        except Exception as error:
+            return f"{text}; processes unreadable ({error})"
+        if not processes:
+            return f"{text}; no compute processes"
+        held = ", ".join(
+            f"pid {proc.pid} "
+            + (
+                f"{proc.usedGpuMemory // mib} MiB"
+                if isinstance(getattr(proc, "usedGpuMemory", None), int)
+                else "(memory n/a)"
+            )
+            for proc in processes
+        )
+        return f"{text}; compute processes: {held}"
+    except Exception as error:
+        return f"{prefix} reading GPU {local_rank} through NVML failed: {error}"
+    finally:
+        with contextlib.suppress(Exception):
+            nvml.nvmlShutdown()
+
+
+def _log_gpu_state_on_bundle(label: str, local_rank: int) -> None:
+    """Print the state of GPU ``local_rank`` as seen from the node this runs on.
+
+    Runs as a Ray task pinned to a worker's bundle (see
+    :meth:`RayWorkerGroup.log_worker_gpu_state`); the text goes to that node's worker
+    log, which Ray forwards to the driver. The task asks for no GPU on purpose: it is
+    placed by bundle, and requesting the device would queue it behind whatever still
+    holds the GPU, which is exactly what it is meant to observe.
+    """
+    try:
+        import ray
+
+        context = ray.get_runtime_context()
+        node = f"{ray.util.get_node_ip_address()} ({context.get_node_id()[:12]})"
+    except Exception:
+        node = "(unknown)"
+    print(_describe_gpu_state(label, local_rank, node=node), flush=True)
+
+
+def _remote_log_gpu_state() -> Any:
+    """The Ray remote version of :func:`_log_gpu_state_on_bundle`, built once."""
+    remote = _REMOTE.get("log_gpu_state")
+    if remote is None:
+        import ray
+
+        remote = ray.remote(num_cpus=0, num_gpus=0, max_retries=0)(_log_gpu_state_on_bundle)
+        _REMOTE["log_gpu_state"] = remote
+    return remote
