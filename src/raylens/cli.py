@@ -28,10 +28,20 @@ from rich.console import Console
 from rich.live import Live
 
 import raylens
-from raylens.lens import EXPORTERS, TelemetryConfig, init_telemetry, shutdown_telemetry
+from raylens.lens import (
+    EXPORTERS,
+    ConsoleLineExporter,
+    TelemetryConfig,
+    init_telemetry,
+    shutdown_telemetry,
+)
 from raylens.live_table import NodeRow, ProcessTreeRow, node_table, process_table
 
 _HISTORY = 24
+
+# What a shell reports for a writer killed by SIGPIPE: the reader of stdout went away.
+PIPE_CLOSED_STATUS = 141
+_STDERR_FD = 2
 
 
 class CliError(Exception):
@@ -163,12 +173,21 @@ def build_parser() -> argparse.ArgumentParser:
 # --------------------------------------------------------------------------- telemetry
 
 
-def _start_telemetry(exporter: str | None) -> None:
+def _start_telemetry(exporter: str | None, *, as_json: bool = False) -> None:
+    """Start lens; with ``--json`` the console exporter writes to stderr, stdout is for samples."""
     try:
         config = TelemetryConfig.from_env()
         if exporter is not None:
             config = dataclasses.replace(config, exporter=exporter)
-        init_telemetry(config)
+        reader = None
+        if as_json and config.enabled and config.exporter == "console":
+            from opentelemetry.sdk.metrics.export import PeriodicExportingMetricReader
+
+            reader = PeriodicExportingMetricReader(
+                ConsoleLineExporter(sys.stderr),
+                export_interval_millis=config.export_interval_ms,
+            )
+        init_telemetry(config, metric_reader=reader)
     except (ValueError, RuntimeError) as error:
         raise CliError(str(error)) from None
 
@@ -182,21 +201,52 @@ def _stop_monitoring(monitor: Any) -> None:
 # --------------------------------------------------------------------------- output
 
 
+class _Console(Console):
+    """A console that reports a closed pipe to its caller instead of exiting the process."""
+
+    def on_broken_pipe(self) -> None:
+        self.quiet = True
+        raise BrokenPipeError
+
+
 def _default_console() -> Console:
     """The terminal; for a pipe or file, wide enough that tables do not wrap."""
-    console = Console()
+    console = _Console()
     if console.is_terminal:
         return console
-    return Console(width=int(os.environ.get("COLUMNS", "160")))
+    return _Console(width=int(os.environ.get("COLUMNS", "160")))
 
 
 class _Output:
-    """Where samples go: a live table on a terminal, tables or JSON lines otherwise."""
+    """Where samples go: a live table on a terminal, tables or JSON lines otherwise.
+
+    When the reader of stdout goes away (``raylens ... | head``), :attr:`closed`
+    turns True and everything written later is dropped, so that the command can
+    end, or carry on, without a broken-pipe traceback.
+    """
 
     def __init__(self, *, as_json: bool, console: Console | None = None) -> None:
         self.as_json = as_json
         self.console = console or _default_console()
+        self.closed = False
         self._live: Live | None = None
+
+    def _write(self, action: Callable[[], None]) -> None:
+        if self.closed:
+            return
+        try:
+            action()
+        except BrokenPipeError:
+            self.closed = True
+            # Point stdout at /dev/null so that the flush at exit does not fail as well.
+            try:
+                devnull = os.open(os.devnull, os.O_WRONLY)
+                try:
+                    os.dup2(devnull, sys.stdout.fileno())
+                finally:
+                    os.close(devnull)
+            except (OSError, ValueError):
+                pass
 
     @contextmanager
     def session(self, live: bool) -> Iterator[_Output]:
@@ -212,18 +262,27 @@ class _Output:
 
     def show(self, renderable: Any, record: dict[str, Any]) -> None:
         if self.as_json:
-            sys.stdout.write(json.dumps(record, sort_keys=True) + "\n")
-            sys.stdout.flush()
+
+            def write() -> None:
+                sys.stdout.write(json.dumps(record, sort_keys=True) + "\n")
+                sys.stdout.flush()
+
+            self._write(write)
         elif self._live is not None:
-            self._live.update(renderable, refresh=True)
+            live = self._live
+            self._write(lambda: live.update(renderable, refresh=True))
         else:
-            self.console.print(renderable)
+            self._write(lambda: self.console.print(renderable))
 
     def note(self, message: str) -> None:
         if self.as_json:
             print(message, file=sys.stderr)
         else:
-            self.console.print(message)
+            self._write(lambda: self.console.print(message))
+
+    def exit_status(self) -> int:
+        """0, or :data:`PIPE_CLOSED_STATUS` when the reader of stdout went away."""
+        return PIPE_CLOSED_STATUS if self.closed else 0
 
 
 def _sample_loop(
@@ -305,6 +364,8 @@ def _watch_nodes(
         rows = table.rows()
         record = {"time": time.time(), "nodes": [row.to_json() for row in rows]}
         output.show(node_table(rows, title=title), record)
+        if output.closed:
+            stop.set()
 
     with output.session(live=not once):
         _sample_loop(sample, interval=interval, once=once, duration=duration, stop=stop)
@@ -327,7 +388,7 @@ def _run_simulate(args: argparse.Namespace, stop: threading.Event) -> int:
     from raylens.telemetry import host_memory
     from raylens_fakes.simulated import SimulatedCluster
 
-    _start_telemetry(args.exporter)
+    _start_telemetry(args.exporter, as_json=args.json)
     scrape_timeout = args.scrape_timeout or min(host_memory._SCRAPE_TIMEOUT_S, args.interval)
     output = _Output(as_json=args.json)
     with SimulatedCluster(args.nodes, schedule=_simulated_memory) as simulated:
@@ -353,7 +414,7 @@ def _run_simulate(args: argparse.Namespace, stop: threading.Event) -> int:
             _stop_monitoring(monitor)
             host_memory.forget_worker_group_nodes("policy")
             host_memory.forget_worker_group_nodes("rollout")
-    return 0
+    return output.exit_status()
 
 
 def _import_ray() -> Any:
@@ -395,7 +456,7 @@ def _run_watch(args: argparse.Namespace, stop: threading.Event) -> int:
     from raylens.telemetry import host_memory
 
     _check_reachable(address)
-    _start_telemetry(args.exporter)
+    _start_telemetry(args.exporter, as_json=args.json)
     try:
         ray.init(address=address, logging_level="ERROR", log_to_driver=False)
     except Exception as error:  # Ray raises ConnectionError, RuntimeError, ValueError...
@@ -404,10 +465,11 @@ def _run_watch(args: argparse.Namespace, stop: threading.Event) -> int:
         )
         raise CliError(f"cannot reach a Ray cluster at {address!r}: {first_line}") from None
     monitor = host_memory.HostMemoryMonitor(args.interval)
+    output = _Output(as_json=args.json)
     try:
         _watch_nodes(
             monitor,
-            output=_Output(as_json=args.json),
+            output=output,
             interval=args.interval,
             once=args.once,
             duration=args.duration,
@@ -417,7 +479,7 @@ def _run_watch(args: argparse.Namespace, stop: threading.Event) -> int:
     finally:
         _stop_monitoring(monitor)
         ray.shutdown()
-    return 0
+    return output.exit_status()
 
 
 def _run_demo(args: argparse.Namespace, stop: threading.Event) -> int:
@@ -445,7 +507,7 @@ def _run_demo(args: argparse.Namespace, stop: threading.Event) -> int:
         finally:
             _stop_monitoring(monitor)
     output.note("Demo finished; the Ray cluster is shut down.")
-    return 0
+    return output.exit_status()
 
 
 # --------------------------------------------------------------------------- profile
@@ -497,9 +559,10 @@ def _run_profile(args: argparse.Namespace, stop: threading.Event) -> int:
         )
     if not process_memory.process_tree_memory_supported():
         raise CliError("process-tree memory needs Linux /proc, which this system does not have")
-    _start_telemetry(args.exporter)
+    _start_telemetry(args.exporter, as_json=args.json)
     try:
-        child = subprocess.Popen(command)
+        # With --json, stdout carries samples only: the command's output goes to stderr.
+        child = subprocess.Popen(command, stdout=_STDERR_FD if args.json else None)
     except OSError as error:
         raise CliError(f"cannot run {command[0]!r}: {error.strerror or error}") from None
 

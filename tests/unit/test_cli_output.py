@@ -1,0 +1,85 @@
+"""What the raylens command writes: JSON lines alone on stdout, and a quiet end when the
+reader of a pipe goes away."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from raylens.cli import main
+
+linux_only = pytest.mark.skipif(
+    not sys.platform.startswith("linux"), reason="process trees need Linux /proc"
+)
+
+
+def _every_line_is_json(text: str) -> list[dict]:
+    lines = text.splitlines()
+    assert lines, "nothing on stdout"
+    return [json.loads(line) for line in lines]
+
+
+@linux_only
+def test_profile_json_keeps_the_command_output_off_stdout(
+    capfd: pytest.CaptureFixture[str],
+) -> None:
+    script = "print('hello from the command', flush=True)"
+    status = main(["profile", "--json", "--interval", "0.1", "--", sys.executable, "-c", script])
+    assert status == 0
+    out, err = capfd.readouterr()
+    records = _every_line_is_json(out)
+    assert records[-1]["summary"] is True
+    assert "hello from the command" in err
+
+
+def test_json_with_the_console_exporter_sends_points_to_stderr(
+    capfd: pytest.CaptureFixture[str],
+) -> None:
+    assert main(["simulate", "--nodes", "1", "--once", "--json", "--exporter", "console"]) == 0
+    out, err = capfd.readouterr()
+    (record,) = _every_line_is_json(out)
+    assert len(record["nodes"]) == 1
+    assert 'rl.host.memory.used{host.name="sim-node-0"' in err
+
+
+def _raylens(*args: str) -> subprocess.Popen:
+    return subprocess.Popen(
+        [sys.executable, "-m", "raylens", *args],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+
+
+@pytest.mark.parametrize("flags", [["--json"], []], ids=["json", "table"])
+def test_a_closed_pipe_ends_simulate_quietly(flags: list[str]) -> None:
+    process = _raylens("simulate", "--nodes", "1", "--interval", "0.1", *flags)
+    assert process.stdout.readline()
+    process.stdout.close()
+    try:
+        process.wait(timeout=60)
+    finally:
+        process.kill()
+    err = process.stderr.read()
+    process.stderr.close()
+    assert process.returncode == 141, err
+    assert "Traceback" not in err and "Exception ignored" not in err, err
+
+
+@linux_only
+def test_a_closed_pipe_lets_the_profiled_command_finish() -> None:
+    script = "import time; time.sleep(1.5); raise SystemExit(5)"
+    process = _raylens("profile", "--json", "--interval", "0.1", "--", sys.executable, "-c", script)
+    assert process.stdout.readline()
+    process.stdout.close()
+    try:
+        process.wait(timeout=60)
+    finally:
+        process.kill()
+    err = process.stderr.read()
+    process.stderr.close()
+    assert process.returncode == 5, err
+    assert "Traceback" not in err and "Exception ignored" not in err, err
