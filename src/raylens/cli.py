@@ -58,8 +58,11 @@ def _positive_seconds(text: str) -> float:
         value = float(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"expected a number of seconds, got {text!r}") from None
-    if not math.isfinite(value) or value <= 0:
-        raise argparse.ArgumentTypeError(f"must be a positive number of seconds, got {text!r}")
+    # Waits longer than TIMEOUT_MAX overflow the platform's timers.
+    if not math.isfinite(value) or value <= 0 or value > threading.TIMEOUT_MAX:
+        raise argparse.ArgumentTypeError(
+            f"must be a positive number of seconds up to {threading.TIMEOUT_MAX:.0f}, got {text!r}"
+        )
     return value
 
 

@@ -37,6 +37,9 @@ def test_no_command_prints_help_and_fails(capsys: pytest.CaptureFixture[str]) ->
         (["demo", "--nodes", "1"], "--nodes"),
         (["watch", "--exporter", "jaeger"], "--exporter"),
         (["profile", "--pss-interval", "-2", "--", "true"], "--pss-interval"),
+        (["simulate", "--interval", "1e300"], "--interval"),
+        (["profile", "--interval", "1e12", "--", "true"], "--interval"),
+        (["watch", "--duration", "inf"], "--duration"),
     ],
 )
 def test_bad_flag_values_name_the_flag(
