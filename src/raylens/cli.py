@@ -563,65 +563,157 @@ def _run_profile(args: argparse.Namespace, stop: threading.Event) -> int:
     if not process_memory.process_tree_memory_supported():
         raise CliError("process-tree memory needs Linux /proc, which this system does not have")
     _start_telemetry(args.exporter, as_json=args.json)
-    try:
-        # With --json, stdout carries samples only: the command's output goes to stderr.
-        child = subprocess.Popen(command, stdout=_STDERR_FD if args.json else None)
-    except OSError as error:
-        raise CliError(f"cannot run {command[0]!r}: {error.strerror or error}") from None
-
-    label = " ".join(command)
-    target = process_memory.ServerMemoryTarget(
-        name=os.path.basename(command[0]), server_type="command", pid=child.pid
-    )
-    profiler = process_memory.MemoryProfiler(
-        [target], args.interval, pss_interval_seconds=args.pss_interval
-    )
+    label = " ".join(" ".join(command).split())  # one line, even for a multi-line script
     output = _Output(as_json=args.json)
-    table = _ProcessTable(profiler, label=label, pid=child.pid)
+    child = None
+    profiler = None
+    table = None
+    shown = False
 
     def show(title: str, extra: dict[str, Any] | None = None) -> None:
+        nonlocal shown
+        if table is None:  # interrupted before the command could be measured
+            return
         current = table.rows()
         record: dict[str, Any] = {"time": time.time(), "servers": [r.to_json() for r in current]}
         record.update(extra or {})
         output.show(process_table(current, title=title), record)
+        shown = True
 
     interrupted = False
     try:
+        try:
+            # With --json, stdout carries samples only: the command's output goes to stderr.
+            child = subprocess.Popen(command, stdout=_STDERR_FD if args.json else None)
+        except OSError as error:
+            raise CliError(f"cannot run {command[0]!r}: {error.strerror or error}") from None
+        target = process_memory.ServerMemoryTarget(
+            name=os.path.basename(command[0]), server_type="command", pid=child.pid
+        )
+        profiler = process_memory.MemoryProfiler(
+            [target], args.interval, pss_interval_seconds=args.pss_interval
+        )
+        table = _ProcessTable(profiler, label=label, pid=child.pid)
         profiler.start()
+        # The first sample is shown after one interval: at the start the command has
+        # barely begun (often not even exec'd), and its figures would say nothing.
         with output.session(live=not args.once):
-            show(f"raylens profile: {label}")
-            while not args.once and not stop.is_set():
+            while True:
                 try:
                     child.wait(timeout=args.interval)
                     break
                 except subprocess.TimeoutExpired:
-                    show(f"raylens profile: {label}")
+                    pass
+                if args.once:
+                    profiler.sample_once()
+                show(f"raylens profile: {label}")
+                if args.once:
+                    break
+        # --once shows one sample; the command still runs to its end, which sets the status.
         returncode = child.wait()
     except KeyboardInterrupt:
         interrupted = True
-        returncode = _terminate(child)
+        returncode = None if child is None else _stop_child(child)
+    except BaseException:
+        if child is not None and child.poll() is None:
+            child.kill()  # whatever went wrong, the command is not left behind unwatched
+            child.wait()
+        raise
     finally:
-        profiler.stop()
+        if profiler is not None:
+            profiler.stop()
+    if returncode is None:
+        raise KeyboardInterrupt
+    status = returncode if returncode >= 0 else 128 - returncode
     if not args.once:
-        show(
-            f"Summary: {label} (exit status {returncode})",
-            {"summary": True, "exit_status": returncode},
-        )
+        if returncode < 0:
+            name = _signal_name(-returncode)
+            outcome = f"killed by {name}, exit status {status}"
+            extra: dict[str, Any] = {"summary": True, "exit_status": status, "signal": name}
+        else:
+            outcome = f"exit status {status}"
+            extra = {"summary": True, "exit_status": status}
+        show(f"Summary: {label} ({outcome})", extra)
+    elif not shown:
+        show(f"raylens profile: {label}")
     if interrupted:
         raise KeyboardInterrupt
-    return returncode if returncode >= 0 else 128 - returncode
+    return status
 
 
-def _terminate(child: Any) -> int:
-    """Stop the profiled command after Ctrl-C: politely, then for good."""
+def _signal_name(number: int) -> str:
+    import signal
+
+    try:
+        return signal.Signals(number).name
+    except ValueError:
+        return f"signal {number}"
+
+
+# How long the command has to end by itself after Ctrl-C, then after SIGTERM.
+_INTERRUPT_GRACE_S = 10.0
+_TERMINATE_GRACE_S = 5.0
+
+
+def _in_terminal_foreground() -> bool:
+    """True when this process is in its terminal's foreground group.
+
+    A Ctrl-C typed there reaches every process of the group, the profiled command
+    included, so it needs no second interrupt from us.
+    """
+    try:
+        tty = os.open("/dev/tty", os.O_RDONLY | os.O_NOCTTY)
+    except OSError:
+        return False
+    try:
+        return os.tcgetpgrp(tty) == os.getpgrp()
+    except OSError:
+        return False
+    finally:
+        os.close(tty)
+
+
+def _stop_child(
+    child: Any,
+    *,
+    forward: bool | None = None,
+    interrupt_grace_s: float = _INTERRUPT_GRACE_S,
+    terminate_grace_s: float = _TERMINATE_GRACE_S,
+) -> int:
+    """Stop the profiled command after Ctrl-C; returns its ``returncode``.
+
+    The command gets the interrupt (forwarded unless ``forward`` is False; by
+    default only when the terminal did not already deliver it) and
+    ``interrupt_grace_s`` to wind down as it would without raylens, then SIGTERM
+    and ``terminate_grace_s``, then SIGKILL. Another Ctrl-C kills it at once.
+    """
+    import signal
     import subprocess
 
-    child.terminate()
+    if child.poll() is not None:
+        return child.returncode
     try:
-        return child.wait(timeout=5)
-    except subprocess.TimeoutExpired:
-        child.kill()
-        return child.wait()
+        if forward is None:
+            forward = not _in_terminal_foreground()
+        if forward:
+            child.send_signal(signal.SIGINT)
+        print(
+            f"raylens: waiting up to {interrupt_grace_s:g} s for the command to end "
+            "(Ctrl-C again to kill it)",
+            file=sys.stderr,
+        )
+        try:
+            return child.wait(timeout=interrupt_grace_s)
+        except subprocess.TimeoutExpired:
+            child.terminate()
+        try:
+            return child.wait(timeout=terminate_grace_s)
+        except subprocess.TimeoutExpired:
+            pass
+    except KeyboardInterrupt:
+        pass
+    child.kill()
+    return child.wait()
 
 
 # --------------------------------------------------------------------------- main

@@ -1,0 +1,131 @@
+"""`raylens profile` around the command's life: its exit status, --once, and Ctrl-C."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from raylens import cli
+from raylens.cli import main
+
+pytestmark = pytest.mark.skipif(
+    not sys.platform.startswith("linux"), reason="process trees need Linux /proc"
+)
+
+
+def _records(text: str) -> list[dict]:
+    return [json.loads(line) for line in text.splitlines()]
+
+
+def _wait_for(path: Path, timeout: float = 30.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not path.exists():
+        assert time.monotonic() < deadline, f"{path.name} never appeared"
+        time.sleep(0.02)
+
+
+def test_a_command_killed_by_a_signal_exits_128_plus_its_number(
+    capfd: pytest.CaptureFixture[str],
+) -> None:
+    status = main(["profile", "--json", "--interval", "0.1", "--", "sh", "-c", "kill -9 $$"])
+    assert status == 128 + signal.SIGKILL
+    summary = _records(capfd.readouterr().out)[-1]
+    assert summary["summary"] is True
+    assert summary["exit_status"] == 128 + signal.SIGKILL
+    assert summary["signal"] == "SIGKILL"
+
+
+def test_once_samples_the_running_command_after_one_interval(
+    capfd: pytest.CaptureFixture[str],
+) -> None:
+    script = (
+        "import time; block = bytearray(40 * 1024 * 1024); "
+        "block[::4096] = b'x' * len(block[::4096]); time.sleep(1.5); raise SystemExit(4)"
+    )
+    argv = ["profile", "--once", "--json", "--interval", "0.8", "--", sys.executable, "-c", script]
+    assert main(argv) == 4
+    (record,) = _records(capfd.readouterr().out)
+    (server,) = record["servers"]
+    assert server["processes"] == 1
+    assert server["rss_bytes"] >= 40 * 1024 * 1024
+
+
+def test_the_command_is_shown_on_one_line(capfd: pytest.CaptureFixture[str]) -> None:
+    script = "import sys\nsys.exit(0)"
+    assert main(["profile", "--json", "--", sys.executable, "-c", script]) == 0
+    for record in _records(capfd.readouterr().out):
+        assert "\n" not in record["servers"][0]["name"]
+
+
+_CLEANS_UP_ON_CTRL_C = """
+import pathlib, sys, time
+ready, done = map(pathlib.Path, sys.argv[1:3])
+try:
+    ready.write_text("up")
+    time.sleep(60)
+except KeyboardInterrupt:
+    time.sleep(0.3)
+    done.write_text("cleaned up")
+    sys.exit(3)
+"""
+
+
+def test_ctrl_c_lets_the_command_clean_up_then_exits_130(tmp_path: Path) -> None:
+    ready, done = tmp_path / "ready", tmp_path / "done"
+    raylens = subprocess.Popen(
+        [
+            *(sys.executable, "-m", "raylens", "profile", "--json", "--interval", "0.2", "--"),
+            *(sys.executable, "-c", _CLEANS_UP_ON_CTRL_C, str(ready), str(done)),
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,  # no terminal: the SIGINT below reaches raylens alone
+    )
+    try:
+        _wait_for(ready)
+        os.kill(raylens.pid, signal.SIGINT)
+        out, err = raylens.communicate(timeout=60)
+    finally:
+        raylens.kill()
+    assert raylens.returncode == 130, err
+    assert "Traceback" not in err, err
+    assert done.read_text() == "cleaned up"
+    assert _records(out)[-1]["exit_status"] == 3
+
+
+def test_a_command_that_ignores_ctrl_c_is_terminated(tmp_path: Path) -> None:
+    ready = tmp_path / "ready"
+    script = (
+        "import pathlib, signal, sys, time; signal.signal(signal.SIGINT, signal.SIG_IGN); "
+        "pathlib.Path(sys.argv[1]).write_text('up'); time.sleep(60)"
+    )
+    child = subprocess.Popen([sys.executable, "-c", script, str(ready)])
+    try:
+        _wait_for(ready)
+        status = cli._stop_child(child, forward=True, interrupt_grace_s=0.2, terminate_grace_s=30)
+    finally:
+        child.kill()
+        child.wait()
+    assert status == -signal.SIGTERM
+
+
+def test_an_interrupt_the_command_already_got_is_not_sent_twice(tmp_path: Path) -> None:
+    ready, done = tmp_path / "ready", tmp_path / "done"
+    child = subprocess.Popen([sys.executable, "-c", _CLEANS_UP_ON_CTRL_C, str(ready), str(done)])
+    try:
+        _wait_for(ready)
+        child.send_signal(signal.SIGINT)  # as a terminal's Ctrl-C reaches its whole group
+        status = cli._stop_child(child, forward=False, interrupt_grace_s=30, terminate_grace_s=30)
+    finally:
+        child.kill()
+        child.wait()
+    assert status == 3
+    assert done.read_text() == "cleaned up"
