@@ -101,8 +101,10 @@ def _add_common(parser: argparse.ArgumentParser, *, interval: float, duration: b
     )
 
 
-def _add_script_flags(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--once", action="store_true", help="take one sample, print it, exit")
+def _add_script_flags(
+    parser: argparse.ArgumentParser, *, once_help: str = "take one sample, print it, exit"
+) -> None:
+    parser.add_argument("--once", action="store_true", help=once_help)
     parser.add_argument(
         "--json", action="store_true", help="print one JSON object per sample instead of a table"
     )
@@ -167,7 +169,11 @@ def build_parser() -> argparse.ArgumentParser:
         default=None,
         help="read PSS (costly for big processes) at most this often (default: every sample)",
     )
-    _add_script_flags(profile)
+    _add_script_flags(
+        profile,
+        once_help="print one sample, taken after one interval, then wait for the command "
+        "to end without printing more",
+    )
     profile.add_argument("argv", nargs=argparse.REMAINDER, metavar="-- COMMAND [ARGS...]")
     profile.set_defaults(handler=_run_profile)
     return parser
