@@ -8,9 +8,12 @@ without a terminal, a cluster or a clock.
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
+from rich.console import Console, ConsoleOptions, RenderableType, RenderResult
+from rich.measure import Measurement
 from rich.table import Table
 from rich.text import Text
 
@@ -96,37 +99,111 @@ class NodeRow:
         }
 
 
-def node_table(rows: Iterable[NodeRow], *, title: str = "Ray host memory") -> Table:
-    """The live host-memory table: one line per node, sorted by host then node id."""
+# Cut-down widths of the cells that shrink, used to decide which columns a width has room for.
+_SHORT_HOST = 12
+_SHORT_ERROR = 20
+_SHORT_COMMAND = 16
+_UNBOUNDED = 100_000
+
+
+def _shrinkable(text: str, style: str = "", *, short: int | None = None) -> Text:
+    """A cell cut short with an ellipsis, never wrapped, when its column must narrow."""
+    cell = Text(text, style=style, no_wrap=True, overflow="ellipsis")
+    if short is not None:
+        cell.truncate(short, overflow="ellipsis")
+    return cell
+
+
+class _FitToWidth:
+    """A table built for the width it is drawn at.
+
+    ``build(left_out, short)`` returns the table without the columns named in
+    ``left_out``; with ``short`` its long cells are cut down. Optional columns are
+    left out, in order, until the cut-down table fits; the table drawn is then the
+    full-text one, whose long cells rich narrows to what remains.
+    """
+
+    def __init__(
+        self, build: Callable[[frozenset[str], bool], Table], optional: Sequence[str]
+    ) -> None:
+        self._build = build
+        self._optional = tuple(optional)
+
+    def __rich_console__(self, console: Console, options: ConsoleOptions) -> RenderResult:
+        left_out: frozenset[str] = frozenset()
+        unbounded = options.update_width(_UNBOUNDED)
+        for name in self._optional:
+            sketch = self._build(left_out, True)
+            if Measurement.get(console, unbounded, sketch).maximum <= options.max_width:
+                break
+            left_out = left_out | {name}
+        yield self._build(left_out, False)
+
+
+def _table(
+    title: str,
+    columns: Sequence[tuple[str, dict[str, Any]]],
+    rows: Sequence[dict[str, Any]],
+    left_out: frozenset[str],
+) -> Table:
     table = Table(title=title, title_justify="left", expand=False)
-    table.add_column("node", style="cyan", no_wrap=True)
-    table.add_column("host", no_wrap=True, max_width=24, overflow="ellipsis")
-    table.add_column("used", justify="right", no_wrap=True)
-    table.add_column("total", justify="right", no_wrap=True)
-    table.add_column("used %", justify="right", no_wrap=True)
-    table.add_column("worker groups")
-    table.add_column("age", justify="right", no_wrap=True)
-    table.add_column("trend", no_wrap=True)
-    for row in sorted(rows, key=lambda r: (r.host, r.node_id)):
-        percent = row.used_percent
-        if row.error is not None:
-            percent_cell = Text(row.error, style="bold red")
-        elif percent is None:
-            percent_cell = Text("-")
-        else:
-            style = "red" if percent >= 90 else "yellow" if percent >= 75 else "green"
-            percent_cell = Text(f"{percent:.1f}%", style=style)
-        table.add_row(
-            row.node_id[:8],
-            row.host,
-            format_bytes(row.used),
-            format_bytes(row.total),
-            percent_cell,
-            row.worker_groups,
-            format_age(row.age_s),
-            sparkline(row.history, min_span=_trend_span(row.total)),
-        )
+    kept = [(name, options) for name, options in columns if name not in left_out]
+    for name, options in kept:
+        table.add_column(name, **options)
+    for cells in rows:
+        table.add_row(*(cells[name] for name, _ in kept))
     return table
+
+
+# Columns that may wrap are the ones rich narrows when a table is too wide; their
+# cells are built not to wrap but to end in an ellipsis.
+_NODE_COLUMNS: tuple[tuple[str, dict[str, Any]], ...] = (
+    ("node", {"style": "cyan", "no_wrap": True}),
+    ("host", {"max_width": 24}),
+    ("used", {"justify": "right", "no_wrap": True}),
+    ("total", {"justify": "right", "no_wrap": True}),
+    ("used %", {"justify": "right"}),
+    ("worker groups", {}),
+    ("age", {"justify": "right", "no_wrap": True}),
+    ("trend", {"no_wrap": True}),
+)
+
+
+def _node_cells(row: NodeRow, short: bool) -> dict[str, Any]:
+    percent = row.used_percent
+    if row.error is not None:
+        percent_cell = _shrinkable(row.error, "bold red", short=_SHORT_ERROR if short else None)
+    elif percent is None:
+        percent_cell = Text("-")
+    else:
+        style = "red" if percent >= 90 else "yellow" if percent >= 75 else "green"
+        percent_cell = Text(f"{percent:.1f}%", style=style, no_wrap=True)
+    return {
+        "node": row.node_id[:8],
+        "host": _shrinkable(row.host, short=_SHORT_HOST if short else None),
+        "used": format_bytes(row.used),
+        "total": format_bytes(row.total),
+        "used %": percent_cell,
+        "worker groups": _shrinkable(row.worker_groups),
+        "age": format_age(row.age_s),
+        "trend": sparkline(row.history, min_span=_trend_span(row.total)),
+    }
+
+
+def node_table(rows: Iterable[NodeRow], *, title: str = "Ray host memory") -> RenderableType:
+    """The live host-memory table: one line per node, sorted by host then node id.
+
+    Where the terminal is too narrow for every column, the trend and then the
+    host are left out and a long error is cut short, so that the node id, the
+    figures and the worker groups stay whole.
+    """
+    ordered = sorted(rows, key=lambda r: (r.host, r.node_id))
+
+    def build(left_out: frozenset[str], short: bool) -> Table:
+        cells = [_node_cells(row, short) for row in ordered]
+        return _table(title, _NODE_COLUMNS, cells, left_out)
+
+    return _FitToWidth(build, ("trend", "host"))
 
 
 @dataclass
@@ -156,28 +233,44 @@ class ProcessTreeRow:
         }
 
 
-def process_table(rows: Iterable[ProcessTreeRow], *, title: str = "Process tree memory") -> Table:
-    """The live ``profile`` table: RSS, PSS (with its age), process count, peaks, trend."""
-    table = Table(title=title, title_justify="left", expand=False)
-    table.add_column("command", style="cyan", no_wrap=True, max_width=32, overflow="ellipsis")
-    table.add_column("pid", justify="right", no_wrap=True)
-    table.add_column("procs", justify="right", no_wrap=True)
-    table.add_column("rss", justify="right", no_wrap=True)
-    table.add_column("pss", justify="right", no_wrap=True)
-    table.add_column("pss age", justify="right", no_wrap=True)
-    table.add_column("peak rss", justify="right", no_wrap=True)
-    table.add_column("peak pss", justify="right", no_wrap=True)
-    table.add_column("trend", no_wrap=True)
-    for row in rows:
-        table.add_row(
-            row.name,
-            str(row.pid),
-            str(row.processes),
-            format_bytes(row.rss),
-            format_bytes(row.pss),
-            format_age(row.pss_age_s),
-            format_bytes(row.rss_peak),
-            format_bytes(row.pss_peak),
-            sparkline(row.history, min_span=_trend_span(row.rss_peak)),
-        )
-    return table
+_PROCESS_COLUMNS: tuple[tuple[str, dict[str, Any]], ...] = (
+    ("command", {"style": "cyan", "max_width": 32}),
+    ("pid", {"justify": "right", "no_wrap": True}),
+    ("procs", {"justify": "right", "no_wrap": True}),
+    ("rss", {"justify": "right", "no_wrap": True}),
+    ("pss", {"justify": "right", "no_wrap": True}),
+    ("pss age", {"justify": "right", "no_wrap": True}),
+    ("peak rss", {"justify": "right", "no_wrap": True}),
+    ("peak pss", {"justify": "right", "no_wrap": True}),
+    ("trend", {"no_wrap": True}),
+)
+
+
+def process_table(
+    rows: Iterable[ProcessTreeRow], *, title: str = "Process tree memory"
+) -> RenderableType:
+    """The live ``profile`` table: RSS, PSS (with its age), process count, peaks, trend.
+
+    Where the terminal is too narrow, the trend, the PSS age and the pid are left
+    out, in that order, and the command is cut short.
+    """
+    listed = list(rows)
+
+    def build(left_out: frozenset[str], short: bool) -> Table:
+        cells = [
+            {
+                "command": _shrinkable(row.name, short=_SHORT_COMMAND if short else None),
+                "pid": str(row.pid),
+                "procs": str(row.processes),
+                "rss": format_bytes(row.rss),
+                "pss": format_bytes(row.pss),
+                "pss age": format_age(row.pss_age_s),
+                "peak rss": format_bytes(row.rss_peak),
+                "peak pss": format_bytes(row.pss_peak),
+                "trend": sparkline(row.history, min_span=_trend_span(row.rss_peak)),
+            }
+            for row in listed
+        ]
+        return _table(title, _PROCESS_COLUMNS, cells, left_out)
+
+    return _FitToWidth(build, ("trend", "pss age", "pid"))

@@ -96,3 +96,49 @@ def test_sparkline_draws_noise_flat_given_a_minimum_span() -> None:
     assert len(set(sparkline(noisy, min_span=0.05 * 64 * gib))) == 1
     rising = [10 * gib, 20 * gib, 30 * gib]
     assert sparkline(rising, min_span=0.05 * 64 * gib) == "▁▅█"
+
+
+def test_node_table_on_an_80_column_terminal_keeps_figures_and_groups_whole() -> None:
+    gib = 1024**3
+    rows = [
+        NodeRow("a" * 56, "ip-10-0-0-1.ec2.internal", 38 * gib, 64 * gib, "policy,rollout", 1.0),
+        NodeRow(
+            "b" * 56,
+            "ip-10-0-0-2.ec2.internal",
+            None,
+            None,
+            "rollout",
+            None,
+            "timed out waiting for the raylet to answer",
+        ),
+    ]
+    out = io.StringIO()
+    Console(file=out, width=80, force_terminal=False, color_system=None).print(node_table(rows))
+    text = out.getvalue()
+    assert max(len(line) for line in text.splitlines()) <= 80
+    for whole in ("aaaaaaaa", "bbbbbbbb", "38.0 GiB", "64.0 GiB", "59.4%", "policy,rollout"):
+        assert whole in text, text
+    assert "timed out" in text, text
+
+
+def test_process_table_on_an_80_column_terminal_keeps_the_figures_whole() -> None:
+    mib = 1024**2
+    row = ProcessTreeRow(
+        "python -c " + "x" * 60, 31846, 3, 60 * mib, 55 * mib, 0.0, 61 * mib, 56 * mib
+    )
+    out = io.StringIO()
+    Console(file=out, width=80, force_terminal=False, color_system=None).print(process_table([row]))
+    text = out.getvalue()
+    assert max(len(line) for line in text.splitlines()) <= 80
+    for whole in ("60.0 MiB", "55.0 MiB", "61.0 MiB", "56.0 MiB", "python -c"):
+        assert whole in text, text
+
+
+def test_a_wide_terminal_shows_every_column_and_the_whole_error() -> None:
+    rows = [
+        NodeRow("a" * 56, "ip-10-0-0-1.ec2.internal", 1, 4, "policy", 1.0, None, [1, 2]),
+        NodeRow("b" * 56, "ip-10-0-0-2.ec2.internal", None, None, "rollout", None, "timed out x"),
+    ]
+    text = _render(node_table(rows))
+    assert "ip-10-0-0-1.ec2.internal" in text and "trend" in text and "▁█" in text
+    assert "timed out x" in text
