@@ -11,12 +11,46 @@ down on exit, including when start-up is interrupted.
 from __future__ import annotations
 
 import os
+import signal
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 from raylens.lens import warn_once
 
 _MIB = 1024 * 1024
 _PAGE = 4096
+
+
+@contextmanager
+def _interrupts_deferred() -> Iterator[None]:
+    """Hold Ctrl-C back for the duration of the block, then raise it.
+
+    Starting a Ray node spawns processes before the cluster object records the
+    node, and shutting down stops them one by one: a KeyboardInterrupt in the
+    middle of either leaves processes nobody stops, or an interrupted teardown
+    that Ray then retries noisily at exit. Inside the block SIGINT is only noted;
+    a KeyboardInterrupt follows the block if one came (unless the block raised).
+    Signals reach only the main thread, so elsewhere this changes nothing.
+    """
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    received: list[int] = []
+
+    def hold(signum: int, frame: object) -> None:
+        received.append(signum)
+
+    previous = signal.signal(signal.SIGINT, hold)
+    try:
+        yield
+    finally:
+        signal.signal(
+            signal.SIGINT, previous if previous is not None else signal.default_int_handler
+        )
+    if received:
+        raise KeyboardInterrupt
 
 
 class MemoryHolder:
@@ -88,9 +122,16 @@ class DemoCluster:
             "object_store_memory": 80 * _MIB,
             "include_dashboard": False,
         }
-        self.ray_cluster = Cluster(initialize_head=True, head_node_args=dict(node_args))
+        # Each node is started with Ctrl-C held back, so that one typed meanwhile is
+        # raised only once the cluster knows the node and close() can stop it.
+        with _interrupts_deferred():
+            self.ray_cluster = Cluster(initialize_head=False)
+            self.ray_cluster.add_node(**node_args)
         for _ in range(self.n_nodes - 1):
-            self.ray_cluster.add_node(num_cpus=self.cpus_per_node, object_store_memory=80 * _MIB)
+            with _interrupts_deferred():
+                self.ray_cluster.add_node(
+                    num_cpus=self.cpus_per_node, object_store_memory=80 * _MIB
+                )
         self.ray_cluster.wait_for_nodes()
         ray.init(address=self.ray_cluster.address, logging_level="ERROR", log_to_driver=False)
 
@@ -126,22 +167,37 @@ class DemoCluster:
         return "\n".join(lines)
 
     def close(self) -> None:
-        """Shut the groups, the reservation and every Ray process down. Idempotent."""
-        for group in self.groups.values():
-            try:
-                group.shutdown(timeout=10.0)
-            except Exception:
-                warn_once(f"demo.shutdown.{group.name_prefix}", "demo worker group shutdown failed")
-        self.groups = {}
-        if self.virtual_cluster is not None:
-            self.virtual_cluster.shutdown()
-            self.virtual_cluster = None
-        try:
-            import ray
+        """Shut the groups, the reservation and every Ray process down. Idempotent.
 
-            ray.shutdown()
-        except ImportError:
-            pass
-        if self.ray_cluster is not None:
-            self.ray_cluster.shutdown()
-            self.ray_cluster = None
+        Ctrl-C is held back until everything is down (then raised), and a step
+        that fails does not keep the later ones, the Ray nodes last, from running.
+        """
+        with _interrupts_deferred():
+            try:
+                for group in self.groups.values():
+                    try:
+                        group.shutdown(timeout=10.0)
+                    except Exception:
+                        warn_once(
+                            f"demo.shutdown.{group.name_prefix}",
+                            "demo worker group shutdown failed",
+                        )
+                self.groups = {}
+                if self.virtual_cluster is not None:
+                    try:
+                        self.virtual_cluster.shutdown()
+                    except Exception:
+                        warn_once("demo.shutdown.reservation", "demo reservation removal failed")
+                    self.virtual_cluster = None
+                try:
+                    import ray
+
+                    ray.shutdown()
+                except ImportError:
+                    pass
+                except Exception:
+                    warn_once("demo.shutdown.driver", "disconnecting the demo driver failed")
+            finally:
+                if self.ray_cluster is not None:
+                    cluster, self.ray_cluster = self.ray_cluster, None
+                    cluster.shutdown()
