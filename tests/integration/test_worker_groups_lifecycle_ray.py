@@ -184,7 +184,7 @@ def test_shutdown_with_a_worker_already_dead(two_node_cluster) -> None:
 
     assert group.shutdown() is False
 
-    assert is_dead(workers[1])  # the survivor was killed anyway
+    wait_until_dead(workers[1])  # the survivor was killed anyway (ray.kill is asynchronous)
     assert group.workers == []
     assert all("doomed" not in host_memory.worker_group_names_on_node(n) for n in nodes)
     assert group.shutdown() is True  # nothing left to stop
@@ -199,7 +199,8 @@ def test_shutdown_with_cleanup(two_node_cluster, tmp_path) -> None:
     workers = group.workers
     assert group.shutdown(cleanup_method="cleanup") is True
     assert sorted(p.name for p in tmp_path.iterdir()) == ["cleaned-0", "cleaned-1"]
-    assert all(is_dead(worker) for worker in workers)
+    for worker in workers:
+        wait_until_dead(worker)
 
 
 def test_shutdown_with_a_hanging_cleanup(two_node_cluster, tmp_path) -> None:
@@ -211,4 +212,5 @@ def test_shutdown_with_a_hanging_cleanup(two_node_cluster, tmp_path) -> None:
     workers = group.workers
     assert group.shutdown(cleanup_method="cleanup", timeout=2) is False
     assert sorted(p.name for p in tmp_path.iterdir()) == ["cleaned-0", "cleaned-1"]
-    assert all(is_dead(worker) for worker in workers)
+    for worker in workers:
+        wait_until_dead(worker)
