@@ -222,7 +222,7 @@ def test_unreachable_address_fails_fast_naming_it() -> None:
             _check_reachable(f"127.0.0.1:{port}")
 
 
-def test_listening_address_and_auto_pass_the_reachability_check() -> None:
+def test_auto_passes_the_reachability_check_and_silence_does_not() -> None:
     import socket
 
     from raylens.cli import CliError, _check_reachable
@@ -232,6 +232,8 @@ def test_listening_address_and_auto_pass_the_reachability_check() -> None:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         sock.listen()
-        _check_reachable(f"127.0.0.1:{sock.getsockname()[1]}")
+        address = f"127.0.0.1:{sock.getsockname()[1]}"
+        with pytest.raises(CliError, match=rf"at '{address}': no answer within 0.3 s"):
+            _check_reachable(address, timeout=0.3)
     with pytest.raises(CliError, match=r"--address='head' is not host:port"):
         _check_reachable("head")
