@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from rich.console import Console, ConsoleOptions, RenderableType, RenderResult
+from rich.constrain import Constrain
 from rich.measure import Measurement
 from rich.table import Table
 from rich.text import Text
@@ -104,6 +105,9 @@ _SHORT_HOST = 12
 _SHORT_ERROR = 20
 _SHORT_COMMAND = 16
 _UNBOUNDED = 100_000
+# Columns kept free at the right: a terminal echoes Ctrl-C as "^C" after the last
+# line, and on a line that fills the width that wraps and shifts a live redraw.
+_SPARE_COLUMNS = 2
 
 
 def _shrinkable(text: str, style: str = "", *, short: int | None = None) -> Text:
@@ -130,14 +134,15 @@ class _FitToWidth:
         self._optional = tuple(optional)
 
     def __rich_console__(self, console: Console, options: ConsoleOptions) -> RenderResult:
+        room = max(1, options.max_width - _SPARE_COLUMNS)
         left_out: frozenset[str] = frozenset()
         unbounded = options.update_width(_UNBOUNDED)
         for name in self._optional:
             sketch = self._build(left_out, True)
-            if Measurement.get(console, unbounded, sketch).maximum <= options.max_width:
+            if Measurement.get(console, unbounded, sketch).maximum <= room:
                 break
             left_out = left_out | {name}
-        yield self._build(left_out, False)
+        yield Constrain(self._build(left_out, False), width=room)
 
 
 def _table(

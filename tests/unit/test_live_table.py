@@ -115,7 +115,9 @@ def test_node_table_on_an_80_column_terminal_keeps_figures_and_groups_whole() ->
     out = io.StringIO()
     Console(file=out, width=80, force_terminal=False, color_system=None).print(node_table(rows))
     text = out.getvalue()
-    assert max(len(line) for line in text.splitlines()) <= 80
+    # Two columns stay free: a terminal echoes Ctrl-C as "^C" after the last line,
+    # and on a full-width line that wraps and throws a live display's redraw off.
+    assert max(len(line.rstrip()) for line in text.splitlines()) <= 78
     for whole in ("aaaaaaaa", "bbbbbbbb", "38.0 GiB", "64.0 GiB", "59.4%", "policy,rollout"):
         assert whole in text, text
     assert "timed out" in text, text
