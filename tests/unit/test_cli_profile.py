@@ -47,9 +47,9 @@ def test_once_samples_the_running_command_after_one_interval(
 ) -> None:
     script = (
         "import time; block = bytearray(40 * 1024 * 1024); "
-        "block[::4096] = b'x' * len(block[::4096]); time.sleep(1.5); raise SystemExit(4)"
+        "block[::4096] = b'x' * len(block[::4096]); time.sleep(2.5); raise SystemExit(4)"
     )
-    argv = ["profile", "--once", "--json", "--interval", "0.8", "--", sys.executable, "-c", script]
+    argv = ["profile", "--once", "--json", "--interval", "1.5", "--", sys.executable, "-c", script]
     assert main(argv) == 4
     (record,) = _records(capfd.readouterr().out)
     (server,) = record["servers"]
