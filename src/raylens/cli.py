@@ -218,12 +218,19 @@ class _Console(Console):
         raise BrokenPipeError
 
 
+_PIPE_WIDTH = 160
+
+
 def _default_console() -> Console:
-    """The terminal; for a pipe or file, wide enough that tables do not wrap."""
+    """The terminal; for a pipe or file, ``COLUMNS`` wide or else wide enough not to wrap."""
     console = _Console()
     if console.is_terminal:
         return console
-    return _Console(width=int(os.environ.get("COLUMNS", "160")))
+    try:
+        width = int(os.environ.get("COLUMNS", ""))
+    except ValueError:
+        width = _PIPE_WIDTH
+    return _Console(width=width if width > 0 else _PIPE_WIDTH)
 
 
 class _Output:

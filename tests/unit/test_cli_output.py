@@ -83,3 +83,12 @@ def test_a_closed_pipe_lets_the_profiled_command_finish() -> None:
     process.stderr.close()
     assert process.returncode == 5, err
     assert "Traceback" not in err and "Exception ignored" not in err, err
+
+
+@pytest.mark.parametrize("columns", ["", "wide", "-5"])
+def test_a_meaningless_columns_variable_falls_back_to_a_wide_table(
+    columns: str, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setenv("COLUMNS", columns)
+    assert main(["simulate", "--nodes", "1", "--once"]) == 0
+    assert "sim-node-0" in capsys.readouterr().out
