@@ -700,18 +700,20 @@ _INTERRUPT_GRACE_S = 10.0
 _TERMINATE_GRACE_S = 5.0
 
 
-def _in_terminal_foreground() -> bool:
-    """True when this process is in its terminal's foreground group.
+def _terminal_interrupted(child: Any) -> bool:
+    """True when a Ctrl-C typed in our terminal has reached ``child`` as well.
 
-    A Ctrl-C typed there reaches every process of the group, the profiled command
-    included, so it needs no second interrupt from us.
+    The terminal interrupts its whole foreground process group: that covers the
+    command when this process is in that group and the command has not moved to
+    a group of its own.
     """
     try:
         tty = os.open("/dev/tty", os.O_RDONLY | os.O_NOCTTY)
     except OSError:
         return False
     try:
-        return os.tcgetpgrp(tty) == os.getpgrp()
+        group = os.getpgrp()
+        return os.tcgetpgrp(tty) == group and os.getpgid(child.pid) == group
     except OSError:
         return False
     finally:
@@ -739,7 +741,7 @@ def _stop_child(
         return child.returncode
     try:
         if forward is None:
-            forward = not _in_terminal_foreground()
+            forward = not _terminal_interrupted(child)
         if forward:
             child.send_signal(signal.SIGINT)
         print(

@@ -129,3 +129,67 @@ def test_an_interrupt_the_command_already_got_is_not_sent_twice(tmp_path: Path) 
         child.wait()
     assert status == 3
     assert done.read_text() == "cleaned up"
+
+
+_COUNTS_INTERRUPTS = """
+import os, pathlib, signal, sys, time
+ready, done = map(pathlib.Path, sys.argv[1:3])
+if sys.argv[3] == "own-group":
+    os.setpgrp()  # as some launchers do: the terminal's Ctrl-C no longer reaches it
+interrupts = []
+signal.signal(signal.SIGINT, lambda *_: interrupts.append(1))
+ready.write_text("up")
+deadline = time.monotonic() + 60
+while not interrupts and time.monotonic() < deadline:
+    time.sleep(0.02)
+time.sleep(0.5)  # winding down; a second interrupt would land here
+done.write_text(str(len(interrupts)))
+sys.exit(3)
+"""
+
+
+def _drain(fd: int) -> None:
+    while True:
+        try:
+            if not os.read(fd, 65536):
+                return
+        except OSError:
+            return
+
+
+@pytest.mark.parametrize("group", ["same-group", "own-group"])
+def test_ctrl_c_typed_in_a_terminal_reaches_the_command_exactly_once(
+    group: str, tmp_path: Path
+) -> None:
+    import fcntl
+    import pty
+    import termios
+    import threading
+
+    ready, done = tmp_path / "ready", tmp_path / "done"
+    master, terminal = pty.openpty()
+    raylens = subprocess.Popen(
+        [
+            *(sys.executable, "-m", "raylens", "profile", "--json", "--interval", "0.2", "--"),
+            *(sys.executable, "-c", _COUNTS_INTERRUPTS, str(ready), str(done), group),
+        ],
+        stdin=terminal,
+        stdout=terminal,
+        stderr=terminal,
+        start_new_session=True,
+        # Make the pty raylens' controlling terminal, with raylens in its foreground group.
+        preexec_fn=lambda: fcntl.ioctl(0, termios.TIOCSCTTY, 0),
+    )
+    os.close(terminal)
+    reader = threading.Thread(target=_drain, args=(master,), name="raylens-test-pty", daemon=True)
+    reader.start()
+    try:
+        _wait_for(ready)
+        os.write(master, b"\x03")  # Ctrl-C, as typed
+        assert raylens.wait(timeout=60) == 130
+    finally:
+        raylens.kill()
+        raylens.wait()
+        os.close(master)
+        reader.join(5)
+    assert done.read_text() == "1"
