@@ -640,20 +640,25 @@ def _run_profile(args: argparse.Namespace, stop: threading.Event) -> int:
         )
         table = _ProcessTable(profiler, label=label, pid=child.pid)
         profiler.start()
-        # The first sample is shown after one interval: at the start the command has
-        # barely begun (often not even exec'd), and its figures would say nothing.
+        # Nothing is shown at the start, when the command has barely begun (often not
+        # even exec'd) and its figures say nothing: --once shows a sample taken one
+        # interval in, the table a fresh one within a second, then one per interval.
+        wait = args.interval if args.once else min(args.interval, _FIRST_SHOWN_S)
+        fresh = True
         with output.session(live=not args.once):
             while True:
                 try:
-                    child.wait(timeout=args.interval)
+                    child.wait(timeout=wait)
                     break
                 except subprocess.TimeoutExpired:
                     pass
-                if args.once:
+                if fresh:
                     profiler.sample_once()
+                    fresh = False
                 show(f"raylens profile: {label}")
                 if args.once:
                     break
+                wait = args.interval
         # --once shows one sample; the command still runs to its end, which sets the status.
         returncode = child.wait()
     except KeyboardInterrupt:
@@ -694,6 +699,9 @@ def _signal_name(number: int) -> str:
     except ValueError:
         return f"signal {number}"
 
+
+# At most this long after the start, the profile table shows its first sample.
+_FIRST_SHOWN_S = 1.0
 
 # How long the command has to end by itself after Ctrl-C, then after SIGTERM.
 _INTERRUPT_GRACE_S = 10.0

@@ -193,3 +193,14 @@ def test_ctrl_c_typed_in_a_terminal_reaches_the_command_exactly_once(
         os.close(master)
         reader.join(5)
     assert done.read_text() == "1"
+
+
+def test_a_long_interval_still_shows_the_command_within_a_second(
+    capfd: pytest.CaptureFixture[str],
+) -> None:
+    script = "import time; time.sleep(1.8)"
+    argv = ["profile", "--json", "--interval", "30", "--", sys.executable, "-c", script]
+    assert main(argv) == 0
+    first, summary = _records(capfd.readouterr().out)
+    assert "summary" not in first and first["servers"][0]["processes"] == 1
+    assert summary["summary"] is True
