@@ -7,7 +7,8 @@
 
 Every command feeds the OpenTelemetry pipeline chosen with ``--exporter`` (or
 ``RAYLENS_EXPORTER``) at the same time. Errors a user can cause print one line
-and exit with status 2; Ctrl-C exits with 130 after cleaning up.
+and exit with status 2; Ctrl-C exits with 130 after cleaning up, and a reader of
+stdout that goes away (``| head``) ends watch, simulate and demo with 141.
 """
 
 from __future__ import annotations
