@@ -202,6 +202,13 @@ def _start_telemetry(exporter: str | None, *, as_json: bool = False) -> None:
         raise CliError(str(error)) from None
 
 
+def _scrape_timeout_for(interval: float) -> float:
+    """A node's scrape deadline: the monitor's default, but never longer than the refresh."""
+    from raylens.telemetry.host_memory import _SCRAPE_TIMEOUT_S
+
+    return min(_SCRAPE_TIMEOUT_S, interval)
+
+
 def _stop_monitoring(monitor: Any) -> None:
     """Stop sampling, then flush telemetry while the cluster and its labels still exist."""
     monitor.stop()
@@ -406,7 +413,7 @@ def _run_simulate(args: argparse.Namespace, stop: threading.Event) -> int:
     from raylens_fakes.simulated import SimulatedCluster
 
     _start_telemetry(args.exporter, as_json=args.json)
-    scrape_timeout = args.scrape_timeout or min(host_memory._SCRAPE_TIMEOUT_S, args.interval)
+    scrape_timeout = args.scrape_timeout or _scrape_timeout_for(args.interval)
     output = _Output(as_json=args.json)
     with SimulatedCluster(args.nodes, schedule=_simulated_memory) as simulated:
         for index in range(args.hung):
@@ -513,7 +520,9 @@ def _run_watch(args: argparse.Namespace, stop: threading.Event) -> int:
             str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
         )
         raise CliError(f"cannot reach a Ray cluster at {address!r}: {first_line}") from None
-    monitor = host_memory.HostMemoryMonitor(args.interval)
+    monitor = host_memory.HostMemoryMonitor(
+        args.interval, scrape_timeout=_scrape_timeout_for(args.interval)
+    )
     output = _Output(as_json=args.json)
     try:
         _watch_nodes(
@@ -542,7 +551,9 @@ def _run_demo(args: argparse.Namespace, stop: threading.Event) -> int:
         output.note(cluster.describe())
         from raylens.telemetry import host_memory
 
-        monitor = host_memory.HostMemoryMonitor(args.interval)
+        monitor = host_memory.HostMemoryMonitor(
+            args.interval, scrape_timeout=_scrape_timeout_for(args.interval)
+        )
         try:
             _watch_nodes(
                 monitor,

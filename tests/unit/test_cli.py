@@ -237,3 +237,11 @@ def test_auto_passes_the_reachability_check_and_silence_does_not() -> None:
             _check_reachable(address, timeout=0.3)
     with pytest.raises(CliError, match=r"--address='head' is not host:port"):
         _check_reachable("head")
+
+
+def test_scrape_deadline_never_outlasts_the_refresh() -> None:
+    from raylens.cli import _scrape_timeout_for
+    from raylens.telemetry.host_memory import _SCRAPE_TIMEOUT_S
+
+    assert _scrape_timeout_for(0.5) == 0.5
+    assert _scrape_timeout_for(60.0) == _SCRAPE_TIMEOUT_S

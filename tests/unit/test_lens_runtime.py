@@ -130,3 +130,38 @@ def test_thousands_of_attribute_sets_never_overflow(
         assert points == {
             frozenset({("node", f"n{i}"), ("round", str(round_))}): i for i in range(batch)
         }
+
+
+_EXIT_SCRIPT = """
+import sys
+from opentelemetry.metrics import Observation
+from raylens.lens import (
+    OBSERVABLE_GAUGE, RecordedMetric, TelemetryConfig, init_telemetry,
+    register_observable_gauge, shutdown_telemetry,
+)
+register_observable_gauge(
+    RecordedMetric("test.exit.gauge", OBSERVABLE_GAUGE, "By", "d"),
+    lambda options: [Observation(5)],
+)
+init_telemetry(TelemetryConfig(exporter="console"))
+if sys.argv[1] == "shutdown-first":
+    shutdown_telemetry()
+    init_telemetry(TelemetryConfig(exporter="console"))
+"""
+
+
+@pytest.mark.parametrize("mode", ["exit-only", "shutdown-first"])
+def test_exit_flushes_once_without_sdk_complaints(mode: str) -> None:
+    import subprocess
+    import sys
+
+    result = subprocess.run(
+        [sys.executable, "-c", _EXIT_SCRIPT, mode],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert result.returncode == 0, result.stderr
+    expected = 2 if mode == "shutdown-first" else 1
+    assert result.stdout.count("test.exit.gauge{} 5 By") == expected
+    assert "shutdown can only be called once" not in result.stderr

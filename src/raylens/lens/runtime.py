@@ -18,6 +18,7 @@ clears the handle; :func:`reset_observable_gauges` clears the declarations.
 
 from __future__ import annotations
 
+import atexit
 import logging
 import sys
 import threading
@@ -175,7 +176,9 @@ def init_telemetry(
                 metric_readers=[reader],
                 resource=Resource.create(attributes),
                 views=[View(instrument_name="*", aggregation_cardinality_limit=CARDINALITY_LIMIT)],
+                shutdown_on_exit=False,
             )
+            _register_exit_flush()
             handle = TelemetryHandle(
                 config=config,
                 meter_provider=provider,
@@ -188,6 +191,21 @@ def init_telemetry(
         _HANDLE = handle
         _create_observables(handle)
         return handle
+
+
+_EXIT_FLUSH_REGISTERED = False
+
+
+def _register_exit_flush() -> None:
+    """Flush and stop the pipeline at interpreter exit, once per process.
+
+    The SDK's own exit hook is turned off: it holds every provider ever made and
+    complains at exit about the ones :func:`shutdown_telemetry` already stopped.
+    """
+    global _EXIT_FLUSH_REGISTERED
+    if not _EXIT_FLUSH_REGISTERED:
+        atexit.register(shutdown_telemetry)
+        _EXIT_FLUSH_REGISTERED = True
 
 
 def get_telemetry_handle() -> TelemetryHandle | None:
