@@ -373,15 +373,16 @@ class _NodeTable:
 
 def _watch_nodes(
     monitor: Any,
+    args: argparse.Namespace,
     *,
     output: _Output,
-    interval: float,
-    once: bool,
-    duration: float | None,
     title: str,
     stop: threading.Event,
 ) -> None:
+    """Sample and show the node table every ``args.interval`` until --once, --duration or stop."""
     table = _NodeTable(monitor)
+    interval, duration = args.interval, args.duration
+    once = getattr(args, "once", False)
 
     def sample() -> None:
         monitor.collect_once()
@@ -427,10 +428,8 @@ def _run_simulate(args: argparse.Namespace, stop: threading.Event) -> int:
         try:
             _watch_nodes(
                 monitor,
+                args,
                 output=output,
-                interval=args.interval,
-                once=args.once,
-                duration=args.duration,
                 title=f"Simulated cluster: {args.nodes} nodes, {args.hung} hung",
                 stop=stop,
             )
@@ -527,10 +526,8 @@ def _run_watch(args: argparse.Namespace, stop: threading.Event) -> int:
     try:
         _watch_nodes(
             monitor,
+            args,
             output=output,
-            interval=args.interval,
-            once=args.once,
-            duration=args.duration,
             title=f"Ray host memory at {address}",
             stop=stop,
         )
@@ -557,10 +554,8 @@ def _run_demo(args: argparse.Namespace, stop: threading.Event) -> int:
         try:
             _watch_nodes(
                 monitor,
+                args,
                 output=output,
-                interval=args.interval,
-                once=False,
-                duration=args.duration,
                 title=f"raylens demo: {args.nodes} Ray nodes, worker groups policy and rollout",
                 stop=stop,
             )

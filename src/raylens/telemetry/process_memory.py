@@ -500,9 +500,10 @@ _INSTRUMENTS: weakref.WeakKeyDictionary[Any, dict[str, RecordedMetric]] = (
 """Meters this module has made sure export its gauges, with the gauges by registry key."""
 
 
-def _observe_server_usage(_options: CallbackOptions) -> Iterable[Observation]:
-    with _LOCK:
-        entries = [(e.attributes, e.rss, e.pss) for e in _SERVERS.values()]
+def _by_memory_type(
+    entries: list[tuple[dict[str, Any], int | None, int | None]],
+) -> list[Observation]:
+    """One point per known value of ``(attributes, rss, pss)``, tagged with its memory.type."""
     points = []
     for attributes, rss, pss in entries:
         if rss is not None:
@@ -510,18 +511,18 @@ def _observe_server_usage(_options: CallbackOptions) -> Iterable[Observation]:
         if pss is not None:
             points.append(Observation(pss, {**attributes, "memory.type": PSS}))
     return points
+
+
+def _observe_server_usage(_options: CallbackOptions) -> Iterable[Observation]:
+    with _LOCK:
+        entries = [(e.attributes, e.rss, e.pss) for e in _SERVERS.values()]
+    return _by_memory_type(entries)
 
 
 def _observe_server_peak(_options: CallbackOptions) -> Iterable[Observation]:
     with _LOCK:
         entries = [(e.attributes, e.peak_rss, e.peak_pss) for e in _SERVERS.values()]
-    points = []
-    for attributes, rss, pss in entries:
-        if rss is not None:
-            points.append(Observation(rss, {**attributes, "memory.type": RSS}))
-        if pss is not None:
-            points.append(Observation(pss, {**attributes, "memory.type": PSS}))
-    return points
+    return _by_memory_type(entries)
 
 
 def _observe_server_processes(_options: CallbackOptions) -> Iterable[Observation]:
