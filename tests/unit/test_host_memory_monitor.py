@@ -317,11 +317,13 @@ def test_scrape_threads_are_bounded_named_daemons_with_real_hung_raylets(
     sim = simulated_cluster(15)
     for index in range(10):
         sim.raylet(index).hang()
-    monitor = make_monitor(sim.cluster, scrape_timeout=0.05, max_concurrency=4)
+    # The deadline leaves a loaded machine time to answer the healthy nodes; the hung ones
+    # still time out in every cycle.
+    monitor = make_monitor(sim.cluster, scrape_timeout=0.25, max_concurrency=4)
     baseline = threading.active_count()
     most_scrapers = most_threads = 0
 
-    for _ in range(20):
+    for _ in range(12):
         monitor.collect_once()
         scrapers = [t for t in threading.enumerate() if t.name.startswith("raylens-host-memory")]
         assert all(t.daemon for t in scrapers)
@@ -331,7 +333,7 @@ def test_scrape_threads_are_bounded_named_daemons_with_real_hung_raylets(
     assert 1 <= most_scrapers <= 4
     # Server-side handlers of the hung raylets end once the scraper hangs up.
     assert most_threads <= baseline + 4 + 10 + 2
-    assert all(sim.raylet(i).requests >= 10 for i in range(10, 15))
+    assert all(sim.raylet(i).requests >= 6 for i in range(10, 15))
 
 
 def test_stop_is_bounded_when_every_node_hangs(
