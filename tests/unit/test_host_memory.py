@@ -169,6 +169,7 @@ def test_register_lookup_replace_and_forget() -> None:
     [
         ("", ValueError, "must not be empty"),
         ("policy,critic", ValueError, "'policy,critic' contains a comma"),
+        ("none", ValueError, "'none' is the label of a node with no worker group"),
         (7, TypeError, "must be a str, got int 7"),
     ],
 )

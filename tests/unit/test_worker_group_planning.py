@@ -167,6 +167,7 @@ def _group(**kwargs):  # type: ignore[no-untyped-def]
     ("kwargs", "match"),
     [
         ({"name_prefix": "a,b"}, r"'a,b'.*commas"),
+        ({"name_prefix": "none"}, r"'none'.*no worker group"),
         ({"dp_leader_worker_indices": [2, 1]}, r"ascending.*\[1\]"),
         (
             {"bundle_indices_list": [(0, [0, 1]), (1, [0, 1])], "dp_leader_worker_indices": [0, 1]},

@@ -62,6 +62,7 @@ from raylens.distributed.worker_planning import (
     _worker_env_vars,
 )
 from raylens.lens import warn_once
+from raylens.telemetry.host_memory import NO_WORKER_GROUPS
 
 if TYPE_CHECKING:
     from raylens.distributed.virtual_cluster import RayVirtualCluster
@@ -522,6 +523,11 @@ class RayWorkerGroup:
                 f"name_prefix={name_prefix!r} must be a string without commas: it names the "
                 "workers and labels the group in host-memory telemetry, which joins group "
                 "names with commas"
+            )
+        if name_prefix == NO_WORKER_GROUPS:
+            raise ValueError(
+                f"name_prefix={name_prefix!r} is the host-memory label of a node with no worker "
+                "group; choose another name"
             )
         self.cluster = cluster
         self.name_prefix = name_prefix or f"workers-{uuid.uuid4().hex[:8]}"

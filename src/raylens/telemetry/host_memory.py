@@ -239,6 +239,11 @@ def _check_group_name(name_prefix: object) -> str:
             f"worker group name {name_prefix!r} contains a comma; {RL_WORKER_GROUPS_ATTR} "
             f"joins names with commas, so a name may hold any character but ','"
         )
+    if name_prefix == NO_WORKER_GROUPS:
+        raise ValueError(
+            f"worker group name {name_prefix!r} is the label of a node with no worker group; "
+            "choose another name"
+        )
     return name_prefix
 
 
@@ -252,7 +257,8 @@ def register_worker_group_nodes(name_prefix: str, node_ids: Iterable[str]) -> No
     on its old nodes as well.
 
     Raises:
-        ValueError: ``name_prefix`` is empty or contains a comma.
+        ValueError: ``name_prefix`` is empty, contains a comma, or is
+            :data:`NO_WORKER_GROUPS`.
         TypeError: ``name_prefix`` or a node id is not a ``str``, or ``node_ids`` is
             a single string rather than an iterable of them.
     """
