@@ -601,6 +601,7 @@ class _ProcessTable:
 
 
 def _run_profile(args: argparse.Namespace, stop: threading.Event) -> int:
+    import signal
     import subprocess
 
     from raylens.telemetry import process_memory
@@ -633,6 +634,7 @@ def _run_profile(args: argparse.Namespace, stop: threading.Event) -> int:
         shown = True
 
     interrupted = False
+    restore_sigterm = _raise_on_sigterm()
     try:
         try:
             # With --json, stdout carries samples only: the command's output goes to stderr.
@@ -671,12 +673,24 @@ def _run_profile(args: argparse.Namespace, stop: threading.Event) -> int:
     except KeyboardInterrupt:
         interrupted = True
         returncode = None if child is None else _stop_child(child)
+    except _Terminated:
+        restore_sigterm()  # a second SIGTERM now ends raylens the default way
+        if child is not None and child.poll() is None:
+            child.terminate()
+            try:
+                child.wait(timeout=_TERMINATE_GRACE_S)
+            except subprocess.TimeoutExpired:
+                child.kill()
+                child.wait()
+        print("raylens: terminated; the profiled command was stopped too", file=sys.stderr)
+        return 128 + signal.SIGTERM
     except BaseException:
         if child is not None and child.poll() is None:
             child.kill()  # whatever went wrong, the command is not left behind unwatched
             child.wait()
         raise
     finally:
+        restore_sigterm()
         if profiler is not None:
             profiler.stop()
     if returncode is None:
@@ -696,6 +710,29 @@ def _run_profile(args: argparse.Namespace, stop: threading.Event) -> int:
     if interrupted:
         raise KeyboardInterrupt
     return status
+
+
+class _Terminated(Exception):
+    """SIGTERM arrived while a command was being profiled."""
+
+
+def _raise_on_sigterm() -> Callable[[], None]:
+    """Turn SIGTERM into :class:`_Terminated` so profile can stop its command; returns the undo.
+
+    Without it, ``timeout 60 raylens profile -- cmd`` would end raylens and leave
+    ``cmd`` running, unwatched. Signal handlers belong to the main thread; elsewhere
+    this does nothing.
+    """
+    import signal
+
+    if threading.current_thread() is not threading.main_thread():
+        return lambda: None
+
+    def handler(signum: int, frame: Any) -> None:
+        raise _Terminated
+
+    previous = signal.signal(signal.SIGTERM, handler)
+    return lambda: signal.signal(signal.SIGTERM, previous)
 
 
 def _signal_name(number: int) -> str:
