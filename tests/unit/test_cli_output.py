@@ -54,9 +54,8 @@ def _raylens(*args: str) -> subprocess.Popen:
     )
 
 
-@pytest.mark.parametrize("flags", [["--json"], []], ids=["json", "table"])
-def test_a_closed_pipe_ends_simulate_quietly(flags: list[str]) -> None:
-    process = _raylens("simulate", "--nodes", "1", "--interval", "0.1", *flags)
+def _read_one_line_then_close_stdout(process: subprocess.Popen) -> str:
+    """Read one line, close our end of the pipe, wait for raylens; returns its stderr."""
     assert process.stdout.readline()
     process.stdout.close()
     try:
@@ -65,6 +64,13 @@ def test_a_closed_pipe_ends_simulate_quietly(flags: list[str]) -> None:
         process.kill()
     err = process.stderr.read()
     process.stderr.close()
+    return err
+
+
+@pytest.mark.parametrize("flags", [["--json"], []], ids=["json", "table"])
+def test_a_closed_pipe_ends_simulate_quietly(flags: list[str]) -> None:
+    process = _raylens("simulate", "--nodes", "1", "--interval", "0.1", *flags)
+    err = _read_one_line_then_close_stdout(process)
     assert process.returncode == 141, err
     assert "Traceback" not in err and "Exception ignored" not in err, err
 
@@ -73,14 +79,7 @@ def test_a_closed_pipe_ends_simulate_quietly(flags: list[str]) -> None:
 def test_a_closed_pipe_lets_the_profiled_command_finish() -> None:
     script = "import time; time.sleep(1.5); raise SystemExit(5)"
     process = _raylens("profile", "--json", "--interval", "0.1", "--", sys.executable, "-c", script)
-    assert process.stdout.readline()
-    process.stdout.close()
-    try:
-        process.wait(timeout=60)
-    finally:
-        process.kill()
-    err = process.stderr.read()
-    process.stderr.close()
+    err = _read_one_line_then_close_stdout(process)
     assert process.returncode == 5, err
     assert "Traceback" not in err and "Exception ignored" not in err, err
 

@@ -7,7 +7,7 @@ import re
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -25,22 +25,6 @@ TOTAL = "rl.host.memory.total"
 LOGGER = "raylens.telemetry.host_memory"
 
 Factory = Callable[..., SimulatedCluster]
-
-
-@pytest.fixture
-def make_monitor() -> Iterator[Callable[..., hm.HostMemoryMonitor]]:
-    """Monitors with short timeouts, all stopped after the test."""
-    made: list[hm.HostMemoryMonitor] = []
-
-    def make(cluster: Any, **options: Any) -> hm.HostMemoryMonitor:
-        options.setdefault("scrape_timeout", 0.5)
-        monitor = hm.HostMemoryMonitor(options.pop("interval", 1.0), cluster=cluster, **options)
-        made.append(monitor)
-        return monitor
-
-    yield make
-    for monitor in made:
-        monitor.stop()
 
 
 def _by_node(probe: MetricsProbe, name: str) -> dict[str, tuple[dict[str, Any], float]]:

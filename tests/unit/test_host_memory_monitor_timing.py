@@ -5,7 +5,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -18,21 +18,6 @@ from raylens_fakes.raylet import format_sample_value
 USED = "rl.host.memory.used"
 
 Factory = Callable[..., SimulatedCluster]
-
-
-@pytest.fixture
-def make_monitor() -> Iterator[Callable[..., hm.HostMemoryMonitor]]:
-    made: list[hm.HostMemoryMonitor] = []
-
-    def make(cluster: Any, **options: Any) -> hm.HostMemoryMonitor:
-        options.setdefault("scrape_timeout", 0.5)
-        monitor = hm.HostMemoryMonitor(options.pop("interval", 1.0), cluster=cluster, **options)
-        made.append(monitor)
-        return monitor
-
-    yield make
-    for monitor in made:
-        monitor.stop()
 
 
 def _exported_nodes(probe: MetricsProbe) -> set[str]:
