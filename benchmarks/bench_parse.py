@@ -1,6 +1,6 @@
 """Reading host memory out of one raylet payload: raylens against a full prometheus_client parse.
 
-For each recorded Ray 2.60 payload in ``shared/data/ray-2.60/`` (beside the checkout), times
+For each recorded Ray 2.60 payload bundled in ``raylens_fakes/payloads/``, times
 two ways of getting ``ray_node_mem_used`` and ``ray_node_mem_total`` from the raw response bytes:
 
 - raylens: :func:`raylens.telemetry.prometheus_text.extract_samples`, which searches for the
@@ -23,7 +23,6 @@ import statistics
 import sys
 import timeit
 from collections.abc import Callable
-from pathlib import Path
 
 from prometheus_client.openmetrics.parser import (
     text_string_to_metric_families as openmetrics_families,
@@ -31,8 +30,8 @@ from prometheus_client.openmetrics.parser import (
 from prometheus_client.parser import text_string_to_metric_families as text_families
 
 from raylens.telemetry.prometheus_text import extract_samples
+from raylens_fakes.raylet import RECORDED_PAYLOADS, load_recorded_payload
 
-PAYLOAD_DIR = Path(__file__).resolve().parents[2] / "shared" / "data" / "ray-2.60"
 WANTED = ("ray_node_mem_used", "ray_node_mem_total")
 
 
@@ -59,32 +58,27 @@ def main(argv: list[str] | None = None) -> int:
     if args.repeat < 1:
         parser.error(f"--repeat must be at least 1, got {args.repeat}")
 
-    paths = sorted(PAYLOAD_DIR.glob("*.prom")) + sorted(PAYLOAD_DIR.glob("*.openmetrics"))
-    if not paths:
-        print(f"no recorded payloads (*.prom, *.openmetrics) in {PAYLOAD_DIR}", file=sys.stderr)
-        return 1
-
-    print(f"Python {sys.version.split()[0]}; median (best) of {args.repeat} rounds; {PAYLOAD_DIR}")
+    print(f"Python {sys.version.split()[0]}; median (best) of {args.repeat} rounds")
     header = (
         f"{'payload':<18} {'size KB':>8} {'raylens µs':>18} {'prometheus_client ms':>22} "
         f"{'ratio':>7}"
     )
     print(header)
     print("-" * len(header))
-    for path in paths:
-        payload = path.read_bytes()
-        full_parser = openmetrics_families if path.suffix == ".openmetrics" else text_families
+    for name in RECORDED_PAYLOADS:
+        payload = load_recorded_payload(name)
+        full_parser = openmetrics_families if name.endswith(".openmetrics") else text_families
         fast = extract_samples(payload, WANTED)
         slow = full_parse(payload, full_parser)
         if fast != slow:
-            print(f"{path.name}: results differ: raylens {fast} vs {slow}", file=sys.stderr)
+            print(f"{name}: results differ: raylens {fast} vs {slow}", file=sys.stderr)
             return 1
 
         ours = per_call_seconds(lambda p=payload: extract_samples(p, WANTED), args.repeat)
         theirs = per_call_seconds(lambda p=payload, f=full_parser: full_parse(p, f), args.repeat)
         ours_med, theirs_med = statistics.median(ours), statistics.median(theirs)
         print(
-            f"{path.name:<18} {len(payload) / 1024:>8.1f} "
+            f"{name:<18} {len(payload) / 1024:>8.1f} "
             f"{f'{ours_med * 1e6:.1f} ({min(ours) * 1e6:.1f})':>18} "
             f"{f'{theirs_med * 1e3:.2f} ({min(theirs) * 1e3:.2f})':>22} "
             f"{theirs_med / ours_med:>6.0f}x"

@@ -34,7 +34,13 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from importlib import resources
 from typing import Any
 
-__all__ = ["FakeRaylet", "format_sample_value", "load_payload"]
+__all__ = [
+    "RECORDED_PAYLOADS",
+    "FakeRaylet",
+    "format_sample_value",
+    "load_payload",
+    "load_recorded_payload",
+]
 
 _POLL_S = 0.1
 _USED_SERIES = b"ray_node_mem_used"
@@ -44,12 +50,25 @@ _CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 MemorySource = Callable[[], tuple[float, float]]
 
 
+#: The Ray 2.60 raylet captures bundled with the fakes, by file name: two Prometheus text
+#: scrapes (a head node and a worker node) and the head node's OpenMetrics scrape.
+RECORDED_PAYLOADS = ("head.prom", "worker.prom", "head.openmetrics")
+
+
+def load_recorded_payload(filename: str) -> bytes:
+    """The raw bytes of the bundled capture ``filename``, one of :data:`RECORDED_PAYLOADS`."""
+    if filename not in RECORDED_PAYLOADS:
+        raise ValueError(
+            f"recorded payload {filename!r} is not bundled; choose one of {RECORDED_PAYLOADS}"
+        )
+    return resources.files("raylens_fakes").joinpath("payloads", filename).read_bytes()
+
+
 def load_payload(name: str = "worker") -> bytes:
     """The bundled Ray 2.60 capture ``name`` (``"worker"``: ~97 KB, ``"head"``: ~340 KB)."""
     if name not in ("worker", "head"):
         raise ValueError(f"payload {name!r} is not bundled; choose 'worker' or 'head'")
-    payloads = resources.files("raylens_fakes").joinpath("payloads")
-    return payloads.joinpath(f"{name}.prom").read_bytes()
+    return load_recorded_payload(f"{name}.prom")
 
 
 def format_sample_value(value: float) -> str:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import math
-from pathlib import Path
 
 import pytest
 from prometheus_client.openmetrics.parser import (
@@ -16,13 +15,12 @@ from raylens.telemetry.prometheus_text import (
     clear_extractor_cache,
     extract_samples,
 )
+from raylens_fakes.raylet import load_recorded_payload
 
 USED = "ray_node_mem_used"
 TOTAL = "ray_node_mem_total"
 WANTED = (USED, TOTAL)
 
-# tests/unit/<this file> -> parents[3] is the folder that holds both the checkout and shared/.
-PAYLOAD_DIR = Path(__file__).resolve().parents[3] / "shared" / "data" / "ray-2.60"
 PAYLOADS = {
     "head.prom": text_families,
     "worker.prom": text_families,
@@ -31,13 +29,7 @@ PAYLOADS = {
 
 
 def _payload(name: str) -> bytes:
-    path = PAYLOAD_DIR / name
-    if not path.is_file():
-        pytest.fail(
-            f"recorded raylet payload {path} is missing: these tests expect the shared/ folder "
-            f"(with data/ray-2.60/) next to the repository checkout"
-        )
-    return path.read_bytes()
+    return load_recorded_payload(name)
 
 
 def _reference(families) -> dict[str, float]:
