@@ -5,161 +5,133 @@ example ``[[0, 1], [2, 3]]`` with names ``["dp", "tp"]``: two data-parallel repl
 two tensor-parallel ranks each. Worker groups use it to decide which workers receive
 which slice of the data.
 
-The layout is kept as nested Python lists, so this module needs nothing beyond the
-standard library. Anything that offers ``tolist()`` (a NumPy array, say) is accepted
-as input.
+It behaves as NeMo-RL's class of the same name, so code ported from there keeps
+working: the layout is a NumPy integer array that may hold any set of unique ranks
+(a sub-sharding returned by :meth:`NamedSharding.get_ranks` keeps the global ranks and
+can be rebuilt from its layout), and indexing follows NumPy's rules.
 """
 
 from __future__ import annotations
 
-import itertools
 import operator
-from collections.abc import Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
-__all__ = ["NamedSharding"]
+import numpy as np
 
-_Coords = tuple[int, ...]
+__all__ = ["REPLICATED_AXES", "NamedSharding", "ShardingIndexError"]
+
+#: Axes along which every rank holds the same copy of the data, so only index 0 of
+#: each needs to act on it (see :meth:`NamedSharding.is_axis_zero`).
+REPLICATED_AXES = ("tensor_parallel", "context_parallel", "pipeline_parallel")
 
 
-def _is_nested(value: Any) -> bool:
-    return isinstance(value, (list, tuple))
+class ShardingIndexError(IndexError, ValueError):
+    """An index along a named axis that is outside it.
+
+    An ``IndexError``, as NumPy indexing raises, and a ``ValueError`` like every other
+    mistake in a sharding call.
+    """
 
 
-def _as_rank(value: Any) -> int:
-    """``value`` as a plain int, or ValueError when it is not an integer."""
+def _as_integer_array(layout: Any) -> np.ndarray:
+    """``layout`` as a fresh integer array; ValueError for ragged or non-integer input."""
     try:
-        if isinstance(value, bool):
-            raise TypeError("a bool is not a rank")
-        return operator.index(value)
-    except TypeError:
-        raise ValueError(f"every rank in the layout must be an integer, got {value!r}") from None
-
-
-def _shape_of(layout: Any) -> tuple[int, ...]:
-    """The dimensions of a rectangular nested list; ValueError for ragged ones."""
-    shape: list[int] = []
-    level = layout
-    while _is_nested(level):
-        shape.append(len(level))
-        if not level:
-            break
-        level = level[0]
-    _check_rectangular(layout, tuple(shape), ())
-    return tuple(shape)
-
-
-def _check_rectangular(node: Any, shape: tuple[int, ...], where: _Coords) -> None:
-    depth = len(where)
-    if depth == len(shape):
-        if _is_nested(node):
-            raise ValueError(
-                f"the layout is ragged: element at {list(where)} is a sequence, "
-                f"expected a rank (the layout must be rectangular with shape {list(shape)})"
-            )
-        return
-    if not _is_nested(node) or len(node) != shape[depth]:
-        found = f"length {len(node)}" if _is_nested(node) else f"the value {node!r}"
+        array = np.array(layout)
+    except ValueError as error:
         raise ValueError(
-            f"the layout is ragged: element at {list(where)} has {found}, expected a "
-            f"sequence of length {shape[depth]} (the layout must be rectangular "
-            f"with shape {list(shape)})"
+            f"the layout must be rectangular (every row the same length): {error}"
+        ) from None
+    if array.dtype == object:
+        # Integer-like objects (anything with __index__) are accepted one by one; a
+        # ragged nesting also ends up here and is reported as such.
+        flat = []
+        for value in array.reshape(-1):
+            if isinstance(value, (list, tuple)):
+                raise ValueError(
+                    "the layout is ragged: it must be rectangular (every row the same length)"
+                )
+            try:
+                flat.append(operator.index(value))
+            except TypeError:
+                raise ValueError(
+                    f"Layout must contain only integer rank IDs; got {value!r}"
+                ) from None
+        return np.array(flat, dtype=np.int64).reshape(array.shape)
+    if np.issubdtype(array.dtype, np.integer):
+        return array
+    if np.issubdtype(array.dtype, np.floating):
+        whole = np.isfinite(array) & (np.mod(array, 1) == 0)
+        if bool(np.all(whole)):
+            return array.astype(np.int64)
+        bad = array[~whole].reshape(-1)[0]
+        raise ValueError(f"Layout must contain only integer rank IDs; got {bad!r}")
+    sample = array.reshape(-1)[0].item() if array.size else None
+    raise ValueError(
+        f"Layout must contain only integer rank IDs; got {sample!r} ({array.dtype} entries)"
+    )
+
+
+def _checked_names(names: Sequence[str]) -> list[str]:
+    names = list(names)
+    for name in names:
+        if not isinstance(name, str):
+            raise ValueError(f"every axis name must be a string, got {name!r}")
+    repeated = sorted({name for name in names if names.count(name) > 1})
+    if repeated:
+        raise ValueError(
+            f"axis names must be unique; {', '.join(map(repr, repeated))} appears "
+            f"more than once in {names}"
         )
-    for position, child in enumerate(node):
-        _check_rectangular(child, shape, (*where, position))
-
-
-def _map_leaves(node: Any, fn: Any) -> Any:
-    if _is_nested(node):
-        return [_map_leaves(child, fn) for child in node]
-    return fn(node)
-
-
-def _at(layout: Any, coords: _Coords) -> Any:
-    for index in coords:
-        layout = layout[index]
-    return layout
-
-
-def _deep_copy(layout: Any) -> Any:
-    return _map_leaves(layout, lambda rank: rank)
+    return names
 
 
 class NamedSharding:
-    """A rectangular grid of worker ranks whose axes have names.
+    """A rectangular grid of unique integer worker ranks whose axes have names.
 
-    ``layout`` is a nested sequence (or anything with ``tolist()``) holding every rank
-    ``0..n-1`` exactly once; ``names`` gives one name per dimension, outermost first.
-    Construction raises ValueError for duplicate or missing ranks, non-integer entries,
-    ragged nesting, or a name count that differs from the number of dimensions.
+    ``layout`` is anything NumPy turns into a rectangular integer array (nested lists,
+    an array); whole-number floats are accepted and stored as integers. ``names``
+    gives one name per dimension, outermost first. Construction raises ValueError for
+    duplicate ranks, non-integer entries, ragged nesting, repeated names, or a name
+    count that differs from the number of dimensions.
 
-    Instances are immutable: :attr:`layout` and :attr:`names` return copies.
+    Instances are immutable: :attr:`layout` and :attr:`names` return copies. Two
+    shardings are equal when their names and layouts are.
     """
 
+    #: See the module constant :data:`REPLICATED_AXES`.
+    REPLICATED_AXES = REPLICATED_AXES
+
     def __init__(self, layout: Any, names: Sequence[str]) -> None:
-        if hasattr(layout, "tolist") and not _is_nested(layout):
-            layout = layout.tolist()
-        if not _is_nested(layout):
+        array = _as_integer_array(layout)
+        names = _checked_names(names)
+        if array.ndim != len(names):
             raise ValueError(
-                f"layout must be a (nested) sequence of ranks such as [[0, 1], [2, 3]], "
-                f"got {layout!r}"
+                f"Number of dimensions in layout ({array.ndim}) must match number of names "
+                f"({len(names)}): the layout has shape {list(array.shape)}, the names are "
+                f"{names}; give exactly one name per dimension"
             )
-        names = list(names)
-        for name in names:
-            if not isinstance(name, str):
-                raise ValueError(f"every axis name must be a string, got {name!r}")
-        repeated = sorted({name for name in names if names.count(name) > 1})
-        if repeated:
+        ranks, counts = np.unique(array, return_counts=True)
+        duplicates = ranks[counts > 1]
+        if duplicates.size:
             raise ValueError(
-                f"axis names must be unique; {', '.join(map(repr, repeated))} appears "
-                f"more than once in {names}"
+                f"Duplicate ranks found in layout: {duplicates.tolist()}; each rank may "
+                "appear only once"
             )
-        shape = _shape_of(layout)
-        if len(shape) != len(names):
-            dims = f"{len(shape)} dimension{'s' if len(shape) != 1 else ''}"
-            given = f"{len(names)} name{'s' if len(names) != 1 else ''}"
-            raise ValueError(
-                f"the layout has {dims} (shape {list(shape)}) but {given} were given "
-                f"({names}); give exactly one name per dimension"
-            )
-        size = 1
-        for extent in shape:
-            size *= extent
-        if size == 0:
-            raise ValueError(f"the layout is empty (shape {list(shape)}): it holds no ranks")
-        ranks_layout = _map_leaves(layout, _as_rank)
-        rank_to_coords: dict[int, _Coords] = {}
-        duplicates: set[int] = set()
-        for coords in itertools.product(*(range(extent) for extent in shape)):
-            rank = _at(ranks_layout, coords)
-            if rank in rank_to_coords:
-                duplicates.add(rank)
-            rank_to_coords[rank] = coords
-        if duplicates:
-            raise ValueError(
-                f"the layout holds duplicate ranks {sorted(duplicates)}; each rank "
-                f"0..{size - 1} must appear exactly once"
-            )
-        expected = set(range(size))
-        if set(rank_to_coords) != expected:
-            missing = sorted(expected - set(rank_to_coords))
-            unexpected = sorted(set(rank_to_coords) - expected)
-            raise ValueError(
-                f"a layout of {size} entries must hold the ranks 0..{size - 1} exactly "
-                f"once: missing {missing}, unexpected {unexpected}"
-            )
-        self._layout = ranks_layout
+        array.setflags(write=False)
+        self._layout = array
         self._names = names
-        self._shape = shape
-        self._size = size
-        self._rank_to_coords = rank_to_coords
+        self._axis_of = {name: axis for axis, name in enumerate(names)}
+        self._rank_to_coords: dict[int, tuple[int, ...]] = {
+            int(array[coords]): tuple(int(c) for c in coords) for coords in np.ndindex(array.shape)
+        }
 
     # ---- description ----------------------------------------------------------------
 
     @property
     def shape(self) -> dict[str, int]:
         """Axis name to axis length, in axis order."""
-        return dict(zip(self._names, self._shape))
+        return {name: int(extent) for name, extent in zip(self._names, self._layout.shape)}
 
     @property
     def names(self) -> list[str]:
@@ -174,112 +146,125 @@ class NamedSharding:
     @property
     def size(self) -> int:
         """Number of ranks in the layout."""
-        return self._size
+        return int(self._layout.size)
 
     @property
-    def layout(self) -> Any:
-        """The rank grid as nested lists of ints (a copy the caller may change)."""
-        return _deep_copy(self._layout)
+    def layout(self) -> np.ndarray:
+        """The rank grid as an integer array (a copy the caller may change)."""
+        return self._layout.copy()
 
     def get_axis_index(self, name: str) -> int:
         """Position of axis ``name`` among the dimensions; ValueError if unknown."""
         try:
-            return self._names.index(name)
-        except ValueError:
+            return self._axis_of[name]
+        except (KeyError, TypeError):
             raise ValueError(self._unknown_axis_message(name)) from None
 
     def get_axis_size(self, name: str) -> int:
         """Length of axis ``name``; ValueError if unknown."""
-        return self._shape[self.get_axis_index(name)]
+        return int(self._layout.shape[self.get_axis_index(name)])
+
+    @staticmethod
+    def is_axis_zero(coords: Mapping[str, int], axes: Iterable[str]) -> bool:
+        """True when ``coords`` is at index 0 of every axis in ``axes``.
+
+        An axis missing from ``coords`` counts as index 0, so a worker of a sharding
+        without, say, a context-parallel axis is at its only index there.
+        """
+        return all(coords.get(axis, 0) == 0 for axis in axes)
 
     # ---- lookups --------------------------------------------------------------------
 
-    def get_worker_coords(self, rank: int) -> dict[str, int]:
-        """Where ``rank`` sits: ``{axis name: index along that axis}``."""
-        try:
-            coords = None if isinstance(rank, bool) else self._rank_to_coords.get(rank.__index__())
-        except AttributeError:
-            coords = None
+    def get_worker_coords(self, worker_id: int) -> dict[str, int]:
+        """Where ``worker_id`` sits: ``{axis name: index along that axis}``."""
+        coords = None
+        if not isinstance(worker_id, bool):
+            try:
+                coords = self._rank_to_coords.get(operator.index(worker_id))
+            except TypeError:
+                coords = None
         if coords is None:
-            raise ValueError(f"rank {rank!r} is not in this layout; ranks are 0..{self._size - 1}")
+            raise ValueError(
+                f"Worker ID {worker_id!r} not found in sharding layout. It holds "
+                f"{self.size} ranks{self._rank_range()}"
+            )
         return dict(zip(self._names, coords))
 
     def get_ranks_by_coord(self, **coords: int) -> list[int]:
         """Every rank whose coordinates match ``coords``, in ascending order.
 
         Axes left out match any index, so ``get_ranks_by_coord(dp=1)`` lists the whole
-        replica ``dp=1``.
+        replica ``dp=1``. An index outside its axis matches nothing (an empty list).
         """
-        fixed = self._checked_indices(coords)
-        return sorted(
-            rank
-            for rank, position in self._rank_to_coords.items()
-            if all(position[axis] == index for axis, index in fixed.items())
-        )
+        index: list[Any] = [slice(None)] * self.ndim
+        for name, position in coords.items():
+            axis = self.get_axis_index(name)
+            extent = self._layout.shape[axis]
+            value = self._integer_index(name, position, extent)
+            if not 0 <= value < extent:
+                return []
+            index[axis] = value
+        return sorted(int(rank) for rank in np.asarray(self._layout[tuple(index)]).reshape(-1))
 
     def get_ranks(self, **indices: int) -> NamedSharding | int:
-        """Index the grid by axis name.
+        """Index the grid by axis name, as NumPy indexes the layout.
 
-        With every axis given, the single rank there. With some axes given, the
-        sub-grid that remains, as a NamedSharding over the remaining axes whose
-        entries are still the global ranks (so it is not renumbered). With none
-        given, this sharding itself.
+        With every axis given, the single rank there (an int). With some axes given,
+        the sub-grid that remains, as a NamedSharding over the remaining axes holding
+        the same global ranks. With none given, this sharding itself. A negative index
+        counts from the end of its axis; one outside the axis raises
+        :class:`ShardingIndexError` (an ``IndexError``).
         """
-        fixed = self._checked_indices(indices)
-        if not fixed:
+        if not indices:
             return self
-        if len(fixed) == self.ndim:
-            return _at(self._layout, tuple(fixed[axis] for axis in range(self.ndim)))
-        remaining = [axis for axis in range(self.ndim) if axis not in fixed]
-        sub = self._select(self._layout, 0, fixed)
-        sharding = NamedSharding.__new__(NamedSharding)
-        sharding._layout = sub
-        sharding._names = [self._names[axis] for axis in remaining]
-        sharding._shape = tuple(self._shape[axis] for axis in remaining)
-        sharding._size = 1
-        for extent in sharding._shape:
-            sharding._size *= extent
-        sharding._rank_to_coords = {}
-        for coords in itertools.product(*(range(extent) for extent in sharding._shape)):
-            sharding._rank_to_coords[_at(sub, coords)] = coords
-        return sharding
-
-    def _select(self, node: Any, depth: int, fixed: dict[int, int]) -> Any:
-        if depth == self.ndim:
-            return node
-        if depth in fixed:
-            return self._select(node[fixed[depth]], depth + 1, fixed)
-        return [self._select(child, depth + 1, fixed) for child in node]
-
-    def _checked_indices(self, indices: dict[str, Any]) -> dict[int, int]:
-        fixed: dict[int, int] = {}
-        for name, index in indices.items():
+        index: list[Any] = [slice(None)] * self.ndim
+        for name, position in indices.items():
             axis = self.get_axis_index(name)
-            extent = self._shape[axis]
-            try:
-                position = _as_rank(index)
-            except ValueError:
-                position = None
-            if position is None or not 0 <= position < extent:
-                problem = "is out of range" if position is not None else "is not an integer"
-                raise ValueError(
-                    f"{name}={index!r} {problem}: axis {name!r} takes an integer 0..{extent - 1}"
+            extent = int(self._layout.shape[axis])
+            value = self._integer_index(name, position, extent)
+            if not -extent <= value < extent:
+                raise ShardingIndexError(
+                    f"index {name}={position!r} is out of bounds for axis {name!r} with size "
+                    f"{extent}; it takes 0..{extent - 1} (or -{extent}..-1 from the end)"
                 )
-            fixed[axis] = position
-        return fixed
+            index[axis] = value
+        selected = self._layout[tuple(index)]
+        remaining = [name for name in self._names if name not in indices]
+        if not remaining:
+            return int(selected)
+        return NamedSharding(selected, remaining)
+
+    @staticmethod
+    def _integer_index(name: str, position: Any, extent: int) -> int:
+        if not isinstance(position, bool):
+            try:
+                return operator.index(position)
+            except TypeError:
+                pass
+        raise ShardingIndexError(
+            f"index {name}={position!r} is not an integer: axis {name!r} takes an integer "
+            f"0..{extent - 1}"
+        )
+
+    def _rank_range(self) -> str:
+        if not self._rank_to_coords:
+            return ""
+        return f" between {min(self._rank_to_coords)} and {max(self._rank_to_coords)}"
 
     def _unknown_axis_message(self, name: object) -> str:
-        known = ", ".join(repr(known) for known in self._names)
-        return f"unknown axis {name!r}; this sharding's axes are {known}"
+        return f"Invalid axis name: {name!r}. Valid names are: {self._names}"
 
     # ---- value semantics ------------------------------------------------------------
 
     def __eq__(self, other: object) -> bool:
         if not isinstance(other, NamedSharding):
             return NotImplemented
-        return self._names == other._names and self._layout == other._layout
+        return self._names == other._names and bool(np.array_equal(self._layout, other._layout))
 
     __hash__ = None  # type: ignore[assignment]
 
     def __repr__(self) -> str:
-        return f"NamedSharding(layout={self._layout!r}, names={self._names!r})"
+        return (
+            f"NamedSharding(shape={tuple(int(n) for n in self._layout.shape)}, "
+            f"names={self._names}, layout={self._layout})"
+        )
