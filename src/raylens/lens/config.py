@@ -16,7 +16,17 @@ Variables (all optional):
     The OTLP/HTTP base endpoint (``/v1/metrics`` is appended), or the full metrics
     URL, which wins; default ``http://localhost:4318/v1/metrics``.
 ``OTEL_METRIC_EXPORT_INTERVAL``
-    Milliseconds between pushes of a periodic exporter; default 60000.
+    Milliseconds between pushes of a periodic exporter; default 60000. At most
+    :data:`MAX_EXPORT_INTERVAL_MS` (what a Python thread can wait for at once).
+``RAYLENS_WORKER_GROUP``, ``NRL_WORKER_GROUP``
+    The worker group this process belongs to, exported as the ``rl.worker_group``
+    resource attribute. raylens' worker groups set both in every worker; the
+    raylens name wins when both are set, and either wins over an ``rl.worker_group``
+    given in ``OTEL_RESOURCE_ATTRIBUTES``.
+
+OTLP endpoints must be absolute ``http://`` or ``https://`` URLs with a host; a
+malformed one (``http://[::1``, a port that is not a number) is refused here rather
+than failing every export later.
 
 As OpenTelemetry defines it for its own variables, a variable set to an empty
 (or blank) value is treated as unset, for every variable above.
@@ -25,8 +35,12 @@ As OpenTelemetry defines it for its own variables, a variable set to an empty
 from __future__ import annotations
 
 import os
+import threading
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from urllib.parse import urlsplit
+
+from raylens.lens.safe_text import encodable
 
 EXPORTERS = ("console", "otlp", "prometheus", "none")
 
@@ -34,6 +48,13 @@ DEFAULT_SERVICE_NAME = "raylens"
 DEFAULT_PROMETHEUS_ADDR = "127.0.0.1:9464"
 DEFAULT_OTLP_ENDPOINT = "http://localhost:4318"
 DEFAULT_EXPORT_INTERVAL_MS = 60_000
+# The SDK's export thread waits for the interval in one call, and a wait longer than
+# threading.TIMEOUT_MAX raises OverflowError inside that thread, which then dies.
+# Whole seconds, so that the division back to seconds cannot round above the limit.
+MAX_EXPORT_INTERVAL_MS = int(threading.TIMEOUT_MAX) * 1000
+
+WORKER_GROUP_ATTRIBUTE = "rl.worker_group"
+WORKER_GROUP_VARIABLES = ("RAYLENS_WORKER_GROUP", "NRL_WORKER_GROUP")
 
 _TRUE = {"1", "true", "on", "yes"}
 _FALSE = {"0", "false", "off", "no"}
@@ -86,9 +107,10 @@ class TelemetryConfig:
             self.export_interval_ms, int
         ):
             raise ValueError(f"export_interval_ms must be an int, got {self.export_interval_ms!r}")
-        if self.export_interval_ms <= 0:
+        if not 1 <= self.export_interval_ms <= MAX_EXPORT_INTERVAL_MS:
             raise ValueError(
-                f"export_interval_ms={self.export_interval_ms} must be a positive number of ms"
+                f"export_interval_ms={self.export_interval_ms} is out of range; allowed: "
+                f"1 to {MAX_EXPORT_INTERVAL_MS} milliseconds"
             )
         parse_host_port(self.prometheus_addr, source="prometheus_addr")
 
@@ -120,8 +142,8 @@ class TelemetryConfig:
             ("OTEL_EXPORTER_OTLP_METRICS_ENDPOINT", metrics_endpoint),
             ("OTEL_EXPORTER_OTLP_ENDPOINT", base_endpoint),
         ):
-            if url and not url.startswith(("http://", "https://")):
-                raise ValueError(f"{variable}={url!r} must be an http:// or https:// URL")
+            if url:
+                check_http_url(url, source=variable)
 
         default_exporter = "otlp" if (metrics_endpoint or base_endpoint) else "none"
         exporter = env.get("RAYLENS_EXPORTER", default_exporter).strip().lower() or default_exporter
@@ -135,19 +157,16 @@ class TelemetryConfig:
         parse_host_port(prometheus_addr, source="RAYLENS_PROMETHEUS_ADDR")
 
         interval_raw = env.get("OTEL_METRIC_EXPORT_INTERVAL", str(DEFAULT_EXPORT_INTERVAL_MS))
-        try:
-            interval = int(interval_raw.strip())
-        except ValueError:
-            interval = -1
-        if interval <= 0:
-            raise ValueError(
-                f"OTEL_METRIC_EXPORT_INTERVAL={interval_raw!r} must be a positive whole number "
-                "of milliseconds"
-            )
+        interval = parse_interval_ms(interval_raw, source="OTEL_METRIC_EXPORT_INTERVAL")
 
         resource_attributes = _parse_resource_attributes(env.get("OTEL_RESOURCE_ATTRIBUTES", ""))
+        for variable in WORKER_GROUP_VARIABLES:
+            group = env.get(variable, "").strip()
+            if group:
+                resource_attributes[WORKER_GROUP_ATTRIBUTE] = encodable(group)
+                break
         # OTEL_SERVICE_NAME wins over a service.name among the resource attributes.
-        service_name = (
+        service_name = encodable(
             env.get("OTEL_SERVICE_NAME", "").strip()
             or resource_attributes.get("service.name", "")
             or DEFAULT_SERVICE_NAME
@@ -178,5 +197,50 @@ def _parse_resource_attributes(raw: str) -> dict[str, str]:
             raise ValueError(
                 f"OTEL_RESOURCE_ATTRIBUTES={raw!r} has {item!r}, which is not key=value"
             )
-        attributes[key.strip()] = unquote(value.strip())
+        attributes[encodable(key.strip())] = encodable(unquote(value.strip()))
     return attributes
+
+
+def parse_interval_ms(raw: str, *, source: str) -> int:
+    """A whole number of milliseconds from 1 to :data:`MAX_EXPORT_INTERVAL_MS`.
+
+    Raises ValueError naming ``source``, the value and the allowed range.
+    """
+    text = raw.strip()
+    interval = int(text) if text.isascii() and text.isdigit() else 0
+    if not 1 <= interval <= MAX_EXPORT_INTERVAL_MS:
+        raise ValueError(
+            f"{source}={raw!r} is not a positive whole number of milliseconds in range; "
+            f"allowed: 1 to {MAX_EXPORT_INTERVAL_MS}"
+        )
+    return interval
+
+
+def check_http_url(url: str, *, source: str) -> None:
+    """Refuse ``url`` unless it is an absolute http(s) URL with a host and a valid port.
+
+    Uses :func:`urllib.parse.urlsplit` (a linear scan, no regular expression). Control
+    characters and spaces are refused first, since ``urlsplit`` silently drops some.
+    Raises ValueError naming ``source`` and the URL.
+    """
+    problem = ""
+    if any(ch <= " " or ch == "\x7f" for ch in url):
+        problem = "holds a space or control character"
+    else:
+        try:
+            parts = urlsplit(url)
+            port = parts.port  # ValueError for a port that is not a number in 0-65535
+        except ValueError as error:
+            problem = f"cannot be parsed ({error})"
+        else:
+            if parts.scheme not in ("http", "https"):
+                problem = "must start with http:// or https://"
+            elif not parts.hostname:
+                problem = "has no host"
+            elif port == 0:
+                problem = "has port 0"
+    if problem:
+        raise ValueError(
+            f"{source}={url!r} {problem}; allowed: an http:// or https:// URL such as "
+            "http://collector:4318"
+        )
