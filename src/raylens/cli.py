@@ -14,8 +14,10 @@ stdout that goes away (``| head``) ends watch, simulate and demo with 141.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import json
+import logging
 import math
 import os
 import sys
@@ -27,6 +29,7 @@ from typing import Any
 
 from rich.console import Console
 from rich.live import Live
+from rich.text import Text
 
 import raylens
 from raylens.lens import (
@@ -36,6 +39,7 @@ from raylens.lens import (
     init_telemetry,
     shutdown_telemetry,
 )
+from raylens.lens.safe_text import printable
 from raylens.live_table import NodeRow, ProcessTreeRow, node_table, process_table
 
 _HISTORY = 24
@@ -218,6 +222,11 @@ def _stop_monitoring(monitor: Any) -> None:
 # --------------------------------------------------------------------------- output
 
 
+def printable_lines(text: str) -> str:
+    """``text`` with control characters escaped line by line, its line breaks kept."""
+    return "\n".join(printable(line) for line in text.splitlines())
+
+
 class _Console(Console):
     """A console that reports a closed pipe to its caller instead of exiting the process."""
 
@@ -253,6 +262,7 @@ class _Output:
         self.as_json = as_json
         self.console = console or _default_console()
         self.closed = False
+        self.display_failed = False
         self._live: Live | None = None
 
     def _write(self, action: Callable[[], None]) -> None:
@@ -284,25 +294,48 @@ class _Output:
         else:
             yield self
 
-    def show(self, renderable: Any, record: dict[str, Any]) -> None:
-        if self.as_json:
+    def show(self, render: Callable[[], Any], record: dict[str, Any]) -> None:
+        """Show one sample: ``render()`` builds its table, ``record`` is its JSON form.
+
+        A table that cannot be built or drawn is reported once on stderr; from then
+        on every sample is written as its JSON line, and the command carries on.
+        """
+        if self.as_json or self.display_failed:
 
             def write() -> None:
                 sys.stdout.write(json.dumps(record, sort_keys=True) + "\n")
                 sys.stdout.flush()
 
             self._write(write)
-        elif self._live is not None:
-            live = self._live
-            self._write(lambda: live.update(renderable, refresh=True))
-        else:
-            self._write(lambda: self.console.print(renderable))
+            return
+        try:
+            renderable = render()
+            if self._live is not None:
+                live = self._live
+                self._write(lambda: live.update(renderable, refresh=True))
+            else:
+                self._write(lambda: self.console.print(renderable))
+        except Exception as error:
+            self._display_failed(error)
+            self.show(render, record)
+
+    def _display_failed(self, error: Exception) -> None:
+        self.display_failed = True
+        if self._live is not None:
+            # So that leaving the live display does not draw the failing table again.
+            with contextlib.suppress(Exception):
+                self._live.update(Text(""), refresh=False)
+        print(
+            f"raylens: cannot draw the table ({printable(error)}); "
+            "writing each sample as a JSON line instead",
+            file=sys.stderr,
+        )
 
     def note(self, message: str) -> None:
         if self.as_json:
-            print(message, file=sys.stderr)
+            print(printable_lines(message), file=sys.stderr)
         else:
-            self._write(lambda: self.console.print(message))
+            self._write(lambda: self.console.print(Text(printable_lines(message))))
 
     def exit_status(self) -> int:
         """0, or :data:`PIPE_CLOSED_STATUS` when the reader of stdout went away."""
@@ -388,7 +421,7 @@ def _watch_nodes(
         monitor.collect_once()
         rows = table.rows()
         record = {"time": time.time(), "nodes": [row.to_json() for row in rows]}
-        output.show(node_table(rows, title=title), record)
+        output.show(lambda: node_table(rows, title=title), record)
         if output.closed:
             stop.set()
 
@@ -630,7 +663,7 @@ def _run_profile(args: argparse.Namespace, stop: threading.Event) -> int:
         current = table.rows()
         record: dict[str, Any] = {"time": time.time(), "servers": [r.to_json() for r in current]}
         record.update(extra or {})
-        output.show(process_table(current, title=title), record)
+        output.show(lambda: process_table(current, title=title), record)
         shown = True
 
     interrupted = False
@@ -818,14 +851,25 @@ def _stop_child(
 # --------------------------------------------------------------------------- main
 
 
+class _PrintableFormatter(logging.Formatter):
+    """Log lines whose outside text (a raylet's reason phrase...) cannot drive the terminal.
+
+    The message is escaped whole, so it stays one line; a traceback line by line.
+    """
+
+    def formatMessage(self, record: logging.LogRecord) -> str:
+        return printable(super().formatMessage(record))
+
+    def formatException(self, ei: Any) -> str:
+        return printable_lines(super().formatException(ei))
+
+
 def _configure_logging(*, verbose: bool) -> None:
     """Tables already show failing nodes, so warnings go to stderr only with --verbose."""
-    import logging
-
     log = logging.getLogger("raylens")
     if not any(getattr(h, "_raylens_cli", False) for h in log.handlers):
         handler = logging.StreamHandler(sys.stderr)
-        handler.setFormatter(logging.Formatter("raylens: %(levelname)s: %(message)s"))
+        handler.setFormatter(_PrintableFormatter("raylens: %(levelname)s: %(message)s"))
         handler._raylens_cli = True  # type: ignore[attr-defined]
         log.addHandler(handler)
     log.setLevel(logging.WARNING if verbose else logging.ERROR)
@@ -843,7 +887,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         return args.handler(args, stop)
     except CliError as error:
-        print(f"raylens: error: {error}", file=sys.stderr)
+        print(f"raylens: error: {printable(str(error))}", file=sys.stderr)
         return error.exit_code
     except KeyboardInterrupt:
         stop.set()

@@ -3,6 +3,11 @@
 Pure rendering: every function here takes plain rows and returns text, a
 ``rich`` renderable or a JSON-ready dict, so the command's output is tested
 without a terminal, a cluster or a clock.
+
+Titles, node ids, host names, group names, commands and errors come from users,
+raylets and the GCS. They always enter a table as :class:`rich.text.Text` built
+from :func:`~raylens.lens.safe_text.printable`: never parsed as markup, and with
+control characters shown as escapes instead of acted on by the terminal.
 """
 
 from __future__ import annotations
@@ -17,6 +22,8 @@ from rich.constrain import Constrain
 from rich.measure import Measurement
 from rich.table import Table
 from rich.text import Text
+
+from raylens.lens.safe_text import printable
 
 _SPARK = "▁▂▃▄▅▆▇█"
 _UNITS = ("B", "KiB", "MiB", "GiB", "TiB", "PiB")
@@ -110,9 +117,14 @@ _UNBOUNDED = 100_000
 _SPARE_COLUMNS = 2
 
 
+def _plain(text: str) -> Text:
+    """Outside text as it reads: no markup, control characters escaped."""
+    return Text(printable(text))
+
+
 def _shrinkable(text: str, style: str = "", *, short: int | None = None) -> Text:
     """A cell cut short with an ellipsis, never wrapped, when its column must narrow."""
-    cell = Text(text, style=style, no_wrap=True, overflow="ellipsis")
+    cell = Text(printable(text), style=style, no_wrap=True, overflow="ellipsis")
     if short is not None:
         cell.truncate(short, overflow="ellipsis")
     return cell
@@ -151,7 +163,7 @@ def _table(
     rows: Sequence[dict[str, Any]],
     left_out: frozenset[str],
 ) -> Table:
-    table = Table(title=title, title_justify="left", expand=False)
+    table = Table(title=_plain(title), title_justify="left", expand=False)
     kept = [(name, options) for name, options in columns if name not in left_out]
     for name, options in kept:
         table.add_column(name, **options)
@@ -184,7 +196,7 @@ def _node_cells(row: NodeRow, short: bool) -> dict[str, Any]:
         style = "red" if percent >= 90 else "yellow" if percent >= 75 else "green"
         percent_cell = Text(f"{percent:.1f}%", style=style, no_wrap=True)
     return {
-        "node": row.node_id[:8],
+        "node": _plain(row.node_id[:8]),
         "host": _shrinkable(row.host, short=_SHORT_HOST if short else None),
         "used": format_bytes(row.used),
         "total": format_bytes(row.total),

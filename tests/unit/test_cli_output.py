@@ -91,3 +91,27 @@ def test_a_meaningless_columns_variable_falls_back_to_a_wide_table(
     monkeypatch.setenv("COLUMNS", columns)
     assert main(["simulate", "--nodes", "1", "--once"]) == 0
     assert "sim-node-0" in capsys.readouterr().out
+
+
+def test_the_verbose_log_escapes_control_characters_from_the_network() -> None:
+    import logging
+
+    from raylens.cli import _PrintableFormatter
+
+    formatter = _PrintableFormatter("raylens: %(levelname)s: %(message)s")
+    reason = "500 \x1b]0;PWNED\x07\x1b[2J\nraylens: ERROR: forged"
+    record = logging.LogRecord(
+        "raylens", logging.WARNING, __file__, 1, "node failed: %s", (reason,), None
+    )
+    line = formatter.format(record)
+    assert "\x1b" not in line and "\x07" not in line and "\n" not in line
+    assert line.startswith("raylens: WARNING: node failed: 500 \\x1b]0;PWNED\\x07")
+
+
+def test_an_error_line_escapes_control_characters(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setenv("RAYLENS_EXPORTER", "jaeger\x1b[2J")
+    assert main(["simulate", "--nodes", "1", "--once"]) == 2
+    err = capsys.readouterr().err
+    assert "\x1b" not in err and "jaeger" in err

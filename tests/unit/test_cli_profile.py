@@ -204,3 +204,32 @@ def test_a_long_interval_still_shows_the_command_within_a_second(
     first, summary = _records(capfd.readouterr().out)
     assert "summary" not in first and first["servers"][0]["processes"] == 1
     assert summary["summary"] is True
+
+
+def test_markup_in_the_command_line_is_shown_and_the_command_runs_to_its_end(
+    tmp_path: Path, capfd: pytest.CaptureFixture[str]
+) -> None:
+    done = tmp_path / "done"
+    script = f"sleep 0.3; echo ran > {done}; exit 6"
+    argv = ["profile", "--interval", "0.1", "--", "sh", "-c", script, "data[/train]"]
+    assert main(argv) == 6
+    out, err = capfd.readouterr()
+    assert done.read_text() == "ran\n"
+    assert "data[/train]" in out and "Traceback" not in err, err
+
+
+def test_a_display_that_fails_never_touches_the_command(
+    tmp_path: Path, capfd: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def broken(*args: object, **kwargs: object) -> None:
+        raise RuntimeError("the table cannot be drawn")
+
+    monkeypatch.setattr(cli, "process_table", broken)
+    done = tmp_path / "done"
+    script = f"sleep 0.5; echo ran > {done}; exit 7"
+    assert main(["profile", "--interval", "0.1", "--", "sh", "-c", script]) == 7
+    out, err = capfd.readouterr()
+    assert done.read_text() == "ran\n"
+    assert err.count("the table cannot be drawn") == 1, err
+    assert "Traceback" not in err, err
+    assert _records(out)[-1]["exit_status"] == 7  # samples carry on as plain JSON lines

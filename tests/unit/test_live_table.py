@@ -144,3 +144,31 @@ def test_a_wide_terminal_shows_every_column_and_the_whole_error() -> None:
     text = _render(node_table(rows))
     assert "ip-10-0-0-1.ec2.internal" in text and "trend" in text and "▁█" in text
     assert "timed out x" in text
+
+
+_HOSTILE = "[bold]x[/] data[/train] [link=http://e]"
+
+
+def test_outside_text_is_shown_as_written_never_as_markup() -> None:
+    rows = [
+        NodeRow(_HOSTILE + "aaaa", _HOSTILE, 1, 4, _HOSTILE, 1.0),
+        NodeRow("[/]bbbbbbbbbb", "h", None, None, "none", None, _HOSTILE),
+    ]
+    text = _render(node_table(rows, title="at " + _HOSTILE))
+    assert "at " + _HOSTILE in text
+    assert "[/]bbbbb" in text
+    assert text.count("data[/train]") >= 3, text
+    process = _render(
+        process_table([ProcessTreeRow(_HOSTILE, 1, 1, 1, 1, 0, 1, 1)], title=_HOSTILE)
+    )
+    assert process.count(_HOSTILE[:12]) >= 2, process
+
+
+def test_control_characters_are_escaped_in_every_cell_and_the_title() -> None:
+    hostile = "500 \x1b]0;PWNED\x07\x1b[2J"
+    rows = [NodeRow("n\x1b[2J", "h\x1b]0;t\x07", None, None, "g\x1b[31m", None, hostile)]
+    text = _render(node_table(rows, title="t\x1b[2J"))
+    assert "\x1b" not in text and "\x07" not in text
+    assert "\\x1b]0;PWNED\\x07" in text and "t\\x1b[2J" in text
+    process = _render(process_table([ProcessTreeRow("p\x1b[2J", 1, 1, 1, 1, 0, 1, 1)]))
+    assert "\x1b" not in process and "p\\x1b" in process
