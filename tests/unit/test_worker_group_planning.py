@@ -26,18 +26,36 @@ def test_default_is_one_worker_per_bundle() -> None:
 
 
 def test_int_applies_to_every_node_with_bundles() -> None:
-    assert wp._bundle_indices_from_workers_per_node(1, [2, 0, 3]) == [(0, [0]), (2, [0])]
+    # nodes are counted among those holding bundles, one placement group each
+    assert wp._bundle_indices_from_workers_per_node(1, [2, 0, 3]) == [(0, [0]), (1, [0])]
 
 
 def test_list_gives_count_per_node() -> None:
     assert wp._bundle_indices_from_workers_per_node([0, 2], [2, 2]) == [(1, [0]), (1, [1])]
 
 
+def test_list_has_one_entry_per_placement_group() -> None:
+    expected = [(0, [0]), (1, [0]), (1, [1])]
+    assert wp._bundle_indices_from_workers_per_node([1, 2], [2, 0, 2]) == expected
+    # one entry per logical node, empty ones included, is still understood
+    assert wp._bundle_indices_from_workers_per_node([1, 0, 2], [2, 0, 2]) == expected
+    with pytest.raises(ValueError, match=r"3 entries.*2 placement groups"):
+        wp._bundle_indices_from_workers_per_node([1, 1, 2], [2, 0, 2])
+
+
+def test_an_empty_middle_node_does_not_shift_node_rank() -> None:
+    cluster = RayVirtualCluster([2, 0, 2], use_gpus=False)
+    indices = wp._bundle_indices_from_workers_per_node(None, cluster.bundle_ct_per_node_list)
+    plans = wp._plan_workers(indices, cluster.node_and_local_index, "g")
+    assert [p.node_rank for p in plans] == [0, 0, 1, 1]
+    assert [p.local_rank for p in plans] == [0, 1, 0, 1]
+
+
 @pytest.mark.parametrize(
     ("workers_per_node", "match"),
     [
         (3, r"3 workers on node 0.*only 2 bundles"),
-        ([1], r"1 entries.*2 nodes"),
+        ([1], r"1 entries.*2 placement groups"),
         ([1, 5], r"5 workers on node 1"),
         ([1, -1], r"-1"),
         ([0, 0], r"no workers"),

@@ -32,7 +32,7 @@ def test_defaults_and_sizes() -> None:
     assert cluster.world_size() == 5
     assert cluster.node_count() == 2
     assert cluster.bundle_ct_per_node_list == [2, 0, 3]
-    assert cluster.placement_group_strategy == "SPREAD"
+    assert cluster.placement_group_strategy == "PACK"
     assert cluster.max_colocated_worker_groups == 1
     assert cluster.num_gpus_per_node == 8
     assert cluster.use_gpus is False
@@ -143,17 +143,40 @@ def test_pack_strategies_make_one_group_per_node(strategy: str) -> None:
     assert all(group.strategy == strategy for group in plan)
 
 
+def test_default_is_one_pack_group_per_node() -> None:
+    cluster = RayVirtualCluster([2, 0, 3], use_gpus=False, name="gen")
+    assert cluster.placement_group_strategy == "PACK"
+    assert cluster.use_unified_pg is False
+    plan = cluster._group_plan()
+    assert [(g.name, g.bundle_count, g.strategy) for g in plan] == [
+        ("gen-node0", 2, "PACK"),
+        ("gen-node2", 3, "PACK"),
+    ]
+
+
 @pytest.mark.parametrize("strategy", ["SPREAD", "STRICT_SPREAD"])
 def test_spread_strategies_make_one_unified_group(strategy: str) -> None:
     cluster = RayVirtualCluster([2, 0, 3], use_gpus=False, placement_group_strategy=strategy)
+    assert cluster.use_unified_pg is True
     plan = cluster._group_plan()
     assert [(group.nodes, group.bundle_count) for group in plan] == [([0, 1, 2], 5)]
 
 
+def test_unified_group_only_when_asked() -> None:
+    unified = RayVirtualCluster([1, 1], use_gpus=False, use_unified_pg=True)
+    assert [(g.bundle_count, g.strategy) for g in unified._group_plan()] == [(2, "PACK")]
+    per_node = RayVirtualCluster(
+        [1, 1], use_gpus=False, placement_group_strategy="SPREAD", use_unified_pg=False
+    )
+    assert [g.bundle_count for g in per_node._group_plan()] == [1, 1]
+    with pytest.raises(ValueError, match=r"use_unified_pg='yes'.*True, False or None"):
+        RayVirtualCluster([1], use_gpus=False, use_unified_pg="yes")  # type: ignore[arg-type]
+
+
 def test_group_names_come_from_the_cluster_name() -> None:
-    named = RayVirtualCluster([1, 1], use_gpus=False, name="gen", placement_group_strategy="PACK")
+    named = RayVirtualCluster([1, 1], use_gpus=False, name="gen")
     assert [group.name for group in named._group_plan()] == ["gen-node0", "gen-node1"]
-    unified = RayVirtualCluster([1, 1], use_gpus=False, name="gen")
+    unified = RayVirtualCluster([1, 1], use_gpus=False, name="gen", use_unified_pg=True)
     assert [group.name for group in unified._group_plan()] == ["gen-all"]
     anonymous = RayVirtualCluster([1], use_gpus=False)
     assert anonymous.name.startswith("raylens-cluster-")
@@ -161,18 +184,20 @@ def test_group_names_come_from_the_cluster_name() -> None:
 
 
 def test_bundle_address_unified() -> None:
-    cluster = RayVirtualCluster([2, 0, 3], use_gpus=False)
+    cluster = RayVirtualCluster([2, 0, 3], use_gpus=False, use_unified_pg=True)
     assert cluster._bundle_address(0, 0) == (0, 0, 0)
     assert cluster._bundle_address(0, 1) == (0, 1, 0)
-    assert cluster._bundle_address(2, 0) == (0, 2, 2)
-    assert cluster._bundle_address(2, 2) == (0, 4, 2)
+    assert cluster._bundle_address(1, 0) == (0, 2, 1)
+    assert cluster._bundle_address(1, 2) == (0, 4, 1)
 
 
-def test_bundle_address_per_node_groups() -> None:
-    cluster = RayVirtualCluster([2, 0, 3], use_gpus=False, placement_group_strategy="PACK")
+def test_bundle_address_per_node_groups_skips_empty_nodes() -> None:
+    # nodes are counted among those that hold bundles: [2, 0, 3] has nodes 0 and 1
+    cluster = RayVirtualCluster([2, 0, 3], use_gpus=False)
     assert cluster._bundle_address(0, 1) == (0, 1, 0)
-    assert cluster._bundle_address(2, 0) == (1, 0, 2)
-    assert cluster._bundle_address(2, 2) == (1, 2, 2)
+    assert cluster._bundle_address(1, 0) == (1, 0, 1)
+    assert cluster._bundle_address(1, 2) == (1, 2, 1)
+    assert cluster.node_and_local_index(1, 2) == (1, 2)
 
 
 def test_bundle_address_spills_onto_following_nodes() -> None:
@@ -185,11 +210,30 @@ def test_bundle_address_spills_onto_following_nodes() -> None:
 def test_node_and_local_index_of_a_bundle() -> None:
     cluster = RayVirtualCluster([2, 0, 3], use_gpus=False)
     assert cluster.node_and_local_index(0, 1) == (0, 1)
-    assert cluster.node_and_local_index(0, 2) == (2, 0)
-    assert cluster.node_and_local_index(1, 0) == (2, 0)
+    assert cluster.node_and_local_index(0, 2) == (1, 0)
+    assert cluster.node_and_local_index(1, 0) == (1, 0)
 
 
-@pytest.mark.parametrize(("node", "local"), [(3, 0), (-1, 0), (0, 5), (2, 3), (0, -1)])
+def test_ranks_from_where_ray_put_the_bundles() -> None:
+    assert vc._ranks_from_bundle_nodes(["b", "a", "b", "c", "a"]) == [
+        (0, 0),
+        (1, 0),
+        (0, 1),
+        (2, 0),
+        (1, 1),
+    ]
+
+
+def test_unified_node_rank_follows_placement_once_known() -> None:
+    cluster = RayVirtualCluster([2, 2], use_gpus=False, use_unified_pg=True)
+    assert cluster.node_and_local_index(1, 0) == (1, 0)  # not placed yet: by arithmetic
+    cluster._bundle_nodes = ["x", "y", "x", "y"]  # as Ray spread them
+    assert cluster.node_and_local_index(0, 1) == (1, 0)
+    assert cluster.node_and_local_index(1, 0) == (0, 1)
+    assert cluster.node_and_local_index(1, 1) == (1, 1)
+
+
+@pytest.mark.parametrize(("node", "local"), [(2, 0), (-1, 0), (0, 5), (1, 3), (0, -1)])
 def test_bundle_address_out_of_range(node: int, local: int) -> None:
     cluster = RayVirtualCluster([2, 0, 3], use_gpus=False)
     with pytest.raises(ValueError, match=rf"\({node}, {local}\)"):

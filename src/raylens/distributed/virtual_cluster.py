@@ -31,9 +31,10 @@ __all__ = [
     "reset_remote_function_cache",
 ]
 
-#: Strategies a virtual cluster accepts. The two PACK variants reserve one placement
-#: group per logical node (each node's bundles kept together); the two SPREAD variants
-#: reserve a single group holding every bundle, spread over the cluster's nodes.
+#: Strategies a virtual cluster accepts, as Ray's placement groups take them. Unless
+#: told otherwise (``use_unified_pg``), the two PACK variants reserve one placement group
+#: per logical node (each node's bundles kept together) and the two SPREAD variants a
+#: single group holding every bundle, spread over the cluster's nodes.
 PLACEMENT_STRATEGIES = ("PACK", "STRICT_PACK", "SPREAD", "STRICT_SPREAD")
 _PER_NODE_STRATEGIES = ("PACK", "STRICT_PACK")
 
@@ -68,6 +69,23 @@ class _GroupPlan:
     nodes: list[int]
     bundle_count: int
     strategy: str
+
+
+def _ranks_from_bundle_nodes(bundle_nodes: Sequence[str]) -> list[tuple[int, int]]:
+    """``(node rank, local rank)`` of each bundle, from the Ray node id it was placed on.
+
+    Nodes are numbered in the order their first bundle appears; a bundle's local rank
+    counts the earlier bundles on the same node. So bundles that share a node rank
+    share a machine, whatever order Ray placed them in.
+    """
+    node_rank: dict[str, int] = {}
+    used: dict[str, int] = {}
+    ranks = []
+    for node_id in bundle_nodes:
+        rank = node_rank.setdefault(node_id, len(node_rank))
+        ranks.append((rank, used.get(node_id, 0)))
+        used[node_id] = used.get(node_id, 0) + 1
+    return ranks
 
 
 def _missing_resources(
@@ -143,10 +161,16 @@ class RayVirtualCluster:
     (worker groups placed on the same bundle share it). With ``use_gpus=False`` the
     cluster runs on CPU-only Ray.
 
-    ``placement_group_strategy`` is one of :data:`PLACEMENT_STRATEGIES`. ``PACK`` and
-    ``STRICT_PACK`` reserve one placement group per logical node, so each node's
-    bundles land together. ``SPREAD`` (the default) and ``STRICT_SPREAD`` reserve one
-    group for all bundles, placed across as many nodes as Ray can.
+    ``placement_group_strategy`` is one of :data:`PLACEMENT_STRATEGIES` (default
+    ``PACK``). By default a cluster reserves one placement group per logical node that
+    has bundles, named ``{name}-node{i}``, so each node's bundles land together; that
+    group's position is the workers' ``NODE_RANK``. ``use_unified_pg=True`` reserves a
+    single group for all bundles instead (``{name}-all``); a worker's ``NODE_RANK`` is
+    then taken from the Ray node its bundle was actually placed on. Left at None, a
+    single group is used for the SPREAD strategies and per-node groups otherwise.
+
+    Bundles are addressed as ``(node index, local index)``, where nodes are counted
+    among those that hold bundles: ``[2, 0, 2]`` has nodes 0 and 1.
 
     Nothing is reserved until :meth:`get_placement_groups` (or anything that needs a
     bundle) is first called. Reservation first checks that the cluster as a whole has
@@ -168,8 +192,9 @@ class RayVirtualCluster:
         num_gpus_per_node: int = 8,
         max_colocated_worker_groups: int = 1,
         name: str = "",
-        placement_group_strategy: str = "SPREAD",
+        placement_group_strategy: str = "PACK",
         placement_timeout_s: float = 180.0,
+        use_unified_pg: bool | None = None,
     ) -> None:
         counts = self._checked_counts(bundle_ct_per_node_list)
         if placement_group_strategy not in PLACEMENT_STRATEGIES:
@@ -178,6 +203,8 @@ class RayVirtualCluster:
                 f"placement_group_strategy={placement_group_strategy!r} is not supported; "
                 f"use one of {allowed}"
             )
+        if use_unified_pg not in (True, False, None):
+            raise ValueError(f"use_unified_pg={use_unified_pg!r} must be True, False or None")
         if isinstance(max_colocated_worker_groups, bool) or not (
             isinstance(max_colocated_worker_groups, int) and max_colocated_worker_groups >= 1
         ):
@@ -217,10 +244,17 @@ class RayVirtualCluster:
         self.max_colocated_worker_groups = max_colocated_worker_groups
         self.name = name or f"raylens-cluster-{uuid.uuid4().hex[:8]}"
         self.placement_group_strategy = placement_group_strategy
+        self.use_unified_pg = (
+            placement_group_strategy not in _PER_NODE_STRATEGIES
+            if use_unified_pg is None
+            else bool(use_unified_pg)
+        )
         self.placement_timeout_s = float(placement_timeout_s)
         self._placement_groups: list[Any] = []
         self._finalizer: weakref.finalize | None = None
         self._handed_out_ports: set[int] = set()
+        # Ray node id of each bundle of a unified group, read once it is placed.
+        self._bundle_nodes: list[str] | None = None
 
     @staticmethod
     def _checked_counts(bundle_ct_per_node_list: Sequence[int]) -> list[int]:
@@ -273,7 +307,7 @@ class RayVirtualCluster:
 
     def _group_plan(self) -> list[_GroupPlan]:
         strategy = self.placement_group_strategy
-        if strategy in _PER_NODE_STRATEGIES:
+        if not self.use_unified_pg:
             return [
                 _GroupPlan(f"{self.name}-node{node_idx}", [node_idx], count, strategy)
                 for node_idx, count in enumerate(self._bundle_ct_per_node_list)
@@ -283,17 +317,25 @@ class RayVirtualCluster:
         return [_GroupPlan(f"{self.name}-all", nodes, self.world_size(), strategy)]
 
     def node_and_local_index(self, node_idx: int, local_bundle_idx: int) -> tuple[int, int]:
-        """The logical node and the index on it of bundle ``(node_idx, local_bundle_idx)``.
+        """``(NODE_RANK, LOCAL_RANK)`` of bundle ``(node_idx, local_bundle_idx)``.
 
         A local index past the end of its node continues on the following nodes, which
-        is how a tied group that spans nodes is addressed from its first node.
+        is how a tied group that spans nodes is addressed from its first node. With
+        per-node groups this is the group's position and the bundle's index in it;
+        with a unified group that has been placed, the rank of the Ray node holding
+        the bundle and the bundle's index among those on that node.
         """
-        _, node, local = self._resolve(node_idx, local_bundle_idx)
+        global_idx, node, local = self._resolve(node_idx, local_bundle_idx)
+        if self.use_unified_pg and self._bundle_nodes is not None:
+            return _ranks_from_bundle_nodes(self._bundle_nodes)[global_idx]
         return node, local
 
     def _resolve(self, node_idx: int, local_bundle_idx: int) -> tuple[int, int, int]:
-        """``(global bundle index, logical node, index on that node)``; ValueError if absent."""
-        counts = self._bundle_ct_per_node_list
+        """``(global bundle index, node, index on that node)``; ValueError if absent.
+
+        Nodes are counted among those that hold bundles.
+        """
+        counts = [count for count in self._bundle_ct_per_node_list if count > 0]
         if not (0 <= node_idx < len(counts)) or local_bundle_idx < 0:
             raise ValueError(self._bad_bundle_message(node_idx, local_bundle_idx))
         global_idx = sum(counts[:node_idx]) + local_bundle_idx
@@ -309,16 +351,15 @@ class RayVirtualCluster:
     def _bundle_address(self, node_idx: int, local_bundle_idx: int) -> tuple[int, int, int]:
         """``(placement group position, bundle index in that group, logical node)``."""
         global_idx, node, local = self._resolve(node_idx, local_bundle_idx)
-        if self.placement_group_strategy not in _PER_NODE_STRATEGIES:
+        if self.use_unified_pg:
             return 0, global_idx, node
-        group_position = sum(1 for count in self._bundle_ct_per_node_list[:node] if count > 0)
-        return group_position, local, node
+        return node, local, node
 
     def _bad_bundle_message(self, node_idx: int, local_bundle_idx: int) -> str:
         return (
             f"bundle ({node_idx}, {local_bundle_idx}) is not in this virtual cluster: it has "
-            f"{len(self._bundle_ct_per_node_list)} nodes with "
-            f"{self._bundle_ct_per_node_list} bundles"
+            f"{self.node_count()} nodes with bundles ({self._bundle_ct_per_node_list} "
+            "bundles per node; empty nodes are not counted)"
         )
 
     # ---- placement --------------------------------------------------------------------
@@ -367,6 +408,13 @@ class RayVirtualCluster:
             unplaced = [group for group, ref in zip(plan, ready_refs) if ref not in ready_set]
             _remove_placement_groups(created)
             raise PlacementTimeoutError(self._unplaced_message(unplaced))
+        if self.use_unified_pg:
+            try:
+                placed = ray.util.placement_group_table(created[0])["bundles_to_node_id"]
+                self._bundle_nodes = [str(placed[i]) for i in range(self.world_size())]
+            except Exception:
+                _remove_placement_groups(created)
+                raise
         self._placement_groups = created
         self._finalizer = weakref.finalize(self, _remove_placement_groups, created)
         return list(created)
@@ -414,31 +462,57 @@ class RayVirtualCluster:
         there when asked and has not been handed out before by this cluster, so two
         worker groups on one cluster never get the same rendezvous.
         """
+        return self._addresses_and_ports([self.get_bundle_location(0, 0)])[0]
+
+    def get_available_address_and_port(self, pg_idx: int, bundle_idx: int) -> tuple[str, int]:
+        """The IP of the node holding bundle ``bundle_idx`` of placement group ``pg_idx``,
+        and a port free there that this cluster has not handed out before."""
+        groups = self.get_placement_groups()
+        if not 0 <= pg_idx < len(groups):
+            raise ValueError(
+                f"pg_idx={pg_idx!r} is out of range; this cluster has {len(groups)} "
+                "placement groups"
+            )
+        return self._addresses_and_ports([(groups[pg_idx], bundle_idx)])[0]
+
+    def _addresses_and_ports(self, bundles: Sequence[tuple[Any, int]]) -> list[tuple[str, int]]:
+        """``(node IP, free port)`` for each ``(placement group, bundle index)``, asked at once.
+
+        Every port returned is distinct from the others and from those handed out
+        before; a bundle whose answer collides is asked again.
+        """
         ray = self._require_ray()
         from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
-        first_node = next(
-            node for node, count in enumerate(self._bundle_ct_per_node_list) if count > 0
-        )
-        group, bundle_index = self.get_bundle_location(first_node, 0)
-        strategy = PlacementGroupSchedulingStrategy(
-            placement_group=group, placement_group_bundle_index=bundle_index
-        )
-        ref = (
-            _remote_address_and_free_port()
-            .options(scheduling_strategy=strategy)
-            .remote(sorted(self._handed_out_ports))
-        )
-        try:
-            address, port = ray.get(ref, timeout=self.placement_timeout_s)
-        except ray.exceptions.GetTimeoutError:
-            ray.cancel(ref)
-            raise TimeoutError(
-                f"virtual cluster {self.name!r}: the node of bundle 0 did not report an "
-                f"address and port within {self.placement_timeout_s:g}s"
-            ) from None
-        self._handed_out_ports.add(int(port))
-        return str(address), int(port)
+        def ask(group: Any, bundle_index: int) -> Any:
+            strategy = PlacementGroupSchedulingStrategy(
+                placement_group=group, placement_group_bundle_index=bundle_index
+            )
+            return (
+                _remote_address_and_free_port()
+                .options(scheduling_strategy=strategy)
+                .remote(sorted(self._handed_out_ports))
+            )
+
+        def fetch(refs: list[Any]) -> list[Any]:
+            try:
+                return list(ray.get(refs, timeout=self.placement_timeout_s))
+            except ray.exceptions.GetTimeoutError:
+                for ref in refs:
+                    ray.cancel(ref)
+                raise TimeoutError(
+                    f"virtual cluster {self.name!r}: the nodes of {len(refs)} bundle(s) did "
+                    f"not report an address and port within {self.placement_timeout_s:g}s"
+                ) from None
+
+        answers = fetch([ask(group, index) for group, index in bundles])
+        results: list[tuple[str, int]] = []
+        for (group, index), (address, port) in zip(bundles, answers):
+            while int(port) in self._handed_out_ports:
+                address, port = fetch([ask(group, index)])[0]
+            self._handed_out_ports.add(int(port))
+            results.append((str(address), int(port)))
+        return results
 
     def shutdown(self) -> None:
         """Release the placement groups. Idempotent; never needs Ray to still be up."""
@@ -449,6 +523,27 @@ class RayVirtualCluster:
         else:
             _remove_placement_groups(self._placement_groups)
         self._placement_groups = []
+        self._bundle_nodes = None
+
+    def _init_placement_groups(
+        self, strategy: str | None = None, use_unified_pg: bool | None = None
+    ) -> list[Any]:
+        """Reserve the groups, optionally with another strategy or layout first.
+
+        The entry point NeMo-RL's cluster has; the choice only applies before the
+        groups are reserved.
+        """
+        if not self._placement_groups:
+            if strategy is not None:
+                if strategy not in PLACEMENT_STRATEGIES:
+                    raise ValueError(
+                        f"strategy={strategy!r} is not supported; use one of "
+                        f"{', '.join(PLACEMENT_STRATEGIES)}"
+                    )
+                self.placement_group_strategy = strategy
+            if use_unified_pg is not None:
+                self.use_unified_pg = bool(use_unified_pg)
+        return self.get_placement_groups()
 
     def __repr__(self) -> str:
         return (

@@ -577,14 +577,13 @@ class RayWorkerGroup:
         has finished; on any failure the workers and initializers created so far are
         killed before the error propagates. ``env_vars`` is not modified.
         """
-        plans = _plan_workers(
-            _normalized_bundle_indices_list(bundle_indices_list),
-            self.cluster.node_and_local_index,
-            self.name_prefix,
-        )
+        normalized = _normalized_bundle_indices_list(bundle_indices_list)
         group_env = _checked_env_vars(env_vars)
         # Reserves the cluster's bundles, and fails clearly when Ray is not connected.
         master_address, master_port = self.cluster.get_master_address_and_port()
+        # Planned once the bundles are placed: a unified group's node ranks come from
+        # the Ray nodes its bundles landed on.
+        plans = _plan_workers(normalized, self.cluster.node_and_local_index, self.name_prefix)
         import ray
 
         driver_env = _driver_env()

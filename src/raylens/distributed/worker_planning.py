@@ -149,23 +149,31 @@ def _bundle_indices_from_workers_per_node(
 ) -> list[tuple[int, list[int]]]:
     """One single-worker tied group per requested bundle, node by node.
 
-    ``None`` means one worker per bundle; an int asks for that many on every node that
-    has bundles; a list gives the count per node.
+    Nodes are those of ``bundle_ct_per_node_list`` that hold bundles, one placement
+    group each, so an empty node takes no index. ``None`` means one worker per bundle;
+    an int asks for that many on every node; a list gives the count per node (a list
+    with one entry per logical node, empty ones included as 0, is accepted too).
     """
-    counts = list(bundle_ct_per_node_list)
+    full = list(bundle_ct_per_node_list)
+    counts = [count for count in full if count > 0]
     if workers_per_node is None:
         per_node = counts
     elif isinstance(workers_per_node, bool):
         raise ValueError(f"workers_per_node must be an int or a list, got {workers_per_node!r}")
     elif isinstance(workers_per_node, int):
-        per_node = [workers_per_node if count > 0 else 0 for count in counts]
+        per_node = [workers_per_node] * len(counts)
     elif isinstance(workers_per_node, (list, tuple)):
-        if len(workers_per_node) != len(counts):
+        per_node = list(workers_per_node)
+        if len(per_node) == len(full) != len(counts) and all(
+            wanted == 0 for wanted, count in zip(per_node, full) if count == 0
+        ):
+            per_node = [wanted for wanted, count in zip(per_node, full) if count > 0]
+        if len(per_node) != len(counts):
             raise ValueError(
                 f"workers_per_node has {len(workers_per_node)} entries but the cluster has "
-                f"{len(counts)} nodes ({counts} bundles); give one count per node"
+                f"{len(counts)} placement groups (one per node holding bundles: {full}); "
+                "give one count per placement group"
             )
-        per_node = list(workers_per_node)
     else:
         raise ValueError(f"workers_per_node must be an int or a list, got {workers_per_node!r}")
     for node_idx, (wanted, available) in enumerate(zip(per_node, counts)):
