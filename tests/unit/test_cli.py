@@ -161,7 +161,7 @@ def test_simulate_feeds_the_chosen_exporter(capsys: pytest.CaptureFixture[str]) 
 
 
 def test_profile_rows_from_a_fake_process_tree(tmp_path) -> None:
-    from raylens.cli import _ProcessTable
+    from raylens.cli.profile import ProcessTable
     from raylens.telemetry.process_memory import (
         HostMemory,
         MemoryProfiler,
@@ -182,7 +182,7 @@ def test_profile_rows_from_a_fake_process_tree(tmp_path) -> None:
         host_collector=lambda: HostMemory(1, 2, 3),
         procfs=fake.procfs,
     )
-    table = _ProcessTable(profiler, label="python train.py", pid=100)
+    table = ProcessTable(profiler, label="python train.py", pid=100)
     profiler.sample_once()
     (row,) = table.rows()
     assert (row.processes, row.rss, row.pss) == (2, 1500 * page, 1100 * page)
@@ -213,35 +213,35 @@ def test_scrape_warnings_only_with_verbose(flags: list[str], shown: bool) -> Non
 def test_unreachable_address_fails_fast_naming_it() -> None:
     import socket
 
-    from raylens.cli import CliError, _check_reachable
+    from raylens.cli.gcs_probe import CliError, check_reachable
 
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         port = sock.getsockname()[1]  # bound but not listening: connections are refused
         with pytest.raises(CliError, match=rf"cannot reach a Ray cluster at '127.0.0.1:{port}'"):
-            _check_reachable(f"127.0.0.1:{port}")
+            check_reachable(f"127.0.0.1:{port}")
 
 
 def test_auto_passes_the_reachability_check_and_silence_does_not() -> None:
     import socket
 
-    from raylens.cli import CliError, _check_reachable
+    from raylens.cli.gcs_probe import CliError, check_reachable
 
-    _check_reachable("auto")
-    _check_reachable("ray://head:10001")
+    check_reachable("auto")
+    check_reachable("ray://head:10001")
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         sock.listen()
         address = f"127.0.0.1:{sock.getsockname()[1]}"
         with pytest.raises(CliError, match=rf"at '{address}': no answer within 0.3 s"):
-            _check_reachable(address, timeout=0.3)
+            check_reachable(address, timeout=0.3)
     with pytest.raises(CliError, match=r"--address='head' is not host:port"):
-        _check_reachable("head")
+        check_reachable("head")
 
 
 def test_scrape_deadline_never_outlasts_the_refresh() -> None:
-    from raylens.cli import _scrape_timeout_for
+    from raylens.cli.pipeline import scrape_timeout_for
     from raylens.telemetry.host_memory import _SCRAPE_TIMEOUT_S
 
-    assert _scrape_timeout_for(0.5) == 0.5
-    assert _scrape_timeout_for(60.0) == _SCRAPE_TIMEOUT_S
+    assert scrape_timeout_for(0.5) == 0.5
+    assert scrape_timeout_for(60.0) == _SCRAPE_TIMEOUT_S

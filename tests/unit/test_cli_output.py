@@ -96,9 +96,9 @@ def test_a_meaningless_columns_variable_falls_back_to_a_wide_table(
 def test_the_verbose_log_escapes_control_characters_from_the_network() -> None:
     import logging
 
-    from raylens.cli import _PrintableFormatter
+    from raylens.cli.output import PrintableFormatter
 
-    formatter = _PrintableFormatter("raylens: %(levelname)s: %(message)s")
+    formatter = PrintableFormatter("raylens: %(levelname)s: %(message)s")
     reason = "500 \x1b]0;PWNED\x07\x1b[2J\nraylens: ERROR: forged"
     record = logging.LogRecord(
         "raylens", logging.WARNING, __file__, 1, "node failed: %s", (reason,), None

@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from raylens import cli
 from raylens.cli import main
+from raylens.cli import profile as cli_profile
 
 pytestmark = pytest.mark.skipif(
     not sys.platform.startswith("linux"), reason="process trees need Linux /proc"
@@ -110,7 +110,9 @@ def test_a_command_that_ignores_ctrl_c_is_terminated(tmp_path: Path) -> None:
     child = subprocess.Popen([sys.executable, "-c", script, str(ready)])
     try:
         _wait_for(ready)
-        status = cli._stop_child(child, forward=True, interrupt_grace_s=0.2, terminate_grace_s=30)
+        status = cli_profile.stop_child(
+            child, forward=True, interrupt_grace_s=0.2, terminate_grace_s=30
+        )
     finally:
         child.kill()
         child.wait()
@@ -123,7 +125,9 @@ def test_an_interrupt_the_command_already_got_is_not_sent_twice(tmp_path: Path) 
     try:
         _wait_for(ready)
         child.send_signal(signal.SIGINT)  # as a terminal's Ctrl-C reaches its whole group
-        status = cli._stop_child(child, forward=False, interrupt_grace_s=30, terminate_grace_s=30)
+        status = cli_profile.stop_child(
+            child, forward=False, interrupt_grace_s=30, terminate_grace_s=30
+        )
     finally:
         child.kill()
         child.wait()
@@ -224,7 +228,7 @@ def test_a_display_that_fails_never_touches_the_command(
     def broken(*args: object, **kwargs: object) -> None:
         raise RuntimeError("the table cannot be drawn")
 
-    monkeypatch.setattr(cli, "process_table", broken)
+    monkeypatch.setattr(cli_profile, "process_table", broken)
     done = tmp_path / "done"
     script = f"sleep 0.5; echo ran > {done}; exit 7"
     assert main(["profile", "--interval", "0.1", "--", "sh", "-c", script]) == 7

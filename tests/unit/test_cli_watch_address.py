@@ -8,7 +8,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from raylens.cli import CliError, _check_reachable
+from raylens.cli.gcs_probe import CliError, check_reachable
 
 # An HTTP/2 frame header: empty payload, type SETTINGS, no flags, stream 0.
 _SETTINGS_FRAME = b"\x00\x00\x00\x04\x00\x00\x00\x00\x00"
@@ -58,15 +58,15 @@ def grpc_port() -> Iterator[int]:
 def test_a_port_that_is_not_a_ray_gcs_is_refused_naming_it(http1_port: int) -> None:
     address = f"127.0.0.1:{http1_port}"
     with pytest.raises(CliError, match=rf"cannot reach a Ray cluster at '{address}': .*not"):
-        _check_reachable(address)
+        check_reachable(address)
 
 
 def test_a_grpc_server_passes_the_check(grpc_port: int) -> None:
-    _check_reachable(f"127.0.0.1:{grpc_port}")
+    check_reachable(f"127.0.0.1:{grpc_port}")
 
 
 def test_with_tls_only_the_connection_is_checked(
     http1_port: int, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setenv("RAY_USE_TLS", "1")
-    _check_reachable(f"127.0.0.1:{http1_port}")
+    check_reachable(f"127.0.0.1:{http1_port}")

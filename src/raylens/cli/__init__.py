@@ -1,0 +1,41 @@
+"""The ``raylens`` command: a cluster's memory, live, in one command.
+
+``demo``      a local multi-node Ray cluster with two worker groups, and its memory table
+``watch``     the same table for a running cluster
+``simulate``  the same table over a simulated cluster (no Ray needed)
+``profile``   a command's process-tree memory (RSS, PSS, peaks) while it runs
+
+Every command feeds the OpenTelemetry pipeline chosen with ``--exporter`` (or
+``RAYLENS_EXPORTER``) at the same time. Errors a user can cause print one line
+and exit with status 2; Ctrl-C exits with 130 after cleaning up, and a reader of
+stdout that goes away (``| head``) ends watch, simulate and demo with 141.
+
+This module stays small and imports nothing heavy: the parts of the command load
+inside :func:`main`, so that a Ctrl-C typed while they load still ends it quietly.
+
+``parser``         flags and their validators
+``output``         tables, JSON lines, notes and the log
+``pipeline``       the run's OpenTelemetry pipeline
+``cluster_views``  watch, simulate and demo
+``gcs_probe``      checks that an address is a Ray GCS
+``profile``        the profile command and the supervision of its command
+``app``            dispatch and exit statuses
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Sequence
+
+__all__ = ["main"]
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run the ``raylens`` command; returns the process exit status."""
+    try:
+        from raylens.cli.app import run
+
+        return run(argv)
+    except KeyboardInterrupt:
+        print("raylens: interrupted", file=sys.stderr)
+        return 130

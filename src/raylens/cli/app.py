@@ -1,0 +1,44 @@
+"""Parse the command line, run the chosen command, and turn its ending into an exit status."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import threading
+from collections.abc import Callable, Sequence
+
+from raylens.cli.cluster_views import run_demo, run_simulate, run_watch
+from raylens.cli.output import configure_logging
+from raylens.cli.parser import CliError, build_parser
+from raylens.cli.profile import run_profile
+from raylens.lens import shutdown_telemetry
+from raylens.lens.safe_text import printable
+
+_HANDLERS: dict[str, Callable[[argparse.Namespace, threading.Event], int]] = {
+    "demo": run_demo,
+    "watch": run_watch,
+    "simulate": run_simulate,
+    "profile": run_profile,
+}
+
+
+def run(argv: Sequence[str] | None = None) -> int:
+    """Run the ``raylens`` command; returns the process exit status."""
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.command is None:
+        parser.print_help()
+        return 2
+    configure_logging(verbose=args.verbose)
+    stop = threading.Event()
+    try:
+        return _HANDLERS[args.command](args, stop)
+    except CliError as error:
+        print(f"raylens: error: {printable(str(error))}", file=sys.stderr)
+        return error.exit_code
+    except KeyboardInterrupt:
+        stop.set()
+        print("raylens: interrupted", file=sys.stderr)
+        return 130
+    finally:
+        shutdown_telemetry()

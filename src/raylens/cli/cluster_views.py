@@ -1,0 +1,194 @@
+"""``raylens watch``, ``simulate`` and ``demo``: a cluster's host memory as a live node table."""
+
+from __future__ import annotations
+
+import argparse
+import math
+import os
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+from raylens.cli.gcs_probe import check_reachable
+from raylens.cli.output import Output, sample_loop
+from raylens.cli.parser import CliError
+from raylens.cli.pipeline import scrape_timeout_for, start_telemetry, stop_monitoring
+from raylens.live_table import NodeRow, node_table
+
+# How many samples of each node's trend the table keeps.
+_HISTORY = 24
+
+
+class NodeTable:
+    """Turns the monitor's latest samples into table rows, with a short trend per node."""
+
+    def __init__(self, monitor: Any, *, clock: Callable[[], float] = time.monotonic) -> None:
+        self.monitor = monitor
+        self.clock = clock
+        self.history: dict[str, list[float]] = {}
+
+    def rows(self) -> list[NodeRow]:
+        now = self.clock()
+        rows = []
+        seen = set()
+        for sample in self.monitor.latest():
+            seen.add(sample.node_id)
+            history = self.history.setdefault(sample.node_id, [])
+            if sample.error is None and sample.used is not None:
+                history.append(sample.used)
+                del history[:-_HISTORY]
+            rows.append(
+                NodeRow(
+                    node_id=sample.node_id,
+                    host=sample.host,
+                    used=sample.used,
+                    total=sample.total,
+                    worker_groups=sample.worker_groups,
+                    age_s=None if sample.sampled_at is None else max(0.0, now - sample.sampled_at),
+                    error=sample.error,
+                    history=list(history),
+                )
+            )
+        for gone in set(self.history) - seen:
+            del self.history[gone]
+        return rows
+
+
+def watch_nodes(
+    monitor: Any,
+    args: argparse.Namespace,
+    *,
+    output: Output,
+    title: str,
+    stop: threading.Event,
+) -> None:
+    """Sample and show the node table every ``args.interval`` until --once, --duration or stop."""
+    table = NodeTable(monitor)
+    interval, duration = args.interval, args.duration
+    once = getattr(args, "once", False)
+
+    def sample() -> None:
+        monitor.collect_once()
+        rows = table.rows()
+        record = {"time": time.time(), "nodes": [row.to_json() for row in rows]}
+        output.show(lambda: node_table(rows, title=title), record)
+        if output.closed:
+            stop.set()
+
+    with output.session(live=not once):
+        sample_loop(sample, interval=interval, once=once, duration=duration, stop=stop)
+
+
+_GIB = 1024**3
+
+
+def _simulated_memory(node_index: int, t: float) -> tuple[float, float]:
+    """A gentle, node-specific wave: 64 GiB hosts between 20% and 80% used."""
+    total = 64 * _GIB
+    phase = node_index * 0.7
+    used = total * (0.5 + 0.3 * math.sin(t / 6.0 + phase))
+    return used, total
+
+
+def run_simulate(args: argparse.Namespace, stop: threading.Event) -> int:
+    if args.hung > args.nodes:
+        raise CliError(f"--hung {args.hung} is more than --nodes {args.nodes}")
+    from raylens.telemetry import host_memory
+    from raylens_fakes.simulated import SimulatedCluster
+
+    start_telemetry(args.exporter, as_json=args.json)
+    scrape_timeout = args.scrape_timeout or scrape_timeout_for(args.interval)
+    output = Output(as_json=args.json)
+    with SimulatedCluster(args.nodes, schedule=_simulated_memory) as simulated:
+        for index in range(args.hung):
+            simulated.raylet(args.nodes - 1 - index).hang()
+        node_ids = simulated.node_ids
+        host_memory.register_worker_group_nodes("policy", node_ids[: max(1, len(node_ids) // 2)])
+        host_memory.register_worker_group_nodes("rollout", node_ids[len(node_ids) // 2 :])
+        monitor = host_memory.HostMemoryMonitor(
+            args.interval, cluster=simulated.cluster, scrape_timeout=scrape_timeout
+        )
+        try:
+            watch_nodes(
+                monitor,
+                args,
+                output=output,
+                title=f"Simulated cluster: {args.nodes} nodes, {args.hung} hung",
+                stop=stop,
+            )
+        finally:
+            stop_monitoring(monitor)
+            host_memory.forget_worker_group_nodes("policy")
+            host_memory.forget_worker_group_nodes("rollout")
+    return output.exit_status()
+
+
+def import_ray() -> Any:
+    try:
+        import ray
+    except ImportError:
+        raise CliError(
+            "Ray is not installed; install it with: pip install 'raylens[ray]'"
+        ) from None
+    return ray
+
+
+def run_watch(args: argparse.Namespace, stop: threading.Event) -> int:
+    ray = import_ray()
+    address = args.address or os.environ.get("RAY_ADDRESS") or "auto"
+    from raylens.telemetry import host_memory
+
+    check_reachable(address)
+    start_telemetry(args.exporter, as_json=args.json)
+    try:
+        ray.init(address=address, logging_level="ERROR", log_to_driver=False)
+    except Exception as error:  # Ray raises ConnectionError, RuntimeError, ValueError...
+        first_line = (
+            str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+        )
+        raise CliError(f"cannot reach a Ray cluster at {address!r}: {first_line}") from None
+    monitor = host_memory.HostMemoryMonitor(
+        args.interval, scrape_timeout=scrape_timeout_for(args.interval)
+    )
+    output = Output(as_json=args.json)
+    try:
+        watch_nodes(
+            monitor,
+            args,
+            output=output,
+            title=f"Ray host memory at {address}",
+            stop=stop,
+        )
+    finally:
+        stop_monitoring(monitor)
+        ray.shutdown()
+    return output.exit_status()
+
+
+def run_demo(args: argparse.Namespace, stop: threading.Event) -> int:
+    import_ray()
+    from raylens import demo
+
+    start_telemetry(args.exporter)
+    output = Output(as_json=False)
+    output.note(f"Starting a local Ray cluster of {args.nodes} nodes (about 15 s)...")
+    with demo.DemoCluster(args.nodes) as cluster:
+        output.note(cluster.describe())
+        from raylens.telemetry import host_memory
+
+        monitor = host_memory.HostMemoryMonitor(
+            args.interval, scrape_timeout=scrape_timeout_for(args.interval)
+        )
+        try:
+            watch_nodes(
+                monitor,
+                args,
+                output=output,
+                title=f"raylens demo: {args.nodes} Ray nodes, worker groups policy and rollout",
+                stop=stop,
+            )
+        finally:
+            stop_monitoring(monitor)
+    output.note("Demo finished; the Ray cluster is shut down.")
+    return output.exit_status()

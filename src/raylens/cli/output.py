@@ -1,0 +1,195 @@
+"""Where the ``raylens`` command writes: tables or JSON lines on stdout, one-line notes, the log.
+
+Everything shown that came from outside (titles, node records, reason phrases) has its
+control characters escaped and is never read as markup.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import os
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from typing import Any
+
+from rich.console import Console
+from rich.live import Live
+from rich.text import Text
+
+from raylens.lens.safe_text import printable
+
+# What a shell reports for a writer killed by SIGPIPE: the reader of stdout went away.
+PIPE_CLOSED_STATUS = 141
+
+
+def printable_lines(text: str) -> str:
+    """``text`` with control characters escaped line by line, its line breaks kept."""
+    return "\n".join(printable(line) for line in text.splitlines())
+
+
+class _Console(Console):
+    """A console that reports a closed pipe to its caller instead of exiting the process."""
+
+    def on_broken_pipe(self) -> None:
+        self.quiet = True
+        raise BrokenPipeError
+
+
+_PIPE_WIDTH = 160
+
+
+def default_console() -> Console:
+    """The terminal; for a pipe or file, ``COLUMNS`` wide or else wide enough not to wrap."""
+    console = _Console()
+    if console.is_terminal:
+        return console
+    try:
+        width = int(os.environ.get("COLUMNS", ""))
+    except ValueError:
+        width = _PIPE_WIDTH
+    return _Console(width=width if width > 0 else _PIPE_WIDTH)
+
+
+class Output:
+    """Where samples go: a live table on a terminal, tables or JSON lines otherwise.
+
+    When the reader of stdout goes away (``raylens ... | head``), :attr:`closed`
+    turns True and everything written later is dropped, so that the command can
+    end, or carry on, without a broken-pipe traceback.
+    """
+
+    def __init__(self, *, as_json: bool, console: Console | None = None) -> None:
+        self.as_json = as_json
+        self.console = console or default_console()
+        self.closed = False
+        self.display_failed = False
+        self._live: Live | None = None
+
+    def _write(self, action: Callable[[], None]) -> None:
+        if self.closed:
+            return
+        try:
+            action()
+        except BrokenPipeError:
+            self.closed = True
+            # Point stdout at /dev/null so that the flush at exit does not fail as well.
+            try:
+                devnull = os.open(os.devnull, os.O_WRONLY)
+                try:
+                    os.dup2(devnull, sys.stdout.fileno())
+                finally:
+                    os.close(devnull)
+            except (OSError, ValueError):
+                pass
+
+    @contextmanager
+    def session(self, live: bool) -> Iterator[Output]:
+        if live and not self.as_json and self.console.is_terminal:
+            with Live(console=self.console, auto_refresh=False, transient=False) as display:
+                self._live = display
+                try:
+                    yield self
+                finally:
+                    self._live = None
+        else:
+            yield self
+
+    def show(self, render: Callable[[], Any], record: dict[str, Any]) -> None:
+        """Show one sample: ``render()`` builds its table, ``record`` is its JSON form.
+
+        A table that cannot be built or drawn is reported once on stderr; from then
+        on every sample is written as its JSON line, and the command carries on.
+        """
+        if self.as_json or self.display_failed:
+
+            def write() -> None:
+                sys.stdout.write(json.dumps(record, sort_keys=True) + "\n")
+                sys.stdout.flush()
+
+            self._write(write)
+            return
+        try:
+            renderable = render()
+            if self._live is not None:
+                live = self._live
+                self._write(lambda: live.update(renderable, refresh=True))
+            else:
+                self._write(lambda: self.console.print(renderable))
+        except Exception as error:
+            self._display_failed(error)
+            self.show(render, record)
+
+    def _display_failed(self, error: Exception) -> None:
+        self.display_failed = True
+        if self._live is not None:
+            # So that leaving the live display does not draw the failing table again.
+            with contextlib.suppress(Exception):
+                self._live.update(Text(""), refresh=False)
+        print(
+            f"raylens: cannot draw the table ({printable(error)}); "
+            "writing each sample as a JSON line instead",
+            file=sys.stderr,
+        )
+
+    def note(self, message: str) -> None:
+        if self.as_json:
+            print(printable_lines(message), file=sys.stderr)
+        else:
+            self._write(lambda: self.console.print(Text(printable_lines(message))))
+
+    def exit_status(self) -> int:
+        """0, or :data:`PIPE_CLOSED_STATUS` when the reader of stdout went away."""
+        return PIPE_CLOSED_STATUS if self.closed else 0
+
+
+def sample_loop(
+    sample: Callable[[], None],
+    *,
+    interval: float,
+    once: bool,
+    duration: float | None,
+    stop: threading.Event,
+) -> None:
+    """Call ``sample`` now and then every ``interval`` until ``once``, ``duration`` or ``stop``."""
+    deadline = None if duration is None else time.monotonic() + duration
+    while True:
+        started = time.monotonic()
+        sample()
+        if once:
+            return
+        wake = started + interval
+        if deadline is not None:
+            if time.monotonic() >= deadline:
+                return
+            wake = min(wake, deadline)
+        if stop.wait(max(0.0, wake - time.monotonic())):
+            return
+
+
+class PrintableFormatter(logging.Formatter):
+    """Log lines whose outside text (a raylet's reason phrase...) cannot drive the terminal.
+
+    The message is escaped whole, so it stays one line; a traceback line by line.
+    """
+
+    def formatMessage(self, record: logging.LogRecord) -> str:
+        return printable(super().formatMessage(record))
+
+    def formatException(self, ei: Any) -> str:
+        return printable_lines(super().formatException(ei))
+
+
+def configure_logging(*, verbose: bool) -> None:
+    """Tables already show failing nodes, so warnings go to stderr only with --verbose."""
+    log = logging.getLogger("raylens")
+    if not any(getattr(h, "_raylens_cli", False) for h in log.handlers):
+        handler = logging.StreamHandler(sys.stderr)
+        handler.setFormatter(PrintableFormatter("raylens: %(levelname)s: %(message)s"))
+        handler._raylens_cli = True  # type: ignore[attr-defined]
+        log.addHandler(handler)
+    log.setLevel(logging.WARNING if verbose else logging.ERROR)

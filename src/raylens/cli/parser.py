@@ -1,0 +1,146 @@
+"""The ``raylens`` command's flags, and the one validator each kind of flag value goes through.
+
+Every bad value is refused by argparse with a message naming the flag and what is
+allowed, and exit status 2, before anything starts.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import threading
+from collections.abc import Callable
+
+import raylens
+from raylens.lens.config import EXPORTERS
+
+
+class CliError(Exception):
+    """A problem the user can fix: printed as one line, exit status 2."""
+
+    exit_code = 2
+
+
+# --------------------------------------------------------------------------- flags
+
+
+def positive_seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number of seconds, got {text!r}") from None
+    # Waits longer than TIMEOUT_MAX overflow the platform's timers.
+    if not math.isfinite(value) or value <= 0 or value > threading.TIMEOUT_MAX:
+        raise argparse.ArgumentTypeError(
+            f"must be a positive number of seconds up to {threading.TIMEOUT_MAX:.0f}, got {text!r}"
+        )
+    return value
+
+
+def _count(minimum: int) -> Callable[[str], int]:
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
+        if value < minimum:
+            raise argparse.ArgumentTypeError(f"must be at least {minimum}, got {text!r}")
+        return value
+
+    return parse
+
+
+def _add_common(parser: argparse.ArgumentParser, *, interval: float, duration: bool = True) -> None:
+    if duration:
+        parser.add_argument(
+            "--duration",
+            type=positive_seconds,
+            default=None,
+            help="stop after this many seconds (default: run until Ctrl-C)",
+        )
+    parser.add_argument(
+        "--interval",
+        type=positive_seconds,
+        default=interval,
+        help=f"seconds between samples (default {interval:g})",
+    )
+    parser.add_argument(
+        "--exporter",
+        choices=EXPORTERS,
+        default=None,
+        help="OpenTelemetry exporter for this run (default: RAYLENS_EXPORTER, else none)",
+    )
+
+
+def _add_script_flags(
+    parser: argparse.ArgumentParser, *, once_help: str = "take one sample, print it, exit"
+) -> None:
+    parser.add_argument("--once", action="store_true", help=once_help)
+    parser.add_argument(
+        "--json", action="store_true", help="print one JSON object per sample instead of a table"
+    )
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="raylens",
+        description="See where host memory goes on a Ray cluster, and export it via OpenTelemetry.",
+    )
+    parser.add_argument("--version", action="version", version=f"raylens {raylens.__version__}")
+    parser.add_argument(
+        "-v",
+        "--verbose",
+        action="store_true",
+        help="log raylens' warnings (a node that cannot be scraped...) to stderr",
+    )
+    commands = parser.add_subparsers(dest="command", metavar="COMMAND")
+
+    demo = commands.add_parser(
+        "demo",
+        help="start a local multi-node Ray cluster with two worker groups and watch its memory",
+    )
+    demo.add_argument("--nodes", type=_count(2), default=3, help="Ray nodes to start (default 3)")
+    _add_common(demo, interval=2.0)
+
+    watch = commands.add_parser("watch", help="watch the memory of a running Ray cluster")
+    watch.add_argument(
+        "--address",
+        default=None,
+        help="Ray cluster address (default: RAY_ADDRESS, else auto)",
+    )
+    _add_common(watch, interval=5.0)
+    _add_script_flags(watch)
+
+    simulate = commands.add_parser(
+        "simulate", help="watch a simulated cluster of fake raylets (no Ray needed)"
+    )
+    simulate.add_argument("--nodes", type=_count(1), default=8, help="simulated nodes (default 8)")
+    simulate.add_argument(
+        "--hung", type=_count(0), default=0, help="how many nodes never answer (default 0)"
+    )
+    simulate.add_argument(
+        "--scrape-timeout",
+        type=positive_seconds,
+        default=None,
+        help="deadline for one node's scrape (default: the interval, at most 5 s)",
+    )
+    _add_common(simulate, interval=1.0)
+    _add_script_flags(simulate)
+
+    profile = commands.add_parser(
+        "profile", help="run a command and sample its process tree's memory while it runs"
+    )
+    _add_common(profile, interval=1.0, duration=False)
+    profile.add_argument(
+        "--pss-interval",
+        type=positive_seconds,
+        default=None,
+        help="read PSS (costly for big processes) at most this often (default: every sample)",
+    )
+    _add_script_flags(
+        profile,
+        once_help="print one sample, taken after one interval, then wait for the command "
+        "to end without printing more",
+    )
+    profile.add_argument("argv", nargs=argparse.REMAINDER, metavar="-- COMMAND [ARGS...]")
+    return parser

@@ -1,0 +1,47 @@
+"""The OpenTelemetry pipeline of one ``raylens`` run: started from the flags, flushed at the end."""
+
+from __future__ import annotations
+
+import dataclasses
+import sys
+from typing import Any
+
+from raylens.cli.parser import CliError
+from raylens.lens import (
+    ConsoleLineExporter,
+    TelemetryConfig,
+    init_telemetry,
+    shutdown_telemetry,
+)
+
+
+def start_telemetry(exporter: str | None, *, as_json: bool = False) -> None:
+    """Start lens; with ``--json`` the console exporter writes to stderr, stdout is for samples."""
+    try:
+        config = TelemetryConfig.from_env()
+        if exporter is not None:
+            config = dataclasses.replace(config, exporter=exporter)
+        reader = None
+        if as_json and config.enabled and config.exporter == "console":
+            from opentelemetry.sdk.metrics.export import PeriodicExportingMetricReader
+
+            reader = PeriodicExportingMetricReader(
+                ConsoleLineExporter(sys.stderr),
+                export_interval_millis=config.export_interval_ms,
+            )
+        init_telemetry(config, metric_reader=reader)
+    except (ValueError, RuntimeError) as error:
+        raise CliError(str(error)) from None
+
+
+def scrape_timeout_for(interval: float) -> float:
+    """A node's scrape deadline: the monitor's default, but never longer than the refresh."""
+    from raylens.telemetry.host_memory import _SCRAPE_TIMEOUT_S
+
+    return min(_SCRAPE_TIMEOUT_S, interval)
+
+
+def stop_monitoring(monitor: Any) -> None:
+    """Stop sampling, then flush telemetry while the cluster and its labels still exist."""
+    monitor.stop()
+    shutdown_telemetry()
