@@ -203,7 +203,7 @@ def test_tree_pss_unknown_when_one_process_lacks_it(fake):
 
 
 def test_tree_of_missing_root(fake):
-    assert collect_process_tree_memory(4242, procfs=fake.procfs) == ProcessTreeMemory(0, None, 0)
+    assert collect_process_tree_memory(4242, procfs=fake.procfs) == ProcessTreeMemory(0, 0, 0)
 
 
 def test_tree_skips_a_process_exiting_while_read(fake):

@@ -27,7 +27,7 @@ from raylens_fakes.procfs import PAGE_SIZE, FakeProcFS
 
 MB = 2**20
 HOST = HostMemory(used_bytes=6 * MB, available_bytes=10 * MB, total_bytes=16 * MB)
-POLICY = {"gym.server.name": "policy", "gym.server.type": "vllm", "process.pid": 100}
+POLICY = {"nemo.gym.server.name": "policy", "nemo.gym.server.type": "vllm", "process.pid": 100}
 
 
 def point(attributes: dict, memory_type: str | None = None) -> frozenset:
@@ -135,25 +135,6 @@ def test_unknown_pss_has_no_current_point_but_keeps_its_peak(metrics_probe, poli
     }
 
 
-def test_gone_tree_has_no_current_points(metrics_probe, policy):
-    peaks: dict = {}
-    record_server_memory(policy, ProcessTreeMemory(300, 200, 3), peaks)
-    record_server_memory(policy, ProcessTreeMemory(0, None, 0), peaks)
-    metrics_probe.collect()
-    assert metrics_probe.points("gym.server.memory.usage") == {}
-    assert metrics_probe.points("gym.server.processes") == {}
-    assert metrics_probe.points("gym.server.memory.sampled_peak") == {
-        point(POLICY, "rss"): 300,
-        point(POLICY, "pss"): 200,
-    }
-
-
-def test_tree_never_seen_alive_exports_nothing(metrics_probe, policy):
-    record_server_memory(policy, ProcessTreeMemory(0, None, 0), {})
-    metrics_probe.collect()
-    assert metrics_probe.points("gym.server.memory.sampled_peak") == {}
-
-
 def test_host_memory_is_exported(metrics_probe):
     peaks: dict = {}
     record_host_memory(HOST, peaks)
@@ -168,12 +149,14 @@ def test_host_memory_is_exported(metrics_probe):
         assert metrics_probe.metric(f"gym.host.memory.{name}").unit == "By"
 
 
-def test_values_recorded_before_telemetry_starts_are_exported(policy):
-    record_server_memory(policy, ProcessTreeMemory(300, 200, 3), {})
-    record_host_memory(HOST, {})
+def test_a_profiler_started_before_telemetry_exports_from_its_next_sample(fake, policy):
+    reset_process_memory_state()
+    profiler = MemoryProfiler([policy], 3600, CountingCollector(), lambda: HOST, procfs=fake.procfs)
+    profiler.sample_once()
     with MetricsProbe() as probe:
+        profiler.sample_once()
         probe.collect()
-        assert probe.points("gym.server.processes") == {point(POLICY): 3}
+        assert probe.points("gym.server.processes") == {point(POLICY): 2}
         assert probe.points("gym.host.memory.total") == {frozenset(): 16 * MB}
 
 
@@ -351,16 +334,6 @@ def test_host_collector_failure_keeps_servers_sampled(metrics_probe, fake, polic
     assert metrics_probe.points("gym.server.processes") == {point(POLICY): 2}
 
 
-def test_start_twice_is_refused(fake, policy):
-    profiler = MemoryProfiler([policy], 3600, CountingCollector(), lambda: HOST, procfs=fake.procfs)
-    profiler.start()
-    try:
-        with pytest.raises(RuntimeError, match="already running"):
-            profiler.start()
-    finally:
-        profiler.stop()
-
-
 def test_stop_without_start_does_nothing(fake, policy):
     collector = CountingCollector()
     MemoryProfiler([policy], 1, collector, lambda: HOST, procfs=fake.procfs).stop()
@@ -423,8 +396,11 @@ def test_reused_pid_is_reported_gone_and_not_measured(metrics_probe, fake, polic
     assert sample.status == "reused"
     assert (sample.rss_bytes, sample.pss_bytes, sample.process_count) == (None, None, None)
     metrics_probe.collect()
-    assert metrics_probe.points("gym.server.memory.usage") == {}
-    assert metrics_probe.points("gym.server.processes") == {}
+    assert metrics_probe.points("gym.server.memory.usage") == {
+        point(POLICY, "rss"): 0,
+        point(POLICY, "pss"): 0,
+    }
+    assert metrics_probe.points("gym.server.processes") == {point(POLICY): 0}
 
 
 def test_exited_root_is_reported_gone(metrics_probe, fake, policy):
@@ -435,7 +411,7 @@ def test_exited_root_is_reported_gone(metrics_probe, fake, policy):
     profiler.sample_once()
     assert profiler.latest().servers[0].status == "exited"
     metrics_probe.collect()
-    assert metrics_probe.points("gym.server.memory.usage") == {}
+    assert set(metrics_probe.points("gym.server.memory.usage").values()) == {0}
     assert metrics_probe.points("gym.server.memory.sampled_peak") == {
         point(POLICY, "rss"): 400 * PAGE_SIZE,
         point(POLICY, "pss"): 250 * PAGE_SIZE,

@@ -24,19 +24,30 @@ PSS less often than RSS; in between, RSS comes from ``statm`` alone (which never
 touches ``smaps_rollup``) and the last PSS is reported with its age.
 
 Exported series (unit ``By`` unless noted), each server point carrying
-``gym.server.name``, ``gym.server.type`` and ``process.pid``:
+``nemo.gym.server.name``, ``nemo.gym.server.type`` and ``process.pid``, the
+attributes NeMo-Gym's profiler exports, so dashboards built on it keep working:
 
 - ``gym.server.memory.usage`` and ``gym.server.memory.sampled_peak``, with
   ``memory.type`` = ``rss`` or ``pss``;
 - ``gym.server.processes`` (unit ``{process}``);
 - ``gym.host.memory.usage``, ``.available``, ``.total`` and ``.sampled_peak``.
 
-A value that is not known at the latest sample (a tree that is gone, a PSS that
-could not be read) has no point rather than an old one. Peaks are the largest
-values sampled since the profiler was last started and stay exported after the
-tree is gone.
+A tree that is gone holds nothing and says so: ``gym.server.processes`` 0 and
+memory 0, so an alert on a server with no processes fires. A value that is not
+known at the latest sample (a PSS that could not be read, a collector that
+failed) has no point rather than an old one. Peaks are the largest values
+sampled since the profiler was last started and stay exported after the tree is
+gone, until the server is removed from the profiler.
 
-State: the snapshot the gauge callbacks read, and :data:`_INSTRUMENTS`;
+Recording never reaches the profiled server or the caller: a meter or exporter
+that fails costs that sample its points and one warning. With telemetry off (no
+lens handle) :func:`record_server_memory` and :func:`record_host_memory` do
+nothing; a profiler still keeps its own peaks for :meth:`MemoryProfiler.latest`.
+The gauges are declared with lens at the first sample recorded with telemetry
+on, never at import.
+
+State: the snapshot the gauge callbacks read (one entry per server name, dropped
+when a profiler forgets the server), and :data:`_INSTRUMENTS`;
 :func:`reset_process_memory_state` clears both.
 """
 
@@ -63,8 +74,10 @@ from raylens.lens import (
     RecordedMetric,
     get_telemetry_handle,
     register_observable_gauge,
+    unregister_observable_gauge,
     warn_once,
 )
+from raylens.lens.safe_text import encodable
 
 logger = logging.getLogger(__name__)
 
@@ -327,7 +340,7 @@ class ProcFS:
                 pss_total = None
             elif pss_total is not None:
                 pss_total += pss
-        return ProcessTreeMemory(rss_total, pss_total if count else None, count)
+        return ProcessTreeMemory(rss_total, pss_total, count)
 
     def supported(self) -> bool:
         """True on Linux when this mount shows ``statm`` and per-thread ``children`` files."""
@@ -376,7 +389,8 @@ def collect_process_tree_memory(
     """Current RSS and PSS of ``root_pid`` and all its descendants.
 
     Processes that exit during the walk are not counted. If the root is gone
-    the result is ``ProcessTreeMemory(0, None, 0)``. With ``include_pss=False``
+    the tree is empty and holds nothing, PSS included: ``ProcessTreeMemory(0, 0, 0)``
+    (``ProcessTreeMemory(0, None, 0)`` with ``include_pss=False``). With ``include_pss=False``
     only ``statm`` is read (cheap, never stalls the measured processes) and
     ``pss_bytes`` is None. ``procfs`` is a :class:`ProcFS` or a mount path.
     Raises ValueError for a pid that is not a positive integer.
@@ -401,7 +415,7 @@ def collect_host_memory() -> HostMemory:
 # --------------------------------------------------------------------------- targets
 
 
-@dataclass
+@dataclass(frozen=True)
 class ServerMemoryTarget:
     """A managed server to measure: its name, its kind, and the pid of its root process.
 
@@ -411,6 +425,11 @@ class ServerMemoryTarget:
     pid, so the profiler reports the server as gone instead. ``start_ticks`` is
     None when the process could not be read at construction; its identity is
     then not checked.
+
+    A target is immutable and hashes by ``(name, server_type, pid)``, so it can key
+    a dict or sit in a set. Names often come from a command line (``argv[0]``),
+    where bytes that are not UTF-8 decode to lone surrogates; those are replaced
+    by U+FFFD here, so every exporter can encode the name.
     """
 
     name: str
@@ -428,7 +447,10 @@ class ServerMemoryTarget:
                 f"server_type of {self.name!r} must be a non-empty string, got {self.server_type!r}"
             )
         _check_pid(f"pid of server {self.name!r}", self.pid)
-        self.start_ticks = _as_procfs(procfs).start_ticks(self.pid)
+        # Frozen: the constructor alone may set fields, through object.__setattr__.
+        object.__setattr__(self, "name", encodable(self.name))
+        object.__setattr__(self, "server_type", encodable(self.server_type))
+        object.__setattr__(self, "start_ticks", _as_procfs(procfs).start_ticks(self.pid))
 
 
 # --------------------------------------------------------------------------- export
@@ -476,6 +498,7 @@ _HOST_PEAK = RecordedMetric(
 
 @dataclass
 class _ServerPoints:
+    target: ServerMemoryTarget
     attributes: dict[str, Any]
     rss: int | None = None
     pss: int | None = None
@@ -563,9 +586,11 @@ def _register_gauges() -> dict[str, RecordedMetric]:
 def _get_instruments(meter: Any) -> dict[str, RecordedMetric]:
     """Make sure ``meter``'s pipeline exports this module's gauges; return them by key.
 
+    Nothing is declared before the first sample is recorded with telemetry on.
     Registration with lens is idempotent and survives pipeline restarts; doing
     it again the first time each meter is seen also restores the gauges if the
-    lens declarations were cleared in between.
+    lens declarations were cleared in between. A meter is remembered only once
+    its gauges were set up, so a failed attempt is tried again at the next sample.
     """
     try:
         cached = _INSTRUMENTS.get(meter)
@@ -578,9 +603,21 @@ def _get_instruments(meter: Any) -> dict[str, RecordedMetric]:
 
 
 def _ensure_exported() -> None:
-    handle = get_telemetry_handle()
-    if handle is not None:
-        _get_instruments(handle.meter)
+    """Set up the gauges on the running pipeline, if any. Never raises.
+
+    A meter or exporter that fails here must not reach the profiled server or the
+    caller: the failure costs this sample its points and is logged once.
+    """
+    try:
+        handle = get_telemetry_handle()
+        if handle is not None:
+            _get_instruments(handle.meter)
+    except Exception:
+        warn_once(
+            "process_memory.export",
+            "setting up the process-memory gauges failed; this sample exports no points",
+            logger=logger,
+        )
 
 
 def _raise_peak(peaks: dict[Any, int], key: Any, value: int | None) -> int | None:
@@ -589,23 +626,61 @@ def _raise_peak(peaks: dict[Any, int], key: Any, value: int | None) -> int | Non
     return peaks.get(key)
 
 
+def _server_attributes(target: ServerMemoryTarget) -> dict[str, Any]:
+    return {
+        "nemo.gym.server.name": target.name,
+        "nemo.gym.server.type": target.server_type,
+        "process.pid": target.pid,
+    }
+
+
+def _publish_host(memory: HostMemory | None, peak_used: int | None) -> None:
+    global _HOST
+    with _LOCK:
+        _HOST = _HostPoints(memory=memory, peak_used=peak_used)
+    _ensure_exported()
+
+
+def _publish_server(
+    target: ServerMemoryTarget,
+    memory: ProcessTreeMemory | None,
+    peak_rss: int | None,
+    peak_pss: int | None,
+) -> None:
+    """Make ``memory`` (None: not known this sample) the exported values of ``target``."""
+    entry = _ServerPoints(
+        target=target,
+        attributes=_server_attributes(target),
+        rss=None if memory is None else memory.rss_bytes,
+        pss=None if memory is None else memory.pss_bytes,
+        processes=None if memory is None else memory.process_count,
+        peak_rss=peak_rss,
+        peak_pss=peak_pss,
+    )
+    with _LOCK:
+        _SERVERS[target.name] = entry
+    _ensure_exported()
+
+
+def _forget_server(target: ServerMemoryTarget) -> None:
+    """Drop the exported values of ``target``, unless its name now belongs to another target."""
+    with _LOCK:
+        entry = _SERVERS.get(target.name)
+        if entry is not None and entry.target == target:
+            del _SERVERS[target.name]
+
+
 def record_host_memory(memory: HostMemory, peaks: dict[str, int]) -> None:
     """Publish ``memory`` as the current host memory and raise ``peaks["used"]`` to it.
 
     ``peaks`` belongs to the caller (a profiler keeps one per run) and is
-    updated in place; the exported peak is whatever it holds afterwards.
+    updated in place; the exported peak is whatever it holds afterwards. With
+    telemetry off (no lens handle) nothing is published and ``peaks`` is left
+    alone. Never raises for a failing meter or exporter.
     """
-    peak = _raise_peak(peaks, HOST_USED, memory.used_bytes)
-    with _LOCK:
-        _HOST.memory = memory
-        _HOST.peak_used = peak
-    _ensure_exported()
-
-
-def _forget_host_memory(peaks: dict[str, int]) -> None:
-    with _LOCK:
-        _HOST.memory = None
-        _HOST.peak_used = peaks.get(HOST_USED)
+    if get_telemetry_handle() is None:
+        return
+    _publish_host(memory, _raise_peak(peaks, HOST_USED, memory.used_bytes))
 
 
 def record_server_memory(
@@ -616,44 +691,28 @@ def record_server_memory(
     """Publish ``memory`` as the current memory of ``target`` and raise its peaks.
 
     ``peaks`` is keyed ``(server name, "rss" | "pss")`` and updated in place. A
-    tree with no processes (gone) publishes no current values and no process
-    count; a None PSS publishes no PSS value. Peaks already reached stay.
+    tree that is gone (``ProcessTreeMemory(0, 0, 0)``) publishes zeros, so an alert
+    on ``gym.server.processes == 0`` fires; a None PSS publishes no PSS value.
+    Peaks already reached stay. With telemetry off (no lens handle) nothing is
+    published and ``peaks`` is left alone. Never raises for a failing meter or
+    exporter.
     """
-    gone = memory.process_count <= 0
-    rss = None if gone else memory.rss_bytes
-    pss = None if gone else memory.pss_bytes
-    peak_rss = _raise_peak(peaks, (target.name, RSS), rss)
-    peak_pss = _raise_peak(peaks, (target.name, PSS), pss)
-    attributes = {
-        "gym.server.name": target.name,
-        "gym.server.type": target.server_type,
-        "process.pid": target.pid,
-    }
-    with _LOCK:
-        if gone and peak_rss is None and peak_pss is None:
-            _SERVERS.pop(target.name, None)
-        else:
-            _SERVERS[target.name] = _ServerPoints(
-                attributes=attributes,
-                rss=rss,
-                pss=pss,
-                processes=None if gone else memory.process_count,
-                peak_rss=peak_rss,
-                peak_pss=peak_pss,
-            )
-    _ensure_exported()
+    if get_telemetry_handle() is None:
+        return
+    peak_rss = _raise_peak(peaks, (target.name, RSS), memory.rss_bytes)
+    peak_pss = _raise_peak(peaks, (target.name, PSS), memory.pss_bytes)
+    _publish_server(target, memory, peak_rss, peak_pss)
 
 
 def reset_process_memory_state() -> None:
-    """Forget every exported value and which meters were set up (tests call this)."""
+    """Forget every exported value, the gauge declarations and which meters were set up."""
     global _HOST
     with _LOCK:
         _SERVERS.clear()
         _HOST = _HostPoints()
     _INSTRUMENTS.clear()
-
-
-_register_gauges()
+    for metric, _callback in _GAUGES:
+        unregister_observable_gauge(metric.name)
 
 
 # --------------------------------------------------------------------------- profiler
@@ -804,14 +863,14 @@ class MemoryProfiler:
     def start(self) -> None:
         """Reset the peaks, take a first sample now, then sample in the background.
 
-        Raises RuntimeError if already running, if a sample of the previous run
-        is still stuck in progress after :data:`STOP_TIMEOUT_SECONDS`, or if
-        there are servers to measure and this host has no usable Linux procfs
-        (see :func:`process_tree_memory_supported`). Host memory alone works
-        anywhere.
+        Does nothing on a profiler that is already running. Raises RuntimeError
+        if a sample of the previous run is still stuck in progress after
+        :data:`STOP_TIMEOUT_SECONDS`, or if there are servers to measure and this
+        host has no usable Linux procfs (see :func:`process_tree_memory_supported`).
+        Host memory alone works anywhere.
         """
         if self._thread is not None:
-            raise RuntimeError("memory profiler is already running; call stop() first")
+            return
         if self._targets and not self._procfs.supported():
             raise RuntimeError(
                 f"cannot measure process trees on platform {sys.platform!r} with procfs at "
@@ -883,22 +942,25 @@ class MemoryProfiler:
         """Measure the host and every server once, export the results, keep them for :meth:`latest`.
 
         A failing collector costs only its own values for this sample (logged
-        once); the other servers and the host are still measured.
+        once); the other servers and the host are still measured. Exporting never
+        raises: a broken meter costs the sample its points, not its values.
         """
         with self._sample_lock:
             now = self._now()
             host: HostMemory | None
             try:
                 host = self._host_collector()
-                record_host_memory(host, self._host_peaks)
             except Exception:
                 host = None
-                _forget_host_memory(self._host_peaks)
                 warn_once(
                     "process_memory.host_collector",
                     "collecting host memory failed; no host values this sample",
                     logger=logger,
                 )
+            peak = _raise_peak(
+                self._host_peaks, HOST_USED, None if host is None else host.used_bytes
+            )
+            _publish_host(host, peak)
             servers = tuple(self._sample_target(target, now) for target in self._targets)
             self._latest = MemoryProfileSnapshot(
                 taken_at=now,
@@ -909,9 +971,10 @@ class MemoryProfiler:
 
     def _sample_target(self, target: ServerMemoryTarget, now: float) -> ServerMemorySample:
         name = target.name
-        gone = ProcessTreeMemory(0, None, 0)
+        gone = ProcessTreeMemory(0, 0, 0)
         status = LIVE
         pss_age: float | None = None
+        memory: ProcessTreeMemory | None
         current_ticks = None if target.start_ticks is None else self._procfs.start_ticks(target.pid)
         if current_ticks != target.start_ticks:
             # The root exited, or its pid now belongs to a process that started later.
@@ -933,7 +996,7 @@ class MemoryProfiler:
                 measured = None
                 status = FAILED
             if measured is None:
-                memory = gone
+                memory = None
             elif measured.process_count <= 0:
                 status, memory = EXITED, gone
             elif read_pss:
@@ -954,15 +1017,17 @@ class MemoryProfiler:
         if status != LIVE:
             self._pss.pop(name, None)
             self._pss_attempted.pop(name, None)
-        record_server_memory(target, memory, self._peaks)
-        live = status == LIVE
+        peak_rss = _raise_peak(self._peaks, (name, RSS), memory and memory.rss_bytes)
+        peak_pss = _raise_peak(self._peaks, (name, PSS), memory and memory.pss_bytes)
+        _publish_server(target, memory, peak_rss, peak_pss)
+        live = memory if status == LIVE else None
         return ServerMemorySample(
             target=target,
             status=status,
-            rss_bytes=memory.rss_bytes if live else None,
-            pss_bytes=memory.pss_bytes if live else None,
-            pss_age_seconds=pss_age if live and memory.pss_bytes is not None else None,
-            process_count=memory.process_count if live else None,
+            rss_bytes=live and live.rss_bytes,
+            pss_bytes=live and live.pss_bytes,
+            pss_age_seconds=pss_age if live and live.pss_bytes is not None else None,
+            process_count=live and live.process_count,
             peak_rss_bytes=self._peaks.get((name, RSS)),
             peak_pss_bytes=self._peaks.get((name, PSS)),
         )
