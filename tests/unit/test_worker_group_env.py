@@ -89,12 +89,60 @@ class OldStyleWorker:
 def test_call_configure_worker_passes_topology_when_accepted() -> None:
     Worker.calls.clear()
     configured = wg._call_configure_worker(Worker, 1, (0, [0, 1]), 8)
-    assert configured == ({"num_gpus": 0.5}, {"FROM_WORKER": "1", "A": "worker"}, {"mode": "fast"})
+    assert configured == (
+        {"num_gpus": 0.5},
+        {"FROM_WORKER": "1", "A": "worker"},
+        {"mode": "fast"},
+        {},
+    )
     assert Worker.calls == [{"num_gpus": 1, "bundle_indices": (0, [0, 1]), "per_node": 8}]
 
 
 def test_call_configure_worker_old_signature_and_none_parts() -> None:
-    assert wg._call_configure_worker(OldStyleWorker, 1, None, 8) == ({}, {}, {})
+    assert wg._call_configure_worker(OldStyleWorker, 1, None, 8) == ({}, {}, {}, {})
+
+
+class NemoStyleWorker:
+    """A NeMo-RL worker: configure_worker also returns runtime_env overrides."""
+
+    @staticmethod
+    def configure_worker(num_gpus, bundle_indices=None):  # type: ignore[no-untyped-def]
+        return {"num_gpus": num_gpus}, {"E": "1"}, {}, {"py_executable": "uv run"}
+
+
+def test_call_configure_worker_accepts_the_four_item_form() -> None:
+    configured = wg._call_configure_worker(NemoStyleWorker, 1, None, 8)
+    assert configured == ({"num_gpus": 1}, {"E": "1"}, {}, {"py_executable": "uv run"})
+
+
+def test_runtime_env_overrides_are_merged_into_the_actor_runtime_env() -> None:
+    extra = {"runtime_env": {"env_vars": {"A": "group"}, "py_executable": "python"}}
+    configured = ({}, {"B": "worker"}, {}, {"py_executable": "uv run", "env_vars": {"C": "c"}})
+    options, _, messages = wg._apply_worker_configuration(extra, 0, {}, configured, STRATEGY)
+    assert options["runtime_env"] == {
+        "py_executable": "uv run",
+        "env_vars": {"A": "group", "B": "worker", "C": "c"},
+    }
+    assert any("runtime_env['py_executable']='uv run' over 'python'" in m for m in messages)
+    assert extra["runtime_env"] == {"env_vars": {"A": "group"}, "py_executable": "python"}
+
+
+def test_decorator_options_are_the_lowest_layer_and_merged() -> None:
+    decorator = {
+        "num_cpus": 2,
+        "runtime_env": {"env_vars": {"ONLY_DECORATOR": "d", "A": "decorator"}, "pip": ["x"]},
+    }
+    extra = {"runtime_env": {"env_vars": {"A": "group"}}}
+    configured = ({}, {"B": "worker"}, {}, {})
+    options, _, messages = wg._apply_worker_configuration(
+        extra, 0, {}, configured, STRATEGY, decorator
+    )
+    assert options["runtime_env"] == {
+        "pip": ["x"],
+        "env_vars": {"ONLY_DECORATOR": "d", "A": "group", "B": "worker"},
+    }
+    assert messages == []  # the caller outranking the decorator is not an override
+    assert decorator["runtime_env"]["env_vars"] == {"ONLY_DECORATOR": "d", "A": "decorator"}
 
 
 def test_call_configure_worker_absent() -> None:
@@ -179,6 +227,24 @@ def test_import_by_fqn_errors() -> None:
         wg._import_by_fqn("collections.Nope")
     with pytest.raises(ImportError, match=r"no importable module"):
         wg._import_by_fqn("raylens_no_such_package.mod.Worker")
+
+
+def test_a_class_in_main_is_explained() -> None:
+    with pytest.raises(ImportError) as caught:
+        wg._import_by_fqn("__main__.RaylensNoSuchEcho")
+    message = str(caught.value)
+    assert "__main__" in message and "importable by the workers" in message
+    assert "working_dir" in message and "class object" in message
+
+
+def test_builder_accepts_the_class_object() -> None:
+    class Echo:
+        pass
+
+    builder = wg.RayWorkerBuilder(Echo, 1)
+    assert builder.ray_actor_class_fqn.endswith("Echo")
+    initializer = wg.RayWorkerBuilder.IsolatedWorkerInitializer(Echo)
+    assert initializer._worker_class() is Echo
 
 
 def test_import_by_fqn_keeps_a_broken_dependency_visible(

@@ -107,6 +107,26 @@ def reset_remote_function_cache() -> None:
 # =========================================================================================
 
 
+_MAIN_MODULE_HELP = (
+    "{fqn!r}: the worker class is defined in the driver's __main__ script, which the Ray "
+    "workers cannot import (their __main__ is Ray's own). Make the class importable by "
+    "the workers: move it into a module and pass 'module.ClassName' (with that module "
+    "on their path, for example runtime_env={{'working_dir': '.'}} in ray.init), or pass "
+    "the class object itself to RayWorkerBuilder instead of its name"
+)
+
+
+def _class_label(target: Any) -> str:
+    """The dotted name of a worker class given by path or as a class object."""
+    if isinstance(target, str):
+        return target
+    metadata = getattr(target, "__ray_metadata__", None)
+    cls = getattr(metadata, "modified_class", None) or target
+    module = getattr(cls, "__module__", None) or "?"
+    name = getattr(metadata, "class_name", None) or getattr(cls, "__qualname__", repr(cls))
+    return f"{module}.{name}"
+
+
 def _import_by_fqn(fqn: str) -> Any:
     """The object a dotted path names: ``package.module.Class`` or ``module.Outer.Inner``."""
     if not isinstance(fqn, str) or "." not in fqn:
@@ -127,6 +147,8 @@ def _import_by_fqn(fqn: str) -> Any:
             try:
                 target = getattr(target, attribute)
             except AttributeError:
+                if module_name == "__main__":
+                    raise ImportError(_MAIN_MODULE_HELP.format(fqn=fqn)) from None
                 raise ImportError(
                     f"{fqn!r}: module {module_name!r} has no attribute path "
                     f"{'.'.join(parts[split:])!r}"
@@ -135,24 +157,29 @@ def _import_by_fqn(fqn: str) -> Any:
     raise ImportError(f"{fqn!r}: no importable module found in this path")
 
 
+_Configured = tuple[dict[str, Any], dict[str, str], dict[str, Any], dict[str, Any]]
+
+
 def _call_configure_worker(
     worker_class: Any,
     num_gpus: float | int,
     bundle_indices: tuple[int, list[int]] | None,
     num_gpus_per_node: int | None,
-) -> tuple[dict[str, Any], dict[str, str], dict[str, Any]] | None:
+) -> _Configured | None:
     """Ask the worker class for its settings; None when it defines no ``configure_worker``.
 
     ``configure_worker`` is a static method of the worker class::
 
         @staticmethod
         def configure_worker(num_gpus, bundle_indices=None, num_gpus_per_node=None):
-            return resources, env_vars, init_kwargs
+            return resources, env_vars, init_kwargs, runtime_env_overrides
 
     ``resources`` holds Ray actor options (``num_gpus``, ``num_cpus``, ``memory``,
     ``resources``...), ``env_vars`` extra environment for the worker, ``init_kwargs``
-    extra constructor keyword arguments; any of them may be None. ``num_gpus_per_node``
-    is passed only to a method whose signature accepts it.
+    extra constructor keyword arguments and ``runtime_env_overrides`` entries merged
+    into the actor's ``runtime_env``; any of them may be None, and the fourth may be
+    left out (a three-item tuple). ``num_gpus_per_node`` is passed only to a method
+    whose signature accepts it.
     """
     configure = getattr(worker_class, "configure_worker", None)
     if configure is None:
@@ -167,31 +194,51 @@ def _call_configure_worker(
     ):
         kwargs["num_gpus_per_node"] = num_gpus_per_node
     returned = configure(**kwargs)
-    if not (isinstance(returned, tuple) and len(returned) == 3):
+    if not (isinstance(returned, tuple) and len(returned) in (3, 4)):
         raise TypeError(
             f"{getattr(worker_class, '__name__', worker_class)}.configure_worker must return "
-            f"(resources, env_vars, init_kwargs), got {returned!r}"
+            f"(resources, env_vars, init_kwargs, runtime_env_overrides) or its first three "
+            f"items, got {returned!r}"
         )
-    resources, env_vars, init_kwargs = returned
-    for label, part in (
-        ("resources", resources),
-        ("env_vars", env_vars),
-        ("init_kwargs", init_kwargs),
-    ):
+    labels = ("resources", "env_vars", "init_kwargs", "runtime_env_overrides")
+    parts = [*returned, None][:4]
+    for label, part in zip(labels, parts):
         if part is not None and not isinstance(part, Mapping):
             raise TypeError(f"configure_worker returned {label}={part!r}; expected a dict or None")
-    return dict(resources or {}), dict(env_vars or {}), dict(init_kwargs or {})
+    resources, env_vars, init_kwargs, overrides = (dict(part or {}) for part in parts)
+    return resources, env_vars, init_kwargs, overrides
+
+
+def _merged_runtime_env(
+    default_options: Mapping[str, Any] | None, extra_options: Mapping[str, Any]
+) -> tuple[dict[str, Any], dict[str, str]]:
+    """``(runtime_env, env_vars)`` of the decorator's options overlaid by the caller's.
+
+    Ray's ``.options()`` replaces a ``runtime_env`` given in ``@ray.remote(...)`` as a
+    whole; merging here keeps the decorator's entries (and its environment variables)
+    that the caller does not set.
+    """
+    decorated = dict((default_options or {}).get("runtime_env") or {})
+    given = dict(extra_options.get("runtime_env") or {})
+    env_vars = {**dict(decorated.get("env_vars") or {}), **dict(given.get("env_vars") or {})}
+    runtime_env = {**decorated, **given}
+    runtime_env.pop("env_vars", None)
+    return runtime_env, env_vars
 
 
 def _apply_worker_configuration(
     extra_options: Mapping[str, Any],
     num_gpus: float | int,
     init_kwargs: Mapping[str, Any],
-    configured: tuple[dict[str, Any], dict[str, str], dict[str, Any]] | None,
+    configured: _Configured | tuple[Any, ...] | None,
     scheduling_strategy: Any,
+    default_options: Mapping[str, Any] | None = None,
 ) -> tuple[dict[str, Any], dict[str, Any], list[str]]:
     """Merge actor options, lowest precedence first, and say what was overridden.
 
+    0. the options of the worker class's ``@ray.remote(...)`` decorator
+       (``default_options``): Ray applies them itself, except ``runtime_env``, which
+       is merged here entry by entry;
     1. the caller's ``extra_options`` (and ``num_gpus``);
     2. what the worker class's ``configure_worker`` returned, which may override the
        caller, with a message for every value it changes;
@@ -201,31 +248,40 @@ def _apply_worker_configuration(
     not modified.
     """
     options = dict(extra_options)
-    runtime_env = dict(options.get("runtime_env") or {})
-    env_vars = dict(runtime_env.get("env_vars") or {})
+    runtime_env, env_vars = _merged_runtime_env(default_options, extra_options)
     kwargs = dict(init_kwargs)
     options["num_gpus"] = num_gpus
     messages: list[str] = []
     if configured is not None:
-        resources, configured_env, configured_kwargs = configured
+        resources, configured_env, configured_kwargs, overrides = (*configured, {})[:4]
         for key, value in resources.items():
             if key in options and options[key] != value:
                 messages.append(
                     f"configure_worker sets actor option {key}={value!r} over {options[key]!r}"
                 )
             options[key] = value
-        for key, value in configured_env.items():
+        overridden_env = dict(overrides.get("env_vars") or {})
+        for key, value in {**configured_env, **overridden_env}.items():
             if key in env_vars and env_vars[key] != value:
                 messages.append(
                     f"configure_worker sets environment variable {key}={value!r} over "
                     f"{env_vars[key]!r}"
                 )
             env_vars[key] = value
+        for key, value in overrides.items():
+            if key == "env_vars":
+                continue
+            if key in runtime_env and runtime_env[key] != value:
+                messages.append(
+                    f"configure_worker sets runtime_env[{key!r}]={value!r} over "
+                    f"{runtime_env[key]!r}"
+                )
+            runtime_env[key] = value
         for key, value in configured_kwargs.items():
             if key in kwargs:
                 messages.append(f"configure_worker sets constructor argument {key!r}")
             kwargs[key] = value
-    if env_vars or "runtime_env" in options:
+    if env_vars or runtime_env or "runtime_env" in options:
         runtime_env["env_vars"] = env_vars
         options["runtime_env"] = runtime_env
     if (
@@ -306,11 +362,20 @@ class RayWorkerBuilder:
         for as long as the workers are needed, and kill it after them.
         """
 
-        def __init__(self, ray_actor_class_fqn: str, *init_args: Any, **init_kwargs: Any) -> None:
-            self.ray_actor_class_fqn = ray_actor_class_fqn
+        def __init__(
+            self, ray_actor_class_fqn: str | type | Any, *init_args: Any, **init_kwargs: Any
+        ) -> None:
+            self._target = ray_actor_class_fqn
+            self.ray_actor_class_fqn = _class_label(ray_actor_class_fqn)
             self.init_args = init_args
             self.init_kwargs = init_kwargs
             self._workers: list[Any] = []
+
+        def _worker_class(self) -> Any:
+            """The worker class: imported by path here, or the class object given."""
+            if isinstance(self._target, str):
+                return _import_by_fqn(self._target)
+            return self._target
 
         def create_worker(
             self,
@@ -332,8 +397,11 @@ class RayWorkerBuilder:
             import ray
             from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
-            worker_class = _import_by_fqn(self.ray_actor_class_fqn)
-            if not hasattr(worker_class, "options"):
+            worker_class = self._worker_class()
+            default_options: dict[str, Any] = {}
+            if hasattr(worker_class, "options"):
+                default_options = dict(getattr(worker_class, "_default_options", None) or {})
+            else:
                 worker_class = ray.remote(worker_class)
             configured = _call_configure_worker(
                 worker_class, num_gpus, bundle_indices, num_gpus_per_node
@@ -344,7 +412,7 @@ class RayWorkerBuilder:
                 placement_group_capture_child_tasks=True,
             )
             options, kwargs, messages = _apply_worker_configuration(
-                extra_options, num_gpus, self.init_kwargs, configured, strategy
+                extra_options, num_gpus, self.init_kwargs, configured, strategy, default_options
             )
             for message in messages:
                 _LOGGER.warning("%s: %s", self.ray_actor_class_fqn, message)
@@ -352,13 +420,19 @@ class RayWorkerBuilder:
             self._workers.append(worker)
             return worker
 
-    def __init__(self, ray_actor_class_fqn: str, *args: Any, **kwargs: Any) -> None:
-        if not isinstance(ray_actor_class_fqn, str) or "." not in ray_actor_class_fqn:
+    def __init__(self, ray_actor_class_fqn: str | type | Any, *args: Any, **kwargs: Any) -> None:
+        is_class = isinstance(ray_actor_class_fqn, type) or hasattr(
+            ray_actor_class_fqn, "__ray_metadata__"
+        )
+        if not is_class and (
+            not isinstance(ray_actor_class_fqn, str) or "." not in ray_actor_class_fqn
+        ):
             raise ValueError(
                 "ray_actor_class_fqn must be the import path of the worker class, such as "
-                f"'package.module.Worker', got {ray_actor_class_fqn!r}"
+                f"'package.module.Worker', or the class itself, got {ray_actor_class_fqn!r}"
             )
-        self.ray_actor_class_fqn = ray_actor_class_fqn
+        self._target = ray_actor_class_fqn
+        self.ray_actor_class_fqn = _class_label(ray_actor_class_fqn)
         self.args = args
         self.kwargs = kwargs
         # Initializers of workers created through __call__, kept so those workers live.
@@ -391,7 +465,7 @@ class RayWorkerBuilder:
         return (
             self._initializer_class()
             .options(**options)
-            .remote(self.ray_actor_class_fqn, *self.args, **self.kwargs)
+            .remote(self._target, *self.args, **self.kwargs)
         )
 
     @staticmethod
