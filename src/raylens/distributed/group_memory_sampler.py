@@ -1,0 +1,298 @@
+"""One zero-CPU sampler actor per Ray node, reading worker groups' memory there.
+
+A worker group's processes can only be read from procfs on their own node, and
+asking the workers themselves would wait behind whatever long method they are
+running. So each node that hosts a registered worker gets a small actor of its
+own, :class:`GroupMemorySamplerActor`, pinned there with a hard node affinity and
+reserving no CPU and no GPU, which reads the workers' process trees from its own
+process with :class:`~raylens.telemetry.group_memory.GroupMemoryReader`.
+
+:class:`GroupMemorySamplers` runs in the driver, called once per host-memory
+cycle: it starts samplers lazily for nodes that gained a worker, removes the one
+of a node whose last worker left, asks every sampler for a reading under one
+deadline, and returns ``{node id: NodeGroupMemory | SamplerError}``. A sampler
+that is slow, wedged or dead costs only its own node's result: it is not asked
+again while its last request is open, and it is replaced after ``max_missed``
+cycles without an answer or as soon as it is found dead.
+
+Ray is imported only when a manager first needs it, and any object with the few
+``ray`` functions used here can stand in for it (the unit tests pass a fake).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import threading
+import time
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from raylens.lens.safe_text import printable
+from raylens.telemetry.group_memory import (
+    DEFAULT_MAX_PROCESSES,
+    GroupMemoryReader,
+    NodeGroupMemory,
+    as_group_worker,
+)
+from raylens.telemetry.process_memory import ProcFS
+
+__all__ = [
+    "DEFAULT_MAX_MISSED",
+    "DEFAULT_PSS_INTERVAL_SECONDS",
+    "DEFAULT_TIMEOUT_S",
+    "GroupMemorySamplerActor",
+    "GroupMemorySamplers",
+    "SamplerError",
+]
+
+DEFAULT_TIMEOUT_S = 2.0
+"""How long one cycle waits for every sampler's reading."""
+
+DEFAULT_PSS_INTERVAL_SECONDS = 60.0
+"""How often a sampler reads PSS per group by default (RSS is read every cycle)."""
+
+DEFAULT_MAX_MISSED = 3
+"""Cycles a sampler may leave unanswered before it is replaced."""
+
+
+@dataclass(frozen=True)
+class SamplerError:
+    """Why a node has no reading this cycle."""
+
+    node_id: str
+    message: str
+
+
+class GroupMemorySamplerActor:
+    """What runs inside each node's sampler actor: a reader and one method to call it.
+
+    The arguments are those of :class:`GroupMemoryReader`; ``procfs_root`` is where
+    procfs is mounted on the node (``/proc`` by default).
+    """
+
+    def __init__(
+        self,
+        pss_interval_seconds: float | None = DEFAULT_PSS_INTERVAL_SECONDS,
+        max_processes: int = DEFAULT_MAX_PROCESSES,
+        procfs_root: str | None = None,
+        host_name: str | None = None,
+    ) -> None:
+        self._reader = GroupMemoryReader(
+            ProcFS(procfs_root) if procfs_root is not None else None,
+            pss_interval_seconds=pss_interval_seconds,
+            max_processes=max_processes,
+            host_name=host_name,
+        )
+
+    def read(self, workers: list[tuple[str, int, int | None]]) -> dict[str, Any]:
+        """Read the given workers' groups now; the result as builtins (see ``as_plain``)."""
+        return self._reader.read(workers).as_plain()
+
+
+@dataclass
+class _Sampler:
+    actor: Any
+    pending: Any = None
+    missed: int = 0
+
+
+def _positive_seconds(name: str, value: object) -> float:
+    if (
+        isinstance(value, bool)
+        or not isinstance(value, (int, float))
+        or not math.isfinite(value)
+        or value <= 0
+    ):
+        raise ValueError(f"{name} must be a positive, finite number of seconds, got {value!r}")
+    return float(value)
+
+
+def _check_node_id(node_id: object) -> str:
+    if not isinstance(node_id, str) or not node_id:
+        raise ValueError(f"node id must be a non-empty str, got {node_id!r:.80}")
+    return node_id
+
+
+def _describe(error: BaseException) -> str:
+    text = str(error).strip().splitlines()
+    return printable(f"{type(error).__name__}: {text[0] if text else ''}"[:300])
+
+
+class GroupMemorySamplers:
+    """The driver's side: keeps one sampler per node that hosts workers, and collects readings.
+
+    ``ray`` is the ``ray`` module or a stand-in with ``remote``, ``wait``, ``get``,
+    ``kill``, ``util.scheduling_strategies.NodeAffinitySchedulingStrategy`` and
+    ``exceptions.RayActorError``; default the real one, imported on first use.
+    ``timeout_s`` bounds how long :meth:`sample` waits for all readings together.
+    ``pss_interval_seconds``, ``max_processes`` and ``procfs_root`` configure each
+    sampler's reader. Thread-safe: concurrent calls run one after the other.
+    """
+
+    def __init__(
+        self,
+        *,
+        ray: Any = None,
+        timeout_s: float = DEFAULT_TIMEOUT_S,
+        pss_interval_seconds: float | None = DEFAULT_PSS_INTERVAL_SECONDS,
+        max_processes: int = DEFAULT_MAX_PROCESSES,
+        max_missed: int = DEFAULT_MAX_MISSED,
+        procfs_root: str | None = None,
+    ) -> None:
+        self._ray = ray
+        self.timeout_s = _positive_seconds("timeout_s", timeout_s)
+        if pss_interval_seconds is not None:
+            _positive_seconds("pss_interval_seconds", pss_interval_seconds)
+        if isinstance(max_missed, bool) or not isinstance(max_missed, int) or max_missed <= 0:
+            raise ValueError(f"max_missed must be a positive int, got {max_missed!r}")
+        if isinstance(max_processes, bool) or not isinstance(max_processes, int):
+            raise ValueError(f"max_processes must be a positive int, got {max_processes!r}")
+        if max_processes <= 0:
+            raise ValueError(f"max_processes must be a positive int, got {max_processes!r}")
+        self._actor_kwargs = {
+            "pss_interval_seconds": pss_interval_seconds,
+            "max_processes": max_processes,
+            "procfs_root": procfs_root,
+        }
+        self.max_missed = max_missed
+        self._lock = threading.Lock()
+        self._samplers: dict[str, _Sampler] = {}
+        self._remote_class: Any = None
+
+    @property
+    def nodes(self) -> set[str]:
+        """Node ids that have a sampler now."""
+        with self._lock:
+            return set(self._samplers)
+
+    def _ray_module(self) -> Any:
+        if self._ray is None:
+            import ray
+            import ray.util.scheduling_strategies  # makes ray.util.scheduling_strategies reachable
+
+            self._ray = ray
+        return self._ray
+
+    def _start(self, node_id: str) -> _Sampler:
+        ray = self._ray_module()
+        if self._remote_class is None:
+            self._remote_class = ray.remote(num_cpus=0, num_gpus=0)(GroupMemorySamplerActor)
+        strategy = ray.util.scheduling_strategies.NodeAffinitySchedulingStrategy(
+            node_id=node_id, soft=False
+        )
+        actor = self._remote_class.options(scheduling_strategy=strategy, max_restarts=0).remote(
+            **self._actor_kwargs
+        )
+        return _Sampler(actor)
+
+    def _remove(self, node_id: str) -> None:
+        sampler = self._samplers.pop(node_id, None)
+        if sampler is None:
+            return
+        # An actor that is already gone needs no killing.
+        with contextlib.suppress(Exception):
+            self._ray_module().kill(sampler.actor, no_restart=True)
+
+    def sample(
+        self, workers_by_node: Mapping[str, Iterable[tuple[str, int, int | None]]]
+    ) -> dict[str, NodeGroupMemory | SamplerError]:
+        """One reading per node that has workers, each or its error, within :attr:`timeout_s`.
+
+        ``workers_by_node`` maps a node id to its ``(group, pid, start_ticks)``
+        workers; a node with none, or missing, loses its sampler. Raises ValueError,
+        naming it, for a malformed node id or worker, before anything is started.
+        """
+        wanted: dict[str, list[tuple[str, int, int | None]]] = {}
+        for node_id, workers in workers_by_node.items():
+            entries = [tuple(as_group_worker(worker)) for worker in workers]
+            if entries:
+                wanted[_check_node_id(node_id)] = entries  # type: ignore[assignment]
+        with self._lock:
+            return self._sample(wanted)
+
+    def _sample(
+        self, wanted: dict[str, list[tuple[str, int, int | None]]]
+    ) -> dict[str, NodeGroupMemory | SamplerError]:
+        deadline = time.monotonic() + self.timeout_s
+        for node_id in [node for node in self._samplers if node not in wanted]:
+            self._remove(node_id)
+        if not wanted:
+            return {}
+        ray = self._ray_module()
+        results: dict[str, NodeGroupMemory | SamplerError] = {}
+        asked: dict[Any, str] = {}
+        for node_id, workers in wanted.items():
+            sampler = self._samplers.get(node_id)
+            if sampler is None:
+                try:
+                    sampler = self._samplers[node_id] = self._start(node_id)
+                except Exception as error:
+                    results[node_id] = SamplerError(
+                        node_id, f"could not start a sampler on node {node_id}: {_describe(error)}"
+                    )
+                    continue
+            if sampler.pending is not None:
+                done, _ = ray.wait([sampler.pending], num_returns=1, timeout=0)
+                if not done:
+                    results[node_id] = self._missed(
+                        node_id, sampler, "its previous reading is still running"
+                    )
+                    continue
+                sampler.pending = None  # a late answer describes an older cycle: dropped
+            try:
+                sampler.pending = sampler.actor.read.remote(workers)
+            except Exception as error:
+                self._remove(node_id)
+                results[node_id] = SamplerError(
+                    node_id, f"sampler on node {node_id} cannot be asked: {_describe(error)}"
+                )
+                continue
+            asked[sampler.pending] = node_id
+        if asked:
+            refs = list(asked)
+            ready, _ = ray.wait(
+                refs, num_returns=len(refs), timeout=max(0.0, deadline - time.monotonic())
+            )
+            for ref in ready:
+                node_id = asked.pop(ref)
+                results[node_id] = self._collect(ray, node_id, ref, deadline)
+            for node_id in asked.values():
+                results[node_id] = self._missed(
+                    node_id,
+                    self._samplers[node_id],
+                    f"no answer within the {self.timeout_s:g} s sampling timeout",
+                )
+        return {node: results[node] for node in wanted}
+
+    def _collect(
+        self, ray: Any, node_id: str, ref: Any, deadline: float
+    ) -> NodeGroupMemory | SamplerError:
+        sampler = self._samplers[node_id]
+        sampler.pending = None
+        try:
+            plain = ray.get(ref, timeout=max(0.0, deadline - time.monotonic()))
+        except ray.exceptions.RayActorError as error:
+            self._remove(node_id)  # started afresh next cycle
+            return SamplerError(node_id, f"sampler on node {node_id} died: {_describe(error)}")
+        except Exception as error:
+            return SamplerError(node_id, f"sampler on node {node_id} failed: {_describe(error)}")
+        sampler.missed = 0
+        try:
+            return NodeGroupMemory.from_plain(plain)
+        except ValueError as error:
+            return SamplerError(node_id, f"sampler on node {node_id}: {printable(error)}")
+
+    def _missed(self, node_id: str, sampler: _Sampler, why: str) -> SamplerError:
+        sampler.missed += 1
+        if sampler.missed >= self.max_missed:
+            self._remove(node_id)
+            why += f"; replaced after {sampler.missed} cycles without an answer"
+        return SamplerError(node_id, f"no group-memory reading from node {node_id}: {why}")
+
+    def close(self) -> None:
+        """Remove every sampler (idempotent)."""
+        with self._lock:
+            for node_id in list(self._samplers):
+                self._remove(node_id)

@@ -1,0 +1,329 @@
+"""The per-node sampler manager, on a small in-process stand-in for Ray (no Ray installed)."""
+
+from __future__ import annotations
+
+import itertools
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+
+from raylens.distributed.group_memory_sampler import (
+    GroupMemorySamplerActor,
+    GroupMemorySamplers,
+    SamplerError,
+)
+from raylens.telemetry.group_memory import GroupMemorySnapshot, NodeGroupMemory
+from raylens_fakes.procfs import FakeProcFS
+
+MB = 2**20
+NODE_A = "a" * 56
+NODE_B = "b" * 56
+NODE_C = "c" * 56
+
+
+class FakeActorError(Exception):
+    """Stands for ray.exceptions.RayActorError."""
+
+
+class FakeAffinity:
+    def __init__(self, node_id: str, soft: bool) -> None:
+        self.node_id = node_id
+        self.soft = soft
+
+
+class FakeRef:
+    _ids = itertools.count()
+
+    def __init__(self, compute: Any = None, *, hung: bool = False) -> None:
+        self.id = next(self._ids)
+        self.compute = compute
+        self.hung = hung
+
+    def __hash__(self) -> int:
+        return self.id
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, FakeRef) and other.id == self.id
+
+
+class FakeMethod:
+    def __init__(self, actor: FakeActor, name: str) -> None:
+        self.actor = actor
+        self.name = name
+
+    def remote(self, *args: Any) -> FakeRef:
+        actor = self.actor
+        actor.calls.append((self.name, args))
+        if actor.dead:
+            return FakeRef(lambda: (_ for _ in ()).throw(FakeActorError("actor died")))
+        if actor.hung:
+            return FakeRef(hung=True)
+        method = getattr(actor.instance, self.name)
+        return FakeRef(lambda: method(*args))
+
+
+class FakeActor:
+    def __init__(self, instance: Any, options: dict[str, Any]) -> None:
+        self.instance = instance
+        self.options = options
+        self.node_id = options["scheduling_strategy"].node_id
+        self.calls: list[tuple[str, tuple]] = []
+        self.hung = False
+        self.dead = False
+        self.killed = False
+
+    def __getattr__(self, name: str) -> FakeMethod:
+        if name.startswith("_"):
+            raise AttributeError(name)
+        return FakeMethod(self, name)
+
+
+class FakeRay:
+    """Just enough of the ``ray`` module for the sampler manager: remote, wait, get, kill."""
+
+    def __init__(self, roots: dict[str, Path]) -> None:
+        self.roots = roots
+        self.actors: list[FakeActor] = []
+        self.wait_timeouts: list[float | None] = []
+        self.util = SimpleNamespace(
+            scheduling_strategies=SimpleNamespace(NodeAffinitySchedulingStrategy=FakeAffinity)
+        )
+        self.exceptions = SimpleNamespace(RayActorError=FakeActorError)
+        self.hang_next_on: set[str] = set()
+
+    def remote(self, **class_options: Any) -> Any:
+        fake = self
+
+        def decorate(cls: type) -> Any:
+            class RemoteClass:
+                @staticmethod
+                def options(**options: Any) -> Any:
+                    merged = {**class_options, **options}
+
+                    def remote(*args: Any, **kwargs: Any) -> FakeActor:
+                        node = merged["scheduling_strategy"].node_id
+                        kwargs["procfs_root"] = str(fake.roots[node])
+                        actor = FakeActor(cls(*args, **kwargs), merged)
+                        actor.hung = node in fake.hang_next_on
+                        fake.actors.append(actor)
+                        return actor
+
+                    return SimpleNamespace(remote=remote)
+
+            return RemoteClass
+
+        return decorate
+
+    def wait(self, refs: list[FakeRef], *, num_returns: int = 1, timeout: float | None = None):
+        self.wait_timeouts.append(timeout)
+        ready = [ref for ref in refs if not ref.hung]
+        return ready[:num_returns], [ref for ref in refs if ref not in ready[:num_returns]]
+
+    def get(self, ref: FakeRef, *, timeout: float | None = None) -> Any:
+        assert not ref.hung, "get() on a ref that never resolves would block"
+        return ref.compute()
+
+    def kill(self, actor: FakeActor, *, no_restart: bool = True) -> None:
+        actor.killed = True
+
+    def live_actors(self) -> list[FakeActor]:
+        return [actor for actor in self.actors if not actor.killed]
+
+
+@pytest.fixture
+def nodes(tmp_path: Path) -> dict[str, FakeProcFS]:
+    return {node: FakeProcFS(tmp_path / node[:1]) for node in (NODE_A, NODE_B, NODE_C)}
+
+
+@pytest.fixture
+def fake_ray(nodes: dict[str, FakeProcFS]) -> FakeRay:
+    return FakeRay({node: fake.root for node, fake in nodes.items()})
+
+
+def _worker(fake: FakeProcFS, group: str, pid: int, rss: int) -> tuple[str, int, int]:
+    fake.add_process(pid, rss_bytes=rss)
+    return (group, pid, fake.start_ticks(pid))
+
+
+def _manager(fake_ray: FakeRay, **options: Any) -> GroupMemorySamplers:
+    options.setdefault("timeout_s", 1.0)
+    return GroupMemorySamplers(ray=fake_ray, **options)
+
+
+def test_nothing_starts_before_the_first_sample(fake_ray: FakeRay):
+    manager = _manager(fake_ray)
+    assert fake_ray.actors == []
+    assert manager.sample({}) == {}
+    assert fake_ray.actors == []
+
+
+def test_one_zero_cpu_sampler_per_node_pinned_to_it(fake_ray: FakeRay, nodes):
+    a, b = nodes[NODE_A], nodes[NODE_B]
+    workers = {
+        NODE_A: [_worker(a, "policy", 200, 10 * MB), _worker(a, "rollout", 201, 4 * MB)],
+        NODE_B: [_worker(b, "policy", 300, 7 * MB)],
+    }
+    manager = _manager(fake_ray)
+
+    first = manager.sample(workers)
+    second = manager.sample(workers)
+
+    assert len(fake_ray.actors) == 2
+    for actor in fake_ray.actors:
+        assert actor.options["num_cpus"] == 0
+        assert actor.options["num_gpus"] == 0
+        assert actor.options["scheduling_strategy"].soft is False
+    assert {actor.node_id for actor in fake_ray.actors} == {NODE_A, NODE_B}
+    assert manager.nodes == {NODE_A, NODE_B}
+    for results in (first, second):
+        assert set(results) == {NODE_A, NODE_B}
+        assert all(isinstance(r, NodeGroupMemory) for r in results.values())
+    rss = {(node, g.group): g.rss_bytes for node, r in second.items() for g in r.groups}
+    assert rss == {
+        (NODE_A, "policy"): 10 * MB,
+        (NODE_A, "rollout"): 4 * MB,
+        (NODE_B, "policy"): 7 * MB,
+    }
+
+
+def test_a_sampler_goes_with_the_last_group_on_its_node(fake_ray: FakeRay, nodes):
+    a, b = nodes[NODE_A], nodes[NODE_B]
+    on_a = [_worker(a, "policy", 200, MB)]
+    on_b = [_worker(b, "rollout", 300, MB)]
+    manager = _manager(fake_ray)
+    manager.sample({NODE_A: on_a, NODE_B: on_b})
+
+    results = manager.sample({NODE_A: on_a, NODE_B: []})
+
+    assert set(results) == {NODE_A}
+    assert {actor.node_id for actor in fake_ray.live_actors()} == {NODE_A}
+    assert manager.nodes == {NODE_A}
+
+
+def test_an_unreachable_sampler_costs_only_its_node(fake_ray: FakeRay, nodes):
+    a, b = nodes[NODE_A], nodes[NODE_B]
+    workers = {NODE_A: [_worker(a, "policy", 200, MB)], NODE_B: [_worker(b, "policy", 300, MB)]}
+    fake_ray.hang_next_on.add(NODE_B)
+    manager = _manager(fake_ray, timeout_s=0.5)
+
+    results = manager.sample(workers)
+
+    assert isinstance(results[NODE_A], NodeGroupMemory)
+    assert isinstance(results[NODE_B], SamplerError)
+    assert NODE_B in results[NODE_B].message
+    assert "0.5" in results[NODE_B].message
+    assert fake_ray.wait_timeouts and all(0 < t <= 0.5 for t in fake_ray.wait_timeouts)
+
+
+def test_a_wedged_sampler_is_not_asked_again_while_its_reading_is_open(fake_ray: FakeRay, nodes):
+    b = nodes[NODE_B]
+    workers = {NODE_B: [_worker(b, "policy", 300, MB)]}
+    fake_ray.hang_next_on.add(NODE_B)
+    manager = _manager(fake_ray, max_missed=3)
+
+    for _ in range(2):
+        assert isinstance(manager.sample(workers)[NODE_B], SamplerError)
+    (wedged,) = fake_ray.actors
+    assert [name for name, _ in wedged.calls] == ["read"]
+
+    # The third miss replaces it; the new one answers.
+    manager.sample(workers)
+    assert wedged.killed
+    fake_ray.hang_next_on.clear()
+    results = manager.sample(workers)
+    assert isinstance(results[NODE_B], NodeGroupMemory)
+    assert len(fake_ray.live_actors()) == 1
+
+
+def test_a_dead_sampler_is_replaced_at_the_next_cycle(fake_ray: FakeRay, nodes):
+    a, b = nodes[NODE_A], nodes[NODE_B]
+    workers = {NODE_A: [_worker(a, "policy", 200, MB)], NODE_B: [_worker(b, "policy", 300, MB)]}
+    manager = _manager(fake_ray)
+    manager.sample(workers)
+    dead = next(actor for actor in fake_ray.actors if actor.node_id == NODE_B)
+    dead.dead = True
+
+    results = manager.sample(workers)
+    assert isinstance(results[NODE_A], NodeGroupMemory)
+    assert isinstance(results[NODE_B], SamplerError)
+    assert "actor died" in results[NODE_B].message
+
+    results = manager.sample(workers)
+    assert isinstance(results[NODE_B], NodeGroupMemory)
+    assert len([actor for actor in fake_ray.actors if actor.node_id == NODE_B]) == 2
+
+
+def test_a_malformed_answer_costs_only_its_node(fake_ray: FakeRay, nodes, monkeypatch):
+    a, b = nodes[NODE_A], nodes[NODE_B]
+    workers = {NODE_A: [_worker(a, "policy", 200, MB)], NODE_B: [_worker(b, "policy", 300, MB)]}
+    manager = _manager(fake_ray)
+    manager.sample(workers)
+    odd = next(actor for actor in fake_ray.actors if actor.node_id == NODE_B)
+    monkeypatch.setattr(odd.instance, "read", lambda _workers: {"host_name": 5})
+
+    results = manager.sample(workers)
+
+    assert isinstance(results[NODE_A], NodeGroupMemory)
+    assert "malformed group-memory reading" in results[NODE_B].message
+
+
+def test_a_worker_killed_between_cycles_is_reported_by_its_sampler(fake_ray: FakeRay, nodes):
+    a = nodes[NODE_A]
+    workers = {NODE_A: [_worker(a, "policy", 200, MB), _worker(a, "policy", 201, 2 * MB)]}
+    manager = _manager(fake_ray)
+    manager.sample(workers)
+    a.remove_process(201)
+
+    reading = manager.sample(workers)[NODE_A]
+
+    assert [(g.group, g.rss_bytes) for g in reading.groups] == [("policy", MB)]
+    assert [(w.pid, w.fate.value) for w in reading.gone] == [(201, "exited")]
+
+
+def test_results_feed_the_snapshot_so_a_gone_sampler_drops_its_node(fake_ray: FakeRay, nodes):
+    a, b = nodes[NODE_A], nodes[NODE_B]
+    workers = {NODE_A: [_worker(a, "policy", 200, MB)], NODE_B: [_worker(b, "policy", 300, MB)]}
+    manager = _manager(fake_ray)
+    snapshot = GroupMemorySnapshot(clock=lambda: 0.0)
+    snapshot.publish(manager.sample(workers))
+    next(actor for actor in fake_ray.actors if actor.node_id == NODE_B).dead = True
+
+    snapshot.publish(manager.sample(workers))
+
+    assert {dict(o.attributes)["ray.node.id"] for o in snapshot.observe_processes()} == {NODE_A}
+
+
+def test_close_removes_every_sampler(fake_ray: FakeRay, nodes):
+    a, b = nodes[NODE_A], nodes[NODE_B]
+    manager = _manager(fake_ray)
+    manager.sample(
+        {NODE_A: [_worker(a, "policy", 200, MB)], NODE_B: [_worker(b, "policy", 300, MB)]}
+    )
+    manager.close()
+    assert fake_ray.live_actors() == []
+    assert manager.nodes == set()
+
+
+def test_bad_arguments_are_refused_by_name(fake_ray: FakeRay):
+    with pytest.raises(ValueError, match="timeout_s"):
+        GroupMemorySamplers(ray=fake_ray, timeout_s=0)
+    with pytest.raises(ValueError, match="max_missed"):
+        GroupMemorySamplers(ray=fake_ray, max_missed=0)
+    with pytest.raises(ValueError, match="pid"):
+        GroupMemorySamplers(ray=fake_ray).sample({NODE_A: [("policy", -3, None)]})
+    with pytest.raises(ValueError, match="node id"):
+        GroupMemorySamplers(ray=fake_ray).sample({"": [("policy", 3, None)]})
+    assert fake_ray.actors == []
+
+
+def test_the_actor_class_answers_in_builtins(nodes):
+    a = nodes[NODE_A]
+    worker = _worker(a, "policy", 200, MB)
+    actor = GroupMemorySamplerActor(procfs_root=str(a.root), host_name="node-a")
+
+    plain = actor.read([worker])
+
+    assert NodeGroupMemory.from_plain(plain).groups[0].rss_bytes == MB
+    assert plain["host_name"] == "node-a"
