@@ -74,6 +74,7 @@ from raylens.lens import (
     RecordedMetric,
     get_telemetry_handle,
     register_observable_gauge,
+    reset_warn_once,
     unregister_observable_gauge,
     warn_once,
 )
@@ -764,6 +765,15 @@ def _check_interval(name: str, value: object) -> float:
     return float(value)
 
 
+def _check_target(target: object) -> None:
+    if not isinstance(target, ServerMemoryTarget):
+        raise TypeError(f"targets must be ServerMemoryTarget objects, got {target!r}")
+
+
+def _collector_warning_key(name: str) -> str:
+    return f"process_memory.collector.{name}"
+
+
 def _accepts_include_pss(collector: Callable[..., Any]) -> bool:
     try:
         parameters = inspect.signature(collector).parameters
@@ -811,14 +821,14 @@ class MemoryProfiler:
             if pss_interval_seconds is None
             else _check_interval("pss_interval_seconds", pss_interval_seconds)
         )
-        self._targets = list(targets)
-        for target in self._targets:
-            if not isinstance(target, ServerMemoryTarget):
-                raise TypeError(f"targets must be ServerMemoryTarget objects, got {target!r}")
-        names = [t.name for t in self._targets]
+        targets = list(targets)
+        for target in targets:
+            _check_target(target)
+        names = [t.name for t in targets]
         duplicates = sorted({n for n in names if names.count(n) > 1})
         if duplicates:
             raise ValueError(f"server names must be unique; repeated: {', '.join(duplicates)}")
+        self._targets = {target.name: target for target in targets}
         self._procfs = _as_procfs(procfs)
         if collector is collect_process_tree_memory:
             procfs_reader = self._procfs
@@ -846,11 +856,55 @@ class MemoryProfiler:
         self._pss: dict[str, tuple[int, float]] = {}
         self._pss_attempted: dict[str, float] = {}
         self._latest: MemoryProfileSnapshot | None = None
+        # Guards the targets and everything kept per target (peaks, carried PSS, the
+        # exported entry), so a target removed while it is being measured leaves nothing.
+        self._state_lock = threading.Lock()
 
     @property
     def targets(self) -> list[ServerMemoryTarget]:
         """The servers this profiler measures (a copy)."""
-        return list(self._targets)
+        with self._state_lock:
+            return list(self._targets.values())
+
+    def add_target(self, target: ServerMemoryTarget) -> None:
+        """Measure ``target`` too, from the next sample on; running or not.
+
+        Raises ValueError if a server of that name is already measured (remove it
+        first: a restarted server is a new target, with its new pid).
+        """
+        _check_target(target)
+        with self._state_lock:
+            if target.name in self._targets:
+                raise ValueError(
+                    f"a server named {target.name!r} is already measured "
+                    f"({self._targets[target.name]!r}); remove it before adding {target!r}"
+                )
+            self._targets[target.name] = target
+
+    def remove_target(self, target: ServerMemoryTarget | str) -> ServerMemoryTarget:
+        """Stop measuring a server (given as a target or by name) and forget it; return it.
+
+        Its peaks, its carried PSS, its exported series and its remembered warning
+        go with it, so what a profiler holds follows the servers it measures now,
+        however many have come and gone. Raises ValueError for a server it does
+        not measure.
+        """
+        name = target if isinstance(target, str) else getattr(target, "name", None)
+        with self._state_lock:
+            current = self._targets.get(name) if isinstance(name, str) else None
+            if current is None or (not isinstance(target, str) and current != target):
+                measured = ", ".join(repr(n) for n in self._targets) or "none"
+                raise ValueError(
+                    f"{target!r} is not measured by this profiler; measured: {measured}"
+                )
+            del self._targets[current.name]
+            for memory_type in (RSS, PSS):
+                self._peaks.pop((current.name, memory_type), None)
+            self._pss.pop(current.name, None)
+            self._pss_attempted.pop(current.name, None)
+            _forget_server(current)
+        reset_warn_once(_collector_warning_key(current.name))
+        return current
 
     @property
     def is_running(self) -> bool:
@@ -961,7 +1015,10 @@ class MemoryProfiler:
                 self._host_peaks, HOST_USED, None if host is None else host.used_bytes
             )
             _publish_host(host, peak)
-            servers = tuple(self._sample_target(target, now) for target in self._targets)
+            with self._state_lock:
+                targets = list(self._targets.values())
+            sampled = (self._sample_target(target, now) for target in targets)
+            servers = tuple(sample for sample in sampled if sample is not None)
             self._latest = MemoryProfileSnapshot(
                 taken_at=now,
                 host=host,
@@ -969,11 +1026,12 @@ class MemoryProfiler:
                 servers=servers,
             )
 
-    def _sample_target(self, target: ServerMemoryTarget, now: float) -> ServerMemorySample:
+    def _sample_target(self, target: ServerMemoryTarget, now: float) -> ServerMemorySample | None:
+        """Measure one server and keep the result; None if it was removed meanwhile."""
         name = target.name
         gone = ProcessTreeMemory(0, 0, 0)
         status = LIVE
-        pss_age: float | None = None
+        read_pss = False
         memory: ProcessTreeMemory | None
         current_ticks = None if target.start_ticks is None else self._procfs.start_ticks(target.pid)
         if current_ticks != target.start_ticks:
@@ -984,42 +1042,43 @@ class MemoryProfiler:
             read_pss = self._pss_due(name, now)
             try:
                 if read_pss:
-                    measured = self._collector(target.pid)
+                    memory = self._collector(target.pid)
                 else:
-                    measured = self._collector(target.pid, include_pss=False)  # type: ignore[call-arg]
+                    memory = self._collector(target.pid, include_pss=False)  # type: ignore[call-arg]
             except Exception:
                 warn_once(
-                    f"process_memory.collector.{name}",
+                    _collector_warning_key(name),
                     f"measuring server {name!r} (pid {target.pid}) failed; no values this sample",
                     logger=logger,
                 )
-                measured = None
-                status = FAILED
-            if measured is None:
                 memory = None
-            elif measured.process_count <= 0:
+                status = FAILED
+            if memory is not None and memory.process_count <= 0:
                 status, memory = EXITED, gone
-            elif read_pss:
+        with self._state_lock:
+            if self._targets.get(name) is not target:
+                return None
+            pss_age: float | None = None
+            if status != LIVE:
+                self._pss.pop(name, None)
+                self._pss_attempted.pop(name, None)
+            elif read_pss and memory is not None:
                 self._pss_attempted[name] = now
-                if measured.pss_bytes is None:
+                if memory.pss_bytes is None:
                     self._pss.pop(name, None)
                 else:
-                    self._pss[name] = (measured.pss_bytes, now)
+                    self._pss[name] = (memory.pss_bytes, now)
                     pss_age = 0.0
-                memory = measured
-            else:
+            elif memory is not None:
                 carried = self._pss.get(name)
                 pss = None
                 if carried is not None:
                     pss, read_at = carried
                     pss_age = max(0.0, now - read_at)
-                memory = ProcessTreeMemory(measured.rss_bytes, pss, measured.process_count)
-        if status != LIVE:
-            self._pss.pop(name, None)
-            self._pss_attempted.pop(name, None)
-        peak_rss = _raise_peak(self._peaks, (name, RSS), memory and memory.rss_bytes)
-        peak_pss = _raise_peak(self._peaks, (name, PSS), memory and memory.pss_bytes)
-        _publish_server(target, memory, peak_rss, peak_pss)
+                memory = ProcessTreeMemory(memory.rss_bytes, pss, memory.process_count)
+            peak_rss = _raise_peak(self._peaks, (name, RSS), memory and memory.rss_bytes)
+            peak_pss = _raise_peak(self._peaks, (name, PSS), memory and memory.pss_bytes)
+            _publish_server(target, memory, peak_rss, peak_pss)
         live = memory if status == LIVE else None
         return ServerMemorySample(
             target=target,
@@ -1028,8 +1087,8 @@ class MemoryProfiler:
             pss_bytes=live and live.pss_bytes,
             pss_age_seconds=pss_age if live and live.pss_bytes is not None else None,
             process_count=live and live.process_count,
-            peak_rss_bytes=self._peaks.get((name, RSS)),
-            peak_pss_bytes=self._peaks.get((name, PSS)),
+            peak_rss_bytes=peak_rss,
+            peak_pss_bytes=peak_pss,
         )
 
     def _pss_due(self, name: str, now: float) -> bool:
