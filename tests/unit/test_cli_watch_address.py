@@ -2,13 +2,17 @@
 
 from __future__ import annotations
 
+import os
+import signal
 import socket
+import sys
 import threading
+import time
 from collections.abc import Iterator
 
 import pytest
 
-from raylens.cli.gcs_probe import CliError, check_reachable
+from raylens.cli.gcs_probe import CliError, check_reachable, confirm_gcs
 
 # An HTTP/2 frame header: empty payload, type SETTINGS, no flags, stream 0.
 _SETTINGS_FRAME = b"\x00\x00\x00\x04\x00\x00\x00\x00\x00"
@@ -70,3 +74,117 @@ def test_with_tls_only_the_connection_is_checked(
 ) -> None:
     monkeypatch.setenv("RAY_USE_TLS", "1")
     check_reachable(f"127.0.0.1:{http1_port}")
+
+
+# ---------------------------------------------------------------- is it a GCS?
+
+
+def _answering(code: str):
+    asked: list[tuple[str, float]] = []
+
+    def probe(address: str, timeout: float) -> str:
+        asked.append((address, timeout))
+        return code
+
+    probe.asked = asked  # type: ignore[attr-defined]
+    return probe
+
+
+@pytest.mark.parametrize("code", ["OK", "UNAUTHENTICATED"])
+def test_a_gcs_that_answers_passes(code: str) -> None:
+    probe = _answering(code)
+    confirm_gcs("127.0.0.1:6379", probe=probe, timeout=3)
+    assert probe.asked == [("127.0.0.1:6379", 3)]
+
+
+@pytest.mark.parametrize(
+    ("code", "says"),
+    [
+        ("UNIMPLEMENTED", "speaks gRPC but is not a Ray GCS"),
+        ("DEADLINE_EXCEEDED", "no answer to a GCS request within 3 s"),
+        ("UNAVAILABLE", "UNAVAILABLE"),
+        ("INTERNAL\x1b[2J", "INTERNAL\\x1b[2J"),
+    ],
+)
+def test_a_grpc_server_that_is_not_a_gcs_is_refused_in_one_line(code: str, says: str) -> None:
+    with pytest.raises(CliError) as error:
+        confirm_gcs("127.0.0.1:10001", probe=_answering(code), timeout=3)
+    message = str(error.value)
+    assert message.startswith("cannot reach a Ray cluster at '127.0.0.1:10001': ")
+    assert says in message and "\n" not in message and "\x1b" not in message
+
+
+def test_a_probe_that_never_returns_is_bounded_by_the_deadline() -> None:
+    never = threading.Event()
+
+    def stuck(address: str, timeout: float) -> str:
+        never.wait()
+        return "OK"
+
+    try:
+        started = time.monotonic()
+        with pytest.raises(CliError, match=r"no answer to a GCS request within 0\.2 s"):
+            confirm_gcs("127.0.0.1:10001", probe=stuck, timeout=0.2)
+        assert time.monotonic() - started < 30
+    finally:
+        never.set()
+
+
+def test_a_probe_that_fails_is_one_line() -> None:
+    def broken(address: str, timeout: float) -> str:
+        raise RuntimeError("grpc exploded\nsecond line")
+
+    with pytest.raises(CliError, match=r"cannot ask .* grpc exploded\\x0asecond line"):
+        confirm_gcs("127.0.0.1:10001", probe=broken, timeout=3)
+
+
+def test_ctrl_c_during_the_probe_ends_it_at_once() -> None:
+    release = threading.Event()
+
+    def interrupted(address: str, timeout: float) -> str:
+        os.kill(os.getpid(), signal.SIGINT)  # as a Ctrl-C typed while the probe waits
+        release.wait()
+        return "OK"
+
+    try:
+        started = time.monotonic()
+        with pytest.raises(KeyboardInterrupt):
+            confirm_gcs("127.0.0.1:10001", probe=interrupted, timeout=600)
+        assert time.monotonic() - started < 60  # far below the probe's own deadline
+    finally:
+        release.set()
+
+
+@pytest.mark.parametrize("address", ["ray://head:10001", "ray://10.0.0.5"])
+def test_a_ray_client_address_is_refused_saying_what_to_pass(address: str) -> None:
+    probe = _answering("OK")
+    with pytest.raises(CliError) as error:
+        confirm_gcs(address, probe=probe, timeout=3)
+    message = str(error.value)
+    assert "Ray Client" in message and "--address" in message and ":6379" in message
+    assert probe.asked == []
+
+
+def test_auto_is_left_to_ray() -> None:
+    probe = _answering("UNIMPLEMENTED")
+    confirm_gcs("auto", probe=probe, timeout=3)
+    assert probe.asked == []
+
+
+def test_watch_refuses_a_server_that_is_not_a_gcs_before_ray_init(
+    grpc_port: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import types
+
+    from raylens.cli import cluster_views
+    from raylens.cli.parser import build_parser
+
+    def init(**kwargs: object) -> None:
+        raise AssertionError("ray.init must not be reached")
+
+    monkeypatch.setitem(sys.modules, "ray", types.SimpleNamespace(init=init))
+    args = build_parser().parse_args(["watch", "--address", f"127.0.0.1:{grpc_port}", "--once"])
+    probe = _answering("UNIMPLEMENTED")
+    with pytest.raises(CliError, match="not a Ray GCS"):
+        cluster_views.run_watch(args, threading.Event(), probe=probe)
+    assert probe.asked == [(f"127.0.0.1:{grpc_port}", pytest.approx(5.0))]

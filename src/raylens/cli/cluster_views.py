@@ -10,7 +10,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from raylens.cli.gcs_probe import check_reachable
+from raylens.cli.gcs_probe import GcsProbe, check_reachable, confirm_gcs
 from raylens.cli.output import Output, sample_loop
 from raylens.cli.parser import CliError
 from raylens.cli.pipeline import scrape_timeout_for, start_telemetry, stop_monitoring
@@ -134,12 +134,16 @@ def import_ray() -> Any:
     return ray
 
 
-def run_watch(args: argparse.Namespace, stop: threading.Event) -> int:
+def run_watch(
+    args: argparse.Namespace, stop: threading.Event, *, probe: GcsProbe | None = None
+) -> int:
+    """Watch the cluster at ``--address``, once it is known to be a Ray GCS (see ``probe``)."""
     ray = import_ray()
     address = args.address or os.environ.get("RAY_ADDRESS") or "auto"
     from raylens.telemetry import host_memory
 
     check_reachable(address)
+    confirm_gcs(address, probe=probe)
     start_telemetry(args.exporter, as_json=args.json)
     try:
         ray.init(address=address, logging_level="ERROR", log_to_driver=False)
