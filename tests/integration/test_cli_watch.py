@@ -41,3 +41,29 @@ def test_watch_of_an_unreachable_address_is_one_line_and_exit_2() -> None:
     assert result.stderr.strip().splitlines() == [
         f"raylens: error: cannot reach a Ray cluster at '127.0.0.1:{port}': Connection refused"
     ]
+
+
+def test_watch_of_a_grpc_server_that_is_not_a_gcs_is_one_line_and_exit_2() -> None:
+    """As the Ray Client port, a raylet or an OTLP collector: gRPC, but no GCS service."""
+    from concurrent import futures
+
+    import grpc
+
+    server = grpc.server(futures.ThreadPoolExecutor(max_workers=2))
+    port = server.add_insecure_port("127.0.0.1:0")
+    server.start()
+    try:
+        result = _watch("--address", f"127.0.0.1:{port}", "--once", timeout=60)
+    finally:
+        server.stop(grace=None)
+    assert result.returncode == 2, result.stderr
+    (line,) = result.stderr.strip().splitlines()
+    assert line.startswith(f"raylens: error: cannot reach a Ray cluster at '127.0.0.1:{port}': ")
+    assert "speaks gRPC but is not a Ray GCS" in line
+
+
+def test_watch_of_a_ray_client_address_says_what_to_pass() -> None:
+    result = _watch("--address", "ray://127.0.0.1:10001", "--once", timeout=60)
+    assert result.returncode == 2
+    (line,) = result.stderr.strip().splitlines()
+    assert "Ray Client" in line and "--address 127.0.0.1:6379" in line
