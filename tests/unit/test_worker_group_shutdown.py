@@ -94,6 +94,7 @@ def make_group(ray: FakeRay, *workers: FakeActor) -> wg.RayWorkerGroup:
     group._records = [None] * len(workers)
     group._initializers = {"pg-a": FakeActor(ray, "init-a"), "pg-b": FakeActor(ray, "init-b")}
     group._initializer_sites = {}
+    group._default_name = False
     host_memory.register_worker_group_nodes("grp", [NODE])
     group._placement_registered = True
     return group
@@ -107,17 +108,26 @@ def test_clean_shutdown_kills_workers_then_initializers(ray: FakeRay) -> None:
     group = make_group(ray, FakeActor(ray, "w0"), FakeActor(ray, "w1"))
     assert group.shutdown() is True
     assert ray.killed == ["w0", "w1", "init-a", "init-b"]
+    assert ray.submitted == []  # without a cleanup method: killed at once, nothing asked
     assert group.workers == [] and placement_forgotten()
     assert group.shutdown() is True  # nothing left
     assert ray.killed == ["w0", "w1", "init-a", "init-b"]
 
 
-def test_a_dead_worker_makes_it_false_but_the_others_are_killed(ray: FakeRay) -> None:
+def test_a_worker_already_dead_counts_as_shut_down(ray: FakeRay) -> None:
     dead = FakeActor(ray, "w0")
     dead.dead = True
     group = make_group(ray, dead, FakeActor(ray, "w1"), FakeActor(ray, "w2"))
-    assert group.shutdown() is False
+    assert group.shutdown() is True
     assert ray.killed == ["w0", "w1", "w2", "init-a", "init-b"]
+
+
+def test_a_worker_already_dead_at_cleanup_counts_as_shut_down(ray: FakeRay) -> None:
+    dead = FakeActor(ray, "w0")
+    dead.dead = True
+    group = make_group(ray, dead, FakeActor(ray, "w1"))
+    assert group.shutdown(cleanup_method="cleanup") is True
+    assert ray.killed == ["w0", "w1", "init-a", "init-b"]
     assert placement_forgotten()
 
 
@@ -149,10 +159,11 @@ def test_cleanup_outcomes(ray: FakeRay) -> None:
     assert placement_forgotten()
 
 
-def test_force_skips_the_graceful_exit(ray: FakeRay) -> None:
-    group = make_group(ray, FakeActor(ray, "w0"), FakeActor(ray, "w1"))
+def test_force_kills_without_calling_the_cleanup_method(ray: FakeRay) -> None:
+    group = make_group(ray, FakeActor(ray, "w0", cleanup="hangs"), FakeActor(ray, "w1"))
     assert group.shutdown(cleanup_method="cleanup", force=True) is True
-    assert [s for s in ray.submitted if s[1] == "__ray_terminate__"] == []
+    assert ray.submitted == []
+    assert ray.wait_timeouts == []  # nothing waited on
     assert ray.killed == ["w0", "w1", "init-a", "init-b"]
 
 

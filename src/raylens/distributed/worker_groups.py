@@ -33,7 +33,6 @@ import importlib
 import inspect
 import logging
 import time
-import uuid
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -43,11 +42,15 @@ from raylens.distributed.gpu_state import _log_gpu_state_on_bundle as _log_gpu_s
 from raylens.distributed.gpu_state import _remote_log_gpu_state
 from raylens.distributed.named_sharding import NamedSharding
 from raylens.distributed.worker_planning import (
+    _DEFAULT_NAMES,
     DISTRIBUTED_ENV_VARS,
+    DispatchLengthError,
+    WorkerIndexError,
     _bundle_indices_from_workers_per_node,
     _check_dp_leader_worker_indices,
     _check_multiple_data_lengths,
     _check_no_kwarg_clash,
+    _check_sharding_covers_workers,
     _checked_env_vars,
     _dp_shard_of_workers,
     _driver_env,
@@ -69,9 +72,11 @@ if TYPE_CHECKING:
 
 __all__ = [
     "DISTRIBUTED_ENV_VARS",
+    "DispatchLengthError",
     "MultiWorkerFuture",
     "RayWorkerBuilder",
     "RayWorkerGroup",
+    "WorkerIndexError",
     "reset_remote_function_cache",
 ]
 
@@ -79,10 +84,6 @@ _LOGGER = logging.getLogger("raylens.distributed")
 
 # A worker that was told to die is expected to be reported dead by Ray within this.
 _DEATH_WAIT_S = 30.0
-# How long shutdown without a cleanup method waits for workers to answer a liveness
-# probe. A worker busy with a long call does not answer in time; that is not counted
-# as a failure, only a worker Ray reports dead is.
-_LIVENESS_PROBE_S = 5.0
 # Graceful exit after a successful cleanup, when no shutdown timeout bounds it.
 _GRACEFUL_EXIT_S = 30.0
 
@@ -320,21 +321,32 @@ class MultiWorkerFuture:
 
         Results are those of ``return_from_workers`` (in that order), keeping only the
         first worker of each tied group according to
-        ``worker_group.worker_to_tied_group_index``. A future that is an
-        ``ObjectRefGenerator`` is consumed into a list of its items, or returned as is
-        when ``return_generators_as_proxies``. Every future is waited on, including
-        those whose result is dropped, so errors anywhere surface here.
+        ``worker_group.worker_to_tied_group_index``. Every future is waited on,
+        including those whose result is dropped, so errors anywhere surface here.
+
+        Futures that are ``ObjectRefGenerator`` objects (a streaming method) are returned
+        as they are with ``return_generators_as_proxies``, and selected like any
+        result. Without it, the call returns one flat list of every item every called
+        worker yielded, worker by worker in call order, as NeMo-RL's streaming mode
+        does; no selection applies then.
         """
-        import ray
+        ray = _ray()
+        if not return_generators_as_proxies and any(
+            isinstance(future, ray.ObjectRefGenerator) for future in self.futures
+        ):
+            flat: list[Any] = []
+            for future in self.futures:
+                if isinstance(future, ray.ObjectRefGenerator):
+                    flat.extend(ray.get(item) for item in future)
+                else:
+                    flat.append(ray.get(future))
+            return flat
 
         values: list[Any] = [None] * len(self.futures)
         plain: list[int] = []
         for position, future in enumerate(self.futures):
             if isinstance(future, ray.ObjectRefGenerator):
-                if return_generators_as_proxies:
-                    values[position] = future
-                else:
-                    values[position] = [ray.get(item) for item in future]
+                values[position] = future  # only reached with return_generators_as_proxies
             else:
                 plain.append(position)
         if plain:
@@ -577,8 +589,15 @@ class RayWorkerGroup:
     worker that owns each data-parallel shard; by default the leader of every tied
     group. It must be an ascending subset of the tied-group leaders.
 
+    Every worker also gets ``RAYLENS_WORKER_GROUP`` and ``NRL_WORKER_GROUP`` (the
+    group's name, which raylens' telemetry reports as the ``rl.worker_group`` resource
+    attribute), and ``AVAILABLE_ADDR_LIST`` / ``AVAILABLE_PORT_LIST``: the string form
+    of the list of every worker's node IP, and of one port free on that node for each.
+
     ``name_prefix`` names the workers' Ray actors and labels the group in host-memory
-    telemetry; when empty a unique one is generated.
+    telemetry. When empty, the group is named after its worker class (``EnvWorker``
+    for ``pkg.mod.EnvWorker``), followed by ``-2``, ``-3``... while another group of
+    this process already holds that name.
     """
 
     def __init__(
@@ -604,7 +623,6 @@ class RayWorkerGroup:
                 "group; choose another name"
             )
         self.cluster = cluster
-        self.name_prefix = name_prefix or f"workers-{uuid.uuid4().hex[:8]}"
         self._group_env = _checked_env_vars(env_vars)
         if bundle_indices_list is None:
             indices = _bundle_indices_from_workers_per_node(
@@ -612,12 +630,8 @@ class RayWorkerGroup:
             )
         else:
             indices = _normalized_bundle_indices_list(bundle_indices_list)
-        self._plans = _plan_workers(indices, cluster.node_and_local_index, self.name_prefix)
-        if sharding_annotations is not None and sharding_annotations.size != len(self._plans):
-            raise ValueError(
-                f"sharding_annotations covers {sharding_annotations.size} ranks "
-                f"({sharding_annotations.shape}) but the group has {len(self._plans)} workers"
-            )
+        self._plans = _plan_workers(indices, cluster.node_and_local_index, name_prefix or "w")
+        _check_sharding_covers_workers(sharding_annotations, len(self._plans))
         self.sharding_annotations = sharding_annotations
         self.tied_workers_groups, self.worker_to_tied_group_index = _tied_groups(self._plans)
         leaders = [group[0] for group in self.tied_workers_groups]
@@ -633,7 +647,22 @@ class RayWorkerGroup:
         self._initializers: dict[str, Any] = {}
         self._initializer_sites: dict[str, tuple[Any, int, dict[str, str]]] = {}
         self._placement_registered = False
-        self._create_workers_from_bundle_indices(remote_worker_builder, indices, self._group_env)
+        self._default_name = not name_prefix
+        self.name_prefix = name_prefix or _DEFAULT_NAMES.take(remote_worker_builder)
+        self.master_address: str | None = None
+        self.master_port: int | None = None
+        try:
+            self._create_workers_from_bundle_indices(
+                remote_worker_builder, indices, self._group_env
+            )
+        except BaseException:
+            self._release_default_name()
+            raise
+
+    def _release_default_name(self) -> None:
+        if self._default_name:
+            _DEFAULT_NAMES.release(self.name_prefix)
+            self._default_name = False
 
     # ---- creation -------------------------------------------------------------------
 
@@ -658,20 +687,29 @@ class RayWorkerGroup:
         # Planned once the bundles are placed: a unified group's node ranks come from
         # the Ray nodes its bundles landed on.
         plans = _plan_workers(normalized, self.cluster.node_and_local_index, self.name_prefix)
-        import ray
+        ray = _ray()
 
         driver_env = _driver_env()
         num_gpus: float | int = (
             1 / self.cluster.max_colocated_worker_groups if self.cluster.use_gpus else 0
         )
         world_size = str(len(plans))
+        locations = [
+            self.cluster.get_bundle_location(plan.node_idx, plan.local_bundle_idx) for plan in plans
+        ]
+        available = self.cluster._addresses_and_ports(locations)
+        shared = {
+            "MASTER_ADDR": master_address,
+            "MASTER_PORT": str(master_port),
+            "RAYLENS_WORKER_GROUP": self.name_prefix,
+            "NRL_WORKER_GROUP": self.name_prefix,
+            "AVAILABLE_ADDR_LIST": str([address for address, _ in available]),
+            "AVAILABLE_PORT_LIST": str([port for _, port in available]),
+        }
         records: list[_CreationRecord] = []
         futures = []
         try:
-            for plan in plans:
-                group, bundle_index = self.cluster.get_bundle_location(
-                    plan.node_idx, plan.local_bundle_idx
-                )
+            for plan, (group, bundle_index) in zip(plans, locations):
                 env = _worker_env_vars(
                     driver_env,
                     group_env,
@@ -680,8 +718,7 @@ class RayWorkerGroup:
                         "WORLD_SIZE": world_size,
                         "LOCAL_RANK": str(plan.local_rank),
                         "NODE_RANK": str(plan.node_rank),
-                        "MASTER_ADDR": master_address,
-                        "MASTER_PORT": str(master_port),
+                        **shared,
                     },
                 )
                 key = self._initializer_for(
@@ -711,13 +748,16 @@ class RayWorkerGroup:
         self._plans = plans
         self._records = records
         self._workers = list(workers)
+        self.master_address = master_address
+        self.master_port = int(master_port)
         self._worker_metadata = [
             {
                 "name": plan.name,
                 "global_rank": plan.global_rank,
                 "node_idx": plan.node_idx,
                 "node_rank": plan.node_rank,
-                "local_rank": plan.local_rank,
+                "local_rank": plan.member_idx,
+                "node_local_rank": plan.local_rank,
                 "bundle_indices": plan.bundle_indices,
                 "tied_group_idx": plan.tied_group_idx,
                 "member_idx": plan.member_idx,
@@ -781,13 +821,16 @@ class RayWorkerGroup:
 
     @property
     def workers(self) -> list[Any]:
-        """The workers' actor handles, by rank (a copy of the list)."""
-        return list(self._workers)
+        """The workers' actor handles, by rank: the group's own list, so assigning
+        ``workers[i] = handle`` replaces a worker, as NeMo-RL allows."""
+        return self._workers
 
     @property
     def worker_metadata(self) -> list[dict[str, Any]]:
-        """Per worker: name, global_rank, node_idx, node_rank, local_rank, bundle_indices,
-        tied_group_idx, member_idx, dp_shard_idx and placement_group_bundle_index."""
+        """Per worker: name, global_rank, node_idx, node_rank, local_rank (the index in
+        its tied group), node_local_rank (its ``LOCAL_RANK``: the bundle's index on its
+        node), bundle_indices, tied_group_idx, member_idx, dp_shard_idx and
+        placement_group_bundle_index."""
         return [dict(metadata) for metadata in self._worker_metadata]
 
     @property
@@ -807,7 +850,7 @@ class RayWorkerGroup:
             or not isinstance(dp_shard_idx, int)
             or not (0 <= dp_shard_idx < len(self._dp_leaders))
         ):
-            raise ValueError(
+            raise WorkerIndexError(
                 f"dp_shard_idx={dp_shard_idx!r} is out of range; this group has "
                 f"{len(self._dp_leaders)} DP shards (0..{len(self._dp_leaders) - 1})"
             )
@@ -819,7 +862,7 @@ class RayWorkerGroup:
             or not isinstance(worker_idx, int)
             or not (0 <= worker_idx < len(self._workers))
         ):
-            raise ValueError(
+            raise WorkerIndexError(
                 f"worker_idx={worker_idx!r} is out of range; this group has "
                 f"{len(self._workers)} workers"
             )
@@ -862,23 +905,25 @@ class RayWorkerGroup:
     ) -> list[Any]:
         """Call ``method_name`` on every worker with that worker's entry of each argument.
 
-        Every positional and keyword argument is a list with one entry per worker
-        (indexed by worker rank, whether or not the worker is called).
-        ``common_kwargs`` go to every called worker, stored once. With
-        ``run_rank_0_only_axes``, only workers at index 0 of those axes are called.
+        Every positional and keyword argument is a list with one entry per *called*
+        worker, in the order the workers are called: every worker by rank, or with
+        ``run_rank_0_only_axes`` only those at index 0 of each of those axes (so
+        NeMo-RL's one entry per data-parallel shard). A list of another length raises
+        :class:`DispatchLengthError` (an ``AssertionError``). ``common_kwargs`` go to
+        every called worker, stored once.
         """
         common_kwargs = dict(common_kwargs or {})
         _check_no_kwarg_clash(common_kwargs, kwargs)
-        _check_multiple_data_lengths(args, kwargs, len(self._workers))
         selected = _rank0_only_workers(
             self.sharding_annotations, len(self._workers), run_rank_0_only_axes
         )
+        _check_multiple_data_lengths(args, kwargs, len(selected))
         if len(selected) > 1:
             _, common_kwargs = _put_once((), common_kwargs)
         futures = []
-        for worker_idx in selected:
-            worker_args = [arg[worker_idx] for arg in args]
-            worker_kwargs = {key: value[worker_idx] for key, value in kwargs.items()}
+        for position, worker_idx in enumerate(selected):
+            worker_args = [arg[position] for arg in args]
+            worker_kwargs = {key: value[position] for key, value in kwargs.items()}
             futures.append(
                 getattr(self._workers[worker_idx], method_name).remote(
                     *worker_args, **worker_kwargs, **common_kwargs
@@ -1005,7 +1050,7 @@ class RayWorkerGroup:
             ref = (
                 _remote_log_gpu_state()
                 .options(scheduling_strategy=strategy)
-                .remote(label, metadata["local_rank"])
+                .remote(label, metadata["node_local_rank"])
             )
             ready, _ = ray.wait([ref], timeout=max(0.0, float(timeout_s)))
             if not ready:
@@ -1085,15 +1130,17 @@ class RayWorkerGroup:
         timeout: float | None = 30.0,
         force: bool = False,
     ) -> bool:
-        """Stop every worker; True only if each one was shut down cleanly.
+        """Stop every worker; True when each one is gone and none failed its cleanup.
 
-        With ``cleanup_method``, that method is called on every worker first and
-        awaited for at most ``timeout`` seconds (None: as long as it takes); workers
-        whose cleanup succeeded are then asked to exit gracefully, unless ``force``.
-        A worker that was already dead, died during cleanup, failed it or did not finish
-        it in time makes the result False. Whatever happened, every worker is killed in
-        the end, then the initializers that owned them, and the group's host-memory
-        placement is withdrawn. Calling it again returns True.
+        With ``force``, or without ``cleanup_method``, every worker is killed at once
+        (``cleanup_method`` is not called when ``force`` is set) and the result is True
+        once every kill went through. Otherwise ``cleanup_method`` is called on every
+        worker and awaited for at most ``timeout`` seconds (None: as long as it
+        takes); workers whose cleanup succeeded are then asked to exit gracefully, and
+        a worker that failed its cleanup or did not finish it in time makes the result
+        False. A worker that was already dead counts as shut down. Whatever happened,
+        every worker is killed in the end, then the initializers that owned them, and
+        the group's host-memory placement is withdrawn. Calling it again returns True.
         """
         if not self._workers and not self._initializers:
             if self._placement_registered:
@@ -1121,6 +1168,7 @@ class RayWorkerGroup:
             self._initializers = {}
             self._initializer_sites = {}
             self._forget_placement()
+            self._release_default_name()
         return ok
 
     def _stop_workers(
@@ -1129,48 +1177,9 @@ class RayWorkerGroup:
         ok = True
         workers = list(self._workers)
         deadline = None if timeout is None else time.monotonic() + float(timeout)
-        finished_cleanly: list[Any] = []
         try:
-            if cleanup_method is not None:
-                outcomes = _await_calls(
-                    ray, [_submit_call(w, cleanup_method) for w in workers], timeout
-                )
-                for worker_idx, (worker, outcome) in enumerate(zip(workers, outcomes)):
-                    if outcome == "ok":
-                        finished_cleanly.append(worker)
-                    else:
-                        ok = False
-                        _LOGGER.warning(
-                            "worker group %r: worker %d %s during %s()",
-                            self.name_prefix,
-                            worker_idx,
-                            outcome,
-                            cleanup_method,
-                        )
-                if finished_cleanly and not force:
-                    remaining = (
-                        _GRACEFUL_EXIT_S
-                        if deadline is None
-                        else max(0.0, deadline - time.monotonic())
-                    )
-                    _await_calls(
-                        ray,
-                        [_submit_call(w, "__ray_terminate__") for w in finished_cleanly],
-                        remaining,
-                    )
-            else:
-                probe_s = _LIVENESS_PROBE_S if timeout is None else min(_LIVENESS_PROBE_S, timeout)
-                outcomes = _await_calls(
-                    ray, [_submit_call(w, "__ray_ready__") for w in workers], probe_s
-                )
-                for worker_idx, outcome in enumerate(outcomes):
-                    if outcome == "died":
-                        ok = False
-                        _LOGGER.warning(
-                            "worker group %r: worker %d was already dead at shutdown",
-                            self.name_prefix,
-                            worker_idx,
-                        )
+            if cleanup_method is not None and not force:
+                ok = self._clean_up_workers(ray, workers, cleanup_method, timeout, deadline)
         finally:
             for worker_idx, worker in enumerate(workers):
                 try:
@@ -1184,6 +1193,46 @@ class RayWorkerGroup:
                         exc_info=True,
                     )
             self._kill_initializers(ray)
+        return ok
+
+    def _clean_up_workers(
+        self,
+        ray: Any,
+        workers: list[Any],
+        cleanup_method: str,
+        timeout: float | None,
+        deadline: float | None,
+    ) -> bool:
+        """Call ``cleanup_method`` everywhere, then let the workers that ran it exit."""
+        ok = True
+        finished_cleanly: list[Any] = []
+        outcomes = _await_calls(ray, [_submit_call(w, cleanup_method) for w in workers], timeout)
+        for worker_idx, (worker, outcome) in enumerate(zip(workers, outcomes)):
+            if outcome == "ok":
+                finished_cleanly.append(worker)
+            elif outcome == "died":
+                _LOGGER.info(
+                    "worker group %r: worker %d was already gone at %s()",
+                    self.name_prefix,
+                    worker_idx,
+                    cleanup_method,
+                )
+            else:
+                ok = False
+                _LOGGER.warning(
+                    "worker group %r: worker %d %s during %s()",
+                    self.name_prefix,
+                    worker_idx,
+                    outcome,
+                    cleanup_method,
+                )
+        if finished_cleanly:
+            remaining = (
+                _GRACEFUL_EXIT_S if deadline is None else max(0.0, deadline - time.monotonic())
+            )
+            _await_calls(
+                ray, [_submit_call(w, "__ray_terminate__") for w in finished_cleanly], remaining
+            )
         return ok
 
     def _kill_initializers(self, ray: Any = None) -> None:
@@ -1215,6 +1264,14 @@ class RayWorkerGroup:
 # =========================================================================================
 
 
+def _ray() -> Any:
+    """The ray module: the connected one when there is one, else imported as is."""
+    ray = _connected_ray()
+    if ray is None:
+        import ray
+    return ray
+
+
 def _connected_ray() -> Any:
     """The ray module when this process is connected to a cluster, else None."""
     from raylens.cluster import default_cluster_view
@@ -1234,7 +1291,9 @@ def _put_once(
     Top-level references are resolved by Ray before the method runs, so workers see
     the values while the data is serialized a single time.
     """
-    import ray
+    if not args and not kwargs:
+        return (), {}
+    ray = _ray()
 
     def put(value: Any) -> Any:
         if isinstance(value, (ray.ObjectRef, ray.ObjectRefGenerator)):

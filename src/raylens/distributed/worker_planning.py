@@ -25,13 +25,31 @@ from __future__ import annotations
 
 import itertools
 import os
+import threading
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from raylens.distributed.named_sharding import NamedSharding
 
-__all__ = ["DISTRIBUTED_ENV_VARS"]
+__all__ = ["DISTRIBUTED_ENV_VARS", "DispatchLengthError", "WorkerIndexError"]
+
+
+class WorkerIndexError(IndexError, ValueError):
+    """A worker or data-parallel shard index outside the group.
+
+    An ``IndexError``, as NeMo-RL raises, and a ``ValueError`` like raylens' other
+    argument errors.
+    """
+
+
+class DispatchLengthError(AssertionError, ValueError):
+    """A per-worker argument with a different number of entries than workers called.
+
+    An ``AssertionError``, as NeMo-RL raises, and a ``ValueError`` like raylens' other
+    argument errors.
+    """
+
 
 # =========================================================================================
 # Environment
@@ -272,6 +290,50 @@ def _plan_workers(
     return plans
 
 
+class _DefaultNames:
+    """Names handed to groups built without a ``name_prefix``, unique among live groups.
+
+    A group is named after its worker class, so its labels and environment read the
+    same on every run; a second live group of the same class gets ``-2``, and so on.
+    """
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._taken: set[str] = set()
+
+    def take(self, builder: Any) -> str:
+        label = str(getattr(builder, "ray_actor_class_fqn", "") or "")
+        base = label.rsplit(".", 1)[-1].replace(",", "_") or "workers"
+        if base == "none":
+            base = "workers"
+        with self._lock:
+            name, suffix = base, 2
+            while name in self._taken:
+                name, suffix = f"{base}-{suffix}", suffix + 1
+            self._taken.add(name)
+        return name
+
+    def release(self, name: str) -> None:
+        with self._lock:
+            self._taken.discard(name)
+
+
+_DEFAULT_NAMES = _DefaultNames()
+
+
+def _check_sharding_covers_workers(sharding: NamedSharding | None, num_workers: int) -> None:
+    """A group's sharding must hold exactly the ranks ``0..num_workers-1``."""
+    if sharding is None:
+        return
+    ranks = sorted(sharding.get_ranks_by_coord())
+    if ranks != list(range(num_workers)):
+        raise ValueError(
+            f"sharding_annotations covers {sharding.size} ranks ({sharding.shape}) but the "
+            f"group has {num_workers} workers; its layout must hold the ranks "
+            f"0..{num_workers - 1} exactly once"
+        )
+
+
 def _tied_groups(plans: Sequence[_WorkerPlan]) -> tuple[list[list[int]], dict[int, int]]:
     """``(tied_workers_groups, worker_to_tied_group_index)`` from worker plans."""
     groups: list[list[int]] = []
@@ -458,17 +520,23 @@ def _slice_sharded(
 def _check_multiple_data_lengths(
     args: Sequence[Any], kwargs: Mapping[str, Any], num_workers: int
 ) -> None:
-    """Every per-worker argument must hold exactly one entry per worker."""
+    """Every per-worker argument must hold exactly one entry per called worker.
+
+    ``num_workers`` is the number of workers the call reaches (all of them, or those
+    left by ``run_rank_0_only_axes``); a mismatch raises :class:`DispatchLengthError`.
+    """
     for label, value in [*((f"argument {i}", v) for i, v in enumerate(args)), *kwargs.items()]:
         try:
             length = len(value)
         except TypeError:
-            raise ValueError(
-                f"{label} must be a list with one entry per worker ({num_workers}), got "
-                f"{type(value).__name__}"
+            raise DispatchLengthError(
+                f"{label} must be a list with one entry per called worker ({num_workers}), "
+                f"got {type(value).__name__}"
             ) from None
         if length != num_workers:
-            raise ValueError(f"{label} has {length} entries; give one per worker ({num_workers})")
+            raise DispatchLengthError(
+                f"{label} has {length} entries; give one per called worker ({num_workers})"
+            )
 
 
 def _check_no_kwarg_clash(common_kwargs: Mapping[str, Any], kwargs: Mapping[str, Any]) -> None:
