@@ -128,13 +128,13 @@ def test_prometheus_endpoint_thread_is_a_named_daemon_that_stops() -> None:
 def test_shutdown_never_raises_when_every_part_fails(
     monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
-    from raylens.telemetry import host_memory
+    from raylens.lens import add_shutdown_hook
 
     def fail(*args: object, **kwargs: object) -> None:
         raise RuntimeError("part failed")
 
     handle = init_telemetry(TelemetryConfig(), metric_reader=MetricsProbe().reader)
-    monkeypatch.setattr(host_memory, "stop_host_memory_monitoring", fail)
+    add_shutdown_hook(fail)
     monkeypatch.setattr(handle.meter_provider, "shutdown", fail)
     handle._closers.append(fail)
 
@@ -145,19 +145,19 @@ def test_shutdown_never_raises_when_every_part_fails(
     assert len([r for r in caplog.records if r.levelno == logging.WARNING]) == 3
 
 
-def test_probe_points_are_those_of_the_latest_collection(metrics_probe: MetricsProbe) -> None:
+def test_every_probe_read_is_a_fresh_collection(metrics_probe: MetricsProbe) -> None:
     gauge = RecordedMetric("test.probe.latest", OBSERVABLE_GAUGE, "1", "probe gauge")
     current = [Observation(1, {"k": "a"})]
     register_observable_gauge(gauge, lambda options: current)
     try:
         assert metrics_probe.points(gauge.name) == {frozenset({("k", "a")}): 1}
         current[:] = [Observation(2, {"k": "b"})]
-        assert metrics_probe.points(gauge.name) == {frozenset({("k", "a")}): 1}  # not re-read
-        metrics_probe.collect()
         assert metrics_probe.points(gauge.name) == {frozenset({("k", "b")}): 2}
+        snapshot = metrics_probe.snapshot()
         current[:] = []
-        metrics_probe.collect()
+        assert snapshot.points(gauge.name) == {frozenset({("k", "b")}): 2}  # held still
         assert metrics_probe.points(gauge.name) == {}
+        assert gauge.name not in metrics_probe.names()
         assert metrics_probe.points("test.probe.never.declared") == {}
     finally:
         unregister_observable_gauge(gauge.name)

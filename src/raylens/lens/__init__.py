@@ -3,8 +3,15 @@
 Every raylens metric is declared here (:class:`RecordedMetric`), configured here
 (:class:`TelemetryConfig`) and exported through the one pipeline this module
 owns per process (:func:`init_telemetry`). See :mod:`raylens.lens.runtime` for
-why the pipeline uses a private meter provider and a raised cardinality limit.
+why the pipeline uses a private meter provider and how it keeps the SDK's state
+proportional to what is live.
+
+lens imports nothing of raylens above it, and creates no instrument at import.
+``init_telemetry_driver`` lives in :mod:`raylens.driver`; the name is also
+reachable here, imported on first use.
 """
+
+from typing import Any
 
 from raylens.lens.config import EXPORTERS, TelemetryConfig
 from raylens.lens.exporters import ConsoleLineExporter
@@ -23,11 +30,13 @@ from raylens.lens.metrics import (
 )
 from raylens.lens.runtime import (
     CARDINALITY_LIMIT,
+    IDLE_COLLECTIONS,
     TelemetryHandle,
+    add_shutdown_hook,
     get_telemetry_handle,
     init_telemetry,
-    init_telemetry_driver,
     register_observable_gauge,
+    remove_shutdown_hook,
     reset_observable_gauges,
     shutdown_telemetry,
     unregister_observable_gauge,
@@ -40,6 +49,7 @@ __all__ = [
     "EXPORTERS",
     "GAUGE",
     "HISTOGRAM",
+    "IDLE_COLLECTIONS",
     "METRIC_KINDS",
     "OBSERVABLE_GAUGE",
     "UP_DOWN_COUNTER",
@@ -47,6 +57,7 @@ __all__ = [
     "RecordedMetric",
     "TelemetryConfig",
     "TelemetryHandle",
+    "add_shutdown_hook",
     "get_telemetry_handle",
     "init_telemetry",
     "init_telemetry_driver",
@@ -54,6 +65,7 @@ __all__ = [
     "register_observable_gauge",
     "register_recorded_metrics",
     "registry_key",
+    "remove_shutdown_hook",
     "reset_observable_gauges",
     "reset_recorded_metrics",
     "reset_warn_once",
@@ -61,3 +73,13 @@ __all__ = [
     "unregister_observable_gauge",
     "warn_once",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    # The driver entry point sits above lens (it starts telemetry monitors too);
+    # importing it only when asked keeps lens free of those layers.
+    if name == "init_telemetry_driver":
+        from raylens.driver import init_telemetry_driver
+
+        return init_telemetry_driver
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -24,11 +24,17 @@ from opentelemetry.sdk.metrics.export import (
 )
 
 from raylens.lens.config import TelemetryConfig
+from raylens.lens.safe_text import encodable
+from raylens.lens.warnings import warn_once
 
 
 def _escape(value: Any) -> str:
-    """``value`` as Prometheus escapes a label value: backslash, double quote and newline."""
-    return str(value).replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
+    """``value`` as Prometheus escapes a label value: backslash, double quote and newline.
+
+    Lone surrogates become U+FFFD, so the line always encodes as UTF-8.
+    """
+    text = encodable(str(value))
+    return text.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
 
 
 def format_point_line(name: str, unit: str, attributes: Any, value: Any) -> str:
@@ -37,13 +43,19 @@ def format_point_line(name: str, unit: str, attributes: Any, value: Any) -> str:
     Attribute values are escaped as in Prometheus text, so a value holding a
     newline or a quote still gives exactly one line that can be read back.
     """
-    labels = ",".join(f'{key}="{_escape(attributes[key])}"' for key in sorted(attributes or {}))
-    unit_part = f" {unit}" if unit else ""
-    return f"{name}{{{labels}}} {value}{unit_part}"
+    labels = ",".join(
+        f'{encodable(str(key))}="{_escape(attributes[key])}"' for key in sorted(attributes or {})
+    )
+    unit_part = f" {encodable(unit)}" if unit else ""
+    return f"{encodable(name)}{{{labels}}} {value}{unit_part}"
 
 
 class ConsoleLineExporter(MetricExporter):
-    """Writes every exported point as one line to a stream (stdout by default)."""
+    """Writes every exported point as one line to a stream (stdout by default).
+
+    Each point is formatted on its own: one that cannot be turned into text is
+    skipped (and logged once), never the rest of the export.
+    """
 
     def __init__(self, stream: IO[str] | None = None) -> None:
         super().__init__(preferred_temporality={}, preferred_aggregation={})
@@ -61,9 +73,17 @@ class ConsoleLineExporter(MetricExporter):
                         value = getattr(point, "value", None)
                         if value is None:
                             value = getattr(point, "sum", "?")
-                        lines.append(
-                            format_point_line(metric.name, metric.unit, point.attributes, value)
-                        )
+                        try:
+                            line = format_point_line(
+                                metric.name, metric.unit, point.attributes, value
+                            )
+                        except Exception:
+                            warn_once(
+                                f"lens.console.point.{encodable(metric.name)}",
+                                "console exporter skipped a point it could not format",
+                            )
+                            continue
+                        lines.append(line)
         if lines:
             stream = self._stream or sys.stdout
             with self._lock:

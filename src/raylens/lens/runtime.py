@@ -7,20 +7,28 @@ test passes in. Observable gauges are declared with :func:`register_observable_g
 the declaration outlives any one pipeline, so a gauge registered before
 ``init_telemetry`` or across a shutdown and re-init is created on every new meter.
 
-Cardinality: the SDK sends attribute sets past its default limit of 2,000 per
-instrument to ``otel.metric.overflow``, and an asynchronous instrument keeps every
-set it has ever seen. Relabelling a thousand nodes twice reaches that, so every
-raylens instrument gets :data:`CARDINALITY_LIMIT` through a view.
+Cardinality and memory: the SDK keeps every attribute set an asynchronous
+instrument has seen and sends sets past its limit to ``otel.metric.overflow``.
+lens bounds both by liveness: an attribute set that none of a gauge's last
+:data:`IDLE_COLLECTIONS` collections reported is dropped from the SDK's state
+(see :mod:`raylens.lens._sdk_state`), so what the SDK holds follows what is live,
+not everything ever seen. Live sets are never dropped, so their series continue
+unbroken. :data:`CARDINALITY_LIMIT`, set through a view, is then a bound on the
+sets live at once.
 
-State: the current handle and the gauge declarations. :func:`shutdown_telemetry`
-clears the handle; :func:`reset_observable_gauges` clears the declarations.
+Shutdown: :func:`add_shutdown_hook` lets layers above lens (the driver's
+host-memory monitor, for one) stop their own work when the pipeline stops,
+without lens knowing them.
+
+State: the current handle, the gauge declarations and the shutdown hooks.
+:func:`shutdown_telemetry` clears the handle and runs the hooks;
+:func:`reset_observable_gauges` clears the declarations.
 """
 
 from __future__ import annotations
 
 import atexit
 import logging
-import sys
 import threading
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
@@ -33,6 +41,8 @@ from opentelemetry.sdk.metrics.view import View
 from opentelemetry.sdk.resources import Resource
 
 import raylens
+from raylens.lens import _sdk_state
+from raylens.lens._live_sets import LiveAttributeSets, exportable
 from raylens.lens.config import TelemetryConfig
 from raylens.lens.exporters import build_exporter_reader
 from raylens.lens.metrics import OBSERVABLE_GAUGE, RecordedMetric, register_recorded_metrics
@@ -42,6 +52,8 @@ logger = logging.getLogger("raylens.lens")
 
 METER_NAME = "raylens"
 CARDINALITY_LIMIT = 200_000
+# Collections in a row an attribute set may go unreported before the SDK forgets it.
+IDLE_COLLECTIONS = 3
 
 ObservableCallback = Callable[[CallbackOptions], Iterable[Observation]]
 
@@ -57,6 +69,7 @@ class TelemetryHandle:
     exporter_reader: MetricReader | None = None
     prometheus: Any = None
     _closers: list[Callable[[], None]] = field(default_factory=list, repr=False)
+    _gauges: dict[str, Any] = field(default_factory=dict, repr=False)
 
     @property
     def is_exporting(self) -> bool:
@@ -68,6 +81,16 @@ class TelemetryHandle:
             return True
         return self.meter_provider.force_flush(timeout_ms)
 
+    def held_attribute_sets(self, name: str) -> int:
+        """How many attribute sets the SDK holds for gauge ``name`` (0 when not exporting).
+
+        Bounded by the sets reported in the last :data:`IDLE_COLLECTIONS` collections.
+        """
+        instrument = self._gauges.get(name)
+        if instrument is None or self.meter_provider is None:
+            return 0
+        return _sdk_state.held_attribute_sets(instrument)
+
 
 _HANDLE: TelemetryHandle | None = None
 _HANDLE_LOCK = threading.RLock()
@@ -76,32 +99,74 @@ _OBSERVABLES: dict[str, tuple[RecordedMetric, ObservableCallback]] = {}
 _CREATED_ON: dict[str, int] = {}
 
 
-def _guarded(name: str) -> ObservableCallback:
-    """The SDK-facing callback: looks the current callback up and never raises."""
+class _GaugeCallback:
+    """The callback the SDK calls for one lens gauge on one pipeline.
 
-    def callback(options: CallbackOptions) -> Iterable[Observation]:
-        entry = _OBSERVABLES.get(name)
-        if entry is None:
-            return []
+    Looks the current user callback up (so re-registering replaces it), never
+    raises, makes every observation exportable, and after each collection drops
+    from the SDK the attribute sets that have gone unreported for
+    :data:`IDLE_COLLECTIONS` collections.
+    """
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self.live = LiveAttributeSets(IDLE_COLLECTIONS)
+        self.instrument: Any = None
+
+    def attach(self, instrument: Any) -> None:
+        """Start pruning ``instrument``'s SDK state, when the SDK's layout allows it."""
+        if _sdk_state.supported(instrument):
+            self.instrument = instrument
+        else:
+            warn_once(
+                "lens.sdk_state.unsupported",
+                "this opentelemetry-sdk keeps its state in an unexpected layout; attribute "
+                f"sets that are gone are not released (tested: {_sdk_state.TESTED_SDK_VERSIONS})",
+            )
+
+    def __call__(self, options: CallbackOptions) -> Iterable[Observation]:
+        entry = _OBSERVABLES.get(self.name)
+        observations: list[Observation] = []
+        if entry is not None:
+            try:
+                observations = [exportable(o) for o in entry[1](options)]
+            except Exception:
+                warn_once(
+                    f"lens.callback.{self.name}",
+                    f"callback for gauge {self.name!r} failed; no points",
+                )
+                observations = []
+        self._release(self.live.collected(observations))
+        return observations
+
+    def _release(self, expired: list[Any]) -> None:
+        if not expired or self.instrument is None:
+            return
         try:
-            return list(entry[1](options))
+            _sdk_state.forget_attribute_sets(self.instrument, expired)
         except Exception:
-            warn_once(f"lens.callback.{name}", f"callback for gauge {name!r} failed; no points")
-            return []
-
-    return callback
+            self.instrument = None
+            warn_once(
+                "lens.sdk_state.forget",
+                f"could not release expired attribute sets of gauge {self.name!r}; "
+                "the SDK keeps them until the pipeline stops",
+            )
 
 
 def _create_observables(handle: TelemetryHandle) -> None:
     for name, (metric, _callback) in list(_OBSERVABLES.items()):
         if _CREATED_ON.get(name) == id(handle):
             continue
-        handle.meter.create_observable_gauge(
+        callback = _GaugeCallback(name)
+        instrument = handle.meter.create_observable_gauge(
             metric.name,
-            callbacks=[_guarded(name)],
+            callbacks=[callback],
             unit=metric.unit,
             description=metric.description,
         )
+        if handle.meter_provider is not None:
+            callback.attach(instrument)
+        handle._gauges[name] = instrument
         _CREATED_ON[name] = id(handle)
 
 
@@ -213,39 +278,50 @@ def get_telemetry_handle() -> TelemetryHandle | None:
     return _HANDLE
 
 
-def init_telemetry_driver(
-    config: TelemetryConfig | None = None,
-    *,
-    metric_reader: MetricReader | None = None,
-    host_memory_interval: float | None = None,
-) -> TelemetryHandle:
-    """Start telemetry in the driver process, including host-memory monitoring.
+_SHUTDOWN_HOOKS: list[Callable[[], None]] = []
 
-    The worker-group placement map lives in the driver (that is where worker
-    groups are built), so the monitor that labels nodes with it must run there
-    too. ``host_memory_interval`` defaults to the host-memory module's fallback.
+
+def add_shutdown_hook(hook: Callable[[], None]) -> None:
+    """Call ``hook`` at the next :func:`shutdown_telemetry`, before the final flush.
+
+    For work started alongside the pipeline (a monitor whose gauges it exports)
+    that must stop with it. Hooks run newest first, once each, and are then
+    forgotten; adding the same hook twice before a shutdown runs it once. A hook
+    that raises is logged and does not keep the others or the flush from running.
     """
-    handle = init_telemetry(config, metric_reader=metric_reader)
-    from raylens.telemetry import host_memory  # lazy: lens must import without telemetry
+    if not callable(hook):
+        raise TypeError(f"shutdown hook must be callable, got {hook!r}")
+    with _HANDLE_LOCK:
+        if hook not in _SHUTDOWN_HOOKS:
+            _SHUTDOWN_HOOKS.append(hook)
 
-    interval = (
-        host_memory.FALLBACK_COLLECTION_INTERVAL
-        if host_memory_interval is None
-        else host_memory_interval
-    )
-    host_memory.start_host_memory_monitoring(interval)
-    return handle
+
+def remove_shutdown_hook(hook: Callable[[], None]) -> None:
+    """Forget ``hook`` if it was added and has not run yet."""
+    with _HANDLE_LOCK:
+        if hook in _SHUTDOWN_HOOKS:
+            _SHUTDOWN_HOOKS.remove(hook)
+
+
+def _run_shutdown_hooks() -> None:
+    with _HANDLE_LOCK:
+        hooks = list(reversed(_SHUTDOWN_HOOKS))
+        _SHUTDOWN_HOOKS.clear()
+    for hook in hooks:
+        try:
+            hook()
+        except Exception:
+            name = getattr(hook, "__qualname__", type(hook).__name__)
+            warn_once(f"lens.shutdown.hook.{name}", f"shutdown hook {name} failed")
 
 
 def shutdown_telemetry(timeout_ms: int = 5000) -> None:
-    """Flush and stop the pipeline. Never raises; always leaves lens uninitialised."""
+    """Run the shutdown hooks, then flush and stop the pipeline.
+
+    Never raises; always leaves lens uninitialised.
+    """
     global _HANDLE
-    host_memory = sys.modules.get("raylens.telemetry.host_memory")
-    if host_memory is not None:
-        try:
-            host_memory.stop_host_memory_monitoring()
-        except Exception:
-            warn_once("lens.shutdown.host_memory", "stopping host-memory monitoring failed")
+    _run_shutdown_hooks()
     with _HANDLE_LOCK:
         handle, _HANDLE = _HANDLE, None
         _CREATED_ON.clear()

@@ -1,0 +1,91 @@
+"""Telemetry for a Ray driver: lens plus the host-memory monitor, and never an exception.
+
+The driver is where worker groups are built, so the placement map that labels nodes
+with their groups lives there, and so must the monitor that reads it. This module
+starts both, above lens (lens knows nothing of the monitors built on it), and stops
+the monitor through a lens shutdown hook when :func:`raylens.lens.shutdown_telemetry`
+runs.
+
+Telemetry must not take a training job down: a malformed ``OTEL_*``/``RAYLENS_*``
+variable, a Prometheus port already in use or a missing exporter package is logged
+as one error naming the cause, and the driver carries on without that exporter.
+Callers who want such problems to raise validate with
+:meth:`raylens.lens.TelemetryConfig.from_env` first.
+
+With ``RAYLENS_EXPORTER=console`` and no ``OTEL_METRIC_EXPORT_INTERVAL``, the driver
+prints every :data:`DRIVER_CONSOLE_INTERVAL_MS` milliseconds rather than the SDK's
+minute, so that a short run shows its points while its worker groups still exist.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import os
+from collections.abc import Mapping
+
+from opentelemetry.sdk.metrics.export import MetricReader
+
+from raylens.lens import TelemetryConfig, TelemetryHandle, add_shutdown_hook, init_telemetry
+from raylens.telemetry import host_memory
+
+__all__ = ["DRIVER_CONSOLE_INTERVAL_MS", "driver_config_from_env", "init_telemetry_driver"]
+
+logger = logging.getLogger("raylens.driver")
+
+DRIVER_CONSOLE_INTERVAL_MS = 5_000
+
+
+def driver_config_from_env(environ: Mapping[str, str] | None = None) -> TelemetryConfig:
+    """:meth:`TelemetryConfig.from_env` with the driver's console default; raises the same errors."""
+    env = os.environ if environ is None else environ
+    config = TelemetryConfig.from_env(env)
+    interval_set = bool(env.get("OTEL_METRIC_EXPORT_INTERVAL", "").strip())
+    if config.exporter == "console" and not interval_set:
+        config = dataclasses.replace(config, export_interval_ms=DRIVER_CONSOLE_INTERVAL_MS)
+    return config
+
+
+def _start_lens(
+    config: TelemetryConfig | None, metric_reader: MetricReader | None
+) -> TelemetryHandle:
+    if config is None:
+        try:
+            config = driver_config_from_env()
+        except ValueError as error:
+            logger.error("raylens telemetry is not exporting: %s", error)
+            config = TelemetryConfig(exporter="none")
+    try:
+        return init_telemetry(config, metric_reader=metric_reader)
+    except Exception as error:
+        logger.error(
+            "raylens telemetry could not start the %s exporter and is not exporting: %s",
+            config.exporter,
+            error,
+        )
+        return init_telemetry(dataclasses.replace(config, exporter="none"))
+
+
+def init_telemetry_driver(
+    config: TelemetryConfig | None = None,
+    *,
+    metric_reader: MetricReader | None = None,
+    host_memory_interval: float | None = None,
+) -> TelemetryHandle:
+    """Start telemetry in the driver, host-memory monitoring included. Never raises.
+
+    ``config`` defaults to the environment (see the module docstring for the
+    console interval). ``metric_reader`` replaces the configured exporter, as in
+    :func:`raylens.lens.init_telemetry`. ``host_memory_interval`` is in seconds and
+    defaults to the host-memory module's fallback interval. The monitor stops at
+    the next :func:`raylens.lens.shutdown_telemetry`.
+    """
+    handle = _start_lens(config, metric_reader)
+    interval = (
+        host_memory.FALLBACK_COLLECTION_INTERVAL
+        if host_memory_interval is None
+        else host_memory_interval
+    )
+    host_memory.start_host_memory_monitoring(interval)
+    add_shutdown_hook(host_memory.stop_host_memory_monitoring)
+    return handle
