@@ -4,13 +4,20 @@ Installed as the ``raylens`` pytest plugin (entry point ``pytest11``), so any
 project with raylens installed can ask for these fixtures by name:
 
 ``metrics_probe``
-    A :class:`raylens_fakes.otel.MetricsProbe` installed as lens' reader; lens is
-    shut down after the test.
+    A :class:`raylens_fakes.otel.MetricsProbe` installed as lens' reader; every
+    read takes a fresh collection. It stays installed through ``raylens_state``
+    and :func:`reset_raylens_state`, whatever the order the fixtures are listed
+    in; lens is shut down after the test.
 
 ``fake_cluster``
     An empty :class:`raylens_fakes.cluster.FakeCluster` (``is_initialized()`` True):
     add nodes and placement groups to it and pass it wherever raylens takes a
     ``cluster=`` argument. No sockets are opened.
+
+``fake_default_cluster``
+    An empty :class:`FakeCluster` that is also raylens' default cluster view for the
+    test (:func:`raylens.cluster.use_cluster_view`), for code that takes no
+    ``cluster=`` argument, such as a driver's start-up.
 
 ``fake_procfs``
     A :class:`raylens_fakes.procfs.FakeProcFS` under the test's ``tmp_path``: build
@@ -50,6 +57,9 @@ from raylens_fakes.otel import MetricsProbe
 from raylens_fakes.procfs import FakeProcFS
 from raylens_fakes.simulated import SimulatedCluster
 
+# The metrics_probe fixture's probe, reinstalled by every reset while its test runs.
+_PINNED_PROBES: list[MetricsProbe] = []
+
 
 @pytest.fixture
 def metrics_probe() -> Iterator[MetricsProbe]:
@@ -58,9 +68,11 @@ def metrics_probe() -> Iterator[MetricsProbe]:
 
     shutdown_telemetry()
     probe = MetricsProbe().install()
+    _PINNED_PROBES.append(probe)
     try:
         yield probe
     finally:
+        _PINNED_PROBES.remove(probe)
         probe.uninstall()
 
 
@@ -68,6 +80,16 @@ def metrics_probe() -> Iterator[MetricsProbe]:
 def fake_cluster() -> FakeCluster:
     """An empty, initialised :class:`FakeCluster`."""
     return FakeCluster()
+
+
+@pytest.fixture
+def fake_default_cluster() -> Iterator[FakeCluster]:
+    """An empty :class:`FakeCluster` that raylens uses as its default view during the test."""
+    from raylens.cluster import use_cluster_view
+
+    cluster = FakeCluster()
+    with use_cluster_view(cluster):
+        yield cluster
 
 
 @contextlib.contextmanager
@@ -102,7 +124,11 @@ def fake_procfs(tmp_path: Any) -> FakeProcFS:
 
 def reset_raylens_state() -> None:
     """Return raylens to a fresh process: no telemetry, monitor, placements, profiler state or
-    remembered warnings."""
+    remembered warnings.
+
+    The one exception: while a ``metrics_probe`` fixture is active, lens is started
+    again with that probe's reader, so the probe keeps seeing what raylens exports.
+    """
     import sys
 
     from raylens.lens import reset_warn_once, shutdown_telemetry
@@ -116,6 +142,8 @@ def reset_raylens_state() -> None:
         if module is not None:
             getattr(module, reset_name)()
     reset_warn_once()
+    if _PINNED_PROBES:
+        _PINNED_PROBES[-1].reinstall()
 
 
 @pytest.fixture

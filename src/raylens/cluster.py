@@ -8,14 +8,22 @@ code which uses them can be handed :class:`RayClusterView` (the real cluster) or
 
 Ray is imported lazily: ``import raylens`` works where Ray is not installed, and
 asking whether Ray is initialised never imports it as a side effect.
+
+Code that takes no ``cluster=`` argument (a driver's start-up, the worker groups)
+asks :func:`default_cluster_view`. Inside ``with use_cluster_view(view):`` that is
+``view``, for every thread of the process (a monitor's background thread included),
+so a test can point all of raylens at a fake cluster without patching anything.
 """
 
 from __future__ import annotations
 
+import contextlib
 import sys
+import threading
+from collections.abc import Iterator
 from typing import Any, Protocol, runtime_checkable
 
-__all__ = ["ClusterView", "RayClusterView", "default_cluster_view"]
+__all__ = ["ClusterView", "RayClusterView", "default_cluster_view", "use_cluster_view"]
 
 
 @runtime_checkable
@@ -76,8 +84,48 @@ class RayClusterView:
 
 
 _DEFAULT_VIEW = RayClusterView()
+# Views installed by use_cluster_view, innermost last.
+_OVERRIDES: list[ClusterView] = []
+_OVERRIDES_LOCK = threading.Lock()
 
 
 def default_cluster_view() -> ClusterView:
-    """The view raylens uses when none is passed: the Ray this process is connected to."""
-    return _DEFAULT_VIEW
+    """The view raylens uses when none is passed.
+
+    The innermost :func:`use_cluster_view` in effect, otherwise the Ray this
+    process is connected to.
+    """
+    try:
+        return _OVERRIDES[-1]
+    except IndexError:
+        return _DEFAULT_VIEW
+
+
+@contextlib.contextmanager
+def use_cluster_view(view: ClusterView) -> Iterator[ClusterView]:
+    """Make ``view`` the default cluster view of the whole process until the block ends.
+
+    Blocks nest; leaving one restores the view that was in effect before it, even
+    when the block raises. Raises TypeError when ``view`` lacks one of the
+    :class:`ClusterView` methods.
+    """
+    if not isinstance(view, ClusterView):
+        missing = [
+            name
+            for name in ("is_initialized", "nodes", "placement_group_table")
+            if not callable(getattr(view, name, None))
+        ]
+        raise TypeError(
+            f"{type(view).__name__} is not a ClusterView; it lacks {', '.join(missing)}"
+        )
+    with _OVERRIDES_LOCK:
+        _OVERRIDES.append(view)
+    try:
+        yield view
+    finally:
+        with _OVERRIDES_LOCK:
+            # Remove this block's entry even if an inner block was left unbalanced.
+            for index in range(len(_OVERRIDES) - 1, -1, -1):
+                if _OVERRIDES[index] is view:
+                    del _OVERRIDES[index]
+                    break
