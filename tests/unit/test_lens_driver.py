@@ -1,0 +1,163 @@
+"""The driver entry point never takes the job down, and lens stops what was started above it."""
+
+from __future__ import annotations
+
+import logging
+import socket
+from collections.abc import Iterator
+
+import pytest
+
+import raylens.driver
+import raylens.lens
+from raylens.driver import DRIVER_CONSOLE_INTERVAL_MS, driver_config_from_env, init_telemetry_driver
+from raylens.lens import (
+    TelemetryConfig,
+    add_shutdown_hook,
+    get_telemetry_handle,
+    remove_shutdown_hook,
+    shutdown_telemetry,
+)
+from raylens.telemetry import host_memory
+
+
+@pytest.fixture
+def monitor_calls(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[str]]:
+    """Record the driver's calls into host_memory instead of starting a real monitor."""
+    calls: list[str] = []
+    monkeypatch.setattr(
+        host_memory,
+        "start_host_memory_monitoring",
+        lambda interval: calls.append(f"start {interval}"),
+    )
+    monkeypatch.setattr(host_memory, "stop_host_memory_monitoring", lambda: calls.append("stop"))
+    yield calls
+
+
+def _errors(caplog: pytest.LogCaptureFixture) -> list[str]:
+    return [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR]
+
+
+def test_lens_still_offers_the_driver_entry_point() -> None:
+    assert raylens.lens.init_telemetry_driver is raylens.driver.init_telemetry_driver
+
+
+@pytest.mark.parametrize(
+    ("variable", "value"),
+    [
+        ("RAYLENS_EXPORTER", "jaeger"),
+        ("OTEL_METRIC_EXPORT_INTERVAL", "soon"),
+        ("OTEL_EXPORTER_OTLP_ENDPOINT", "http://[::1"),
+        ("RAYLENS_PROMETHEUS_ADDR", "nowhere"),
+    ],
+)
+def test_a_malformed_variable_is_one_error_and_the_driver_carries_on(
+    variable: str,
+    value: str,
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+    monitor_calls: list[str],
+) -> None:
+    monkeypatch.setenv(variable, value)
+    with caplog.at_level(logging.ERROR, logger="raylens"):
+        handle = init_telemetry_driver(host_memory_interval=3.0)
+
+    assert handle is get_telemetry_handle()
+    assert handle.is_exporting is False
+    (error,) = _errors(caplog)
+    assert variable in error and repr(value) in error
+    assert monitor_calls == ["start 3.0"]
+    with pytest.raises(ValueError, match=variable):
+        TelemetryConfig.from_env()
+
+
+def test_a_prometheus_port_in_use_is_one_error_and_the_driver_carries_on(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture, monitor_calls: list[str]
+) -> None:
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        monkeypatch.setenv("RAYLENS_EXPORTER", "prometheus")
+        monkeypatch.setenv("RAYLENS_PROMETHEUS_ADDR", f"127.0.0.1:{port}")
+        with caplog.at_level(logging.ERROR, logger="raylens"):
+            handle = init_telemetry_driver()
+
+    assert handle.is_exporting is False
+    (error,) = _errors(caplog)
+    assert f"127.0.0.1:{port}" in error and "prometheus" in error
+    assert monitor_calls == [f"start {host_memory.FALLBACK_COLLECTION_INTERVAL}"]
+
+
+def test_the_monitor_stops_when_telemetry_shuts_down(monitor_calls: list[str]) -> None:
+    init_telemetry_driver(TelemetryConfig(), host_memory_interval=1.0)
+    shutdown_telemetry()
+    shutdown_telemetry()
+    assert monitor_calls == ["start 1.0", "stop"]
+
+
+def test_the_driver_prints_to_the_console_every_few_seconds_by_default() -> None:
+    config = driver_config_from_env({"RAYLENS_EXPORTER": "console"})
+    assert config.export_interval_ms == DRIVER_CONSOLE_INTERVAL_MS <= 10_000
+    assert TelemetryConfig.from_env({"RAYLENS_EXPORTER": "console"}).export_interval_ms == 60_000
+
+
+def test_an_explicit_interval_wins_over_the_driver_default() -> None:
+    config = driver_config_from_env(
+        {"RAYLENS_EXPORTER": "console", "OTEL_METRIC_EXPORT_INTERVAL": "60000"}
+    )
+    assert config.export_interval_ms == 60_000
+    otlp = driver_config_from_env({"RAYLENS_EXPORTER": "otlp"})
+    assert otlp.export_interval_ms == 60_000
+
+
+# Shutdown hooks ---------------------------------------------------------------------------
+
+
+def test_hooks_run_newest_first_once_each_and_then_are_forgotten() -> None:
+    ran: list[str] = []
+
+    def first() -> None:
+        ran.append("first")
+
+    def second() -> None:
+        ran.append("second")
+
+    add_shutdown_hook(first)
+    add_shutdown_hook(second)
+    add_shutdown_hook(first)
+    shutdown_telemetry()
+    shutdown_telemetry()
+    assert ran == ["second", "first"]
+
+
+def test_a_removed_hook_does_not_run() -> None:
+    ran: list[str] = []
+
+    def hook() -> None:
+        ran.append("hook")
+
+    add_shutdown_hook(hook)
+    remove_shutdown_hook(hook)
+    remove_shutdown_hook(hook)
+    shutdown_telemetry()
+    assert ran == []
+
+
+def test_a_failing_hook_does_not_stop_the_others(caplog: pytest.LogCaptureFixture) -> None:
+    ran: list[str] = []
+
+    def broken() -> None:
+        raise RuntimeError("hook broke")
+
+    add_shutdown_hook(lambda: ran.append("last"))
+    add_shutdown_hook(broken)
+    with caplog.at_level(logging.WARNING, logger="raylens"):
+        shutdown_telemetry()
+    assert ran == ["last"]
+    assert any("broken" in r.getMessage() for r in caplog.records)
+
+
+def test_a_hook_must_be_callable() -> None:
+    with pytest.raises(TypeError, match="'later'"):
+        add_shutdown_hook("later")  # type: ignore[arg-type]
