@@ -277,6 +277,69 @@ def test_reading_without_pss_interval_reads_pss_every_time(fake_procfs: FakeProc
     assert _group(reader.read(workers), "policy").pss_bytes == 7 * MB
 
 
+def test_trees_are_walked_at_their_own_rate(fake_procfs: FakeProcFS, clock: Clock):
+    fake = fake_procfs
+    fake.add_process(200, rss_bytes=10 * MB)
+    reader = _reader(fake, clock, tree_interval_seconds=30.0, pss_interval_seconds=300.0)
+    workers = [_worker(fake, "policy", 200)]
+    reader.read(workers)
+
+    # A child spawned after the walk is counted from the next walk on.
+    fake.add_process(201, parent=200, rss_bytes=5 * MB)
+    clock.advance(10)
+    assert _group(reader.read(workers), "policy").rss_bytes == 10 * MB
+    clock.advance(20)
+    policy = _group(reader.read(workers), "policy")
+    assert (policy.rss_bytes, policy.process_count) == (15 * MB, 2)
+
+
+def test_a_remembered_process_that_exits_or_is_replaced_is_not_counted(
+    fake_procfs: FakeProcFS, clock: Clock
+):
+    fake = fake_procfs
+    fake.add_process(200, rss_bytes=10 * MB)
+    fake.add_process(201, parent=200, rss_bytes=5 * MB)
+    fake.add_process(202, parent=200, rss_bytes=3 * MB)
+    reader = _reader(fake, clock, tree_interval_seconds=30.0, pss_interval_seconds=300.0)
+    workers = [_worker(fake, "policy", 200)]
+    assert _group(reader.read(workers), "policy").rss_bytes == 18 * MB
+
+    fake.remove_process(201)
+    fake.reuse_pid(202, rss_bytes=700 * MB)  # an unrelated process now holds 202
+    clock.advance(1)
+    policy = _group(reader.read(workers), "policy")
+
+    assert (policy.rss_bytes, policy.process_count) == (10 * MB, 1)
+
+
+def test_a_new_worker_is_walked_at_once(fake_procfs: FakeProcFS, clock: Clock):
+    fake = fake_procfs
+    fake.add_process(200, rss_bytes=10 * MB)
+    reader = _reader(fake, clock, tree_interval_seconds=30.0, pss_interval_seconds=300.0)
+    reader.read([_worker(fake, "policy", 200)])
+    fake.add_process(300, rss_bytes=4 * MB)
+    fake.add_process(301, parent=300, rss_bytes=2 * MB)
+    clock.advance(1)
+
+    reading = reader.read([_worker(fake, "policy", 200), _worker(fake, "policy", 300)])
+
+    assert _group(reading, "policy").rss_bytes == 16 * MB
+
+
+def test_a_pss_reading_walks_the_tree_first(fake_procfs: FakeProcFS, clock: Clock):
+    fake = fake_procfs
+    fake.add_process(200, rss_bytes=10 * MB, pss_bytes=6 * MB)
+    reader = _reader(fake, clock, tree_interval_seconds=300.0, pss_interval_seconds=30.0)
+    workers = [_worker(fake, "policy", 200)]
+    reader.read(workers)
+    fake.add_process(201, parent=200, rss_bytes=4 * MB, pss_bytes=2 * MB)
+    clock.advance(30)
+
+    policy = _group(reader.read(workers), "policy")
+
+    assert (policy.pss_bytes, policy.process_count) == (8 * MB, 2)
+
+
 def test_process_cap_skips_whole_groups_not_parts(fake_procfs: FakeProcFS, clock: Clock):
     fake = fake_procfs
     fake.add_process(200, rss_bytes=1 * MB)
@@ -321,6 +384,8 @@ def test_bad_worker_entries_are_refused_by_name(
 def test_bad_reader_options_are_refused_by_name(fake_procfs: FakeProcFS):
     with pytest.raises(ValueError, match="pss_interval_seconds"):
         GroupMemoryReader(fake_procfs.procfs, pss_interval_seconds=0)
+    with pytest.raises(ValueError, match="tree_interval_seconds"):
+        GroupMemoryReader(fake_procfs.procfs, tree_interval_seconds=float("inf"))
     with pytest.raises(ValueError, match="max_processes"):
         GroupMemoryReader(fake_procfs.procfs, max_processes=0)
 

@@ -309,6 +309,8 @@ def test_close_removes_every_sampler(fake_ray: FakeRay, nodes):
 def test_bad_arguments_are_refused_by_name(fake_ray: FakeRay):
     with pytest.raises(ValueError, match="timeout_s"):
         GroupMemorySamplers(ray=fake_ray, timeout_s=0)
+    with pytest.raises(ValueError, match="tree_interval_seconds"):
+        GroupMemorySamplers(ray=fake_ray, tree_interval_seconds=-1)
     with pytest.raises(ValueError, match="max_missed"):
         GroupMemorySamplers(ray=fake_ray, max_missed=0)
     with pytest.raises(ValueError, match="pid"):
@@ -327,3 +329,19 @@ def test_the_actor_class_answers_in_builtins(nodes):
 
     assert NodeGroupMemory.from_plain(plain).groups[0].rss_bytes == MB
     assert plain["host_name"] == "node-a"
+
+
+def test_reader_settings_reach_every_sampler(fake_ray: FakeRay, nodes, monkeypatch):
+    made: list[dict[str, Any]] = []
+    original = GroupMemorySamplerActor.__init__
+
+    def recording_init(self: Any, **kwargs: Any) -> None:
+        made.append(kwargs)
+        original(self, **kwargs)
+
+    monkeypatch.setattr(GroupMemorySamplerActor, "__init__", recording_init)
+    a = nodes[NODE_A]
+    manager = _manager(fake_ray, pss_interval_seconds=45.0, tree_interval_seconds=15.0)
+    manager.sample({NODE_A: [_worker(a, "policy", 200, MB)]})
+
+    assert [(m["pss_interval_seconds"], m["tree_interval_seconds"]) for m in made] == [(45.0, 15.0)]

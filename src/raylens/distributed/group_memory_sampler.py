@@ -42,6 +42,7 @@ __all__ = [
     "DEFAULT_MAX_MISSED",
     "DEFAULT_PSS_INTERVAL_SECONDS",
     "DEFAULT_TIMEOUT_S",
+    "DEFAULT_TREE_INTERVAL_SECONDS",
     "GroupMemorySamplerActor",
     "GroupMemorySamplers",
     "SamplerError",
@@ -52,6 +53,10 @@ DEFAULT_TIMEOUT_S = 2.0
 
 DEFAULT_PSS_INTERVAL_SECONDS = 60.0
 """How often a sampler reads PSS per group by default (RSS is read every cycle)."""
+
+DEFAULT_TREE_INTERVAL_SECONDS = 30.0
+"""How often a sampler walks each worker's process tree again by default; a process a
+worker spawns in between is counted from the next walk (a new worker is walked at once)."""
 
 DEFAULT_MAX_MISSED = 3
 """Cycles a sampler may leave unanswered before it is replaced."""
@@ -75,6 +80,7 @@ class GroupMemorySamplerActor:
     def __init__(
         self,
         pss_interval_seconds: float | None = DEFAULT_PSS_INTERVAL_SECONDS,
+        tree_interval_seconds: float | None = DEFAULT_TREE_INTERVAL_SECONDS,
         max_processes: int = DEFAULT_MAX_PROCESSES,
         procfs_root: str | None = None,
         host_name: str | None = None,
@@ -82,6 +88,7 @@ class GroupMemorySamplerActor:
         self._reader = GroupMemoryReader(
             ProcFS(procfs_root) if procfs_root is not None else None,
             pss_interval_seconds=pss_interval_seconds,
+            tree_interval_seconds=tree_interval_seconds,
             max_processes=max_processes,
             host_name=host_name,
         )
@@ -127,8 +134,8 @@ class GroupMemorySamplers:
     ``kill``, ``util.scheduling_strategies.NodeAffinitySchedulingStrategy`` and
     ``exceptions.RayActorError``; default the real one, imported on first use.
     ``timeout_s`` bounds how long :meth:`sample` waits for all readings together.
-    ``pss_interval_seconds``, ``max_processes`` and ``procfs_root`` configure each
-    sampler's reader. Thread-safe: concurrent calls run one after the other.
+    ``pss_interval_seconds``, ``tree_interval_seconds``, ``max_processes`` and
+    ``procfs_root`` configure each sampler's reader (see :class:`GroupMemoryReader`). Thread-safe: concurrent calls run one after the other.
     """
 
     def __init__(
@@ -137,14 +144,19 @@ class GroupMemorySamplers:
         ray: Any = None,
         timeout_s: float = DEFAULT_TIMEOUT_S,
         pss_interval_seconds: float | None = DEFAULT_PSS_INTERVAL_SECONDS,
+        tree_interval_seconds: float | None = DEFAULT_TREE_INTERVAL_SECONDS,
         max_processes: int = DEFAULT_MAX_PROCESSES,
         max_missed: int = DEFAULT_MAX_MISSED,
         procfs_root: str | None = None,
     ) -> None:
         self._ray = ray
         self.timeout_s = _positive_seconds("timeout_s", timeout_s)
-        if pss_interval_seconds is not None:
-            _positive_seconds("pss_interval_seconds", pss_interval_seconds)
+        for name, interval in (
+            ("pss_interval_seconds", pss_interval_seconds),
+            ("tree_interval_seconds", tree_interval_seconds),
+        ):
+            if interval is not None:
+                _positive_seconds(name, interval)
         if isinstance(max_missed, bool) or not isinstance(max_missed, int) or max_missed <= 0:
             raise ValueError(f"max_missed must be a positive int, got {max_missed!r}")
         if isinstance(max_processes, bool) or not isinstance(max_processes, int):
@@ -153,6 +165,7 @@ class GroupMemorySamplers:
             raise ValueError(f"max_processes must be a positive int, got {max_processes!r}")
         self._actor_kwargs = {
             "pss_interval_seconds": pss_interval_seconds,
+            "tree_interval_seconds": tree_interval_seconds,
             "max_processes": max_processes,
             "procfs_root": procfs_root,
         }
