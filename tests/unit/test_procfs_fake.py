@@ -112,6 +112,38 @@ def test_reuse_pid_gives_a_new_start_time(fake):
     assert int(_read(fake.root / "100" / "statm").split()[1]) == 3
 
 
+def test_restart_moves_a_process_to_a_new_pid(fake):
+    fake.add_process(100)
+    fake.add_process(200, parent=100, rss_bytes=3 * PAGE_SIZE, comm="worker")
+    ticks = fake.start_ticks(200)
+    assert fake.restart(200, 201) == 201
+    assert not (fake.root / "200").exists()
+    assert _read(fake.root / "100" / "task" / "100" / "children").split() == ["201"]
+    assert os.listdir(fake.root / "201" / "task") == ["201"]
+    assert int(_read(fake.root / "201" / "statm").split()[1]) == 3
+    stat = _read(fake.root / "201" / "stat")
+    assert stat.startswith("201 (worker) ")
+    assert fake.start_ticks(201) > ticks
+    assert int(stat.rpartition(")")[2].split()[19]) == fake.start_ticks(201)
+    fake.remove_process(201)
+    assert _read(fake.root / "100" / "task" / "100" / "children") == ""
+
+
+def test_restart_refuses_what_it_cannot_move(fake):
+    fake.add_process(100)
+    fake.add_process(101, parent=100)
+    fake.add_process(102)
+    fake.add_process(300, threads=[301])
+    with pytest.raises(ValueError, match="pid 102 already exists"):
+        fake.restart(101, 102)
+    with pytest.raises(ValueError, match="pid 100 has children"):
+        fake.restart(100, 400)
+    with pytest.raises(ValueError, match="pid 300 has threads"):
+        fake.restart(300, 400)
+    with pytest.raises(ValueError, match="no pid 999"):
+        fake.restart(999, 400)
+
+
 def test_self_points_at_a_process_with_children_file(fake):
     tid = os.listdir(fake.root / "self" / "task")[0]
     assert (fake.root / "self" / "task" / tid / "children").exists()
