@@ -75,6 +75,24 @@ class EnvWorker:
         return f"cleaned {rank}"
 
 
+@ray.remote(runtime_env={"env_vars": {"FROM_DECORATOR": "decorator"}})
+class NemoStyleWorker:
+    """A NeMo-RL worker: its decorator sets an environment variable, and its
+    ``configure_worker`` returns runtime_env overrides as a fourth item."""
+
+    @staticmethod
+    def configure_worker(
+        num_gpus: float, bundle_indices: Any = None
+    ) -> tuple[dict[str, Any], dict[str, str], dict[str, Any], dict[str, Any]]:
+        return {}, {"FROM_CONFIGURE": "yes"}, {}, {"env_vars": {"FROM_OVERRIDES": "yes"}}
+
+    def env(self, *names: str) -> dict[str, str | None]:
+        return {name: os.environ.get(name) for name in names}
+
+    def node_id(self) -> str:
+        return ray.get_runtime_context().get_node_id()
+
+
 class PlainWorker:
     """Not decorated with ``@ray.remote``: the initializer makes it remote itself."""
 
