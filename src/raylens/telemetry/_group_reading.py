@@ -211,7 +211,8 @@ def _start_ticks_reader(root: str) -> Callable[[int], int | None]:
 
     Same answer as :meth:`ProcFS.start_ticks`, at about half its cost: it is the
     one read every process pays at every reading, so it is kept to three system
-    calls and a bounded split.
+    calls and a bounded split. It opens the file by path under the mount, not
+    through the reader's ``opener``.
     """
 
     def start_ticks(pid: int) -> int | None:

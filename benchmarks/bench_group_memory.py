@@ -1,0 +1,289 @@
+"""What one group-memory reading costs a node, and what the driver pays per node.
+
+Node side: forks N idle worker processes (8, 64 and 256 by default) from one small
+Python process, so they cost little memory, registers them as workers of four
+groups, and times one whole reading, from the registered ``(group, pid,
+start_ticks)`` list to the per-group sums, four ways:
+
+- raylens, RSS with trees remembered: a :class:`GroupMemoryReader` reading between
+  tree walks and PSS reads (the pid-reuse check from ``stat``, then ``statm``), the
+  sampler's usual reading
+- raylens, RSS + tree walk: the same plus the per-thread ``children`` files of
+  every process (once per ``tree_interval_seconds``)
+- raylens, RSS + PSS + tree walk: the same with ``smaps_rollup`` instead of ``statm``
+  (once per ``pss_interval_seconds``)
+- psutil, RSS: one ``process_iter`` for the parent map, then per worker
+  ``create_time()`` (the pid-reuse check), its tree, and ``memory_info()``
+- psutil, RSS + PSS: the same with ``memory_full_info()``
+
+CPU time is the reading thread's (``time.thread_time``), wall time
+``time.perf_counter``; each figure is the median of ``--repeat`` readings.
+
+Driver side: :class:`GroupMemorySamplers` plus :meth:`GroupMemorySnapshot.publish`
+for ``--nodes`` nodes of 64 workers each, against an in-process stand-in for Ray
+whose readings are ready at once, so what is measured is raylens' own work per
+node per cycle (validating the worker lists, checking and rebuilding each answer,
+publishing), not Ray's transport.
+
+Run: ``.venv/bin/python benchmarks/bench_group_memory.py [--processes 8,64,256]
+[--threads 0] [--repeat 30] [--nodes 100,1000]``. Linux only. Every forked
+process is killed on the way out.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import itertools
+import os
+import signal
+import statistics
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from types import SimpleNamespace
+from typing import Any
+
+import psutil
+
+from raylens.distributed.group_memory_sampler import GroupMemorySamplers
+from raylens.telemetry.group_memory import (
+    GroupMemory,
+    GroupMemoryReader,
+    GroupMemorySnapshot,
+    NodeGroupMemory,
+)
+from raylens.telemetry.process_memory import ProcFS
+
+GROUPS = ("policy", "rollout", "reference", "reward")
+
+# argv: workers, extra threads per worker. Each worker blocks reading a pipe that
+# only the spawner holds open for writing, after starting its threads (which block
+# on the same pipe); EOF on the spawner's stdin closes it and every worker exits.
+SPAWNER = r"""
+import os, sys, threading
+workers, threads = int(sys.argv[1]), int(sys.argv[2])
+block_r, block_w = os.pipe()
+ready_r, ready_w = os.pipe()
+pids = []
+for _ in range(workers):
+    pid = os.fork()
+    if pid == 0:
+        os.close(block_w)
+        for _ in range(threads):
+            threading.Thread(target=os.read, args=(block_r, 1), daemon=True).start()
+        os.write(ready_w, b"r")
+        os.read(block_r, 1)
+        os._exit(0)
+    pids.append(pid)
+waiting = workers
+while waiting:
+    waiting -= len(os.read(ready_r, waiting))
+print(" ".join(map(str, pids)), flush=True)
+sys.stdin.read()
+os.close(block_w)
+for pid in pids:
+    os.waitpid(pid, 0)
+"""
+
+
+def _timed(read: Callable[[], object], repeat: int) -> tuple[float, float]:
+    """Median CPU and wall milliseconds of ``repeat`` calls of ``read``."""
+    cpu, wall = [], []
+    for _ in range(repeat):
+        cpu_start, wall_start = time.thread_time(), time.perf_counter()
+        read()
+        wall.append(time.perf_counter() - wall_start)
+        cpu.append(time.thread_time() - cpu_start)
+    return statistics.median(cpu) * 1e3, statistics.median(wall) * 1e3
+
+
+def _psutil_reading(workers: list[tuple[str, int, int | None]], full: bool) -> dict[str, int]:
+    children: dict[int, list[int]] = {}
+    for process in psutil.process_iter(["ppid"]):
+        children.setdefault(process.info["ppid"], []).append(process.pid)
+    totals: dict[str, int] = {}
+    for group, pid, _ticks in workers:
+        try:
+            psutil.Process(pid).create_time()
+        except psutil.NoSuchProcess:
+            continue
+        pending, seen = [pid], set()
+        while pending:
+            current = pending.pop()
+            if current in seen:
+                continue
+            seen.add(current)
+            pending.extend(children.get(current, ()))
+        for member in seen:
+            try:
+                process = psutil.Process(member)
+                memory = process.memory_full_info() if full else process.memory_info()
+            except psutil.NoSuchProcess:
+                continue
+            totals[group] = totals.get(group, 0) + memory.rss + (memory.pss if full else 0)
+    return totals
+
+
+def _compare(workers: list[tuple[str, int, int | None]], repeat: int) -> dict[str, tuple]:
+    """Median CPU and wall ms of one reading of ``workers``, per method."""
+    procfs = ProcFS()
+    steady = GroupMemoryReader(procfs, pss_interval_seconds=1e9, tree_interval_seconds=1e9)
+    steady.read(workers)  # the first reading walks every tree and reads PSS; later ones do not
+    walking = GroupMemoryReader(procfs, pss_interval_seconds=1e9)
+    walking.read(workers)
+    with_pss = GroupMemoryReader(procfs)
+    reading = steady.read(workers)
+    measured = sum(group.process_count for group in reading.groups)
+    assert measured == len(workers), f"measured {measured} of {len(workers)} processes"
+    return {
+        "raylens, RSS (trees remembered)": _timed(lambda: steady.read(workers), repeat),
+        "raylens, RSS + tree walk": _timed(lambda: walking.read(workers), repeat),
+        "raylens, RSS + PSS + tree walk": _timed(lambda: with_pss.read(workers), repeat),
+        "psutil, RSS": _timed(lambda: _psutil_reading(workers, False), repeat),
+        "psutil, RSS + PSS": _timed(lambda: _psutil_reading(workers, True), repeat),
+    }
+
+
+def node_side(counts: list[int], threads: int, repeat: int) -> list[tuple[str, ...]]:
+    rows = []
+    procfs = ProcFS()
+    for count in counts:
+        spawner = subprocess.Popen(
+            [sys.executable, "-c", SPAWNER, str(count), str(threads)],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+            start_new_session=True,
+        )
+        try:
+            assert spawner.stdout is not None
+            pids = [int(pid) for pid in spawner.stdout.readline().split()]
+            workers = [
+                (GROUPS[i % len(GROUPS)], pid, procfs.start_ticks(pid))
+                for i, pid in enumerate(pids)
+            ]
+            results = _compare(workers, repeat)
+        finally:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(spawner.pid, signal.SIGKILL)
+            spawner.wait(timeout=60)
+        base_cpu = next(iter(results.values()))[0]
+        for method, (cpu_ms, wall_ms) in results.items():
+            rows.append(
+                (
+                    str(count),
+                    method,
+                    f"{cpu_ms:.2f}",
+                    f"{wall_ms:.2f}",
+                    f"{cpu_ms / count * 64:.2f}",
+                    f"{cpu_ms / base_cpu:.1f}",
+                )
+            )
+    return rows
+
+
+class _Answer(dict):
+    """A prepared reading that is also its own object reference: unique and hashable."""
+
+    _ids = itertools.count()
+
+    def __init__(self, plain: dict[str, Any]) -> None:
+        super().__init__(plain)
+        self._id = next(self._ids)
+
+    def __hash__(self) -> int:  # type: ignore[override]
+        return self._id
+
+    def __eq__(self, other: object) -> bool:
+        return self is other
+
+
+class _InstantRay:
+    """A stand-in for Ray whose sampler actors answer at once with a prepared reading."""
+
+    def __init__(self, plain: dict[str, Any]) -> None:
+        read = SimpleNamespace(remote=lambda _workers: _Answer(plain))
+        actor = SimpleNamespace(read=read)
+        started = SimpleNamespace(remote=lambda **_kwargs: actor)
+        self._remote_class = SimpleNamespace(options=lambda **_options: started)
+        self.util = SimpleNamespace(
+            scheduling_strategies=SimpleNamespace(
+                NodeAffinitySchedulingStrategy=lambda node_id, soft: node_id
+            )
+        )
+        self.exceptions = SimpleNamespace(RayActorError=RuntimeError)
+
+    def remote(self, **_options: Any) -> Callable[[type], Any]:
+        return lambda _cls: self._remote_class
+
+    def wait(self, refs: list[Any], *, num_returns: int = 1, timeout: float | None = None):
+        return refs, []
+
+    def get(self, ref: Any, *, timeout: float | None = None) -> Any:
+        return ref
+
+    def kill(self, _actor: Any, *, no_restart: bool = True) -> None:
+        pass
+
+
+def driver_side(node_counts: list[int], repeat: int) -> list[tuple[str, ...]]:
+    plain = NodeGroupMemory(
+        host_name="worker-host",
+        groups=tuple(GroupMemory(g, 2**30, 2**29, 3.0, 16, 16) for g in GROUPS),
+    ).as_plain()
+    workers = [(GROUPS[i % len(GROUPS)], 10_000 + i, 123_456 + i) for i in range(64)]
+    rows = []
+    for nodes in node_counts:
+        by_node = {f"{n:056x}": workers for n in range(nodes)}
+        cpu_ms = _driver_cycle_ms(by_node, plain, max(3, repeat // 5))
+        rows.append((str(nodes), f"{cpu_ms:.1f}", f"{cpu_ms / nodes * 1e3:.0f}"))
+    return rows
+
+
+def _driver_cycle_ms(by_node: dict[str, list], plain: dict[str, Any], repeat: int) -> float:
+    samplers = GroupMemorySamplers(ray=_InstantRay(plain))
+    snapshot = GroupMemorySnapshot()
+    samplers.sample(by_node)  # starts the samplers
+    cpu_ms, _wall_ms = _timed(lambda: snapshot.publish(samplers.sample(by_node)), repeat)
+    return cpu_ms
+
+
+def _table(header: tuple[str, ...], rows: list[tuple[str, ...]]) -> str:
+    lines = ["| " + " | ".join(header) + " |"]
+    lines.append("|" + "|".join("---:" if i != 1 else "---" for i in range(len(header))) + "|")
+    lines.extend("| " + " | ".join(row) + " |" for row in rows)
+    return "\n".join(lines)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--processes", default="8,64,256", help="worker counts, comma-separated")
+    parser.add_argument("--threads", type=int, default=0, help="extra threads per worker")
+    parser.add_argument("--repeat", type=int, default=30, help="readings per figure")
+    parser.add_argument("--nodes", default="100,1000", help="node counts for the driver side")
+    args = parser.parse_args()
+    if not sys.platform.startswith("linux"):
+        sys.exit("bench_group_memory needs Linux procfs")
+    counts = [int(part) for part in args.processes.split(",")]
+    print(
+        f"Python {sys.version.split()[0]}, {os.cpu_count()} CPUs, "
+        f"{len(psutil.pids())} processes on the host, {args.threads} extra threads per worker"
+    )
+    print()
+    print("One reading on a node (median of", args.repeat, "readings):")
+    print(
+        _table(
+            ("workers", "method", "CPU ms", "wall ms", "CPU ms per 64", "CPU x first row"),
+            node_side(counts, args.threads, args.repeat),
+        )
+    )
+    print()
+    print("Driver, one cycle (64 workers per node, Ray's transport not included):")
+    node_counts = [int(part) for part in args.nodes.split(",")]
+    print(_table(("nodes", "CPU ms", "CPU µs per node"), driver_side(node_counts, args.repeat)))
+
+
+if __name__ == "__main__":
+    main()
