@@ -14,6 +14,7 @@ import pytest
 
 from raylens.cli import main
 from raylens.cli import profile as cli_profile
+from raylens.cli import supervision as cli_supervision
 
 pytestmark = pytest.mark.skipif(
     not sys.platform.startswith("linux"), reason="process trees need Linux /proc"
@@ -110,7 +111,7 @@ def test_a_command_that_ignores_ctrl_c_is_terminated(tmp_path: Path) -> None:
     child = subprocess.Popen([sys.executable, "-c", script, str(ready)])
     try:
         _wait_for(ready)
-        status = cli_profile.stop_child(
+        status = cli_supervision.stop_child(
             child, forward=True, interrupt_grace_s=0.2, terminate_grace_s=30
         )
     finally:
@@ -125,7 +126,7 @@ def test_an_interrupt_the_command_already_got_is_not_sent_twice(tmp_path: Path) 
     try:
         _wait_for(ready)
         child.send_signal(signal.SIGINT)  # as a terminal's Ctrl-C reaches its whole group
-        status = cli_profile.stop_child(
+        status = cli_supervision.stop_child(
             child, forward=False, interrupt_grace_s=30, terminate_grace_s=30
         )
     finally:

@@ -12,12 +12,20 @@ import os
 import sys
 import threading
 import time
-from collections.abc import Callable
 from typing import Any
 
 from raylens.cli.output import Output
 from raylens.cli.parser import CliError
 from raylens.cli.pipeline import start_telemetry
+from raylens.cli.supervision import (
+    Terminated,
+    kill_child,
+    raise_on_sigterm,
+    signal_name,
+    start_command,
+    stop_child,
+    terminate_child,
+)
 from raylens.live_table import ProcessTreeRow, process_table
 
 # How many RSS samples the trend keeps.
@@ -91,11 +99,11 @@ def run_profile(args: argparse.Namespace, stop: threading.Event) -> int:
         shown = True
 
     interrupted = False
-    restore_sigterm = _raise_on_sigterm()
+    restore_sigterm = raise_on_sigterm()
     try:
         try:
             # With --json, stdout carries samples only: the command's output goes to stderr.
-            child = subprocess.Popen(command, stdout=_STDERR_FD if args.json else None)
+            child = start_command(command, stdout=_STDERR_FD if args.json else None)
         except OSError as error:
             raise CliError(f"cannot run {command[0]!r}: {error.strerror or error}") from None
         target = process_memory.ServerMemoryTarget(
@@ -129,22 +137,19 @@ def run_profile(args: argparse.Namespace, stop: threading.Event) -> int:
         returncode = child.wait()
     except KeyboardInterrupt:
         interrupted = True
-        returncode = None if child is None else stop_child(child)
-    except _Terminated:
+        returncode = None
+        if child is not None:
+            returncode = stop_child(child)
+            child.end_leftovers()
+    except Terminated:
         restore_sigterm()  # a second SIGTERM now ends raylens the default way
-        if child is not None and child.poll() is None:
-            child.terminate()
-            try:
-                child.wait(timeout=_TERMINATE_GRACE_S)
-            except subprocess.TimeoutExpired:
-                child.kill()
-                child.wait()
+        if child is not None:
+            terminate_child(child)
         print("raylens: terminated; the profiled command was stopped too", file=sys.stderr)
         return 128 + signal.SIGTERM
     except BaseException:
-        if child is not None and child.poll() is None:
-            child.kill()  # whatever went wrong, the command is not left behind unwatched
-            child.wait()
+        if child is not None:
+            kill_child(child)  # whatever went wrong, the command is not left behind unwatched
         raise
     finally:
         restore_sigterm()
@@ -155,7 +160,7 @@ def run_profile(args: argparse.Namespace, stop: threading.Event) -> int:
     status = returncode if returncode >= 0 else 128 - returncode
     if not args.once:
         if returncode < 0:
-            name = _signal_name(-returncode)
+            name = signal_name(-returncode)
             outcome = f"killed by {name}, exit status {status}"
             extra: dict[str, Any] = {"summary": True, "exit_status": status, "signal": name}
         else:
@@ -169,104 +174,5 @@ def run_profile(args: argparse.Namespace, stop: threading.Event) -> int:
     return status
 
 
-class _Terminated(Exception):
-    """SIGTERM arrived while a command was being profiled."""
-
-
-def _raise_on_sigterm() -> Callable[[], None]:
-    """Turn SIGTERM into :class:`_Terminated` so profile can stop its command; returns the undo.
-
-    Without it, ``timeout 60 raylens profile -- cmd`` would end raylens and leave
-    ``cmd`` running, unwatched. Signal handlers belong to the main thread; elsewhere
-    this does nothing.
-    """
-    import signal
-
-    if threading.current_thread() is not threading.main_thread():
-        return lambda: None
-
-    def handler(signum: int, frame: Any) -> None:
-        raise _Terminated
-
-    previous = signal.signal(signal.SIGTERM, handler)
-    return lambda: signal.signal(signal.SIGTERM, previous)
-
-
-def _signal_name(number: int) -> str:
-    import signal
-
-    try:
-        return signal.Signals(number).name
-    except ValueError:
-        return f"signal {number}"
-
-
 # At most this long after the start, the profile table shows its first sample.
 _FIRST_SHOWN_S = 1.0
-
-# How long the command has to end by itself after Ctrl-C, then after SIGTERM.
-_INTERRUPT_GRACE_S = 10.0
-_TERMINATE_GRACE_S = 5.0
-
-
-def _terminal_interrupted(child: Any) -> bool:
-    """True when a Ctrl-C typed in our terminal has reached ``child`` as well.
-
-    The terminal interrupts its whole foreground process group: that covers the
-    command when this process is in that group and the command has not moved to
-    a group of its own.
-    """
-    try:
-        tty = os.open("/dev/tty", os.O_RDONLY | os.O_NOCTTY)
-    except OSError:
-        return False
-    try:
-        group = os.getpgrp()
-        return os.tcgetpgrp(tty) == group and os.getpgid(child.pid) == group
-    except OSError:
-        return False
-    finally:
-        os.close(tty)
-
-
-def stop_child(
-    child: Any,
-    *,
-    forward: bool | None = None,
-    interrupt_grace_s: float = _INTERRUPT_GRACE_S,
-    terminate_grace_s: float = _TERMINATE_GRACE_S,
-) -> int:
-    """Stop the profiled command after Ctrl-C; returns its ``returncode``.
-
-    The command gets the interrupt (forwarded unless ``forward`` is False; by
-    default only when the terminal did not already deliver it) and
-    ``interrupt_grace_s`` to wind down as it would without raylens, then SIGTERM
-    and ``terminate_grace_s``, then SIGKILL. Another Ctrl-C kills it at once.
-    """
-    import signal
-    import subprocess
-
-    if child.poll() is not None:
-        return child.returncode
-    try:
-        if forward is None:
-            forward = not _terminal_interrupted(child)
-        if forward:
-            child.send_signal(signal.SIGINT)
-        print(
-            f"raylens: waiting up to {interrupt_grace_s:g} s for the command to end "
-            "(Ctrl-C again to kill it)",
-            file=sys.stderr,
-        )
-        try:
-            return child.wait(timeout=interrupt_grace_s)
-        except subprocess.TimeoutExpired:
-            child.terminate()
-        try:
-            return child.wait(timeout=terminate_grace_s)
-        except subprocess.TimeoutExpired:
-            pass
-    except KeyboardInterrupt:
-        pass
-    child.kill()
-    return child.wait()
