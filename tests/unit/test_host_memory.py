@@ -137,6 +137,55 @@ def test_ray_nodes_is_empty_when_ray_is_not_initialised(fake_cluster: FakeCluste
     assert fake_cluster.nodes_calls == 0
 
 
+class _RecordsCluster(FakeCluster):
+    """A FakeCluster whose node list also holds raw records a test supplies."""
+
+    def __init__(self, extra: list[object]) -> None:
+        super().__init__()
+        self.extra = extra
+
+    def nodes(self) -> list[dict]:
+        return [*self.extra, *super().nodes()]  # type: ignore[list-item]
+
+
+def _record(**fields: object) -> dict[str, object]:
+    record: dict[str, object] = {
+        "Alive": True,
+        "NodeID": NODE_C,
+        "NodeManagerAddress": "10.0.0.9",
+        "NodeManagerHostname": "h",
+        "MetricsExportPort": 8080,
+    }
+    record.update(fields)
+    return record
+
+
+def test_a_malformed_node_record_is_skipped_with_one_warning(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    malformed = [None, _record(NodeID=["unhashable"]), _record(NodeManagerAddress=10)]
+    cluster = _RecordsCluster(malformed)
+    good = cluster.add_node(address="10.0.0.1", port=8080, node_id=NODE_A)
+
+    with caplog.at_level(logging.DEBUG, logger="raylens.telemetry.host_memory"):
+        first = hm.ray_nodes(cluster)
+        second = hm.ray_nodes(cluster)
+
+    assert [n.node_id for n in first] == [good] == [n.node_id for n in second]
+    warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert len(warnings) == 3
+    assert all(w.startswith("skipped a malformed Ray node record") for w in warnings)
+
+
+def test_host_names_are_made_encodable_where_they_enter() -> None:
+    cluster = _RecordsCluster([_record(NodeManagerHostname="gpu-\udcff")])
+
+    (node,) = hm.ray_nodes(cluster)
+
+    assert node.host == "gpu-\ufffd"
+    node.host.encode("utf-8")
+
+
 # Worker groups ------------------------------------------------------------------------
 
 
@@ -173,11 +222,39 @@ def test_register_lookup_replace_and_forget() -> None:
         (7, TypeError, "must be a str, got int 7"),
     ],
 )
-def test_bad_group_names_are_refused(name: object, error: type, message: str) -> None:
+def test_bad_group_names_are_refused_by_register_nodes(
+    name: object, error: type, message: str
+) -> None:
     with pytest.raises(error, match=message):
         hm.register_worker_group_nodes(name, [NODE_A])  # type: ignore[arg-type]
-    with pytest.raises(error, match=message):
-        hm.register_worker_group_placement(name, [], cluster=FakeCluster())  # type: ignore[arg-type]
+    assert hm._WORKER_GROUP_NODES == {}
+
+
+@pytest.mark.parametrize("name", ["", "policy,critic", "none", 7, None])
+def test_placement_with_a_bad_name_never_raises_and_warns_once(
+    name: object, fake_cluster: FakeCluster, caplog: pytest.LogCaptureFixture
+) -> None:
+    a = fake_cluster.add_node()
+    pg = fake_cluster.create_placement_group({0: a})
+
+    with caplog.at_level(logging.DEBUG, logger="raylens.telemetry.host_memory"):
+        for _ in range(3):
+            hm.register_worker_group_placement(name, [(pg, 0)], cluster=fake_cluster)  # type: ignore[arg-type]
+
+    assert hm._WORKER_GROUP_NODES == {}
+    warnings = [r for r in caplog.records if r.levelno == logging.WARNING]
+    assert len(warnings) == 1
+    assert "worker group placement ignored" in warnings[0].getMessage()
+    assert not warnings[0].exc_info
+
+
+def test_group_and_node_names_with_lone_surrogates_are_stored_encodable() -> None:
+    hm.register_worker_group_nodes("grp\ud800", [NODE_A])
+
+    (name,) = hm.worker_group_names_on_node(NODE_A)
+    assert name == "grp\ufffd"
+    name.encode("utf-8")
+    hm.forget_worker_group_nodes("grp\ud800")  # the name it was registered with still works
     assert hm._WORKER_GROUP_NODES == {}
 
 

@@ -11,14 +11,10 @@ from collections.abc import Callable
 from typing import Any
 
 import pytest
-import requests
-import responses
-from freezegun import freeze_time
 
 from raylens.lens import init_telemetry_driver, shutdown_telemetry
 from raylens.telemetry import host_memory as hm
 from raylens_fakes import FakeCluster, MetricsProbe, SimulatedCluster
-from raylens_fakes.raylet import format_sample_value
 
 USED = "rl.host.memory.used"
 TOTAL = "rl.host.memory.total"
@@ -231,93 +227,91 @@ def test_wedged_nodes_are_asked_last_so_healthy_ones_are_not_starved(
     assert sim.raylet(2).requests >= 1
 
 
-def test_more_wedged_nodes_than_threads_do_not_starve_the_first_cycle(
-    simulated_cluster: Factory,
-    metrics_probe: MetricsProbe,
-    make_monitor: Callable,
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    monkeypatch.setattr(hm, "_FIRST_TRY_S", 0.1)
-    sim = simulated_cluster(6)
-    for index in (0, 1, 2):
-        sim.raylet(index).hang()
-    monitor = make_monitor(sim.cluster, scrape_timeout=0.8, max_concurrency=2)
-
-    monitor.collect_once()
-
-    assert set(_export(metrics_probe)) == {sim.node_id(i) for i in (3, 4, 5)}
-    # The first wedged node was asked again, with the rest of the cycle's time,
-    # once everyone else had been asked.
-    assert sim.raylet(0).requests == 2
-
-
-class _WedgingSession(requests.Session):
-    """A session whose requests to some URLs block until released: scrapes that overrun."""
-
-    def __init__(self, wedged: set[str]) -> None:
-        super().__init__()
-        self.wedged = wedged
-        self.release = threading.Event()
-        self.calls: dict[str, int] = {}
-        self._lock = threading.Lock()
-
-    def get(self, url: str, **kwargs: Any) -> requests.Response:  # type: ignore[override]
-        if url in self.wedged:
-            with self._lock:
-                self.calls[url] = self.calls.get(url, 0) + 1
-            self.release.wait(60)
-            raise requests.ConnectionError(f"{url} released")
-        return super().get(url, **kwargs)
-
-
-def test_a_node_still_in_flight_is_not_asked_again_and_threads_stay_bounded(
+def test_wedged_nodes_listed_first_beyond_the_bound_do_not_starve_healthy_ones(
     simulated_cluster: Factory, metrics_probe: MetricsProbe, make_monitor: Callable
 ) -> None:
+    # The shape of 300 wedged nodes listed before 3 healthy ones under the default
+    # bound of 256 requests in flight, scaled down: 12 wedged, 3 healthy, bound 8.
     sim = simulated_cluster(15)
-    session = _WedgingSession({sim.raylet(i).url for i in range(10)})
-    monitor = make_monitor(sim.cluster, session=session, scrape_timeout=0.2, max_concurrency=16)
+    for index in range(12):
+        sim.raylet(index).hang()
+    monitor = make_monitor(sim.cluster, scrape_timeout=0.5, max_concurrency=8)
+
+    monitor.collect_once()
+    asked_first = [sim.raylet(i).requests for i in range(15)]
+    rows = {s.node_id: s for s in monitor.latest()}
+    monitor.collect_once()
+
+    # The first cycle reached only the first 8; the nodes whose deadline passed
+    # unasked count as wedged, and among wedged nodes the ones asked least
+    # recently go first, so the second cycle reaches the healthy ones.
+    assert asked_first == [1] * 8 + [0] * 7
+    assert rows[sim.node_id(14)].error.startswith("not asked")
+    assert set(_export(metrics_probe)) == {sim.node_id(i) for i in (12, 13, 14)}
+    # One request per node per cycle: the 4 not reached in the first cycle were
+    # asked once, the rest at most once more.
+    assert [sim.raylet(i).requests for i in range(8, 12)] == [1] * 4
+    assert all(sim.raylet(i).requests <= 2 for i in range(8))
+
+
+def test_a_replaced_scrape_still_running_is_not_called_again_and_threads_stay_bounded(
+    fake_cluster: FakeCluster, metrics_probe: MetricsProbe, make_monitor: Callable
+) -> None:
+    nodes = [fake_cluster.add_node(port=8080 + i) for i in range(15)]
+    wedged = set(nodes[:10])
+    release = threading.Event()
+    calls: dict[str, int] = {}
+    lock = threading.Lock()
+
+    class Wedging(hm.HostMemoryMonitor):
+        def _scrape(self, node: hm.RayNode) -> dict[str, float]:
+            with lock:
+                calls[node.node_id] = calls.get(node.node_id, 0) + 1
+            if node.node_id in wedged:
+                release.wait(60)
+            return {"host_memory_used": 1e9, "host_memory_total": 2e9}
+
+    monitor = Wedging(1.0, cluster=fake_cluster, scrape_timeout=0.05, consumer=True)
     baseline = threading.active_count()
-    most_threads = 0
     try:
-        for _ in range(100):
+        for _ in range(20):
             monitor.collect_once()
-            most_threads = max(most_threads, threading.active_count())
+        most_threads = threading.active_count()
         used = _export(metrics_probe)
         latest = {s.node_id: s for s in monitor.latest()}
     finally:
-        session.release.set()
+        release.set()
+        monitor.stop()
 
-    assert session.calls == {sim.raylet(i).url: 1 for i in range(10)}
-    assert [sim.raylet(i).requests for i in range(10, 15)] == [100] * 5
-    assert set(used) == {sim.node_id(i) for i in range(10, 15)}
-    assert latest[sim.node_id(3)].error == "not asked: its previous scrape is still running"
-    # Scrape threads never exceed the pool; a few more are the fake servers' handlers.
-    assert most_threads <= baseline + 16 + 6
+    assert calls == {node: 1 if node in wedged else 20 for node in nodes}
+    assert set(used) == set(nodes[10:])
+    assert latest[nodes[3]].error == "not asked: its previous scrape is still running"
+    assert most_threads <= baseline + 15
 
 
-def test_scrape_threads_are_bounded_named_daemons_with_real_hung_raylets(
+def test_hung_raylets_cost_no_thread_per_request(
     simulated_cluster: Factory, make_monitor: Callable
 ) -> None:
     sim = simulated_cluster(15)
     for index in range(10):
         sim.raylet(index).hang()
-    # The deadline leaves a loaded machine time to answer the healthy nodes; the hung ones
-    # still time out in every cycle.
-    monitor = make_monitor(sim.cluster, scrape_timeout=0.25, max_concurrency=4)
-    baseline = threading.active_count()
-    most_scrapers = most_threads = 0
+    monitor = make_monitor(sim.cluster, scrape_timeout=0.25)
+    monitor.collect_once()
+    ours_after_one = _our_threads()
 
-    for _ in range(12):
+    for _ in range(5):
         monitor.collect_once()
-        scrapers = [t for t in threading.enumerate() if t.name.startswith("raylens-host-memory")]
-        assert all(t.daemon for t in scrapers)
-        most_scrapers = max(most_scrapers, len(scrapers))
-        most_threads = max(most_threads, threading.active_count())
+        assert _our_threads() == ours_after_one
 
-    assert 1 <= most_scrapers <= 4
-    # Server-side handlers of the hung raylets end once the scraper hangs up.
-    assert most_threads <= baseline + 4 + 10 + 2
-    assert all(sim.raylet(i).requests >= 6 for i in range(10, 15))
+    assert ours_after_one == ["raylens-host-memory-engine"]
+    assert all(t.daemon for t in threading.enumerate() if t.name.startswith("raylens-host"))
+    assert [sim.raylet(i).requests for i in range(10, 15)] == [6] * 5
+    # A hung raylet may not even have read a request before the client gave up.
+    assert all(1 <= sim.raylet(i).requests <= 6 for i in range(10))
+
+
+def _our_threads() -> list[str]:
+    return sorted(t.name for t in threading.enumerate() if t.name.startswith("raylens-host"))
 
 
 def test_stop_is_bounded_when_every_node_hangs(
@@ -388,70 +382,69 @@ def test_collect_once_never_raises_when_the_cluster_fails(
     assert monitor.latest() == []
 
 
-def test_collect_once_never_raises_when_the_session_misbehaves(
-    fake_cluster: FakeCluster, make_monitor: Callable
+def test_collect_once_never_raises_when_a_replaced_scrape_raises(
+    fake_cluster: FakeCluster, make_monitor: Callable, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    class Exploding(requests.Session):
-        def get(self, url: str, **kwargs: Any) -> requests.Response:  # type: ignore[override]
-            raise ValueError("bad session")
+    def explode(self: hm.HostMemoryMonitor, node: hm.RayNode) -> dict[str, float]:
+        raise ValueError("bad \x1b]0;title\x07 scrape")
 
+    monkeypatch.setattr(hm.HostMemoryMonitor, "_scrape", explode)
     fake_cluster.add_node(port=1)
-    monitor = make_monitor(fake_cluster, session=Exploding())
-    monitor.collect_once()
-
-    assert monitor.latest()[0].error == "ValueError: bad session"
-
-
-# HTTP through `responses` ---------------------------------------------------------------
-
-
-def _payload(used: float, total: float) -> bytes:
-    return (
-        f"# TYPE ray_node_mem_used gauge\n"
-        f'ray_node_mem_used{{ip="10.0.0.1"}} {format_sample_value(used)}\n'
-        f"ray_node_mem_used_host 1\n"
-        f"ray_node_mem_total {format_sample_value(total)}\n"
-    ).encode()
-
-
-@responses.activate
-def test_http_answers_through_responses(
-    fake_cluster: FakeCluster, metrics_probe: MetricsProbe, make_monitor: Callable
-) -> None:
-    good = fake_cluster.add_node(address="10.0.0.1", port=8080)
-    missing = fake_cluster.add_node(address="10.0.0.2", port=8080)
-    refused = fake_cluster.add_node(address="10.0.0.3", port=8080)
-    responses.get("http://10.0.0.1:8080/metrics", body=_payload(3e9, 9e9))
-    responses.get("http://10.0.0.2:8080/metrics", status=404)
-    responses.get(
-        "http://10.0.0.3:8080/metrics", body=requests.ConnectionError("connection refused")
-    )
     monitor = make_monitor(fake_cluster)
+    monitor.collect_once()
+
+    assert monitor.latest()[0].error == "ValueError: bad \\x1b]0;title\\x07 scrape"
+
+
+# Answers, and a thousand nodes ----------------------------------------------------------
+
+
+def test_http_answers_and_a_direct_scrape(
+    simulated_cluster: Factory, metrics_probe: MetricsProbe, make_monitor: Callable
+) -> None:
+    sim = simulated_cluster(3, schedule=lambda i, t: (3e9, 9e9))
+    sim.raylet(1).respond_status(404)
+    sim.raylet(2).close()
+    monitor = make_monitor(sim.cluster)
 
     monitor.collect_once()
 
-    assert {node: value for node, (_, value) in _export(metrics_probe).items()} == {good: 3e9}
-    errors = {s.node_id: s.error for s in monitor.latest()}
-    assert errors[good] is None
-    assert errors[missing] == "HTTP 404 Not Found"
-    assert "connection refused" in errors[refused]
-    assert monitor._scrape(hm.ray_nodes(fake_cluster)[0]) == {
-        "host_memory_used": 3e9,
-        "host_memory_total": 9e9,
+    assert {node: value for node, (_, value) in _export(metrics_probe).items()} == {
+        sim.node_id(0): 3e9
     }
+    errors = {s.node_id: s.error for s in monitor.latest()}
+    assert errors[sim.node_id(0)] is None
+    assert errors[sim.node_id(1)] == "HTTP 404 Not Found"
+    assert "Connection refused" in errors[sim.node_id(2)]
+    first = next(n for n in hm.ray_nodes(sim.cluster) if n.node_id == sim.node_id(0))
+    assert monitor._scrape(first) == {"host_memory_used": 3e9, "host_memory_total": 9e9}
 
 
-@responses.activate
+def test_a_thousand_fake_raylets_are_each_asked_once_in_one_cycle(
+    simulated_cluster: Factory, metrics_probe: MetricsProbe, make_monitor: Callable
+) -> None:
+    sim = simulated_cluster(1000)
+    monitor = make_monitor(sim.cluster, scrape_timeout=60)
+
+    monitor.collect_once()
+
+    assert len(_export(metrics_probe)) == 1000
+    assert {r.requests for r in sim.raylets} == {1}
+
+
 def test_relabelling_a_thousand_nodes_never_overflows(
-    fake_cluster: FakeCluster, metrics_probe: MetricsProbe, make_monitor: Callable
+    fake_cluster: FakeCluster,
+    metrics_probe: MetricsProbe,
+    make_monitor: Callable,
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     for index in range(1000):
         fake_cluster.add_node(address=f"10.1.{index // 250}.{index % 250}", port=8080)
     node_ids = fake_cluster.node_ids()
-    responses.add_callback(
-        responses.GET,
-        re.compile(r"http://10\.1\.\d+\.\d+:8080/metrics"),
-        callback=lambda request: (200, {}, _payload(1e9, 2e9)),
+    monkeypatch.setattr(
+        hm.HostMemoryMonitor,
+        "_scrape",
+        lambda self, node: {"host_memory_used": 1e9, "host_memory_total": 2e9},
     )
     make_monitor(fake_cluster, scrape_timeout=30).collect_once()
 
@@ -519,21 +512,25 @@ def test_a_sample_past_its_max_age_is_not_exported_even_if_collection_is_stuck(
 ) -> None:
     sim = simulated_cluster(1)
     cluster = _StuckCluster(sim.cluster)
-    monitor = make_monitor(cluster, interval=0.05, scrape_timeout=0.5, max_age=3.0)
+    now = [1000.0]
+    monitor = make_monitor(
+        cluster, interval=0.05, scrape_timeout=0.5, max_age=3.0, clock=lambda: now[0]
+    )
     try:
-        with freeze_time("2026-03-01 12:00:00") as frozen:
-            monitor.collect_once()
-            cluster.stuck.set()
-            monitor.start()  # its first cycle wedges in nodes(): nothing new is published
-            assert cluster.blocked.wait(5)
-            assert set(_export(metrics_probe)) == {sim.node_id(0)}
+        monitor.collect_once()
+        sampled_at = monitor.latest()[0].sampled_at
+        assert sampled_at is not None
+        cluster.stuck.set()
+        monitor.start()  # its first cycle wedges in nodes(): nothing new is published
+        assert cluster.blocked.wait(5)
+        assert set(_export(metrics_probe)) == {sim.node_id(0)}
 
-            frozen.tick(2.9)
-            assert set(_export(metrics_probe)) == {sim.node_id(0)}
-            frozen.tick(0.2)
-            assert _export(metrics_probe) == {}
-            assert _export(metrics_probe, TOTAL) == {}
-            assert monitor.latest()[0].age() == pytest.approx(3.1)
+        now[0] = sampled_at + 3.0
+        assert set(_export(metrics_probe)) == {sim.node_id(0)}
+        now[0] = sampled_at + 3.001
+        assert _export(metrics_probe) == {}
+        assert _export(metrics_probe, TOTAL) == {}
+        assert monitor.latest()[0].age(now[0]) == pytest.approx(3.001)
     finally:
         cluster.release.set()
 

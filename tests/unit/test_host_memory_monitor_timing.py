@@ -4,16 +4,12 @@ from __future__ import annotations
 
 import logging
 import threading
-import time
 from collections.abc import Callable
-from typing import Any
 
 import pytest
-import responses
 
 from raylens.telemetry import host_memory as hm
 from raylens_fakes import FakeCluster, MetricsProbe, SimulatedCluster
-from raylens_fakes.raylet import format_sample_value
 
 USED = "rl.host.memory.used"
 
@@ -46,38 +42,22 @@ def test_headers_trickled_a_byte_at_a_time_are_cut_at_the_deadline(
     assert sim.raylet(0).requests == 2
 
 
-def _payload(used: float, total: float) -> bytes:
-    return (
-        f"ray_node_mem_used {format_sample_value(used)}\n"
-        f"ray_node_mem_total {format_sample_value(total)}\n"
-    ).encode()
-
-
-@responses.activate
 def test_sample_age_counts_from_the_answer_not_from_the_end_of_the_cycle(
-    fake_cluster: FakeCluster, metrics_probe: MetricsProbe, make_monitor: Callable
+    simulated_cluster: Factory, metrics_probe: MetricsProbe, make_monitor: Callable
 ) -> None:
-    quick = fake_cluster.add_node(address="10.0.0.1", port=8080)
-    fake_cluster.add_node(address="10.0.0.2", port=8080)
-    slow_node_answers = threading.Event()
+    sim = simulated_cluster(2)
+    sim.raylet(1).delay(0.6)  # holds the cycle open well after the quick node answered
+    now = [500.0]
+    monitor = make_monitor(sim.cluster, scrape_timeout=5.0, max_age=10.0, clock=lambda: now[0])
 
-    def slow_answer(request: Any) -> tuple[int, dict, bytes]:
-        slow_node_answers.wait(0.6)  # never set: a node that takes 0.6 s to fail
-        return (503, {}, b"")
-
-    responses.get("http://10.0.0.1:8080/metrics", body=_payload(1e9, 2e9))
-    responses.add_callback(responses.GET, "http://10.0.0.2:8080/metrics", slow_answer)
-    # One thread: the quick node answers at once, then the slow one holds the cycle open.
-    monitor = make_monitor(fake_cluster, scrape_timeout=5.0, max_concurrency=1, max_age=0.3)
-    started = time.monotonic()
     monitor.collect_once()
-    assert time.monotonic() - started >= 0.6
 
-    # The quick node's sample was ~0.6 s old when the cycle ended: past its max age
-    # (the margins leave room for a slow wake-up of the collecting thread).
-    row = {s.node_id: s for s in monitor.latest()}[quick]
-    assert row.age() >= 0.5
-    assert _exported_nodes(metrics_probe) == set()
+    rows = {s.node_id: s for s in monitor.latest()}
+    quick, slow = rows[sim.node_id(0)].sampled_at, rows[sim.node_id(1)].sampled_at
+    assert quick is not None and slow is not None
+    assert slow - quick >= 0.5  # each stamped when it answered, on the monitor's clock
+    now[0] = quick + 10.0 + 1e-6  # past the quick node's max age, within the slow one's
+    assert _exported_nodes(metrics_probe) == {sim.node_id(1)}
 
 
 def test_stopping_while_the_process_monitor_starts_leaves_none_running(
@@ -125,11 +105,13 @@ def test_stopping_mid_cycle_does_not_report_the_unanswered_nodes_as_timed_out(
     assert rows[sim.node_id(1)].error == "not answered before monitoring stopped"
 
 
-def test_documented_defaults(fake_cluster: FakeCluster) -> None:
+def test_documented_defaults(fake_cluster: FakeCluster, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("RAYLENS_SCRAPE_MODE", raising=False)
     monitor = hm.HostMemoryMonitor(2.0, cluster=fake_cluster)
 
     assert monitor.scrape_timeout == 5.0
-    assert monitor.max_concurrency == 32
+    assert monitor.max_concurrency == 256
+    assert monitor.scrape_mode is hm.ScrapeMode.HELPER
     assert monitor.max_body_bytes == 16 * 1024 * 1024
     assert monitor.max_age == 2 * 2.0 + 5.0
 

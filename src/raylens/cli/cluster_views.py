@@ -64,6 +64,7 @@ def watch_nodes(
     stop: threading.Event,
 ) -> None:
     """Sample and show the node table every ``args.interval`` until --once, --duration or stop."""
+    monitor.declare_consumer()  # the table reads every cycle, so every cycle scrapes
     table = NodeTable(monitor)
     interval, duration = args.interval, args.duration
     once = getattr(args, "once", False)
@@ -106,8 +107,12 @@ def run_simulate(args: argparse.Namespace, stop: threading.Event) -> int:
         node_ids = simulated.node_ids
         host_memory.register_worker_group_nodes("policy", node_ids[: max(1, len(node_ids) // 2)])
         host_memory.register_worker_group_nodes("rollout", node_ids[len(node_ids) // 2 :])
+        # The fake raylets are served by this process anyway: scrape here, without a helper.
         monitor = host_memory.HostMemoryMonitor(
-            args.interval, cluster=simulated.cluster, scrape_timeout=scrape_timeout
+            args.interval,
+            cluster=simulated.cluster,
+            scrape_timeout=scrape_timeout,
+            scrape_mode="inprocess",
         )
         try:
             watch_nodes(

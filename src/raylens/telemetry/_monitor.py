@@ -1,0 +1,505 @@
+"""The monitor's policy: when to scrape, in what order, and what a cycle publishes.
+
+:class:`HostMemoryMonitor` lists the live nodes, hands them to a scrape engine
+(the helper process by default, or the in-process engine, or threads running a
+replaced ``_scrape``), and publishes what came back into its own
+:class:`Snapshot`, which the gauges read. It never touches the network itself.
+
+Ordering and fairness: exactly one request per node per cycle and no retry
+within it. Nodes that answered last time are asked first, nodes that failed fast
+next, and wedged nodes (those that ran into the deadline, or whose deadline
+passed before a request slot freed up) last; within a class, nodes asked least
+recently go first, so wedged nodes listed ahead of healthy ones cannot keep the
+healthy ones unasked cycle after cycle.
+
+Time: sample ages and expiry run on the injected ``clock`` (default
+``time.monotonic``); request deadlines are held by the engine in real time.
+"""
+
+from __future__ import annotations
+
+import enum
+import logging
+import os
+import threading
+import time
+from collections.abc import Callable, Hashable
+from typing import Any
+
+from raylens.cluster import ClusterView, default_cluster_view
+from raylens.lens import get_telemetry_handle, reset_warn_once, warn_once
+from raylens.lens.safe_text import printable
+from raylens.telemetry._names import LOGGER_NAME, TOTAL_KEY, USED_KEY
+from raylens.telemetry._nodes import RayNode, ray_nodes
+from raylens.telemetry._scrape_engine import (
+    MAX_BODY_BYTES,
+    MAX_CONCURRENCY,
+    AsyncScrapeEngine,
+    Outcome,
+    ScrapeLimits,
+    fetch_once,
+    positive_seconds,
+)
+from raylens.telemetry._scrape_helper import HelperEngine
+from raylens.telemetry._scrape_threads import ThreadedScrapes
+from raylens.telemetry._snapshot import NodeSample, Snapshot, register_publisher
+
+__all__ = [
+    "SCRAPE_MODE_ENV",
+    "SCRAPE_TIMEOUT_S",
+    "SHUTDOWN_GRACE_S",
+    "HostMemoryMonitor",
+    "ScrapeMode",
+]
+
+logger = logging.getLogger(LOGGER_NAME)
+
+SCRAPE_TIMEOUT_S = 5.0
+#: How long past its scrape timeout :meth:`HostMemoryMonitor.stop` may take.
+SHUTDOWN_GRACE_S = 1.0
+STOPPED_ERROR = "not answered before monitoring stopped"
+#: Environment variable that picks the scrape mode when none is passed.
+SCRAPE_MODE_ENV = "RAYLENS_SCRAPE_MODE"
+_OVERRIDE_THREADS = 32
+
+Clock = Callable[[], float]
+NodeKey = tuple[str, str]
+
+
+class _Standing(enum.IntEnum):
+    """How a node fared last time; lower is asked earlier."""
+
+    ANSWERED = 0
+    FAILED = 1
+    WEDGED = 2
+
+
+class ScrapeMode(enum.Enum):
+    """Where scraping and parsing run."""
+
+    #: In a spawned helper process; the driver only sends URLs and receives numbers.
+    HELPER = "helper"
+    #: On an event-loop thread of this process, for places where a child process is unwanted.
+    INPROCESS = "inprocess"
+
+
+def _scrape_mode(value: ScrapeMode | str | None) -> ScrapeMode:
+    if isinstance(value, ScrapeMode):
+        return value
+    if value is None:
+        raw = os.environ.get(SCRAPE_MODE_ENV, "")
+        try:
+            return ScrapeMode(raw.strip().lower()) if raw.strip() else ScrapeMode.HELPER
+        except ValueError:
+            warn_once(
+                "host_memory.scrape_mode_env",
+                f"{SCRAPE_MODE_ENV}={printable(repr(raw))} is not one of "
+                f"{[m.value for m in ScrapeMode]}; scraping in a helper process",
+                logger=logger,
+            )
+            return ScrapeMode.HELPER
+    try:
+        return ScrapeMode(value)
+    except ValueError:
+        raise ValueError(
+            f"scrape_mode must be one of {[m.value for m in ScrapeMode]}, got {value!r}"
+        ) from None
+
+
+class HostMemoryMonitor:
+    """Scrapes every Ray node's host memory on a timer and publishes it for lens.
+
+    Runs in the driver and only reads: it asks the cluster for its nodes and has
+    each raylet's metrics endpoint fetched, touching no worker. Starting it before
+    the cluster is up is fine; it finds no nodes until there are some.
+
+    Results go into :attr:`snapshot`, which the observable gauges read when lens
+    exports, so collecting and exporting run on their own schedules: an exported
+    figure can be up to one collection interval old. A cycle scrapes only when
+    someone consumes the result: lens exporting, a ``consumer=True`` monitor, a
+    :meth:`declare_consumer` call, or a :meth:`latest` reader. Otherwise it lists
+    the nodes and sends nothing.
+
+    Args:
+        collection_interval: Seconds between cycles (positive).
+        cluster: Where the nodes come from; default the connected Ray.
+        scrape_timeout: Hard limit, in seconds, on every request of a cycle, body included.
+        max_concurrency: Most requests in flight at once.
+        max_age: Seconds, counted from the node's answer, after which its sample is
+            no longer exported even if no newer one replaced it; default two
+            intervals plus the scrape timeout.
+        max_body_bytes: A payload larger than this is abandoned (no sample).
+        clock: Monotonic seconds for sample ages and expiry (default ``time.monotonic``).
+        scrape_mode: :class:`ScrapeMode` or its value; default from the
+            ``RAYLENS_SCRAPE_MODE`` environment variable, else ``helper``.
+        consumer: True when the caller reads :meth:`latest` (a table, a CLI).
+        snapshot: Where to publish; default a snapshot of this monitor's own.
+
+    Raises:
+        ValueError: any argument out of range; the message names it.
+    """
+
+    def __init__(
+        self,
+        collection_interval: float,
+        *,
+        cluster: ClusterView | None = None,
+        scrape_timeout: float = SCRAPE_TIMEOUT_S,
+        max_concurrency: int = MAX_CONCURRENCY,
+        max_age: float | None = None,
+        max_body_bytes: int = MAX_BODY_BYTES,
+        clock: Clock = time.monotonic,
+        scrape_mode: ScrapeMode | str | None = None,
+        consumer: bool = False,
+        snapshot: Snapshot | None = None,
+    ) -> None:
+        self.collection_interval = positive_seconds("collection_interval", collection_interval)
+        self.limits = ScrapeLimits(scrape_timeout, max_body_bytes, max_concurrency).checked()
+        self.scrape_timeout = float(scrape_timeout)
+        self.max_concurrency = max_concurrency
+        self.max_body_bytes = max_body_bytes
+        self.max_age = (
+            2 * self.collection_interval + self.scrape_timeout
+            if max_age is None
+            else positive_seconds("max_age", max_age)
+        )
+        self.scrape_mode = _scrape_mode(scrape_mode)
+        self.clock = clock
+        self.snapshot = snapshot if snapshot is not None else Snapshot()
+        self._cluster = cluster if cluster is not None else default_cluster_view()
+        self._consumer = bool(consumer)
+        self._lock = threading.Lock()
+        self._cycle_lock = threading.Lock()
+        self._stop_event = threading.Event()  # replaced on every start()
+        self._thread: threading.Thread | None = None
+        self._engine: Any = None
+        self._threads: ThreadedScrapes | None = None
+        self._generation = 0
+        self._cycles = 0
+        self._latest: dict[NodeKey, NodeSample] = {}
+        self._standing: dict[NodeKey, tuple[_Standing, int]] = {}
+        self._warned: set[NodeKey] = set()
+        register_publisher(self)
+
+    # Consumers -----------------------------------------------------------------------
+
+    def declare_consumer(self) -> None:
+        """Say that someone reads :meth:`latest`, so every cycle scrapes."""
+        self._consumer = True
+
+    @property
+    def has_consumer(self) -> bool:
+        """True when a cycle's result is read: a declared consumer, or lens exporting."""
+        if self._consumer:
+            return True
+        handle = get_telemetry_handle()
+        return handle is not None and handle.is_exporting
+
+    # Lifetime ------------------------------------------------------------------------
+
+    @property
+    def running(self) -> bool:
+        """True between :meth:`start` and :meth:`stop`."""
+        with self._lock:
+            return self._thread is not None
+
+    @property
+    def helper_pid(self) -> int | None:
+        """The scrape helper's pid while one runs (helper mode), else None."""
+        engine = self._engine
+        return engine.pid if isinstance(engine, HelperEngine) else None
+
+    def start(self) -> None:
+        """Start sampling on a background thread (``raylens-host-memory``). Idempotent."""
+        from raylens.telemetry.host_memory import _declare_gauges
+
+        _declare_gauges()
+        with self._lock:
+            if self._thread is not None:
+                return
+            # A fresh event per loop: a loop from before a stop() that is still stuck
+            # (say, in the cluster's nodes()) must stay stopped after a new start().
+            self._stop_event = threading.Event()
+            self._thread = threading.Thread(
+                target=self._collection_loop,
+                args=(self._stop_event,),
+                name="raylens-host-memory",
+                daemon=True,
+            )
+            self._thread.start()
+
+    def stop(self) -> None:
+        """Stop sampling and end the helper and engine threads. Idempotent; never raises.
+
+        Returns within ``scrape_timeout`` plus a second however the nodes behave: a
+        cycle in progress is cut short and publishes what it has.
+        """
+        deadline = time.monotonic() + self.scrape_timeout + SHUTDOWN_GRACE_S / 2
+        with self._lock:
+            self._stop_event.set()
+            self._generation += 1
+            thread, self._thread = self._thread, None
+            engine, self._engine = self._engine, None
+            threads, self._threads = self._threads, None
+        if threads is not None:
+            threads.close()
+        if engine is not None:
+            try:
+                engine.close(min(SHUTDOWN_GRACE_S / 2, max(0.0, deadline - time.monotonic())))
+            except Exception:
+                warn_once(
+                    "host_memory.engine.close", "closing the scrape engine failed", logger=logger
+                )
+        if thread is not None and thread is not threading.current_thread():
+            thread.join(max(0.0, deadline - time.monotonic()))
+
+    def _collection_loop(self, stop: threading.Event) -> None:
+        """Run a cycle every :attr:`collection_interval` seconds until ``stop`` is set."""
+        while not stop.is_set():
+            started = time.monotonic()  # real waiting, so real time
+            self._guarded_cycle(stop)
+            stop.wait(max(0.0, self.collection_interval - (time.monotonic() - started)))
+
+    # One cycle -----------------------------------------------------------------------
+
+    def collect_once(self) -> None:
+        """Scrape every node once and publish the result. Never raises.
+
+        Returns within ``scrape_timeout`` plus a fraction of a second (plus, in
+        helper mode, the helper's start-up on the first cycle). A node whose
+        previous request is still open is not asked again.
+        """
+        self._guarded_cycle(None)
+
+    def _guarded_cycle(self, stop: threading.Event | None) -> None:
+        try:
+            self._collect_once(stop)
+        except Exception:
+            warn_once(
+                "host_memory.collect",
+                "a host-memory collection cycle failed; samples are kept until they age out",
+                logger=logger,
+            )
+
+    def _collect_once(self, stop: threading.Event | None = None) -> None:
+        """Body of :meth:`collect_once`; ``stop`` is the calling loop's stop event."""
+        # Listed outside the cycle lock: a cluster call that hangs must not keep a
+        # restarted loop (or a caller's own collect_once) from running.
+        try:
+            nodes = ray_nodes(self._cluster)
+        except Exception as exc:
+            warn_once(
+                "host_memory.nodes",
+                f"could not list the cluster's nodes ({type(exc).__name__}: {printable(exc)}); "
+                "samples are kept until they age out",
+                logger=logger,
+            )
+            return
+        with self._cycle_lock:
+            if stop is not None and stop.is_set():
+                return
+            self._forget_departed({node.key for node in nodes})
+            if not nodes or not self.has_consumer:
+                return
+            generation = self._generation
+            self._cycles += 1
+            order = sorted(nodes, key=self._priority)
+            started = self.clock()
+            results = self._run(order)
+            self._publish(nodes, results, started, stopped=generation != self._generation)
+
+    def _priority(self, node: RayNode) -> tuple[int, int]:
+        standing, last_asked = self._standing.get(node.key, (_Standing.FAILED, -1))
+        return (standing, last_asked)
+
+    def _scrape_overridden(self) -> bool:
+        return "_scrape" in vars(self) or type(self)._scrape is not _DEFAULT_SCRAPE
+
+    def _run(self, order: list[RayNode]) -> dict[Hashable, Outcome]:
+        if self._scrape_overridden():
+            with self._lock:
+                if self._threads is None:
+                    self._threads = ThreadedScrapes(min(self.max_concurrency, _OVERRIDE_THREADS))
+                threads = self._threads
+            return threads.run(self._scrape, order, self.scrape_timeout)
+        jobs = [(node.key, node.metrics_url) for node in order]
+        try:
+            return self._engine_for_use().scrape(jobs, self.scrape_timeout)
+        except Exception:
+            if self.scrape_mode is not ScrapeMode.HELPER:
+                raise
+            warn_once(
+                "host_memory.helper.failed",
+                "the host-memory scrape helper could not run; scraping in this process instead",
+                logger=logger,
+            )
+            self.scrape_mode = ScrapeMode.INPROCESS
+            with self._lock:
+                broken, self._engine = self._engine, None
+            if broken is not None:
+                broken.close(0.5)
+            return self._engine_for_use().scrape(jobs, self.scrape_timeout)
+
+    def _engine_for_use(self) -> Any:
+        with self._lock:
+            if self._engine is None:
+                kind = HelperEngine if self.scrape_mode is ScrapeMode.HELPER else AsyncScrapeEngine
+                self._engine = kind(self.limits)
+            return self._engine
+
+    def _forget_departed(self, live: set[NodeKey]) -> None:
+        """Drop everything held about nodes that left, so state stays as large as the cluster."""
+        for key in [key for key in self._standing if key not in live]:
+            del self._standing[key]
+        for key in [key for key in self._warned if key not in live]:
+            self._warned.discard(key)
+            reset_warn_once(_warning_key(key))
+        if any(key not in live for key in self._latest):
+            self._latest = {key: row for key, row in self._latest.items() if key in live}
+        with self.snapshot.lock:
+            departed = [key for key in self.snapshot.samples if key not in live]
+        if departed:
+            with self.snapshot.lock:
+                for key in departed:
+                    self.snapshot.samples.pop(key, None)
+                    self.snapshot.expiry.pop(key, None)
+                    self.snapshot.sampled_at.pop(key, None)
+
+    def _publish(
+        self,
+        nodes: list[RayNode],
+        results: dict[Hashable, Outcome],
+        started: float,
+        *,
+        stopped: bool,
+    ) -> None:
+        """Publish one cycle; ``stopped`` when :meth:`stop` cut it short (nobody is blamed)."""
+        samples: dict[NodeKey, dict[str, float]] = {}
+        expiry: dict[NodeKey, float] = {}
+        sampled: dict[NodeKey, float] = {}
+        latest: dict[NodeKey, NodeSample] = {}
+        for node in nodes:
+            previous = self._latest.get(node.key)
+            outcome = results.get(node.key)
+            if outcome is None:
+                outcome = (
+                    Outcome(None, STOPPED_ERROR, asked=False)
+                    if stopped
+                    else Outcome(
+                        None,
+                        f"no answer within the {self.scrape_timeout:g} s scrape timeout",
+                        wedged=True,
+                    )
+                )
+            self._note_standing(node.key, outcome)
+            if outcome.values:
+                # Aged from the node's answer, not from the end of the cycle.
+                sampled_at = started + outcome.elapsed
+                samples[node.key] = outcome.values
+                sampled[node.key] = sampled_at
+                expiry[node.key] = sampled_at + self.max_age
+                latest[node.key] = _row(node, outcome.values, sampled_at, None)
+                if node.key in self._warned:
+                    self._warned.discard(node.key)
+                    reset_warn_once(_warning_key(node.key))
+                continue
+            error = printable(outcome.error or "no sample")
+            if error != STOPPED_ERROR:
+                self._warned.add(node.key)
+                warn_once(
+                    _warning_key(node.key),
+                    f"no host-memory sample from node {node.node_id} ({printable(node.host)}, "
+                    f"{printable(node.metrics_url)}): {error}",
+                    logger=logger,
+                )
+            latest[node.key] = _row(
+                node,
+                {USED_KEY: previous.used, TOTAL_KEY: previous.total} if previous else {},
+                previous.sampled_at if previous else None,
+                error,
+            )
+        self._latest = latest
+        self.snapshot.publish(samples, expiry, sampled)
+
+    def _note_standing(self, key: NodeKey, outcome: Outcome) -> None:
+        if outcome.error == STOPPED_ERROR:
+            return
+        if outcome.values:
+            standing = _Standing.ANSWERED
+        elif outcome.wedged:
+            standing = _Standing.WEDGED
+        else:
+            standing = _Standing.FAILED
+        last_asked = self._standing.get(key, (_Standing.FAILED, -1))[1]
+        self._standing[key] = (standing, self._cycles if outcome.asked else last_asked)
+
+    # One node ------------------------------------------------------------------------
+
+    def _scrape(self, node: RayNode) -> dict[str, float]:
+        """Fetch and parse one node's memory series now; ``{}`` when that fails.
+
+        The per-node seam: a subclass or a test that replaces this method changes
+        what every cycle fetches (the cycle then calls it in this process). A
+        failure is not retried: the next cycle is the retry.
+        """
+        return dict(fetch_once(node.metrics_url, self.limits).values or {})
+
+    # Reading -------------------------------------------------------------------------
+
+    def latest(self) -> list[NodeSample]:
+        """What the last cycle learnt about each node, sorted by host then node id.
+
+        Nodes whose scrape failed are included, with their error and their last
+        good figures, so a table can show a hung node rather than drop it. Nodes
+        that left the cluster are not. Reads no network. Calling it makes this
+        monitor a consumer: its cycles scrape from now on.
+        """
+        from raylens.telemetry._placement import DEFAULT_REGISTRY, format_worker_groups
+
+        self._consumer = True
+        groups = DEFAULT_REGISTRY.groups_by_node()
+        rows = [
+            NodeSample(
+                node_id=s.node_id,
+                host=s.host,
+                ip=s.ip,
+                used=s.used,
+                total=s.total,
+                worker_groups=format_worker_groups(groups.get(s.node_id, ())),
+                sampled_at=s.sampled_at,
+                error=s.error,
+                metrics_url=s.metrics_url,
+            )
+            for s in list(self._latest.values())
+        ]
+        return sorted(rows, key=lambda s: (s.host, s.node_id))
+
+    def __repr__(self) -> str:
+        return (
+            f"HostMemoryMonitor(collection_interval={self.collection_interval:g}, "
+            f"scrape_timeout={self.scrape_timeout:g}, scrape_mode={self.scrape_mode.value}, "
+            f"running={self.running})"
+        )
+
+
+_DEFAULT_SCRAPE = HostMemoryMonitor._scrape
+
+
+def _warning_key(key: NodeKey) -> str:
+    return f"host_memory.scrape.{key[0]}"
+
+
+def _row(
+    node: RayNode, values: dict[str, Any], sampled_at: float | None, error: str | None
+) -> NodeSample:
+    return NodeSample(
+        node_id=node.node_id,
+        host=node.host,
+        ip=node.ip,
+        used=values.get(USED_KEY),
+        total=values.get(TOTAL_KEY),
+        worker_groups="",
+        sampled_at=sampled_at,
+        error=error,
+        metrics_url=node.metrics_url,
+    )

@@ -1,0 +1,343 @@
+"""The scrape engine: every node of a cycle fetched concurrently on one event loop.
+
+One ``asyncio`` loop on one daemon thread (``raylens-host-memory-engine``) runs
+every request of a cycle through :mod:`aiohttp`; there is no thread per request.
+The HTTP library holds the deadline: each request runs under
+``aiohttp.ClientTimeout(total=...)``, which bounds connecting, the status line,
+the headers and the body together, so a raylet that trickles its answer a byte at
+a time still ends at the deadline. Bodies are capped at ``max_body_bytes``,
+redirects are not followed, only ``identity`` encoding is asked for and a body
+that arrives with any other ``Content-Encoding`` is refused unread (it could
+inflate far past the cap). Connections are not kept, so two node records that
+point at one ``host:port`` never share one.
+
+The same engine runs in the helper process (:mod:`._scrape_helper`) and, in
+in-process mode, in the driver: both modes share this one fetch path.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import contextlib
+import errno
+import os
+import threading
+import time
+from collections.abc import Hashable, Sequence
+from typing import NamedTuple
+
+import aiohttp
+
+from raylens.lens.safe_text import printable
+from raylens.telemetry._names import RAY_NODE_MEM_TOTAL, RAY_NODE_MEM_USED
+from raylens.telemetry._nodes import parse_memory_samples
+
+__all__ = [
+    "MAX_BODY_BYTES",
+    "MAX_CONCURRENCY",
+    "NOT_ASKED_IN_FLIGHT",
+    "AsyncScrapeEngine",
+    "Outcome",
+    "ScrapeLimits",
+    "fetch_once",
+]
+
+MAX_BODY_BYTES = 16 * 1024 * 1024
+MAX_CONCURRENCY = 256
+#: How long past a batch's deadline its caller waits for answers already on their way.
+BATCH_SLACK_S = 0.25
+NOT_ASKED_IN_FLIGHT = "not asked: its previous scrape is still running"
+_READ_CHUNK = 256 * 1024
+_HEADERS = {"Accept-Encoding": "identity", "Connection": "close"}
+_RESOLVER_THREADS = 16
+
+
+class Outcome(NamedTuple):
+    """What one node's scrape produced; plain data, so it crosses a pipe as it is.
+
+    ``values`` is ``{registry key: bytes}`` or None; ``error`` says why there is
+    no sample. ``wedged`` marks a node that held its request until the deadline
+    or was still waiting for a slot when the deadline came; ``asked`` is False
+    when no request was sent. ``elapsed`` is seconds from the batch's start to
+    this answer, so a sample's age counts from when the node answered.
+    """
+
+    values: dict[str, float] | None
+    error: str | None
+    wedged: bool = False
+    asked: bool = True
+    elapsed: float = 0.0
+
+
+class ScrapeLimits(NamedTuple):
+    """The bounds every request runs under; :meth:`checked` is their one validator."""
+
+    timeout: float
+    max_body_bytes: int = MAX_BODY_BYTES
+    max_concurrency: int = MAX_CONCURRENCY
+
+    def checked(self) -> ScrapeLimits:
+        """These limits, or ValueError naming the one out of range."""
+        positive_seconds("scrape_timeout", self.timeout)
+        positive_int("max_body_bytes", self.max_body_bytes)
+        positive_int("max_concurrency", self.max_concurrency)
+        return self
+
+
+def positive_seconds(name: str, value: object) -> float:
+    """``value`` as float seconds, or ValueError: it must be a positive finite number."""
+    ok = isinstance(value, (int, float)) and not isinstance(value, bool)
+    if not ok or not (0 < float(value) < float("inf")):  # type: ignore[arg-type]
+        raise ValueError(f"{name} must be a positive finite number of seconds, got {value!r}")
+    return float(value)  # type: ignore[arg-type]
+
+
+def positive_int(name: str, value: object) -> int:
+    """``value`` if it is an int of at least 1, or ValueError naming ``name``."""
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ValueError(f"{name} must be an int of at least 1, got {value!r}")
+    return value
+
+
+def _describe(exc: BaseException) -> str:
+    """One printable line for a failed request."""
+    if isinstance(exc, aiohttp.ServerDisconnectedError):
+        return "the raylet closed or reset the connection before answering"
+    code = getattr(exc, "errno", None) or getattr(getattr(exc, "os_error", None), "errno", None)
+    if isinstance(code, int) and code in errno.errorcode:
+        return printable(f"{type(exc).__name__}: {os.strerror(code)}")
+    return printable(f"{type(exc).__name__}: {exc}")
+
+
+async def _fetch(
+    session: aiohttp.ClientSession, url: str, limits: ScrapeLimits, seconds: float
+) -> Outcome:
+    """GET ``url`` within ``seconds`` and the size cap, and parse the two series."""
+    received = 0
+    got_headers = False
+    try:
+        timeout = aiohttp.ClientTimeout(total=seconds)
+        async with session.get(
+            url, timeout=timeout, allow_redirects=False, headers=_HEADERS
+        ) as response:
+            got_headers = True
+            if response.status != 200:
+                reason = printable(response.reason or "")
+                return Outcome(None, f"HTTP {response.status} {reason}".strip())
+            encoding = response.headers.get("Content-Encoding", "").strip().lower()
+            if encoding not in ("", "identity"):
+                return Outcome(
+                    None,
+                    f"refused a body with Content-Encoding {printable(encoding)!r}: raylens "
+                    "asks for identity and never decodes a compressed body",
+                )
+            announced = response.content_length
+            if announced is not None and announced > limits.max_body_bytes:
+                return Outcome(
+                    None,
+                    f"payload of {announced} bytes exceeds the {limits.max_body_bytes}-byte cap",
+                )
+            chunks: list[bytes] = []
+            while True:
+                chunk = await response.content.read(_READ_CHUNK)
+                if not chunk:
+                    break
+                received += len(chunk)
+                if received > limits.max_body_bytes:
+                    return Outcome(None, f"payload exceeds the {limits.max_body_bytes}-byte cap")
+                chunks.append(chunk)
+    except asyncio.TimeoutError:
+        if got_headers:
+            return Outcome(
+                None,
+                f"payload not complete by the deadline ({received} bytes received)",
+                wedged=True,
+            )
+        return Outcome(None, "timed out waiting for the raylet to answer", wedged=True)
+    except (aiohttp.ClientError, OSError, ValueError) as exc:
+        return Outcome(None, _describe(exc))
+    body = b"".join(chunks)
+    values = parse_memory_samples(body)
+    if not values:
+        return Outcome(
+            None,
+            f"no valid {RAY_NODE_MEM_USED} or {RAY_NODE_MEM_TOTAL} sample "
+            f"in the {len(body)}-byte payload",
+        )
+    return Outcome(values, None)
+
+
+class AsyncScrapeEngine:
+    """Runs batches of scrapes on its own event loop thread; see the module docstring.
+
+    A key whose last request is still open when a new batch asks for it again is
+    not asked (:data:`NOT_ASKED_IN_FLIGHT`). :meth:`close` ends every request at
+    once and the loop thread within a bound.
+    """
+
+    def __init__(self, limits: ScrapeLimits) -> None:
+        self.limits = limits.checked()
+        self._lock = threading.Lock()
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._thread: threading.Thread | None = None
+        self._session: aiohttp.ClientSession | None = None
+        self._semaphore: asyncio.Semaphore | None = None
+        self._in_flight: set[Hashable] = set()
+        self._closed = False
+
+    # Lifetime ------------------------------------------------------------------------
+
+    def _ensure_loop(self) -> asyncio.AbstractEventLoop:
+        with self._lock:
+            if self._closed:
+                raise RuntimeError("the scrape engine is closed")
+            if self._loop is None:
+                loop = asyncio.new_event_loop()
+                loop.set_default_executor(
+                    concurrent.futures.ThreadPoolExecutor(
+                        _RESOLVER_THREADS, thread_name_prefix="raylens-host-memory-resolve"
+                    )
+                )
+                thread = threading.Thread(
+                    target=loop.run_forever, name="raylens-host-memory-engine", daemon=True
+                )
+                thread.start()
+                self._loop, self._thread = loop, thread
+            return self._loop
+
+    def _session_in_loop(self) -> aiohttp.ClientSession:
+        if self._session is None:
+            connector = aiohttp.TCPConnector(
+                limit=self.limits.max_concurrency,
+                force_close=True,
+                ttl_dns_cache=60,
+                timeout_ceil_threshold=1e9,  # never round a deadline up to whole seconds
+            )
+            self._session = aiohttp.ClientSession(
+                connector=connector, auto_decompress=False, trust_env=False
+            )
+            self._semaphore = asyncio.Semaphore(self.limits.max_concurrency)
+        return self._session
+
+    def close(self, timeout: float = 1.0) -> None:
+        """Cancel every request, close the session and stop the loop, waiting at most ``timeout``."""
+        with self._lock:
+            self._closed = True
+            loop, thread = self._loop, self._thread
+            self._loop = self._thread = None
+        if loop is None or thread is None:
+            return
+        deadline = time.monotonic() + timeout
+        try:
+            future = asyncio.run_coroutine_threadsafe(self._shutdown(), loop)
+            future.result(max(0.0, deadline - time.monotonic()))
+        except Exception:
+            pass  # the loop is stopped below whatever happened here
+        loop.call_soon_threadsafe(loop.stop)
+        thread.join(max(0.0, deadline - time.monotonic()))
+        if not thread.is_alive():
+            loop.close()
+
+    async def _shutdown(self) -> None:
+        current = asyncio.current_task()
+        tasks = [t for t in asyncio.all_tasks() if t is not current]
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        if self._session is not None:
+            await self._session.close()
+            self._session = None
+
+    # Batches -------------------------------------------------------------------------
+
+    def scrape(
+        self, jobs: Sequence[tuple[Hashable, str]], timeout: float | None = None
+    ) -> dict[Hashable, Outcome]:
+        """Scrape every ``(key, url)`` of ``jobs`` once, in order, and return what came back.
+
+        Returns within ``timeout`` (default the engine's) plus :data:`BATCH_SLACK_S`;
+        keys missing from the result did not answer in time, and stay in flight
+        until their request ends.
+        """
+        seconds = self.limits.timeout if timeout is None else timeout
+        results: dict[Hashable, Outcome] = {}
+        try:
+            loop = self._ensure_loop()
+        except RuntimeError:
+            return results
+        future = asyncio.run_coroutine_threadsafe(self._batch(jobs, seconds, results), loop)
+        with contextlib.suppress(
+            concurrent.futures.TimeoutError, concurrent.futures.CancelledError
+        ):
+            future.result(seconds + BATCH_SLACK_S)
+        return dict(results)
+
+    async def _batch(
+        self, jobs: Sequence[tuple[Hashable, str]], seconds: float, results: dict
+    ) -> None:
+        loop = asyncio.get_running_loop()
+        started = loop.time()
+        deadline = started + seconds
+        session = self._session_in_loop()
+        tasks = []
+        for key, url in jobs:
+            if key in self._in_flight:
+                results[key] = Outcome(None, NOT_ASKED_IN_FLIGHT, wedged=True, asked=False)
+                continue
+            self._in_flight.add(key)
+            tasks.append(self._one(session, key, url, started, deadline, results))
+        await asyncio.gather(*tasks)
+
+    async def _one(
+        self,
+        session: aiohttp.ClientSession,
+        key: Hashable,
+        url: str,
+        started: float,
+        deadline: float,
+        results: dict,
+    ) -> None:
+        loop = asyncio.get_running_loop()
+        semaphore = self._semaphore
+        assert semaphore is not None
+        try:
+            try:
+                await asyncio.wait_for(semaphore.acquire(), max(0.0, deadline - loop.time()))
+            except asyncio.TimeoutError:
+                results[key] = Outcome(
+                    None,
+                    "not asked: no request slot was free before the deadline",
+                    wedged=True,
+                    asked=False,
+                    elapsed=loop.time() - started,
+                )
+                return
+            try:
+                left = deadline - loop.time()
+                if left <= 0:
+                    outcome = Outcome(
+                        None, "not asked: the deadline passed first", wedged=True, asked=False
+                    )
+                else:
+                    outcome = await _fetch(session, url, self.limits, left)
+            finally:
+                semaphore.release()
+            results[key] = outcome._replace(elapsed=loop.time() - started)
+        except Exception as exc:  # reported as this node's failure, never the batch's
+            results[key] = Outcome(None, _describe(exc), elapsed=loop.time() - started)
+        finally:
+            self._in_flight.discard(key)
+
+
+def fetch_once(url: str, limits: ScrapeLimits) -> Outcome:
+    """One scrape of ``url`` on a private, short-lived loop (for a direct ``_scrape`` call)."""
+
+    async def run() -> Outcome:
+        connector = aiohttp.TCPConnector(force_close=True, timeout_ceil_threshold=1e9)
+        async with aiohttp.ClientSession(
+            connector=connector, auto_decompress=False, trust_env=False
+        ) as session:
+            return await _fetch(session, url, limits, limits.timeout)
+
+    return asyncio.run(run())
