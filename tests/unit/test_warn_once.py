@@ -44,3 +44,33 @@ def test_custom_logger(caplog: pytest.LogCaptureFixture) -> None:
     caplog.set_level(logging.DEBUG)
     warn_once("c", "to my logger", logger=logging.getLogger("mine"))
     assert caplog.records[0].name == "mine"
+
+
+def test_remembered_keys_are_bounded_oldest_forgotten_first(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    from raylens.lens.warnings import MAX_REMEMBERED_WARNINGS, remembered_warning_count
+
+    caplog.set_level(logging.ERROR, logger="raylens")  # the return value tells what was loud
+    warn_once("node.departed.0", "first node")
+    for index in range(1, MAX_REMEMBERED_WARNINGS + 5_000):
+        warn_once(f"node.departed.{index}", "a node that came and went")
+    assert remembered_warning_count() == MAX_REMEMBERED_WARNINGS
+
+    recent = f"node.departed.{MAX_REMEMBERED_WARNINGS + 4_999}"
+    assert warn_once(recent, "still remembered") is False
+    assert warn_once("node.departed.0", "forgotten long ago, so loud again") is True
+
+
+def test_a_repeated_key_stays_remembered_while_others_churn(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    from raylens.lens.warnings import MAX_REMEMBERED_WARNINGS
+
+    caplog.set_level(logging.ERROR, logger="raylens")
+    warn_once("steady", "recurring problem")
+    for index in range(MAX_REMEMBERED_WARNINGS * 2):
+        warn_once(f"churn.{index}", "one-off")
+        if index % 1000 == 0:
+            assert warn_once("steady", "recurring problem") is False
+    assert warn_once("steady", "recurring problem") is False

@@ -5,7 +5,10 @@ every cycle. :func:`warn_once` keeps the first occurrence visible at WARNING, wi
 the traceback of the exception being handled if there is one, and demotes the
 rest to DEBUG so a dead node does not flood the log.
 
-State: the set of keys already warned about. :func:`reset_warn_once` clears it.
+State: the keys already warned about, at most :data:`MAX_REMEMBERED_WARNINGS` of
+them. Keys often name a node or a process, and on a long run nodes and processes
+come and go, so the key used least recently is forgotten first; a problem that
+keeps recurring keeps its key. :func:`reset_warn_once` clears them all.
 """
 
 from __future__ import annotations
@@ -13,10 +16,13 @@ from __future__ import annotations
 import logging
 import sys
 import threading
+from collections import OrderedDict
 
 _LOGGER = logging.getLogger("raylens")
 
-_WARNED_KEYS: set[str] = set()
+MAX_REMEMBERED_WARNINGS = 4096
+
+_WARNED_KEYS: OrderedDict[str, None] = OrderedDict()
 _WARNED_LOCK = threading.Lock()
 
 
@@ -30,7 +36,10 @@ def warn_once(key: str, message: str, *, logger: logging.Logger | None = None) -
     log = logger or _LOGGER
     with _WARNED_LOCK:
         first = key not in _WARNED_KEYS
-        _WARNED_KEYS.add(key)
+        _WARNED_KEYS[key] = None
+        _WARNED_KEYS.move_to_end(key)
+        while len(_WARNED_KEYS) > MAX_REMEMBERED_WARNINGS:
+            _WARNED_KEYS.popitem(last=False)
     handling = sys.exc_info()[0] is not None
     if first:
         log.warning(message, exc_info=handling)
@@ -45,4 +54,10 @@ def reset_warn_once(key: str | None = None) -> None:
         if key is None:
             _WARNED_KEYS.clear()
         else:
-            _WARNED_KEYS.discard(key)
+            _WARNED_KEYS.pop(key, None)
+
+
+def remembered_warning_count() -> int:
+    """How many keys :func:`warn_once` currently remembers (at most :data:`MAX_REMEMBERED_WARNINGS`)."""
+    with _WARNED_LOCK:
+        return len(_WARNED_KEYS)
