@@ -37,6 +37,7 @@ from typing import Any
 __all__ = [
     "RECORDED_PAYLOADS",
     "FakeRaylet",
+    "RayletCall",
     "format_sample_value",
     "load_payload",
     "load_recorded_payload",
@@ -159,6 +160,16 @@ def _garbage() -> bytes:
 
 
 @dataclass(frozen=True)
+class RayletCall:
+    """One request a :class:`FakeRaylet` received: what :attr:`FakeRaylet.calls` lists."""
+
+    method: str
+    path: str
+    #: The request headers, names as the client sent them.
+    headers: dict[str, str]
+
+
+@dataclass(frozen=True)
 class _Behaviour:
     """How the raylet answers the next request."""
 
@@ -169,6 +180,8 @@ class _Behaviour:
     size: int = 0
     announce_length: bool = False
     trickle_headers: bool = False
+    reason: str | None = None
+    headers: tuple[tuple[str, str], ...] = ()
 
 
 class _Handler(BaseHTTPRequestHandler):
@@ -182,7 +195,7 @@ class _Handler(BaseHTTPRequestHandler):
 
     def do_GET(self) -> None:
         raylet = self.server.raylet
-        raylet._request_started()
+        raylet._request_started(RayletCall(self.command, self.path, dict(self.headers.items())))
         try:
             self._answer(raylet, raylet._behaviour)
         except (BrokenPipeError, ConnectionResetError, ConnectionAbortedError):
@@ -203,7 +216,14 @@ class _Handler(BaseHTTPRequestHandler):
             self.connection.close()
             return
         if mode == "status":
-            self._send(behaviour.status, behaviour.body if behaviour.body is not None else b"")
+            body = behaviour.body if behaviour.body is not None else b""
+            self.send_response_only(behaviour.status, behaviour.reason)
+            self.send_header("Content-Type", _CONTENT_TYPE)
+            self.send_header("Content-Length", str(len(body)))
+            for name, value in behaviour.headers:
+                self.send_header(name, value)
+            self.end_headers()
+            self.wfile.write(body)
             return
         if mode == "garbage":
             self._send(200, behaviour.body if behaviour.body is not None else _garbage())
@@ -347,7 +367,8 @@ class FakeRaylet:
     ``"head"`` or a payload of your own that contains both series.
 
     Use as a context manager or call :meth:`close`. :attr:`requests` counts the
-    requests received; :meth:`wait_for_requests` waits for a count without sleeping.
+    requests received and :attr:`calls` lists them (method, path, headers), like
+    ``responses.calls``; :meth:`wait_for_requests` waits for a count without sleeping.
     """
 
     def __init__(
@@ -370,6 +391,7 @@ class FakeRaylet:
         self._counter = threading.Condition()
         self._requests = 0
         self._in_flight = 0
+        self._calls: list[RayletCall] = []
         self._server = _RayletHTTPServer((host, 0), self)
         self.host = host
         self.port: int = self._server.server_port
@@ -387,6 +409,12 @@ class FakeRaylet:
         """Requests received so far (every mode counts)."""
         with self._counter:
             return self._requests
+
+    @property
+    def calls(self) -> list[RayletCall]:
+        """Every request received so far, oldest first (a copy)."""
+        with self._counter:
+            return list(self._calls)
 
     @property
     def in_flight(self) -> int:
@@ -437,9 +465,27 @@ class FakeRaylet:
             "trickle", seconds=float(interval), trickle_headers=bool(headers)
         )
 
-    def respond_status(self, status: int, body: bytes = b"") -> None:
-        """Answer with HTTP ``status`` and ``body``."""
-        self._behaviour = _Behaviour("status", status=int(status), body=body)
+    def respond_status(
+        self,
+        status: int,
+        body: bytes = b"",
+        *,
+        reason: str | None = None,
+        headers: dict[str, str] | None = None,
+    ) -> None:
+        """Answer with HTTP ``status`` and ``body``.
+
+        ``reason`` replaces the standard reason phrase (written as given, control
+        characters included, as a hostile server could); ``headers`` are added to
+        the response (``{"Content-Encoding": "gzip"}``, say).
+        """
+        self._behaviour = _Behaviour(
+            "status",
+            status=int(status),
+            body=body,
+            reason=reason,
+            headers=tuple((headers or {}).items()),
+        )
 
     def reset_connections(self) -> None:
         """Read the request, then reset the connection (RST, no response)."""
@@ -501,8 +547,9 @@ class FakeRaylet:
             used, total = source()
         return self._template.render(used, total)
 
-    def _request_started(self) -> None:
+    def _request_started(self, call: RayletCall) -> None:
         with self._counter:
+            self._calls.append(call)
             self._requests += 1
             self._in_flight += 1
             self._counter.notify_all()

@@ -90,6 +90,31 @@ def test_counts_requests_and_waits_for_them(raylet: FakeRaylet) -> None:
     assert not raylet.wait_for_requests(4, timeout=0.01)
 
 
+def test_calls_log_method_path_and_headers(raylet: FakeRaylet) -> None:
+    requests.get(raylet.url, timeout=5, headers={"Accept-Encoding": "identity"})
+    requests.get(raylet.url.replace("/metrics", "/other"), timeout=5)
+
+    first, second = raylet.calls
+    assert (first.method, first.path, second.path) == ("GET", "/metrics", "/other")
+    assert first.headers["Accept-Encoding"] == "identity"
+    assert raylet.calls is not raylet.calls  # a copy each time
+
+
+def test_status_with_a_custom_reason_and_headers(raylet: FakeRaylet) -> None:
+    raylet.respond_status(
+        500, b"x", reason="\x1b]0;PWNED\x07", headers={"Content-Encoding": "gzip"}
+    )
+    with socket.create_connection((raylet.host, raylet.port), timeout=5) as sock:
+        sock.sendall(b"GET /metrics HTTP/1.0\r\n\r\n")
+        head = b""
+        while b"\r\n\r\n" not in head:
+            head += sock.recv(4096)
+
+    status_line, *headers = head.split(b"\r\n")
+    assert status_line == b"HTTP/1.0 500 \x1b]0;PWNED\x07"
+    assert b"Content-Encoding: gzip" in headers
+
+
 def test_delay_answers_late() -> None:
     with FakeRaylet() as slow:
         slow.delay(0.3)
