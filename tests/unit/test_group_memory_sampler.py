@@ -205,8 +205,9 @@ def test_a_sampler_goes_with_the_last_group_on_its_node(fake_ray: FakeRay, nodes
 def test_an_unreachable_sampler_costs_only_its_node(fake_ray: FakeRay, nodes):
     a, b = nodes[NODE_A], nodes[NODE_B]
     workers = {NODE_A: [_worker(a, "policy", 200, MB)], NODE_B: [_worker(b, "policy", 300, MB)]}
-    fake_ray.hang_next_on.add(NODE_B)
     manager = _manager(fake_ray, timeout_s=0.5)
+    manager.sample(workers)
+    next(actor for actor in fake_ray.actors if actor.node_id == NODE_B).hung = True
 
     results = manager.sample(workers)
 
@@ -220,21 +221,39 @@ def test_an_unreachable_sampler_costs_only_its_node(fake_ray: FakeRay, nodes):
 def test_a_wedged_sampler_is_not_asked_again_while_its_reading_is_open(fake_ray: FakeRay, nodes):
     b = nodes[NODE_B]
     workers = {NODE_B: [_worker(b, "policy", 300, MB)]}
-    fake_ray.hang_next_on.add(NODE_B)
     manager = _manager(fake_ray, max_missed=3)
+    assert isinstance(manager.sample(workers)[NODE_B], NodeGroupMemory)
+    (wedged,) = fake_ray.actors
+    wedged.hung = True
 
     for _ in range(2):
         assert isinstance(manager.sample(workers)[NODE_B], SamplerError)
-    (wedged,) = fake_ray.actors
-    assert [name for name, _ in wedged.calls] == ["read"]
+    assert [name for name, _ in wedged.calls] == ["read", "read"]
 
     # The third miss replaces it; the new one answers.
     manager.sample(workers)
     assert wedged.killed
-    fake_ray.hang_next_on.clear()
     results = manager.sample(workers)
     assert isinstance(results[NODE_B], NodeGroupMemory)
     assert len(fake_ray.live_actors()) == 1
+
+
+def test_a_sampler_that_has_not_answered_yet_is_left_to_start(fake_ray: FakeRay, nodes):
+    # A new actor may take many cycles to start on a busy node; replacing it would
+    # only start the wait again.
+    b = nodes[NODE_B]
+    workers = {NODE_B: [_worker(b, "policy", 300, MB)]}
+    fake_ray.hang_next_on.add(NODE_B)
+    manager = _manager(fake_ray, max_missed=3)
+
+    for _ in range(6):
+        result = manager.sample(workers)[NODE_B]
+        assert isinstance(result, SamplerError)
+        assert "not answered yet" in result.message
+
+    (starting,) = fake_ray.actors
+    assert not starting.killed
+    assert [name for name, _ in starting.calls] == ["read"]
 
 
 def test_a_dead_sampler_is_replaced_at_the_next_cycle(fake_ray: FakeRay, nodes):

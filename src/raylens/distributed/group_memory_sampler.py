@@ -12,8 +12,9 @@ cycle: it starts samplers lazily for nodes that gained a worker, removes the one
 of a node whose last worker left, asks every sampler for a reading under one
 deadline, and returns ``{node id: NodeGroupMemory | SamplerError}``. A sampler
 that is slow, wedged or dead costs only its own node's result: it is not asked
-again while its last request is open, and it is replaced after ``max_missed``
-cycles without an answer or as soon as it is found dead.
+again while its last request is open, and it is replaced as soon as it is found
+dead, or after ``max_missed`` cycles without an answer once it has answered at
+least once (before that it may still be starting).
 
 Ray is imported only when a manager first needs it, and any object with the few
 ``ray`` functions used here can stand in for it (the unit tests pass a fake).
@@ -103,6 +104,9 @@ class _Sampler:
     actor: Any
     pending: Any = None
     missed: int = 0
+    # Until its first answer an actor may still be starting (a worker process, imports),
+    # which can take many cycles on a busy node: misses count only after that.
+    answered: bool = False
 
 
 def _positive_seconds(name: str, value: object) -> float:
@@ -292,12 +296,19 @@ class GroupMemorySamplers:
         except Exception as error:
             return SamplerError(node_id, f"sampler on node {node_id} failed: {_describe(error)}")
         sampler.missed = 0
+        sampler.answered = True
         try:
             return NodeGroupMemory.from_plain(plain)
         except ValueError as error:
             return SamplerError(node_id, f"sampler on node {node_id}: {printable(error)}")
 
     def _missed(self, node_id: str, sampler: _Sampler, why: str) -> SamplerError:
+        if not sampler.answered:
+            return SamplerError(
+                node_id,
+                f"no group-memory reading from node {node_id}: its sampler has not answered "
+                "yet (it may still be starting)",
+            )
         sampler.missed += 1
         if sampler.missed >= self.max_missed:
             self._remove(node_id)
