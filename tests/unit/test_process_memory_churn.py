@@ -105,7 +105,7 @@ def test_adding_a_name_already_measured_is_refused(fake):
 def test_removing_a_server_not_measured_names_it(fake):
     policy = ServerMemoryTarget("policy", "vllm", 100, procfs=fake.procfs)
     profiler = MemoryProfiler([policy], 3600, procfs=fake.procfs)
-    with pytest.raises(ValueError, match="'judge' is not measured.*measured: 'policy'"):
+    with pytest.raises(ValueError, match=r"'judge' is not measured.*measured: 'policy'"):
         profiler.remove_target("judge")
     stranger = ServerMemoryTarget("policy", "vllm", 200, procfs=fake.procfs)
     with pytest.raises(ValueError, match="not measured"):

@@ -8,11 +8,14 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import subprocess
+import sys
 from typing import Any
 
 import pytest
 from opentelemetry.sdk.metrics import MeterProvider
 
+from raylens.telemetry import _profiler_series
 from raylens.telemetry import process_memory as pm
 from raylens.telemetry.process_memory import (
     HostMemory,
@@ -240,7 +243,7 @@ def test_a_failing_registration_never_reaches_the_caller(probe, monkeypatch, pol
     def refuse(*args: Any, **kwargs: Any) -> None:
         raise ValueError("metric already declared differently")
 
-    monkeypatch.setattr(pm, "register_observable_gauge", refuse)
+    monkeypatch.setattr(_profiler_series, "register_observable_gauge", refuse)
     pm.reset_process_memory_state()
     with caplog.at_level(logging.WARNING, logger="raylens"):
         record_server_memory(policy, ProcessTreeMemory(300, 200, 3), {})
@@ -293,3 +296,36 @@ def test_names_with_lone_surrogates_are_made_encodable(probe, fake):
     assert probe.points("gym.server.processes") == {
         gym_point("\ufffdprog", "com\ufffdmand", 100): 3
     }
+
+
+# ---------------------------------------------------------------- module surface
+
+
+def test_a_tree_is_read_through_the_module_seams_tests_replace(monkeypatch):
+    monkeypatch.setattr(pm, "_descendant_pids", lambda root_pid: {1, 2, 3})
+    memory = {1: (10, 5), 2: (20, 7), 3: None}  # 3 exited between the walk and the read
+    monkeypatch.setattr(pm, "_read_process_memory", lambda pid: memory[pid])
+    assert collect_process_tree_memory(1) == ProcessTreeMemory(30, 12, 2)
+    memory[2] = (20, None)
+    assert collect_process_tree_memory(1) == ProcessTreeMemory(30, None, 2)
+
+
+def test_importing_creates_no_instrument():
+    code = (
+        "import raylens.telemetry.process_memory\n"
+        "from raylens.lens import recorded_metrics\n"
+        "print(sorted(name for name in recorded_metrics() if name.startswith('gym.')))\n"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True
+    )
+    assert result.stdout.strip() == "[]"
+
+
+def test_every_module_stays_small():
+    import raylens.telemetry._procfs as procfs_module
+    import raylens.telemetry._profiler as profiler_module
+
+    for module in (pm, procfs_module, profiler_module, _profiler_series):
+        with open(module.__file__, encoding="utf-8") as source:
+            assert sum(1 for _ in source) < 600, module.__name__

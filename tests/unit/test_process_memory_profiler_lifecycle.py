@@ -6,7 +6,7 @@ import threading
 
 import pytest
 
-from raylens.telemetry import process_memory as pm
+from raylens.telemetry import _profiler
 from raylens.telemetry.process_memory import (
     HostMemory,
     MemoryProfiler,
@@ -65,7 +65,7 @@ def _in_thread(fn) -> tuple[threading.Thread, list[BaseException]]:  # type: ign
 def test_stop_and_restart_are_bounded_while_a_sample_is_wedged(
     monkeypatch: pytest.MonkeyPatch, fake, policy
 ) -> None:
-    monkeypatch.setattr(pm, "STOP_TIMEOUT_SECONDS", 0.2)
+    monkeypatch.setattr(_profiler, "STOP_TIMEOUT_SECONDS", 0.2)
     collector = WedgingCollector(wedge_on=2)  # call 1 is start()'s own sample
     profiler = MemoryProfiler([policy], 0.01, collector, lambda: HOST, procfs=fake.procfs)
     profiler.start()
@@ -111,7 +111,7 @@ def test_a_thread_that_cannot_start_leaves_the_profiler_stopped(
         lambda: HOST,
         procfs=fake.procfs,
     )
-    monkeypatch.setattr(pm.threading, "Thread", Unstartable)
+    monkeypatch.setattr(threading, "Thread", Unstartable)
     with pytest.raises(RuntimeError, match="can't start new thread"):
         profiler.start()
     assert not profiler.is_running

@@ -1,0 +1,342 @@
+"""The series a memory profiler exports, and the servers they describe.
+
+A sample is published into a snapshot here (one entry per server name, plus the
+host), and lens observable gauges read that snapshot at each collection; the
+callbacks never touch procfs. The gauges are declared with lens the first time a
+sample is published with telemetry on, never at import. Publishing never raises:
+a meter or exporter that fails costs that sample its points and one warning.
+
+State: the snapshot and :data:`_INSTRUMENTS`; :func:`reset_process_memory_state`
+clears both and withdraws the gauge declarations.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+import weakref
+from collections.abc import Callable, Iterable
+from dataclasses import KW_ONLY, InitVar, dataclass, field
+from typing import Any
+
+from opentelemetry.metrics import CallbackOptions, Observation
+
+from raylens.lens import (
+    OBSERVABLE_GAUGE,
+    RecordedMetric,
+    get_telemetry_handle,
+    register_observable_gauge,
+    unregister_observable_gauge,
+    warn_once,
+)
+from raylens.lens.safe_text import encodable
+from raylens.telemetry._procfs import HostMemory, ProcessTreeMemory, ProcFS, as_procfs, check_pid
+
+logger = logging.getLogger("raylens.telemetry.process_memory")
+
+# Memory types, the values of the ``memory.type`` attribute.
+RSS = "rss"
+PSS = "pss"
+# Key of the host peak in a profiler's host peaks.
+HOST_USED = "used"
+
+
+@dataclass(frozen=True)
+class ServerMemoryTarget:
+    """A managed server to measure: its name, its kind, and the pid of its root process.
+
+    Build it right after spawning the server. Construction records when that
+    process started (``start_ticks``, read from ``procfs``); a later sample whose
+    pid shows a different start time is measuring a stranger that inherited the
+    pid, so the profiler reports the server as gone instead. ``start_ticks`` is
+    None when the process could not be read at construction; its identity is
+    then not checked.
+
+    A target is immutable and hashes by ``(name, server_type, pid)``, so it can key
+    a dict or sit in a set. Names often come from a command line (``argv[0]``),
+    where bytes that are not UTF-8 decode to lone surrogates; those are replaced
+    by U+FFFD here, so every exporter can encode the name.
+    """
+
+    name: str
+    server_type: str
+    pid: int
+    _: KW_ONLY
+    procfs: InitVar[ProcFS | str | os.PathLike[str] | None] = None
+    start_ticks: int | None = field(init=False, default=None, compare=False)
+
+    def __post_init__(self, procfs: ProcFS | str | os.PathLike[str] | None) -> None:
+        if not isinstance(self.name, str) or not self.name:
+            raise ValueError(f"server name must be a non-empty string, got {self.name!r}")
+        if not isinstance(self.server_type, str) or not self.server_type:
+            raise ValueError(
+                f"server_type of {self.name!r} must be a non-empty string, got {self.server_type!r}"
+            )
+        check_pid(f"pid of server {self.name!r}", self.pid)
+        # Frozen: the constructor alone may set fields, through object.__setattr__.
+        object.__setattr__(self, "name", encodable(self.name))
+        object.__setattr__(self, "server_type", encodable(self.server_type))
+        object.__setattr__(self, "start_ticks", as_procfs(procfs).start_ticks(self.pid))
+
+
+_SERVER_MEMORY = RecordedMetric(
+    "gym.server.memory.usage",
+    OBSERVABLE_GAUGE,
+    "By",
+    "Memory held by a managed server's process tree at the latest sample, by memory.type.",
+)
+_SERVER_PEAK = RecordedMetric(
+    "gym.server.memory.sampled_peak",
+    OBSERVABLE_GAUGE,
+    "By",
+    "Largest sampled memory of a managed server's process tree since profiling started.",
+)
+_SERVER_PROCESSES = RecordedMetric(
+    "gym.server.processes",
+    OBSERVABLE_GAUGE,
+    "{process}",
+    "Processes in a managed server's tree at the latest sample.",
+)
+_HOST_USAGE = RecordedMetric(
+    "gym.host.memory.usage",
+    OBSERVABLE_GAUGE,
+    "By",
+    "Host memory in use: total minus available.",
+)
+_HOST_AVAILABLE = RecordedMetric(
+    "gym.host.memory.available",
+    OBSERVABLE_GAUGE,
+    "By",
+    "Host memory that can be given to processes without swapping.",
+)
+_HOST_TOTAL = RecordedMetric(
+    "gym.host.memory.total", OBSERVABLE_GAUGE, "By", "Physical memory of the host."
+)
+_HOST_PEAK = RecordedMetric(
+    "gym.host.memory.sampled_peak",
+    OBSERVABLE_GAUGE,
+    "By",
+    "Largest sampled host memory in use since profiling started.",
+)
+
+
+@dataclass
+class _ServerPoints:
+    target: ServerMemoryTarget
+    attributes: dict[str, Any]
+    rss: int | None = None
+    pss: int | None = None
+    processes: int | None = None
+    peak_rss: int | None = None
+    peak_pss: int | None = None
+
+
+@dataclass
+class _HostPoints:
+    memory: HostMemory | None = None
+    peak_used: int | None = None
+
+
+_LOCK = threading.Lock()
+_SERVERS: dict[str, _ServerPoints] = {}
+_HOST = _HostPoints()
+
+_INSTRUMENTS: weakref.WeakKeyDictionary[Any, dict[str, RecordedMetric]] = (
+    weakref.WeakKeyDictionary()
+)
+"""Meters this module has made sure export its gauges, with the gauges by registry key."""
+
+
+def _by_memory_type(
+    entries: list[tuple[dict[str, Any], int | None, int | None]],
+) -> list[Observation]:
+    """One point per known value of ``(attributes, rss, pss)``, tagged with its memory.type."""
+    points = []
+    for attributes, rss, pss in entries:
+        if rss is not None:
+            points.append(Observation(rss, {**attributes, "memory.type": RSS}))
+        if pss is not None:
+            points.append(Observation(pss, {**attributes, "memory.type": PSS}))
+    return points
+
+
+def _observe_server_usage(_options: CallbackOptions) -> Iterable[Observation]:
+    with _LOCK:
+        entries = [(e.attributes, e.rss, e.pss) for e in _SERVERS.values()]
+    return _by_memory_type(entries)
+
+
+def _observe_server_peak(_options: CallbackOptions) -> Iterable[Observation]:
+    with _LOCK:
+        entries = [(e.attributes, e.peak_rss, e.peak_pss) for e in _SERVERS.values()]
+    return _by_memory_type(entries)
+
+
+def _observe_server_processes(_options: CallbackOptions) -> Iterable[Observation]:
+    with _LOCK:
+        return [
+            Observation(e.processes, dict(e.attributes))
+            for e in _SERVERS.values()
+            if e.processes is not None
+        ]
+
+
+def _host_callback(pick: Callable[[_HostPoints], int | None]) -> Callable[..., list[Observation]]:
+    def callback(_options: CallbackOptions) -> list[Observation]:
+        with _LOCK:
+            value = pick(_HOST)
+        return [] if value is None else [Observation(value)]
+
+    return callback
+
+
+_GAUGES: tuple[tuple[RecordedMetric, Callable[..., Iterable[Observation]]], ...] = (
+    (_SERVER_MEMORY, _observe_server_usage),
+    (_SERVER_PEAK, _observe_server_peak),
+    (_SERVER_PROCESSES, _observe_server_processes),
+    (_HOST_USAGE, _host_callback(lambda h: h.memory.used_bytes if h.memory else None)),
+    (_HOST_AVAILABLE, _host_callback(lambda h: h.memory.available_bytes if h.memory else None)),
+    (_HOST_TOTAL, _host_callback(lambda h: h.memory.total_bytes if h.memory else None)),
+    (_HOST_PEAK, _host_callback(lambda h: h.peak_used)),
+)
+
+
+def _register_gauges() -> dict[str, RecordedMetric]:
+    for metric, callback in _GAUGES:
+        register_observable_gauge(metric, callback)
+    return {metric.key: metric for metric, _ in _GAUGES}
+
+
+def _get_instruments(meter: Any) -> dict[str, RecordedMetric]:
+    """Make sure ``meter``'s pipeline exports this module's gauges; return them by key.
+
+    Nothing is declared before the first sample is recorded with telemetry on.
+    Registration with lens is idempotent and survives pipeline restarts; doing
+    it again the first time each meter is seen also restores the gauges if the
+    lens declarations were cleared in between. A meter is remembered only once
+    its gauges were set up, so a failed attempt is tried again at the next sample.
+    """
+    try:
+        cached = _INSTRUMENTS.get(meter)
+    except TypeError:  # a meter that cannot be weakly referenced is simply not cached
+        return _register_gauges()
+    if cached is None:
+        cached = _register_gauges()
+        _INSTRUMENTS[meter] = cached
+    return cached
+
+
+def _ensure_exported() -> None:
+    """Set up the gauges on the running pipeline, if any. Never raises.
+
+    A meter or exporter that fails here must not reach the profiled server or the
+    caller: the failure costs this sample its points and is logged once.
+    """
+    try:
+        handle = get_telemetry_handle()
+        if handle is not None:
+            _get_instruments(handle.meter)
+    except Exception:
+        warn_once(
+            "process_memory.export",
+            "setting up the process-memory gauges failed; this sample exports no points",
+            logger=logger,
+        )
+
+
+def raise_peak(peaks: dict[Any, int], key: Any, value: int | None) -> int | None:
+    """Raise ``peaks[key]`` to ``value`` (None: unknown, left alone); return the peak."""
+    if value is not None and value > peaks.get(key, -1):
+        peaks[key] = value
+    return peaks.get(key)
+
+
+def _server_attributes(target: ServerMemoryTarget) -> dict[str, Any]:
+    return {
+        "nemo.gym.server.name": target.name,
+        "nemo.gym.server.type": target.server_type,
+        "process.pid": target.pid,
+    }
+
+
+def publish_host(memory: HostMemory | None, peak_used: int | None) -> None:
+    """Make ``memory`` (None: not known this sample) and ``peak_used`` the exported host values."""
+    global _HOST
+    with _LOCK:
+        _HOST = _HostPoints(memory=memory, peak_used=peak_used)
+    _ensure_exported()
+
+
+def publish_server(
+    target: ServerMemoryTarget,
+    memory: ProcessTreeMemory | None,
+    peak_rss: int | None,
+    peak_pss: int | None,
+) -> None:
+    """Make ``memory`` (None: not known this sample) the exported values of ``target``."""
+    entry = _ServerPoints(
+        target=target,
+        attributes=_server_attributes(target),
+        rss=None if memory is None else memory.rss_bytes,
+        pss=None if memory is None else memory.pss_bytes,
+        processes=None if memory is None else memory.process_count,
+        peak_rss=peak_rss,
+        peak_pss=peak_pss,
+    )
+    with _LOCK:
+        _SERVERS[target.name] = entry
+    _ensure_exported()
+
+
+def forget_server(target: ServerMemoryTarget) -> None:
+    """Drop the exported values of ``target``, unless its name now belongs to another target."""
+    with _LOCK:
+        entry = _SERVERS.get(target.name)
+        if entry is not None and entry.target == target:
+            del _SERVERS[target.name]
+
+
+def record_host_memory(memory: HostMemory, peaks: dict[str, int]) -> None:
+    """Publish ``memory`` as the current host memory and raise ``peaks["used"]`` to it.
+
+    ``peaks`` belongs to the caller (a profiler keeps one per run) and is
+    updated in place; the exported peak is whatever it holds afterwards. With
+    telemetry off (no lens handle) nothing is published and ``peaks`` is left
+    alone. Never raises for a failing meter or exporter.
+    """
+    if get_telemetry_handle() is None:
+        return
+    publish_host(memory, raise_peak(peaks, HOST_USED, memory.used_bytes))
+
+
+def record_server_memory(
+    target: ServerMemoryTarget,
+    memory: ProcessTreeMemory,
+    peaks: dict[tuple[str, str], int],
+) -> None:
+    """Publish ``memory`` as the current memory of ``target`` and raise its peaks.
+
+    ``peaks`` is keyed ``(server name, "rss" | "pss")`` and updated in place. A
+    tree that is gone (``ProcessTreeMemory(0, 0, 0)``) publishes zeros, so an alert
+    on ``gym.server.processes == 0`` fires; a None PSS publishes no PSS value.
+    Peaks already reached stay. With telemetry off (no lens handle) nothing is
+    published and ``peaks`` is left alone. Never raises for a failing meter or
+    exporter.
+    """
+    if get_telemetry_handle() is None:
+        return
+    peak_rss = raise_peak(peaks, (target.name, RSS), memory.rss_bytes)
+    peak_pss = raise_peak(peaks, (target.name, PSS), memory.pss_bytes)
+    publish_server(target, memory, peak_rss, peak_pss)
+
+
+def reset_process_memory_state() -> None:
+    """Forget every exported value, the gauge declarations and which meters were set up."""
+    global _HOST
+    with _LOCK:
+        _SERVERS.clear()
+        _HOST = _HostPoints()
+    _INSTRUMENTS.clear()
+    for metric, _callback in _GAUGES:
+        unregister_observable_gauge(metric.name)
