@@ -1,0 +1,142 @@
+"""The scrape helper process: it scrapes, it is replaced when it dies, and it never
+outlives the driver."""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from raylens.telemetry import host_memory as hm
+from raylens_fakes import MetricsProbe, SimulatedCluster
+
+Factory = Callable[..., SimulatedCluster]
+LOGGER = "raylens.telemetry.host_memory"
+
+
+def _gone(pid: int) -> bool:
+    """True when ``pid`` no longer runs (exited, or a zombie waiting for its reaper)."""
+    try:
+        with open(f"/proc/{pid}/stat", encoding="ascii") as stat:
+            return stat.read().rsplit(")", 1)[1].split()[0] in ("Z", "X")
+    except FileNotFoundError:
+        return True
+
+
+def _wait_until(condition: Callable[[], bool], timeout: float) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if condition():
+            return True
+        time.sleep(0.02)  # polling a condition with a deadline, not synchronising by sleep
+    return condition()
+
+
+def test_the_helper_scrapes_and_stop_ends_it_within_the_bound(
+    simulated_cluster: Factory, make_monitor: Callable, metrics_probe: MetricsProbe
+) -> None:
+    sim = simulated_cluster(3)
+    sim.raylet(2).hang()
+    monitor = make_monitor(sim.cluster, scrape_mode="helper", scrape_timeout=1.0)
+
+    monitor.collect_once()
+    pid = monitor.helper_pid
+    assert pid is not None and pid != os.getpid()
+    errors = {s.node_id: s.error for s in monitor.latest()}
+    assert errors[sim.node_id(0)] is None and errors[sim.node_id(1)] is None
+    assert "timed out" in (errors[sim.node_id(2)] or "")
+
+    monitor.start()
+    assert sim.raylet(2).wait_for_requests(2, timeout=10)  # a cycle is in flight on the hung node
+    started = time.monotonic()
+    monitor.stop()
+
+    assert time.monotonic() - started < 1.0 + hm._SHUTDOWN_GRACE_S
+    assert _gone(pid)
+    assert monitor.helper_pid is None
+
+
+def test_a_helper_killed_mid_cycle_is_replaced_next_cycle_with_one_warning(
+    simulated_cluster: Factory, make_monitor: Callable, caplog: pytest.LogCaptureFixture
+) -> None:
+    sim = simulated_cluster(2)
+    monitor = make_monitor(sim.cluster, scrape_mode="helper", scrape_timeout=5.0)
+    monitor.collect_once()
+    first = monitor.helper_pid
+    assert first is not None
+    sim.raylet(1).hang()
+
+    def kill_when_asked() -> None:
+        if sim.raylet(1).wait_for_requests(2, timeout=10):
+            os.kill(first, signal.SIGKILL)
+
+    killer = threading.Thread(target=kill_when_asked)
+    killer.start()
+    with caplog.at_level(logging.WARNING, logger=LOGGER):
+        started = time.monotonic()
+        monitor.collect_once()  # the helper dies under it: the cycle ends at once
+        assert time.monotonic() - started < 5.0
+        killer.join(10)
+        assert (
+            "exited before answering"
+            in {s.node_id: s.error for s in monitor.latest()}[sim.node_id(1)]
+        )
+        sim.raylet(1).serve_normally()
+        monitor.collect_once()
+        monitor.collect_once()
+
+    second = monitor.helper_pid
+    assert second is not None and second != first
+    assert all(s.error is None for s in monitor.latest())
+    restarts = [r for r in caplog.records if "started a new one" in r.getMessage()]
+    assert len(restarts) == 1
+
+
+_DRIVER = textwrap.dedent(
+    """
+    import sys
+    from raylens.telemetry.host_memory import HostMemoryMonitor
+    from raylens_fakes import FakeCluster
+
+    cluster = FakeCluster()
+    cluster.add_node(address="127.0.0.1", port=int(sys.argv[1]))
+    monitor = HostMemoryMonitor(60.0, cluster=cluster, scrape_mode="helper", consumer=True,
+                                scrape_timeout=0.5)
+    monitor.collect_once()
+    print(monitor.helper_pid, flush=True)
+    sys.stdin.read()
+    """
+)
+
+
+def test_a_driver_killed_with_sigkill_leaves_no_helper_behind(tmp_path: Path) -> None:
+    script = tmp_path / "driver.py"
+    script.write_text(_DRIVER)
+    with SimulatedCluster(1) as sim:
+        driver = subprocess.Popen(
+            [sys.executable, str(script), str(sim.raylet(0).port)],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        try:
+            line = driver.stdout.readline() if driver.stdout else ""
+            helper = int(line)
+            assert not _gone(helper)
+            assert sim.raylet(0).requests == 1
+            driver.send_signal(signal.SIGKILL)
+            driver.wait(10)
+            assert _wait_until(lambda: _gone(helper), 2.0)
+        finally:
+            if driver.poll() is None:
+                driver.kill()
+                driver.wait(10)
