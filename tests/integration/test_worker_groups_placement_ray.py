@@ -28,11 +28,12 @@ NAMES = (
 )
 
 
-def _placed_group(strategy: str | None, name: str) -> Iterator[tuple[RayWorkerGroup, list]]:
-    # Two bundles on each of three logical nodes fill every raylet's two CPUs.
+def _placed_group(
+    counts: list[int], strategy: str | None, name: str
+) -> Iterator[tuple[RayWorkerGroup, list]]:
     options = {} if strategy is None else {"placement_group_strategy": strategy}
     cluster = RayVirtualCluster(
-        [2, 2, 2], use_gpus=False, name=name, placement_timeout_s=60, **options
+        counts, use_gpus=False, name=name, placement_timeout_s=60, **options
     )
     group = None
     try:
@@ -50,12 +51,15 @@ def _placed_group(strategy: str | None, name: str) -> Iterator[tuple[RayWorkerGr
 
 @pytest.fixture
 def default_placed(ray_cluster) -> Iterator[tuple[RayWorkerGroup, list]]:
-    yield from _placed_group(None, "placed-pack")
+    # Two bundles per logical node fill a raylet's two CPUs, so each group has a node.
+    yield from _placed_group([2, 2], None, "placed-pack")
 
 
 @pytest.fixture
 def spread_placed(ray_cluster) -> Iterator[tuple[RayWorkerGroup, list]]:
-    yield from _placed_group("SPREAD", "placed-spread")
+    # Three bundles spread over three raylets: bundles 0 and 1 of logical node 0 are
+    # on different machines, which arithmetic over the counts would not know.
+    yield from _placed_group([2, 1], "SPREAD", "placed-spread")
 
 
 def _check_node_ranks_name_machines(placed: list) -> None:
@@ -64,11 +68,12 @@ def _check_node_ranks_name_machines(placed: list) -> None:
     for env, node in placed:
         node_of_rank.setdefault(env["NODE_RANK"], set()).add(node)
         local_ranks.setdefault(env["NODE_RANK"], []).append(env["LOCAL_RANK"])
-    assert sorted(node_of_rank) == ["0", "1", "2"]
+    assert sorted(node_of_rank) == [str(rank) for rank in range(len(node_of_rank))]
     # same NODE_RANK, same node; different NODE_RANKs, different nodes
     assert all(len(nodes) == 1 for nodes in node_of_rank.values()), node_of_rank
-    assert len({next(iter(nodes)) for nodes in node_of_rank.values()}) == 3
-    assert all(sorted(ranks) == ["0", "1"] for ranks in local_ranks.values()), local_ranks
+    assert len({next(iter(nodes)) for nodes in node_of_rank.values()}) == len(node_of_rank)
+    for ranks in local_ranks.values():
+        assert sorted(ranks) == [str(rank) for rank in range(len(ranks))], local_ranks
 
 
 def test_default_per_node_groups_give_node_ranks_that_name_machines(
@@ -76,15 +81,15 @@ def test_default_per_node_groups_give_node_ranks_that_name_machines(
 ) -> None:
     group, placed = default_placed
     _check_node_ranks_name_machines(placed)
-    assert [env["NODE_RANK"] for env, _ in placed] == ["0", "0", "1", "1", "2", "2"]
-    assert [env["LOCAL_RANK"] for env, _ in placed] == ["0", "1"] * 3
+    assert [env["NODE_RANK"] for env, _ in placed] == ["0", "0", "1", "1"]
+    assert [env["LOCAL_RANK"] for env, _ in placed] == ["0", "1"] * 2
     # one PACK group per logical node
     names = {
         record["name"]: record["strategy"]
         for record in ray.util.placement_group_table().values()
         if record["name"].startswith("placed-pack-") and record["state"] == "CREATED"
     }
-    assert names == {f"placed-pack-node{i}": "PACK" for i in range(3)}
+    assert names == {f"placed-pack-node{i}": "PACK" for i in range(2)}
 
     envs = [env for env, _ in placed]
     assert {env["RAYLENS_WORKER_GROUP"] for env in envs} == {"placed-pack"}
@@ -92,7 +97,7 @@ def test_default_per_node_groups_give_node_ranks_that_name_machines(
     addresses = ast.literal_eval(envs[0]["AVAILABLE_ADDR_LIST"])
     ports = ast.literal_eval(envs[0]["AVAILABLE_PORT_LIST"])
     assert addresses == [ray_cluster.node_ips[node] for _, node in placed]
-    assert len(ports) == 6 and len(set(ports)) == 6
+    assert len(ports) == 4 and len(set(ports)) == 4
     assert all(isinstance(port, int) and port > 0 for port in ports)
     assert group.master_address == addresses[0]
     assert group.master_port not in ports
