@@ -13,10 +13,21 @@ them all). A hit counts only if it starts a line, optionally after blanks, which
 out a name quoted in a label value, in a ``# HELP``/``# TYPE``/``# UNIT`` line or in any other
 comment: label values and help text cannot hold a raw newline, so nothing inside them starts a
 line. The whole metric name at the hit must then equal a wanted name, so ``ray_node_mem_used_host``
-is never read as ``ray_node_mem_used``. Only then is that one line parsed, by a regular
-expression that walks the label set (quote- and escape-aware, so ``}``, ``,``, ``#``, ``\\"`` and
-``\\\\`` inside values do not end it early), then the value, an optional timestamp and an optional
-OpenMetrics exemplar, and requires the line to end there.
+is never read as ``ray_node_mem_used``. Only then is that one line parsed: a regular expression
+walks from the name through the label set (quote- and escape-aware, so ``}``, ``,``, ``#``,
+``\\"`` and ``\\\\`` inside values do not end it early) to the value, and a few forward steps
+then accept an optional timestamp, an optional OpenMetrics exemplar and the line end.
+
+Time is linear in the payload, whatever it holds. The searches are single passes; the blanks
+walked back over from a hit lie between it and the previous hit, so none is visited twice; and
+no parsing step reads past the end of its line. The expression is written so that any part of a
+line can be matched in only one way: every run it repeats is followed by a character the run
+cannot hold (a run of blanks by a name, a quote, ``=``, ``,`` or a brace; a quoted value by its
+closing quote), and an empty label set's blanks have a branch of their own rather than also
+being a possible start of a label. A line that does not match therefore costs a bounded number
+of steps per character, never a retry of every way to split a run between two repetitions,
+which is what turns a hostile line of blanks after ``{`` into quadratic time. The expression
+stops at the value; what may follow it is checked by steps that only move forward.
 
 What a caller may rely on:
 
@@ -59,19 +70,12 @@ _SHARED_PREFIX_MIN = 8
 _NUMBER = r"[+-]?(?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+)(?:[eE][+-]?[0-9]+)?"
 _QUOTED = r'"[^"\\\n]*(?:\\.[^"\\\n]*)*"'
 _LABEL = rf"[ \t]*(?:[a-zA-Z_][a-zA-Z0-9_]*|{_QUOTED})[ \t]*=[ \t]*{_QUOTED}[ \t]*"
-_LABELS = rf"\{{[ \t]*(?:{_LABEL}(?:,{_LABEL})*(?:,[ \t]*)?)?\}}"
-# Everything after the metric name up to and including the line end; group 1 is the value.
-_TAIL = (
-    rf"(?:[ \t]*{_LABELS}[ \t]*|[ \t]+)({_NUMBER})"
-    rf"(?:[ \t]+{_NUMBER})?"
-    r"(?:[ \t]+#[ \t]+\{[^\n]*)?"
-    r"[ \t]*\r?(?:\n|\Z)"
-)
-
-_NAME_TOKEN_STR = re.compile(_METRIC_NAME.pattern)
-_NAME_TOKEN_BYTES = re.compile(_METRIC_NAME.pattern.encode("ascii"))
-_TAIL_STR = re.compile(_TAIL)
-_TAIL_BYTES = re.compile(_TAIL.encode("ascii"))
+# An empty label set's blanks have a branch of their own: were they matched by a run before
+# the first label, each blank could go to that run or to the label's leading one.
+_LABELS = rf"\{{(?:{_LABEL}(?:,{_LABEL})*(?:,[ \t]*)?|[ \t]*)\}}"
+# From the end of the metric name to the end of the value, which is group 1.
+_HEAD = rf"(?:[ \t]*{_LABELS}[ \t]*|[ \t]+)({_NUMBER})"
+_BLANKS = r"[ \t]*"
 
 
 class _Flavour(NamedTuple):
@@ -80,9 +84,41 @@ class _Flavour(NamedTuple):
     needles: tuple[bytes, ...] | tuple[str, ...]
     by_token: dict[bytes, str] | dict[str, str]
     name_token: re.Pattern
-    tail: re.Pattern
+    head: re.Pattern
+    number: re.Pattern
+    blank_run: re.Pattern
     blanks: tuple[int, int] | tuple[str, str]
     newline: int | str
+    carriage_return: int | str
+    hash: int | str
+    brace: int | str
+
+
+def _flavour(needles: tuple[str, ...], names: frozenset[str], as_bytes: bool) -> _Flavour:
+    """The search strings, patterns and characters for ``bytes`` or for ``str`` payloads."""
+
+    def text(value: str) -> bytes | str:
+        return value.encode("ascii") if as_bytes else value
+
+    def char(value: str) -> int | str:
+        return ord(value) if as_bytes else value
+
+    def pattern(source: str) -> re.Pattern:
+        return re.compile(text(source))
+
+    return _Flavour(
+        needles=tuple(text(needle) for needle in needles),
+        by_token={text(name): name for name in names},
+        name_token=pattern(_METRIC_NAME.pattern),
+        head=pattern(_HEAD),
+        number=pattern(_NUMBER),
+        blank_run=pattern(_BLANKS),
+        blanks=(char(" "), char("\t")),
+        newline=char("\n"),
+        carriage_return=char("\r"),
+        hash=char("#"),
+        brace=char("{"),
+    )
 
 
 def _validated_names(names: Iterable[str]) -> frozenset[str]:
@@ -142,22 +178,8 @@ class SampleExtractor:
         """
         self._names = _validated_names(names)
         needles = _needles(self._names)
-        self._str = _Flavour(
-            needles=needles,
-            by_token={name: name for name in self._names},
-            name_token=_NAME_TOKEN_STR,
-            tail=_TAIL_STR,
-            blanks=(" ", "\t"),
-            newline="\n",
-        )
-        self._bytes = _Flavour(
-            needles=tuple(needle.encode("ascii") for needle in needles),
-            by_token={name.encode("ascii"): name for name in self._names},
-            name_token=_NAME_TOKEN_BYTES,
-            tail=_TAIL_BYTES,
-            blanks=(ord(" "), ord("\t")),
-            newline=ord("\n"),
-        )
+        self._str = _flavour(needles, self._names, as_bytes=False)
+        self._bytes = _flavour(needles, self._names, as_bytes=True)
 
     @property
     def names(self) -> frozenset[str]:
@@ -196,7 +218,7 @@ def _scan(data: bytes | str, flavour: _Flavour) -> dict[str, float]:
     newline = flavour.newline
     by_token = flavour.by_token
     name_token = flavour.name_token.match
-    tail = flavour.tail.match
+    head = flavour.head.match
     inf = math.inf
     for needle in flavour.needles:
         step = len(needle)
@@ -209,15 +231,50 @@ def _scan(data: bytes | str, flavour: _Flavour) -> dict[str, float]:
                 token = name_token(data, pos)
                 name = by_token.get(token.group())
                 if name is not None:
-                    rest = tail(data, token.end())
-                    if rest is not None:
-                        value = float(rest.group(1))
+                    sample = head(data, token.end())
+                    if sample is not None and _ends_line(data, sample.end(), flavour):
+                        value = float(sample.group(1))
                         if 0.0 <= value < inf:
                             found[name] = value
             # A needle starts with a name character, so an occurrence overlapping this one
             # cannot start a line: skipping past the whole needle loses nothing.
             pos = find(needle, pos + step)
     return found
+
+
+def _at_line_end(data: bytes | str, pos: int, flavour: _Flavour) -> bool:
+    if pos == len(data) or data[pos] == flavour.newline:
+        return True
+    return data[pos] == flavour.carriage_return and (
+        pos + 1 == len(data) or data[pos + 1] == flavour.newline
+    )
+
+
+def _ends_line(data: bytes | str, pos: int, flavour: _Flavour) -> bool:
+    """Whether what follows a sample's value, from ``pos``, is allowed to end its line.
+
+    That is blanks, an optional timestamp, an optional exemplar and the line end. Each step
+    moves forward only: every run is taken whole and the character after it decides.
+    """
+    blank_run = flavour.blank_run.match
+    end = blank_run(data, pos).end()
+    if _at_line_end(data, end, flavour):
+        return True
+    if end == pos:
+        return False
+    if data[end] != flavour.hash:
+        timestamp = flavour.number.match(data, end)
+        if timestamp is None:
+            return False
+        pos = timestamp.end()
+        end = blank_run(data, pos).end()
+        if _at_line_end(data, end, flavour):
+            return True
+        if end == pos or data[end] != flavour.hash:
+            return False
+    # An exemplar: '#', blanks, then a brace; the rest of the line is not read.
+    brace = blank_run(data, end + 1).end()
+    return brace > end + 1 and brace < len(data) and data[brace] == flavour.brace
 
 
 @functools.lru_cache(maxsize=64)
