@@ -277,6 +277,26 @@ def test_reading_without_pss_interval_reads_pss_every_time(fake_procfs: FakeProc
     assert _group(reader.read(workers), "policy").pss_bytes == 7 * MB
 
 
+def test_rss_comes_from_stat_when_it_holds_the_resident_pages(
+    fake_procfs: FakeProcFS, clock: Clock
+):
+    # The fake leaves stat's resident-pages field (24) at 0; a kernel fills it in with
+    # the same counter statm reports. Write it in by hand, different from statm.
+    fake = fake_procfs
+    fake.add_process(200, rss_bytes=10 * MB)
+    stat = fake.root / "200" / "stat"
+    head, _, tail = stat.read_text().rpartition(")")
+    fields = tail.split()
+    fields[21] = str(3 * MB // PAGE_SIZE)
+    stat.write_text(f"{head}) {' '.join(fields)}\n")
+    reader = _reader(fake, clock, pss_interval_seconds=300.0)
+    workers = [_worker(fake, "policy", 200)]
+    reader.read(workers)  # reads PSS (and RSS from smaps_rollup)
+
+    clock.advance(1)
+    assert _group(reader.read(workers), "policy").rss_bytes == 3 * MB
+
+
 def test_trees_are_walked_at_their_own_rate(fake_procfs: FakeProcFS, clock: Clock):
     fake = fake_procfs
     fake.add_process(200, rss_bytes=10 * MB)

@@ -15,7 +15,7 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
-from raylens.telemetry.process_memory import ProcFS
+from raylens.telemetry.process_memory import PAGE_SIZE, ProcFS
 
 DEFAULT_MAX_PROCESSES = 4096
 """Most processes one reading measures on a node; groups past it are skipped whole."""
@@ -206,16 +206,18 @@ def check_positive_seconds(name: str, value: object) -> float:
 # --------------------------------------------------------------------------- reader
 
 
-def _start_ticks_reader(root: str) -> Callable[[int], int | None]:
-    """A lean ``pid -> start time`` read of ``<root>/<pid>/stat`` (None if gone).
+def _stat_reader(root: str) -> Callable[[int], tuple[int, int] | None]:
+    """A lean ``pid -> (start time, resident pages)`` read of ``<root>/<pid>/stat``.
 
-    Same answer as :meth:`ProcFS.start_ticks`, at about half its cost: it is the
-    one read every process pays at every reading, so it is kept to three system
-    calls and a bounded split. It opens the file by path under the mount, not
-    through the reader's ``opener``.
+    None when the process is gone. The start time is what :meth:`ProcFS.start_ticks`
+    returns; the resident pages (field 24) are the counter ``statm`` reports too, so
+    one read serves both the pid-reuse guard and RSS. It is the one read every
+    process pays at every reading, so it is kept to three system calls and a
+    bounded split. It opens the file by path under the mount, not through the
+    reader's ``opener``.
     """
 
-    def start_ticks(pid: int) -> int | None:
+    def read_stat(pid: int) -> tuple[int, int] | None:
         try:
             fd = os.open(f"{root}/{pid}/stat", os.O_RDONLY)
         except OSError:
@@ -227,21 +229,21 @@ def _start_ticks_reader(root: str) -> Callable[[int], int | None]:
         finally:
             os.close(fd)
         # The command name may hold spaces and parentheses; fields resume after the last ")".
-        fields = data.rpartition(b")")[2].split(None, 20)
+        fields = data.rpartition(b")")[2].split(None, 22)
         try:
-            return int(fields[19])
+            return int(fields[19]), int(fields[21])
         except (IndexError, ValueError):
             return None
 
-    return start_ticks
+    return read_stat
 
 
 class GroupMemoryReader:
     """Reads, on one node, the memory of each worker group's process trees.
 
     ``procfs`` is the :class:`ProcFS` to read (default ``/proc``). Every
-    :meth:`read` checks each known process's start time (the pid-reuse guard) and
-    reads its RSS from ``statm``. Finding a worker's descendants costs one read per
+    :meth:`read` reads each known process's ``stat`` once: its start time (the
+    pid-reuse guard) and its resident pages (``statm`` only when that reads 0). Finding a worker's descendants costs one read per
     thread of every process in its tree, so with ``tree_interval_seconds`` a tree
     is walked again only that often (every reading when None); a new worker's tree
     is walked at once, and a process spawned in between is counted from the next
@@ -268,7 +270,7 @@ class GroupMemoryReader:
         max_processes: int = DEFAULT_MAX_PROCESSES,
     ) -> None:
         self._procfs = procfs if procfs is not None else ProcFS()
-        self._start_ticks = _start_ticks_reader(self._procfs.root)
+        self._read_stat = _stat_reader(self._procfs.root)
         self._pss_interval = _optional_seconds("pss_interval_seconds", pss_interval_seconds)
         self._tree_interval = _optional_seconds("tree_interval_seconds", tree_interval_seconds)
         if isinstance(max_processes, bool) or not isinstance(max_processes, int):
@@ -298,7 +300,7 @@ class GroupMemoryReader:
         wall_started = time.perf_counter()
         entries = [as_group_worker(entry) for entry in workers]
         now = self._clock()
-        round_ = _Round(self._procfs, self._start_ticks)
+        round_ = _Round(self._procfs, self._read_stat)
         roots, gone = self._live_roots(entries, round_)
         groups: list[GroupMemory] = []
         skipped: list[str] = []
@@ -441,24 +443,32 @@ class GroupMemoryReader:
 class _Round:
     """What one reading learned per pid, so a process in several trees is read once."""
 
-    __slots__ = ("_memory", "_procfs", "_rss", "_start_ticks", "_started")
+    __slots__ = ("_memory", "_procfs", "_read_stat", "_rss", "_stats")
 
-    def __init__(self, procfs: ProcFS, start_ticks: Callable[[int], int | None]) -> None:
+    def __init__(self, procfs: ProcFS, read_stat: Callable[[int], tuple[int, int] | None]) -> None:
         self._procfs = procfs
-        self._start_ticks = start_ticks
-        self._started: dict[int, int | None] = {}
+        self._read_stat = read_stat
+        self._stats: dict[int, tuple[int, int] | None] = {}
         self._rss: dict[int, int | None] = {}
         self._memory: dict[int, tuple[int, int | None] | None] = {}
 
+    def _stat(self, pid: int) -> tuple[int, int] | None:
+        if pid not in self._stats:
+            self._stats[pid] = self._read_stat(pid)
+        return self._stats[pid]
+
     def start_ticks(self, pid: int) -> int | None:
-        if pid not in self._started:
-            self._started[pid] = self._start_ticks(pid)
-        return self._started[pid]
+        stat = self._stat(pid)
+        return None if stat is None else stat[0]
 
     def rss(self, pid: int, started: int) -> int | None:
         """RSS of ``pid`` if it is still the process that started at ``started``."""
-        if self.start_ticks(pid) != started:
+        stat = self._stat(pid)
+        if stat is None or stat[0] != started:
             return None
+        if stat[1] > 0:
+            return stat[1] * PAGE_SIZE
+        # Nothing resident, or a procfs whose stat leaves the field at 0: ask statm.
         if pid not in self._rss:
             self._rss[pid] = self._procfs.read_rss(pid)
         return self._rss[pid]
