@@ -11,7 +11,7 @@ data-parallel leaders and call routing, decided without Ray), ``gpu_state`` (the
 reading taken on a worker's node) and ``named_sharding`` (named axes over ranks).
 """
 
-from raylens.distributed.named_sharding import NamedSharding
+from raylens.distributed.named_sharding import REPLICATED_AXES, NamedSharding, ShardingIndexError
 from raylens.distributed.virtual_cluster import (
     PLACEMENT_STRATEGIES,
     ClusterResourceError,
@@ -20,19 +20,25 @@ from raylens.distributed.virtual_cluster import (
 )
 from raylens.distributed.worker_groups import (
     DISTRIBUTED_ENV_VARS,
+    DispatchLengthError,
     MultiWorkerFuture,
     RayWorkerBuilder,
     RayWorkerGroup,
+    WorkerIndexError,
 )
 
 __all__ = [
     "DISTRIBUTED_ENV_VARS",
     "PLACEMENT_STRATEGIES",
+    "REPLICATED_AXES",
     "ClusterResourceError",
+    "DispatchLengthError",
     "MultiWorkerFuture",
     "NamedSharding",
     "PlacementTimeoutError",
     "RayVirtualCluster",
     "RayWorkerBuilder",
     "RayWorkerGroup",
+    "ShardingIndexError",
+    "WorkerIndexError",
 ]
