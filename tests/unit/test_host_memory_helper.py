@@ -54,6 +54,9 @@ def test_the_helper_scrapes_and_stop_ends_it_within_the_bound(
     errors = {s.node_id: s.error for s in monitor.latest()}
     assert errors[sim.node_id(0)] is None and errors[sim.node_id(1)] is None
     assert "timed out" in (errors[sim.node_id(2)] or "")
+    metrics_probe.collect()
+    exported = {dict(a)["ray.node.id"] for a in metrics_probe.points(hm.RL_HOST_MEMORY_USED_METRIC)}
+    assert exported == {sim.node_id(0), sim.node_id(1)}
 
     monitor.start()
     assert sim.raylet(2).wait_for_requests(2, timeout=10)  # a cycle is in flight on the hung node

@@ -227,6 +227,11 @@ class HostMemoryMonitor:
                 daemon=True,
             )
             self._thread.start()
+        if self.scrape_mode is ScrapeMode.HELPER and not self._scrape_overridden():
+            try:
+                self._engine_for_use().prestart()
+            except Exception:  # the first cycle tries again, and falls back if it must
+                logger.debug("could not pre-start the scrape helper", exc_info=True)
 
     def stop(self) -> None:
         """Stop sampling and end the helper and engine threads. Idempotent; never raises.

@@ -175,6 +175,12 @@ class HelperEngine:
             self._start()
         return self._conn
 
+    def prestart(self) -> None:
+        """Spawn the helper now, without waiting for it, so the first cycle finds it ready."""
+        with self._lock:
+            if not self._closed:
+                self._ensure()
+
     def scrape(
         self, jobs: Sequence[tuple[Hashable, str]], timeout: float | None = None
     ) -> dict[Hashable, Outcome]:
@@ -210,7 +216,12 @@ class HelperEngine:
                     if conn.poll(min(left, _POLL_SLICE_S)):
                         message = conn.recv()
                         if message[0] == "result" and message[1] == batch:
-                            return message[2]
+                            # Ages count from this call, helper start-up included.
+                            offset = now - started
+                            return {
+                                key: outcome._replace(elapsed=outcome.elapsed + offset)
+                                for key, outcome in message[2].items()
+                            }
             except (EOFError, OSError):
                 self._reap()
                 self._lost = True
