@@ -9,16 +9,10 @@ from collections.abc import Iterator
 import pytest
 import requests
 from opentelemetry.metrics import Observation
-from opentelemetry.sdk.metrics.export import (
-    Gauge,
-    Metric,
-    MetricsData,
-    NumberDataPoint,
-    ResourceMetrics,
-    ScopeMetrics,
-)
+from opentelemetry.sdk.metrics.export import MetricsData, ResourceMetrics, ScopeMetrics
 from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.util.instrumentation import InstrumentationScope
+from opentelemetry.test.metrictestutil import _generate_gauge
 
 from raylens.lens import (
     OBSERVABLE_GAUGE,
@@ -69,16 +63,14 @@ def test_prometheus_serves_every_series_despite_a_lone_surrogate(
     assert any('host_name="bad\ufffd"' in s for s in samples)
 
 
-def _data(*points: NumberDataPoint) -> MetricsData:
-    metric = Metric(name="m", description="", unit="By", data=Gauge(data_points=list(points)))
-    scope = ScopeMetrics(InstrumentationScope("t"), [metric], schema_url="")
+def _data(*points: tuple[dict[str, object], float]) -> MetricsData:
+    """One gauge point per metric, built with opentelemetry-test-utils' generator."""
+    metrics = [
+        _generate_gauge("m", value, attributes=attributes, unit="By")
+        for attributes, value in points
+    ]
+    scope = ScopeMetrics(InstrumentationScope("t"), metrics, schema_url="")
     return MetricsData([ResourceMetrics(Resource.create({}), [scope], schema_url="")])
-
-
-def _point(attributes: dict[str, object], value: float) -> NumberDataPoint:
-    return NumberDataPoint(
-        attributes=attributes, start_time_unix_nano=0, time_unix_nano=0, value=value
-    )
 
 
 class _Utf8Only(io.StringIO):
@@ -92,7 +84,7 @@ class _Utf8Only(io.StringIO):
 def test_console_writes_every_other_point_when_one_cannot_be_encoded() -> None:
     stream = _Utf8Only()
     exporter = ConsoleLineExporter(stream)
-    exporter.export(_data(_point({"h": "a"}, 1), _point({"h": f"b{_LONE}"}, 2), _point({}, 3)))
+    exporter.export(_data(({"h": "a"}, 1), ({"h": f"b{_LONE}"}, 2), ({}, 3)))
     lines = stream.getvalue().splitlines()
     assert lines[0] == 'm{h="a"} 1 By'
     assert lines[1] == 'm{h="b\ufffd"} 2 By'
@@ -106,7 +98,7 @@ def test_console_skips_only_the_point_that_cannot_be_formatted() -> None:
 
     stream = io.StringIO()
     ConsoleLineExporter(stream).export(
-        _data(_point({"h": "a"}, 1), _point({"h": Unprintable()}, 2), _point({"h": "c"}, 3))
+        _data(({"h": "a"}, 1), ({"h": Unprintable()}, 2), ({"h": "c"}, 3))
     )
     assert stream.getvalue().splitlines() == ['m{h="a"} 1 By', 'm{h="c"} 3 By']
 
