@@ -201,3 +201,20 @@ def test_the_worker_group_reaches_the_exported_resource() -> None:
     finally:
         unregister_observable_gauge(_GAUGE.name)
         probe.uninstall()
+
+
+def test_a_resource_built_in_code_is_made_exportable() -> None:
+    probe = MetricsProbe()
+    probe.install(
+        TelemetryConfig(service_name=f"svc{_LONE}", resource_attributes={"team": f"t{_LONE}"})
+    )
+    register_observable_gauge(_GAUGE, lambda options: [Observation(1.0, {})])
+    try:
+        data = probe.collect()
+        assert data is not None
+        resource = data.resource_metrics[0].resource
+        assert resource.attributes["service.name"] == "svc\ufffd"
+        assert resource.attributes["team"] == "t\ufffd"
+    finally:
+        unregister_observable_gauge(_GAUGE.name)
+        probe.uninstall()

@@ -46,6 +46,7 @@ from raylens.lens._live_sets import LiveAttributeSets, exportable
 from raylens.lens.config import TelemetryConfig
 from raylens.lens.exporters import build_exporter_reader
 from raylens.lens.metrics import OBSERVABLE_GAUGE, RecordedMetric, register_recorded_metrics
+from raylens.lens.safe_text import encodable
 from raylens.lens.warnings import warn_once
 
 logger = logging.getLogger("raylens.lens")
@@ -235,8 +236,13 @@ def init_telemetry(
                 meter=NoOpMeterProvider().get_meter(METER_NAME),
             )
         else:
-            attributes = dict(config.resource_attributes)
-            attributes["service.name"] = config.service_name
+            # A configuration built in code skips from_env's clean-up; text that does not
+            # encode would make every export of the resource fail.
+            attributes: dict[str, Any] = {
+                encodable(str(key)): encodable(value) if isinstance(value, str) else value
+                for key, value in config.resource_attributes.items()
+            }
+            attributes["service.name"] = encodable(config.service_name)
             provider = MeterProvider(
                 metric_readers=[reader],
                 resource=Resource.create(attributes),
