@@ -139,7 +139,8 @@ class GroupMemorySamplers:
     ``exceptions.RayActorError``; default the real one, imported on first use.
     ``timeout_s`` bounds how long :meth:`sample` waits for all readings together.
     ``pss_interval_seconds``, ``tree_interval_seconds``, ``max_processes`` and
-    ``procfs_root`` configure each sampler's reader (see :class:`GroupMemoryReader`). Thread-safe: concurrent calls run one after the other.
+    ``procfs_root`` configure each sampler's reader (see :class:`GroupMemoryReader`).
+    Thread-safe: concurrent calls run one after the other.
     """
 
     def __init__(
