@@ -15,6 +15,7 @@ from raylens.telemetry.group_memory import (
     GroupMemoryReader,
     GroupMemorySnapshot,
     GroupWorker,
+    GroupWorkerRegistry,
     NodeGroupMemory,
     WorkerFate,
     register_group_memory_gauges,
@@ -584,3 +585,68 @@ def test_bad_max_age_is_refused_by_name(clock: Clock):
         GroupMemorySnapshot(clock=clock, max_age=-1)
     with pytest.raises(ValueError, match="max_age"):
         GroupMemorySnapshot(clock=clock).publish({}, max_age=float("nan"))
+
+
+# --------------------------------------------------------------------------- registry
+
+
+def test_registered_workers_are_listed_by_node():
+    registry = GroupWorkerRegistry()
+    registry.register("policy", [(NODE_A, 200, 1000), (NODE_B, 300, 1001)])
+    registry.register("rollout", [(NODE_A, 400, None)])
+
+    assert registry.workers_by_node() == {
+        NODE_A: [("policy", 200, 1000), ("rollout", 400, None)],
+        NODE_B: [("policy", 300, 1001)],
+    }
+    assert registry.groups() == {"policy", "rollout"}
+
+
+def test_registering_a_group_again_replaces_its_workers():
+    # A recreated worker has a new pid, possibly on another node.
+    registry = GroupWorkerRegistry()
+    registry.register("policy", [(NODE_A, 200, 1000), (NODE_B, 300, 1001)])
+    registry.register("policy", [(NODE_A, 200, 1000), (NODE_A, 350, 1005)])
+
+    assert registry.workers_by_node() == {NODE_A: [("policy", 200, 1000), ("policy", 350, 1005)]}
+
+
+def test_forgetting_the_last_group_of_a_node_drops_the_node():
+    registry = GroupWorkerRegistry()
+    registry.register("policy", [(NODE_A, 200, 1000)])
+    registry.register("rollout", [(NODE_B, 300, 1001)])
+    registry.forget("rollout")
+    registry.forget("never-registered")
+
+    assert registry.workers_by_node() == {NODE_A: [("policy", 200, 1000)]}
+
+
+@pytest.mark.parametrize(
+    ("group", "workers", "message"),
+    [
+        ("", [(NODE_A, 200, 1)], "group"),
+        ("policy", [("", 200, 1)], "node id"),
+        ("policy", [(NODE_A, -2, 1)], "pid"),
+        ("policy", [(NODE_A, 200)], r"\(node_id, pid, start_ticks\)"),
+    ],
+)
+def test_bad_registrations_are_refused_and_change_nothing(group, workers, message):
+    registry = GroupWorkerRegistry()
+    registry.register("policy", [(NODE_A, 100, 5)])
+    with pytest.raises(ValueError, match=message):
+        registry.register(group, workers)
+    assert registry.workers_by_node() == {NODE_A: [("policy", 100, 5)]}
+
+
+def test_module_functions_use_the_default_registry():
+    from raylens.telemetry import group_memory
+
+    try:
+        group_memory.register_group_workers("policy", [(NODE_A, 200, 1000)])
+        assert group_memory.DEFAULT_REGISTRY.workers_by_node() == {NODE_A: [("policy", 200, 1000)]}
+        group_memory.forget_group_workers("policy")
+        assert group_memory.DEFAULT_REGISTRY.workers_by_node() == {}
+        group_memory.register_group_workers("policy", [(NODE_A, 200, 1000)])
+    finally:
+        group_memory.reset_group_memory_state()
+    assert group_memory.DEFAULT_REGISTRY.workers_by_node() == {}

@@ -41,7 +41,7 @@ from __future__ import annotations
 import os
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 
 from opentelemetry.metrics import CallbackOptions, Observation
@@ -64,6 +64,7 @@ from raylens.telemetry.process_memory import ProcFS
 __all__ = [
     "DEFAULT_MAX_AGE_SECONDS",
     "DEFAULT_MAX_PROCESSES",
+    "DEFAULT_REGISTRY",
     "DEFAULT_SNAPSHOT",
     "GROUP_MEMORY_RECORDED_METRICS",
     "GROUP_MEMORY_USAGE_METRIC",
@@ -75,12 +76,15 @@ __all__ = [
     "GroupMemoryReader",
     "GroupMemorySnapshot",
     "GroupWorker",
+    "GroupWorkerRegistry",
     "NodeGroupMemory",
     "WorkerFate",
     "as_group_worker",
+    "forget_group_workers",
     "own_process_identity",
     "publish_group_memory",
     "register_group_memory_gauges",
+    "register_group_workers",
     "reset_group_memory_state",
 ]
 
@@ -118,6 +122,89 @@ def own_process_identity(procfs: ProcFS | None = None) -> tuple[int, int | None]
     """``(pid, start_ticks)`` of the calling process, for a worker to report about itself."""
     pid = os.getpid()
     return pid, (procfs or ProcFS()).start_ticks(pid)
+
+
+# --------------------------------------------------------------------------- registry
+
+
+class GroupWorkerRegistry:
+    """Which worker processes each group has on each node, as the driver's groups report them.
+
+    A group registers all its workers at once, as ``(node id, pid, start_ticks)``, when
+    they are ready and again after a worker is recreated (the new list replaces the
+    old), and is forgotten at shutdown. :meth:`workers_by_node` is what the sampler
+    manager takes each cycle. Thread-safe.
+    """
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._groups: dict[str, tuple[tuple[str, int, int | None], ...]] = {}
+
+    def register(self, group: str, workers: Iterable[tuple[str, int, int | None]]) -> None:
+        """Make ``workers`` the whole of ``group``'s worker processes.
+
+        Raises ValueError, naming the fault, for an empty group name or a malformed
+        worker; nothing is changed then.
+        """
+        if not isinstance(group, str) or not group:
+            raise ValueError(f"worker group must be a non-empty str, got {group!r:.80}")
+        entries = tuple(_check_registered(group, worker) for worker in workers)
+        with self._lock:
+            self._groups[group] = entries
+
+    def forget(self, group: str) -> None:
+        """Drop ``group``'s workers (nothing happens for an unknown group)."""
+        with self._lock:
+            self._groups.pop(group, None)
+
+    def groups(self) -> set[str]:
+        """The registered group names."""
+        with self._lock:
+            return set(self._groups)
+
+    def workers_by_node(self) -> dict[str, list[tuple[str, int, int | None]]]:
+        """``{node id: [(group, pid, start_ticks), ...]}``, groups in name order."""
+        with self._lock:
+            groups = sorted(self._groups.items())
+        by_node: dict[str, list[tuple[str, int, int | None]]] = {}
+        for group, workers in groups:
+            for node_id, pid, ticks in workers:
+                by_node.setdefault(node_id, []).append((group, pid, ticks))
+        return by_node
+
+    def clear(self) -> None:
+        """Forget every group."""
+        with self._lock:
+            self._groups.clear()
+
+
+def _check_registered(group: str, worker: object) -> tuple[str, int, int | None]:
+    if not isinstance(worker, (tuple, list)) or len(worker) != 3:
+        raise ValueError(
+            f"each worker of group {group!r:.80} must be a (node_id, pid, start_ticks) tuple, "
+            f"got {worker!r:.120}"
+        )
+    node_id, pid, ticks = worker
+    if not isinstance(node_id, str) or not node_id:
+        raise ValueError(
+            f"node id of a {group!r:.80} worker must be a non-empty str, got {node_id!r:.80}"
+        )
+    checked = as_group_worker((group, pid, ticks))
+    return node_id, checked.pid, checked.start_ticks
+
+
+DEFAULT_REGISTRY = GroupWorkerRegistry()
+"""The registry :func:`register_group_workers` and :func:`forget_group_workers` write."""
+
+
+def register_group_workers(group: str, workers: Iterable[tuple[str, int, int | None]]) -> None:
+    """:meth:`GroupWorkerRegistry.register` on :data:`DEFAULT_REGISTRY`."""
+    DEFAULT_REGISTRY.register(group, workers)
+
+
+def forget_group_workers(group: str) -> None:
+    """:meth:`GroupWorkerRegistry.forget` on :data:`DEFAULT_REGISTRY`."""
+    DEFAULT_REGISTRY.forget(group)
 
 
 # --------------------------------------------------------------------------- snapshot
@@ -245,5 +332,6 @@ def publish_group_memory(results: Mapping[str, object], *, max_age: float | None
 
 
 def reset_group_memory_state() -> None:
-    """Forget the default snapshot's readings (tests call this)."""
+    """Forget the default registry's workers and the default snapshot's readings (tests)."""
+    DEFAULT_REGISTRY.clear()
     DEFAULT_SNAPSHOT.clear()
