@@ -34,6 +34,9 @@ def _encodable_value(value: Any) -> Any:
 
 def _needs_repair(attributes: Mapping[str, Any]) -> bool:
     for key, value in attributes.items():
+        # isascii() is a flag lookup: the common all-ASCII label costs no encode.
+        if isinstance(value, str) and value.isascii() and isinstance(key, str) and key.isascii():
+            continue
         if isinstance(key, str) and encodable(key) is not key:
             return True
         if isinstance(value, str):

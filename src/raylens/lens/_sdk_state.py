@@ -78,7 +78,6 @@ def supported(instrument: Any) -> bool:
 
 def _table_key(match: Any, attributes: Mapping[str, Any]) -> Hashable:
     assert _KEY is not None
-    attributes = dict(attributes)
     keys = match._view._attribute_keys
     if keys is not None:
         attributes = {k: v for k, v in attributes.items() if k in keys}
