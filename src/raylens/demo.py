@@ -25,13 +25,14 @@ _PAGE = 4096
 
 @contextmanager
 def _interrupts_deferred() -> Iterator[None]:
-    """Hold Ctrl-C back for the duration of the block, then raise it.
+    """Hold Ctrl-C and SIGTERM back for the duration of the block, then act on them.
 
     Starting a Ray node spawns processes before the cluster object records the
-    node, and shutting down stops them one by one: a KeyboardInterrupt in the
-    middle of either leaves processes nobody stops, or an interrupted teardown
-    that Ray then retries noisily at exit. Inside the block SIGINT is only noted;
-    a KeyboardInterrupt follows the block if one came (unless the block raised).
+    node, and shutting down stops them one by one: an exception in the middle of
+    either leaves processes nobody stops, or an interrupted teardown that Ray then
+    retries noisily at exit. Inside the block both signals are only noted. After
+    it (unless the block raised), a SIGTERM is delivered again to whatever handler
+    was in place before, then a Ctrl-C is raised as KeyboardInterrupt.
     Signals reach only the main thread, so elsewhere this changes nothing.
     """
     if threading.current_thread() is not threading.main_thread():
@@ -42,15 +43,40 @@ def _interrupts_deferred() -> Iterator[None]:
     def hold(signum: int, frame: object) -> None:
         received.append(signum)
 
-    previous = signal.signal(signal.SIGINT, hold)
+    previous_int = signal.signal(signal.SIGINT, hold)
+    previous_term = signal.signal(signal.SIGTERM, hold)
     try:
         yield
     finally:
         signal.signal(
-            signal.SIGINT, previous if previous is not None else signal.default_int_handler
+            signal.SIGINT, previous_int if previous_int is not None else signal.default_int_handler
         )
-    if received:
+        signal.signal(
+            signal.SIGTERM, previous_term if previous_term is not None else signal.SIG_DFL
+        )
+    if signal.SIGTERM in received:
+        signal.raise_signal(signal.SIGTERM)
+    if signal.SIGINT in received:
         raise KeyboardInterrupt
+
+
+@contextmanager
+def keep_sigterm_handler() -> Iterator[None]:
+    """Undo, after the block, the SIGTERM handler ``ray.init`` installs in a driver.
+
+    Ray's handler exits with status 15 at once; the process that connects (the demo,
+    ``raylens watch``) decides what SIGTERM does, for example stop what it started
+    and exit with 143.
+    """
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = signal.getsignal(signal.SIGTERM)
+    try:
+        yield
+    finally:
+        if previous is not None:
+            signal.signal(signal.SIGTERM, previous)
 
 
 class MemoryHolder:
@@ -133,7 +159,8 @@ class DemoCluster:
                     num_cpus=self.cpus_per_node, object_store_memory=80 * _MIB
                 )
         self.ray_cluster.wait_for_nodes()
-        ray.init(address=self.ray_cluster.address, logging_level="ERROR", log_to_driver=False)
+        with keep_sigterm_handler():
+            ray.init(address=self.ray_cluster.address, logging_level="ERROR", log_to_driver=False)
 
         self.virtual_cluster = RayVirtualCluster(
             [1] * self.n_nodes,

@@ -245,3 +245,151 @@ def test_scrape_deadline_never_outlasts_the_refresh() -> None:
 
     assert scrape_timeout_for(0.5) == 0.5
     assert scrape_timeout_for(60.0) == _SCRAPE_TIMEOUT_S
+
+
+# ------------------------------------------------------------- hostile flags and start-up
+
+
+@pytest.mark.parametrize(
+    ("argv", "flag", "minimum"),
+    [
+        (["simulate", "--interval", "1e-300"], "--interval", "0.05"),
+        (["simulate", "--interval", "0.001"], "--interval", "0.05"),
+        (["profile", "--interval", "1e-9", "--", "true"], "--interval", "0.05"),
+        (["profile", "--pss-interval", "1e-300", "--", "true"], "--pss-interval", "0.05"),
+        (["simulate", "--scrape-timeout", "1e-300"], "--scrape-timeout", "0.001"),
+        (["watch", "--duration", "1e-300"], "--duration", "0.001"),
+    ],
+)
+def test_tiny_seconds_are_refused_naming_the_flag_and_the_minimum(
+    argv: list[str], flag: str, minimum: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with pytest.raises(SystemExit) as exit_info:
+        main(argv)
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err
+    assert f"argument {flag}" in err and f"at least {minimum} s" in err, err
+
+
+@pytest.mark.parametrize("nodes", ["100000", "30000"])
+def test_more_simulated_nodes_than_allowed_are_refused_up_front(
+    nodes: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from raylens.cli.cluster_views import MAX_SIMULATED_NODES
+
+    assert main(["simulate", "--nodes", nodes, "--once"]) == 2
+    (line,) = capsys.readouterr().err.strip().splitlines()
+    assert line.startswith(f"raylens: error: --nodes {nodes} ")
+    assert f"at most {MAX_SIMULATED_NODES}" in line
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="needs RLIMIT_NOFILE")
+def test_simulated_nodes_beyond_the_open_file_limit_are_refused_up_front() -> None:
+    import resource
+
+    def low_limit() -> None:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (200, 200))
+
+    result = subprocess.run(
+        [sys.executable, "-m", "raylens", "simulate", "--nodes", "100", "--once"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        preexec_fn=low_limit,
+    )
+    assert result.returncode == 2, result.stderr
+    (line,) = result.stderr.strip().splitlines()
+    assert "--nodes 100" in line and "open files" in line and "200" in line
+
+
+@pytest.mark.parametrize("flags", [["--json"], []], ids=["json", "table"])
+def test_a_closed_stdout_ends_quietly(flags: list[str]) -> None:
+    result = subprocess.run(
+        [
+            "sh",
+            "-c",
+            'exec "$@" >&-',
+            "sh",
+            *(sys.executable, "-m", "raylens", "simulate", "--nodes", "1", "--once", *flags),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert result.returncode == 141, result.stderr
+    assert result.stderr == ""
+
+
+def test_ctrl_c_while_the_command_loads_is_quiet(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import importlib.abc
+
+    class Interrupting(importlib.abc.MetaPathFinder):
+        def find_spec(self, name: str, path: object, target: object = None) -> None:
+            if name == "raylens.cli.app":
+                raise KeyboardInterrupt
+            return None
+
+    for name in [m for m in sys.modules if m.startswith("raylens.cli.")]:
+        monkeypatch.delitem(sys.modules, name)
+    monkeypatch.setattr(sys, "meta_path", [Interrupting(), *sys.meta_path])
+    assert main(["simulate", "--once"]) == 130
+    assert capsys.readouterr().err == "raylens: interrupted\n"
+
+
+def test_ctrl_c_while_flags_are_parsed_is_quiet(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from raylens.cli import app
+
+    def interrupted() -> None:
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(app, "build_parser", interrupted)
+    assert main(["simulate", "--once"]) == 130
+    assert capsys.readouterr().err == "raylens: interrupted\n"
+
+
+def test_the_entry_point_loads_nothing_heavy() -> None:
+    """What runs before main() can catch Ctrl-C is only the interpreter and this import."""
+    script = (
+        "import sys, raylens.cli; "
+        "print(sorted(m for m in sys.modules if m.split('.')[0] in "
+        "('rich', 'opentelemetry', 'requests', 'psutil', 'numpy') or m.startswith('raylens.cli.')))"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, check=True, timeout=60
+    )
+    assert result.stdout.strip() == "[]"
+
+
+def test_sigterm_ends_simulate_with_143_quietly() -> None:
+    import signal
+
+    process = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "raylens",
+            "simulate",
+            "--nodes",
+            "2",
+            "--interval",
+            "0.2",
+            "--json",
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert process.stdout.readline().startswith("{")
+        process.send_signal(signal.SIGTERM)
+        _, err = process.communicate(timeout=60)
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait()
+    assert process.returncode == 143, err
+    assert "Traceback" not in err and "terminated" in err, err

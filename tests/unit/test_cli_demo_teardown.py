@@ -102,3 +102,56 @@ def test_the_usual_ctrl_c_handler_is_back_after_a_deferred_block() -> None:
     assert signal.getsignal(signal.SIGINT) is before
     with pytest.raises(KeyboardInterrupt):
         _ctrl_c()
+
+
+class _Terminated(Exception):
+    pass
+
+
+def _raise_terminated(signum: int, frame: object) -> None:
+    raise _Terminated
+
+
+def test_sigterm_while_a_node_starts_is_held_until_the_node_is_recorded(
+    fake_ray: list[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(_FakeRayCluster, "add_node", _add_node_then_sigterm)
+    previous = signal.signal(signal.SIGTERM, _raise_terminated)
+    try:
+        with pytest.raises(_Terminated), DemoCluster(2):
+            pass
+        assert signal.getsignal(signal.SIGTERM) is _raise_terminated
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+    assert fake_ray[:2] == ["node starting", "node recorded"]
+    assert fake_ray[-1] == "cluster shut down"
+
+
+def _add_node_then_sigterm(self: _FakeRayCluster, **kwargs: object) -> None:
+    self.events.append("node starting")
+    os.kill(os.getpid(), signal.SIGTERM)
+    self.events.append("node recorded")
+
+
+def test_the_sigterm_handler_ray_init_installs_is_undone(
+    fake_ray: list[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import ray
+
+    from raylens import demo
+
+    def init_like_ray(**kwargs: object) -> None:
+        signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(signum))
+        raise RuntimeError("stop the start-up here")
+
+    monkeypatch.setattr(_FakeRayCluster, "add_node", lambda self, **kwargs: None)
+    monkeypatch.setattr(_FakeRayCluster, "wait_for_nodes", lambda self: None, raising=False)
+    monkeypatch.setattr(ray, "init", init_like_ray)
+    monkeypatch.setattr(demo.DemoCluster, "close", lambda self: None)
+    previous = signal.signal(signal.SIGTERM, _raise_terminated)
+    try:
+        with pytest.raises(RuntimeError, match="stop the start-up"), DemoCluster(2):
+            pass
+        assert signal.getsignal(signal.SIGTERM) is _raise_terminated
+    finally:
+        signal.signal(signal.SIGTERM, previous)

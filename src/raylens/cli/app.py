@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import signal
 import sys
 import threading
 from collections.abc import Callable, Sequence
@@ -11,6 +12,7 @@ from raylens.cli.cluster_views import run_demo, run_simulate, run_watch
 from raylens.cli.output import configure_logging
 from raylens.cli.parser import CliError, build_parser
 from raylens.cli.profile import run_profile
+from raylens.cli.supervision import Terminated, raise_on_sigterm
 from raylens.lens import shutdown_telemetry
 from raylens.lens.safe_text import printable
 
@@ -31,8 +33,14 @@ def run(argv: Sequence[str] | None = None) -> int:
         return 2
     configure_logging(verbose=args.verbose)
     stop = threading.Event()
+    # SIGTERM unwinds like Ctrl-C, so that clusters, monitors and commands are stopped.
+    restore_sigterm = raise_on_sigterm()
     try:
         return _HANDLERS[args.command](args, stop)
+    except Terminated:
+        stop.set()
+        print("raylens: terminated", file=sys.stderr)
+        return 128 + signal.SIGTERM
     except CliError as error:
         print(f"raylens: error: {printable(str(error))}", file=sys.stderr)
         return error.exit_code
@@ -41,4 +49,5 @@ def run(argv: Sequence[str] | None = None) -> int:
         print("raylens: interrupted", file=sys.stderr)
         return 130
     finally:
+        restore_sigterm()
         shutdown_telemetry()

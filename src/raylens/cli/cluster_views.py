@@ -14,6 +14,7 @@ from raylens.cli.gcs_probe import GcsProbe, check_reachable, confirm_gcs
 from raylens.cli.output import Output, sample_loop
 from raylens.cli.parser import CliError
 from raylens.cli.pipeline import scrape_timeout_for, start_telemetry, stop_monitoring
+from raylens.demo import keep_sigterm_handler
 from raylens.live_table import NodeRow, node_table
 
 # How many samples of each node's trend the table keeps.
@@ -92,9 +93,39 @@ def _simulated_memory(node_index: int, t: float) -> tuple[float, float]:
     return used, total
 
 
+# The most nodes ``raylens simulate`` starts. Each is a real HTTP server in this
+# process, and every cycle scrapes each over its own connection: past a few thousand
+# the simulation measures the machine, not raylens.
+MAX_SIMULATED_NODES = 5000
+# Open files a simulated node may hold at once (its listening socket, a connection's
+# two ends, one spare), and those the rest of the process needs.
+_FILES_PER_NODE = 4
+_FILES_SPARE = 256
+
+
+def _check_simulated_size(nodes: int) -> None:
+    """Refuse, before anything starts, a simulated cluster this process cannot hold."""
+    from raylens_fakes.simulated import ensure_open_file_limit
+
+    if nodes > MAX_SIMULATED_NODES:
+        raise CliError(
+            f"--nodes {nodes} is more than a simulated cluster may have: "
+            f"at most {MAX_SIMULATED_NODES}"
+        )
+    needed = _FILES_SPARE + _FILES_PER_NODE * nodes
+    limit = ensure_open_file_limit(needed)
+    if 0 < limit < needed:
+        raise CliError(
+            f"--nodes {nodes} needs about {needed} open files, and this process may open "
+            f"at most {limit} (see ulimit -n): simulate at most "
+            f"{max(0, (limit - _FILES_SPARE) // _FILES_PER_NODE)} nodes, or raise the limit"
+        )
+
+
 def run_simulate(args: argparse.Namespace, stop: threading.Event) -> int:
     if args.hung > args.nodes:
         raise CliError(f"--hung {args.hung} is more than --nodes {args.nodes}")
+    _check_simulated_size(args.nodes)
     from raylens.telemetry import host_memory
     from raylens_fakes.simulated import SimulatedCluster
 
@@ -151,7 +182,8 @@ def run_watch(
     confirm_gcs(address, probe=probe)
     start_telemetry(args.exporter, as_json=args.json)
     try:
-        ray.init(address=address, logging_level="ERROR", log_to_driver=False)
+        with keep_sigterm_handler():
+            ray.init(address=address, logging_level="ERROR", log_to_driver=False)
     except Exception as error:  # Ray raises ConnectionError, RuntimeError, ValueError...
         first_line = (
             str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__

@@ -66,7 +66,8 @@ class Output:
     def __init__(self, *, as_json: bool, console: Console | None = None) -> None:
         self.as_json = as_json
         self.console = console or default_console()
-        self.closed = False
+        # Python leaves sys.stdout None when raylens starts with file descriptor 1 closed.
+        self.closed = sys.stdout is None
         self.display_failed = False
         self._live: Live | None = None
 

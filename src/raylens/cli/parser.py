@@ -24,17 +24,34 @@ class CliError(Exception):
 # --------------------------------------------------------------------------- flags
 
 
-def positive_seconds(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a number of seconds, got {text!r}") from None
-    # Waits longer than TIMEOUT_MAX overflow the platform's timers.
-    if not math.isfinite(value) or value <= 0 or value > threading.TIMEOUT_MAX:
-        raise argparse.ArgumentTypeError(
-            f"must be a positive number of seconds up to {threading.TIMEOUT_MAX:.0f}, got {text!r}"
-        )
-    return value
+# The shortest wait between two samples: below it a command would do nothing but sample.
+MIN_INTERVAL_S = 0.05
+# The shortest deadline or run time a flag may give.
+MIN_SECONDS = 0.001
+
+
+def seconds(minimum: float) -> Callable[[str], float]:
+    """The one validator of every flag given in seconds: finite, at least ``minimum``.
+
+    The upper bound is ``threading.TIMEOUT_MAX``: longer waits overflow the platform's
+    timers.
+    """
+
+    def parse(text: str) -> float:
+        try:
+            value = float(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(
+                f"expected a number of seconds, got {text!r}"
+            ) from None
+        if not math.isfinite(value) or not minimum <= value <= threading.TIMEOUT_MAX:
+            raise argparse.ArgumentTypeError(
+                f"must be at least {minimum:g} s and at most {threading.TIMEOUT_MAX:.0f} s, "
+                f"got {text!r}"
+            )
+        return value
+
+    return parse
 
 
 def _count(minimum: int) -> Callable[[str], int]:
@@ -54,13 +71,13 @@ def _add_common(parser: argparse.ArgumentParser, *, interval: float, duration: b
     if duration:
         parser.add_argument(
             "--duration",
-            type=positive_seconds,
+            type=seconds(MIN_SECONDS),
             default=None,
             help="stop after this many seconds (default: run until Ctrl-C)",
         )
     parser.add_argument(
         "--interval",
-        type=positive_seconds,
+        type=seconds(MIN_INTERVAL_S),
         default=interval,
         help=f"seconds between samples (default {interval:g})",
     )
@@ -120,7 +137,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     simulate.add_argument(
         "--scrape-timeout",
-        type=positive_seconds,
+        type=seconds(MIN_SECONDS),
         default=None,
         help="deadline for one node's scrape (default: the interval, at most 5 s)",
     )
@@ -133,7 +150,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_common(profile, interval=1.0, duration=False)
     profile.add_argument(
         "--pss-interval",
-        type=positive_seconds,
+        type=seconds(MIN_INTERVAL_S),
         default=None,
         help="read PSS (costly for big processes) at most this often (default: every sample)",
     )
