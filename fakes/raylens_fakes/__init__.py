@@ -1,13 +1,13 @@
 """A simulated Ray cluster and an in-memory metric reader, for testing raylens and code built on it.
 
 Installed with raylens and registered as a pytest plugin, so its fixtures
-(``metrics_probe``, ``fake_cluster``, ``simulated_cluster``, ``fake_procfs``,
-``raylens_state``) are available in any
-project that installs raylens. See :mod:`raylens_fakes.pytest_plugin`.
+(``metrics_probe``, ``fake_cluster``, ``fake_default_cluster``, ``simulated_cluster``,
+``fake_procfs``, ``raylens_state``) are available in any project that installs
+raylens. See :mod:`raylens_fakes.pytest_plugin`.
 """
 
 from raylens_fakes.cluster import FakeCluster, FakePlacementGroup
-from raylens_fakes.otel import MetricsProbe
+from raylens_fakes.otel import MetricsProbe, Snapshot
 from raylens_fakes.procfs import FakeProcFS
 from raylens_fakes.raylet import FakeRaylet
 from raylens_fakes.simulated import SimulatedCluster
@@ -19,4 +19,5 @@ __all__ = [
     "FakeRaylet",
     "MetricsProbe",
     "SimulatedCluster",
+    "Snapshot",
 ]
