@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import itertools
+import os
+import sys
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -13,8 +15,15 @@ from raylens.distributed.group_memory_sampler import (
     GroupMemorySamplerActor,
     GroupMemorySamplers,
     SamplerError,
+    collect_group_memory,
+    worker_identity,
 )
-from raylens.telemetry.group_memory import GroupMemorySnapshot, NodeGroupMemory
+from raylens.telemetry.group_memory import (
+    GroupMemorySnapshot,
+    GroupWorkerRegistry,
+    NodeGroupMemory,
+)
+from raylens.telemetry.process_memory import ProcFS
 from raylens_fakes.procfs import FakeProcFS
 
 MB = 2**20
@@ -364,3 +373,39 @@ def test_reader_settings_reach_every_sampler(fake_ray: FakeRay, nodes, monkeypat
     manager.sample({NODE_A: [_worker(a, "policy", 200, MB)]})
 
     assert [(m["pss_interval_seconds"], m["tree_interval_seconds"]) for m in made] == [(45.0, 15.0)]
+
+
+def test_one_cycle_samples_the_registry_and_publishes(fake_ray: FakeRay, nodes):
+    a, b = nodes[NODE_A], nodes[NODE_B]
+    registry = GroupWorkerRegistry()
+    _, pid_a, ticks_a = _worker(a, "policy", 200, 3 * MB)
+    _, pid_b, ticks_b = _worker(b, "rollout", 300, 5 * MB)
+    registry.register("policy", [(NODE_A, pid_a, ticks_a)])
+    registry.register("rollout", [(NODE_B, pid_b, ticks_b)])
+    snapshot = GroupMemorySnapshot(clock=lambda: 0.0)
+    manager = _manager(fake_ray)
+
+    results = collect_group_memory(manager, registry=registry, snapshot=snapshot, max_age=15.0)
+
+    assert set(results) == {NODE_A, NODE_B}
+    points = {
+        (dict(o.attributes)["rl.worker_group"], dict(o.attributes)["ray.node.id"]): o.value
+        for o in snapshot.observe_usage()
+        if dict(o.attributes)["memory.type"] == "rss"
+    }
+    assert points == {("policy", NODE_A): 3 * MB, ("rollout", NODE_B): 5 * MB}
+
+    registry.forget("rollout")
+    collect_group_memory(manager, registry=registry, snapshot=snapshot)
+    assert manager.nodes == {NODE_A}
+    assert {dict(o.attributes)["ray.node.id"] for o in snapshot.observe_processes()} == {NODE_A}
+
+
+def test_worker_identity_reports_node_pid_and_start(monkeypatch):
+    context = SimpleNamespace(get_node_id=lambda: NODE_C)
+    monkeypatch.setitem(sys.modules, "ray", SimpleNamespace(get_runtime_context=lambda: context))
+
+    node_id, pid, ticks = worker_identity(object())
+
+    assert (node_id, pid) == (NODE_C, os.getpid())
+    assert ticks == ProcFS().start_ticks(os.getpid())

@@ -33,9 +33,14 @@ from typing import Any
 from raylens.lens.safe_text import printable
 from raylens.telemetry.group_memory import (
     DEFAULT_MAX_PROCESSES,
+    DEFAULT_REGISTRY,
+    DEFAULT_SNAPSHOT,
     GroupMemoryReader,
+    GroupMemorySnapshot,
+    GroupWorkerRegistry,
     NodeGroupMemory,
     as_group_worker,
+    own_process_identity,
 )
 from raylens.telemetry.process_memory import ProcFS
 
@@ -47,6 +52,8 @@ __all__ = [
     "GroupMemorySamplerActor",
     "GroupMemorySamplers",
     "SamplerError",
+    "collect_group_memory",
+    "worker_identity",
 ]
 
 DEFAULT_TIMEOUT_S = 2.0
@@ -321,3 +328,36 @@ class GroupMemorySamplers:
         with self._lock:
             for node_id in list(self._samplers):
                 self._remove(node_id)
+
+
+def collect_group_memory(
+    samplers: GroupMemorySamplers,
+    *,
+    registry: GroupWorkerRegistry | None = None,
+    snapshot: GroupMemorySnapshot | None = None,
+    max_age: float | None = None,
+) -> dict[str, NodeGroupMemory | SamplerError]:
+    """One cycle: sample every registered worker's node and publish what came back.
+
+    ``registry`` and ``snapshot`` default to the module-wide ones of
+    :mod:`raylens.telemetry.group_memory`; ``max_age`` is passed to
+    :meth:`GroupMemorySnapshot.publish`. Returns the cycle's results, for a table.
+    """
+    source = registry if registry is not None else DEFAULT_REGISTRY
+    target = snapshot if snapshot is not None else DEFAULT_SNAPSHOT
+    results = samplers.sample(source.workers_by_node())
+    target.publish(results, max_age=max_age)
+    return results
+
+
+def worker_identity(_actor: object = None) -> tuple[str, int, int | None]:
+    """``(node id, pid, start_ticks)`` of the calling Ray worker process.
+
+    Shaped for ``ray.get(worker.__ray_call__.remote(worker_identity))``, which runs it
+    inside the worker's own process whatever the worker class is; the result is what
+    :func:`~raylens.telemetry.group_memory.register_group_workers` takes per worker.
+    """
+    import ray
+
+    pid, ticks = own_process_identity()
+    return ray.get_runtime_context().get_node_id(), pid, ticks
