@@ -1,8 +1,13 @@
 """Memory held by each worker group's processes on a node, read from procfs.
 
 The host-memory series say how much a node uses in all; this module says how much
-of it sits in the processes of each worker group. It has two halves, joined only
+of it sits in the processes of each worker group. It has three parts, joined only
 by plain values:
+
+- :class:`GroupWorkerRegistry` lives in the driver: each worker group registers its
+  workers there as ``(node id, pid, start_ticks)`` (see
+  :func:`raylens.distributed.group_memory_sampler.worker_identity`), again after
+  recreating a worker, and is forgotten at shutdown.
 
 - :class:`GroupMemoryReader` runs on the node itself (in a sampler process, see
   :mod:`raylens.distributed.group_memory_sampler`). Given the workers registered
@@ -32,8 +37,9 @@ Series (registered by :func:`register_group_memory_gauges`, never at import):
 
 each point carrying ``rl.worker_group``, ``ray.node.id`` and ``host.name``.
 
-State lives in :class:`GroupMemorySnapshot` objects; :data:`DEFAULT_SNAPSHOT` is the
-one the module functions use, and :func:`reset_group_memory_state` clears it.
+State lives in :class:`GroupWorkerRegistry` and :class:`GroupMemorySnapshot` objects;
+:data:`DEFAULT_REGISTRY` and :data:`DEFAULT_SNAPSHOT` are the ones the module functions
+use, and :func:`reset_group_memory_state` clears both.
 """
 
 from __future__ import annotations
