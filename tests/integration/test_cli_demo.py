@@ -101,3 +101,38 @@ def test_ctrl_c_during_start_up_leaves_no_ray_process() -> None:
     assert process.returncode == 130, output
     assert "Traceback" not in output
     _assert_gone(daemons | later)
+
+
+@pytest.mark.timeout(300)  # three Ray nodes on a busy machine can take minutes to start
+def test_sigterm_once_the_table_shows_exits_143_and_leaves_no_ray_process() -> None:
+    process = _demo("--duration", "120", "--interval", "1")
+    shown = threading.Event()
+    lines: list[str] = []
+
+    def read() -> None:
+        for line in process.stdout:
+            lines.append(line)
+            if "raylens demo:" in line:
+                shown.set()
+
+    reader = threading.Thread(target=read, name="raylens-test-demo-output", daemon=True)
+    reader.start()
+    daemons: set[int] = set()
+    deadline = time.monotonic() + 180
+    while not shown.is_set() and process.poll() is None and time.monotonic() < deadline:
+        daemons |= _daemons_started_by(process.pid)
+        shown.wait(0.2)
+    try:
+        assert shown.is_set(), "".join(lines)
+        daemons |= _daemons_started_by(process.pid)
+        process.send_signal(signal.SIGTERM)
+        process.wait(timeout=120)
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait()
+        reader.join(30)
+    output = "".join(lines)
+    assert process.returncode == 143, output
+    assert "Traceback" not in output and "raylens: terminated" in output, output
+    _assert_gone(daemons)
