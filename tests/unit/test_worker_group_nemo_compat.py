@@ -2,7 +2,7 @@
 
 The group is built for real, on a stand-in cluster and builder that record what each
 worker was created with, and a stand-in ``ray`` module plugged in through the group's
-Ray seam (``_connected_ray``).
+Ray seam (a :class:`~raylens.distributed.ray_seam.RaySeam` given as ``ray_seam``).
 """
 
 from __future__ import annotations
@@ -15,6 +15,7 @@ import pytest
 
 from raylens.distributed import worker_groups as wg
 from raylens.distributed.named_sharding import NamedSharding
+from raylens.distributed.ray_seam import RaySeam
 
 
 class ObjectRef:
@@ -112,7 +113,7 @@ class StubBuilder:
         self.ray = ray
         self.ray_actor_class_fqn = fqn
 
-    def _create_initializer(self, group: Any, bundle_index: int, env: dict[str, str]) -> Any:
+    def _create_initializer(self, group: Any, bundle_index: int, *rest: Any) -> Any:
         return SimpleNamespace(group=group)
 
     def _submit_worker(self, initializer: Any, pg: Any, index: int, *rest: Any) -> ObjectRef:
@@ -120,16 +121,30 @@ class StubBuilder:
         return ObjectRef(FakeActor(self.ray, options["name"], options))
 
 
+class FakeSeam(RaySeam):
+    """A Ray seam whose connected ray module is the stand-in (None: disconnected)."""
+
+    def __init__(self, ray: FakeRay | None) -> None:
+        super().__init__()
+        self.fake = ray
+
+    def connected_ray(self) -> FakeRay | None:
+        return self.fake
+
+
 @pytest.fixture
-def ray(monkeypatch: pytest.MonkeyPatch) -> FakeRay:
-    fake = FakeRay()
-    monkeypatch.setattr(wg, "_connected_ray", lambda: fake)
-    return fake
+def ray() -> FakeRay:
+    return FakeRay()
 
 
 def build(ray: FakeRay, counts: list[int] | None = None, **kwargs: Any) -> wg.RayWorkerGroup:
     cluster = StubCluster(counts or [2, 2])
-    return wg.RayWorkerGroup(cluster, StubBuilder(ray), **kwargs)  # type: ignore[arg-type]
+    return wg.RayWorkerGroup(
+        cluster,  # type: ignore[arg-type]
+        StubBuilder(ray),  # type: ignore[arg-type]
+        ray_seam=FakeSeam(ray),
+        **kwargs,
+    )
 
 
 def env_of(worker: FakeActor) -> dict[str, str]:

@@ -15,3 +15,12 @@ def test_worker_groups_exposes_its_documented_names() -> None:
     )
     assert worker_groups._get_initializer_env_vars is worker_planning._get_initializer_env_vars
     assert worker_groups.RayWorkerBuilder.IsolatedWorkerInitializer is not None
+
+
+def test_worker_groups_keeps_the_names_its_callers_import() -> None:
+    for name in worker_groups.__all__:
+        assert hasattr(worker_groups, name), name
+    for name in ("DispatchLengthError", "WorkerIndexError", "NamedSharding", "RaySeam"):
+        assert name in worker_groups.__all__
+    assert worker_groups.RayWorkerGroup.__module__ == "raylens.distributed.worker_group"
+    assert worker_groups.RayWorkerBuilder.__module__ == "raylens.distributed.worker_builder"

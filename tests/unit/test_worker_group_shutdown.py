@@ -12,6 +12,7 @@ from typing import Any
 import pytest
 
 from raylens.distributed import worker_groups as wg
+from raylens.distributed.ray_seam import RaySeam
 from raylens.telemetry import host_memory
 
 NODE = "node-a"
@@ -78,17 +79,27 @@ class FakeRay:
         actor.dead = True
 
 
+class FakeSeam(RaySeam):
+    """A Ray seam whose connected ray module is the stand-in (None: disconnected)."""
+
+    def __init__(self, ray: FakeRay | None) -> None:
+        super().__init__()
+        self.fake = ray
+
+    def connected_ray(self) -> FakeRay | None:
+        return self.fake
+
+
 @pytest.fixture
-def ray(monkeypatch: pytest.MonkeyPatch) -> FakeRay:
-    fake = FakeRay()
-    monkeypatch.setattr(wg, "_connected_ray", lambda: fake)
-    return fake
+def ray() -> FakeRay:
+    return FakeRay()
 
 
-def make_group(ray: FakeRay, *workers: FakeActor) -> wg.RayWorkerGroup:
+def make_group(ray: FakeRay, *workers: FakeActor, connected: bool = True) -> wg.RayWorkerGroup:
     """A group as it stands once its workers are up and its placement is registered."""
     group = wg.RayWorkerGroup.__new__(wg.RayWorkerGroup)
     group.name_prefix = "grp"
+    group._seam = FakeSeam(ray if connected else None)
     group._workers = list(workers)
     group._worker_metadata = [{"name": w.name} for w in workers]
     group._records = [None] * len(workers)
@@ -175,11 +186,7 @@ def test_an_unexpected_error_still_kills_everything_and_forgets_placement(ray: F
     assert group.workers == [] and placement_forgotten()
 
 
-def test_without_ray_it_is_false_and_placement_is_forgotten(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    ray = FakeRay()
-    monkeypatch.setattr(wg, "_connected_ray", lambda: None)
-    group = make_group(ray, FakeActor(ray, "w0"))
+def test_without_ray_it_is_false_and_placement_is_forgotten(ray: FakeRay) -> None:
+    group = make_group(ray, FakeActor(ray, "w0"), connected=False)
     assert group.shutdown() is False
     assert ray.killed == [] and group.workers == [] and placement_forgotten()

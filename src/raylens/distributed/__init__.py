@@ -6,8 +6,10 @@ along which data is split between workers. Nothing here imports Ray until a clus
 or group actually talks to it.
 
 Modules: ``virtual_cluster`` (bundles and their placement), ``worker_groups`` (the
-Ray-facing builder, group and futures), ``worker_planning`` (ranks, environments,
-data-parallel leaders and call routing, decided without Ray), ``gpu_state`` (the GPU
+public face of the group: ``worker_group`` for its life, ``worker_builder`` for how
+its actors are created, ``_worker_dispatch`` for calls and futures),
+``worker_planning`` (ranks, environments, data-parallel leaders and call routing,
+decided without Ray), ``ray_seam`` (the one way in to Ray), ``gpu_state`` (the GPU
 reading taken on a worker's node) and ``named_sharding`` (named axes over ranks).
 """
 

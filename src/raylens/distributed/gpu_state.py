@@ -10,8 +10,8 @@ observe, and it prints one line that Ray forwards to the driver's output.
 
 :func:`_describe_gpu_state` turns an NVML reading (``pynvml``) into that line and is
 given its NVML module and device list in tests; :func:`_log_gpu_state_on_bundle` is the
-task body; :func:`_remote_log_gpu_state` is its Ray remote form, built once per process
-and forgotten by :func:`reset_remote_function_cache`. Ray is imported only when the
+task body; :func:`_remote_log_gpu_state` is its Ray remote form, kept by a
+:class:`~raylens.distributed.ray_seam.RaySeam`. Ray is imported only when the
 task runs or is built, so this module imports where Ray is not installed.
 """
 
@@ -22,16 +22,14 @@ import os
 from collections.abc import Sequence
 from typing import Any
 
-__all__ = ["reset_remote_function_cache"]
+from raylens.distributed.ray_seam import DEFAULT_RAY_SEAM, RaySeam
 
-# The Ray remote form of the probe, built on first use: decorating on every call would
-# register a new remote function with the GCS each time.
-_REMOTE: dict[str, Any] = {}
+__all__ = ["reset_remote_function_cache"]
 
 
 def reset_remote_function_cache() -> None:
-    """Forget the probe's Ray remote function; it is rebuilt on next use."""
-    _REMOTE.clear()
+    """Forget the Ray remote definitions of the default seam, the probe's among them."""
+    DEFAULT_RAY_SEAM.reset()
 
 
 def _describe_gpu_state(
@@ -132,12 +130,13 @@ def _log_gpu_state_on_bundle(label: str, local_rank: int) -> None:
     print(_describe_gpu_state(label, local_rank, node=node), flush=True)
 
 
-def _remote_log_gpu_state() -> Any:
-    """The Ray remote version of :func:`_log_gpu_state_on_bundle`, built once."""
-    remote = _REMOTE.get("log_gpu_state")
-    if remote is None:
-        import ray
+def _remote_log_gpu_state(seam: RaySeam | None = None) -> Any:
+    """The Ray remote version of :func:`_log_gpu_state_on_bundle`, built once per seam.
 
-        remote = ray.remote(num_cpus=0, num_gpus=0, max_retries=0)(_log_gpu_state_on_bundle)
-        _REMOTE["log_gpu_state"] = remote
-    return remote
+    Building it inside the method that dispatches it would register a new remote
+    function with the GCS on every call.
+    """
+    return (seam or DEFAULT_RAY_SEAM).remote(
+        "log_gpu_state",
+        lambda ray: ray.remote(num_cpus=0, num_gpus=0, max_retries=0)(_log_gpu_state_on_bundle),
+    )

@@ -13,14 +13,13 @@ from __future__ import annotations
 
 import math
 import socket
-import sys
 import uuid
 import weakref
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from raylens.cluster import default_cluster_view
+from raylens.distributed.ray_seam import DEFAULT_RAY_SEAM, RaySeam
 from raylens.lens import warn_once
 
 __all__ = [
@@ -42,15 +41,10 @@ _PER_NODE_STRATEGIES = ("PACK", "STRICT_PACK")
 # cluster has not handed out already.
 _PORT_ATTEMPTS = 64
 
-# Ray remote functions, built once on first use (decorating inside a method would
-# register a new function with the GCS on every call). Cleared by
-# reset_remote_function_cache().
-_REMOTE_FUNCTIONS: dict[str, Any] = {}
-
 
 def reset_remote_function_cache() -> None:
-    """Forget the Ray remote functions this module built (they are rebuilt on next use)."""
-    _REMOTE_FUNCTIONS.clear()
+    """Forget the Ray remote definitions of the default seam (rebuilt on next use)."""
+    DEFAULT_RAY_SEAM.reset()
 
 
 class ClusterResourceError(RuntimeError):
@@ -122,17 +116,14 @@ def _address_and_free_port(excluded: list[int]) -> tuple[str, int]:
     return ray.util.get_node_ip_address(), _free_port(set(excluded))
 
 
-def _remote_address_and_free_port() -> Any:
-    remote = _REMOTE_FUNCTIONS.get("address_and_free_port")
-    if remote is None:
-        import ray
-
-        remote = ray.remote(num_cpus=0, num_gpus=0)(_address_and_free_port)
-        _REMOTE_FUNCTIONS["address_and_free_port"] = remote
-    return remote
+def _remote_address_and_free_port(seam: RaySeam) -> Any:
+    return seam.remote(
+        "address_and_free_port",
+        lambda ray: ray.remote(num_cpus=0, num_gpus=0)(_address_and_free_port),
+    )
 
 
-def _remove_placement_groups(groups: list[Any]) -> None:
+def _remove_placement_groups(groups: list[Any], seam: RaySeam = DEFAULT_RAY_SEAM) -> None:
     """Remove ``groups`` from Ray if this process is still connected; never raises.
 
     Used both by :meth:`RayVirtualCluster.shutdown` and as the cluster's finalizer,
@@ -140,9 +131,9 @@ def _remove_placement_groups(groups: list[Any]) -> None:
     """
     pending = list(groups)
     groups.clear()
-    if not pending or not default_cluster_view().is_initialized():
+    ray = seam.connected_ray() if pending else None
+    if ray is None:
         return
-    ray = sys.modules["ray"]
     for group in pending:
         try:
             ray.util.remove_placement_group(group)
@@ -182,6 +173,9 @@ class RayVirtualCluster:
     :meth:`shutdown` removes the groups. It is idempotent, harmless after
     ``ray.shutdown()``, and also runs when the object is garbage collected or the
     interpreter exits.
+
+    ``ray_seam`` is how the cluster reaches Ray (:data:`DEFAULT_RAY_SEAM` when None);
+    worker groups built on the cluster use the same one unless given another.
     """
 
     def __init__(
@@ -195,6 +189,7 @@ class RayVirtualCluster:
         placement_group_strategy: str = "PACK",
         placement_timeout_s: float = 180.0,
         use_unified_pg: bool | None = None,
+        ray_seam: RaySeam | None = None,
     ) -> None:
         counts = self._checked_counts(bundle_ct_per_node_list)
         if placement_group_strategy not in PLACEMENT_STRATEGIES:
@@ -250,6 +245,7 @@ class RayVirtualCluster:
             else bool(use_unified_pg)
         )
         self.placement_timeout_s = float(placement_timeout_s)
+        self.ray_seam = ray_seam or DEFAULT_RAY_SEAM
         self._placement_groups: list[Any] = []
         self._finalizer: weakref.finalize | None = None
         self._handed_out_ports: set[int] = set()
@@ -365,12 +361,11 @@ class RayVirtualCluster:
     # ---- placement --------------------------------------------------------------------
 
     def _require_ray(self) -> Any:
-        if not default_cluster_view().is_initialized():
+        ray = self.ray_seam.connected_ray()
+        if ray is None:
             raise RuntimeError(
                 f"virtual cluster {self.name!r} needs a connected Ray: call ray.init() first"
             )
-        import ray
-
         return ray
 
     def get_placement_groups(self) -> list[Any]:
@@ -401,22 +396,22 @@ class RayVirtualCluster:
                 ready_refs, num_returns=len(ready_refs), timeout=self.placement_timeout_s
             )
         except BaseException:
-            _remove_placement_groups(created)
+            _remove_placement_groups(created, self.ray_seam)
             raise
         if len(ready) < len(ready_refs):
             ready_set = set(ready)
             unplaced = [group for group, ref in zip(plan, ready_refs) if ref not in ready_set]
-            _remove_placement_groups(created)
+            _remove_placement_groups(created, self.ray_seam)
             raise PlacementTimeoutError(self._unplaced_message(unplaced))
         if self.use_unified_pg:
             try:
                 placed = ray.util.placement_group_table(created[0])["bundles_to_node_id"]
                 self._bundle_nodes = [str(placed[i]) for i in range(self.world_size())]
             except Exception:
-                _remove_placement_groups(created)
+                _remove_placement_groups(created, self.ray_seam)
                 raise
         self._placement_groups = created
-        self._finalizer = weakref.finalize(self, _remove_placement_groups, created)
+        self._finalizer = weakref.finalize(self, _remove_placement_groups, created, self.ray_seam)
         return list(created)
 
     def _missing_resources_message(self, missing: dict[str, tuple[float, float]]) -> str:
@@ -489,7 +484,7 @@ class RayVirtualCluster:
                 placement_group=group, placement_group_bundle_index=bundle_index
             )
             return (
-                _remote_address_and_free_port()
+                _remote_address_and_free_port(self.ray_seam)
                 .options(scheduling_strategy=strategy)
                 .remote(sorted(self._handed_out_ports))
             )
@@ -521,7 +516,7 @@ class RayVirtualCluster:
         if finalizer is not None:
             finalizer()
         else:
-            _remove_placement_groups(self._placement_groups)
+            _remove_placement_groups(self._placement_groups, self.ray_seam)
         self._placement_groups = []
         self._bundle_nodes = None
 
