@@ -64,6 +64,7 @@ _OVERRIDE_THREADS = 32
 
 Clock = Callable[[], float]
 NodeKey = tuple[str, str]
+_Row = tuple[RayNode, "float | None", "float | None", "float | None", "str | None"]
 
 
 class _Standing(enum.IntEnum):
@@ -176,7 +177,8 @@ class HostMemoryMonitor:
         self._threads: ThreadedScrapes | None = None
         self._generation = 0
         self._cycles = 0
-        self._latest: dict[NodeKey, NodeSample] = {}
+        #: Per node: ``(node, used, total, sampled_at, error)``; rows are built on reading.
+        self._latest: dict[NodeKey, _Row] = {}
         self._standing: dict[NodeKey, tuple[_Standing, int]] = {}
         self._warned: set[NodeKey] = set()
         register_publisher(self)
@@ -382,10 +384,11 @@ class HostMemoryMonitor:
         samples: dict[NodeKey, dict[str, float]] = {}
         expiry: dict[NodeKey, float] = {}
         sampled: dict[NodeKey, float] = {}
-        latest: dict[NodeKey, NodeSample] = {}
+        latest: dict[NodeKey, _Row] = {}
+        stamp = self._cycles
         for node in nodes:
-            previous = self._latest.get(node.key)
-            outcome = results.get(node.key)
+            key = node.key
+            outcome = results.get(key)
             if outcome is None:
                 outcome = (
                     Outcome(None, STOPPED_ERROR, asked=False)
@@ -396,18 +399,20 @@ class HostMemoryMonitor:
                         wedged=True,
                     )
                 )
-            self._note_standing(node.key, outcome)
-            if outcome.values:
+            values = outcome.values
+            if values:
+                self._standing[key] = (_Standing.ANSWERED, stamp)
                 # Aged from the node's answer, not from the end of the cycle.
                 sampled_at = started + outcome.elapsed
-                samples[node.key] = outcome.values
-                sampled[node.key] = sampled_at
-                expiry[node.key] = sampled_at + self.max_age
-                latest[node.key] = _row(node, outcome.values, sampled_at, None)
-                if node.key in self._warned:
-                    self._warned.discard(node.key)
-                    reset_warn_once(_warning_key(node.key))
+                samples[key] = values
+                sampled[key] = sampled_at
+                expiry[key] = sampled_at + self.max_age
+                latest[key] = (node, values.get(USED_KEY), values.get(TOTAL_KEY), sampled_at, None)
+                if key in self._warned:
+                    self._warned.discard(key)
+                    reset_warn_once(_warning_key(key))
                 continue
+            self._note_standing(key, outcome)
             error = printable(outcome.error or "no sample")
             if error != STOPPED_ERROR:
                 self._warned.add(node.key)
@@ -417,11 +422,11 @@ class HostMemoryMonitor:
                     f"{printable(node.metrics_url)}): {error}",
                     logger=logger,
                 )
-            latest[node.key] = _row(
-                node,
-                {USED_KEY: previous.used, TOTAL_KEY: previous.total} if previous else {},
-                previous.sampled_at if previous else None,
-                error,
+            previous = self._latest.get(key)
+            latest[key] = (
+                (node, previous[1], previous[2], previous[3], error)
+                if previous
+                else (node, None, None, None, error)
             )
         self._latest = latest
         self.snapshot.publish(samples, expiry, sampled)
@@ -465,17 +470,17 @@ class HostMemoryMonitor:
         groups = DEFAULT_REGISTRY.groups_by_node()
         rows = [
             NodeSample(
-                node_id=s.node_id,
-                host=s.host,
-                ip=s.ip,
-                used=s.used,
-                total=s.total,
-                worker_groups=format_worker_groups(groups.get(s.node_id, ())),
-                sampled_at=s.sampled_at,
-                error=s.error,
-                metrics_url=s.metrics_url,
+                node_id=node.node_id,
+                host=node.host,
+                ip=node.ip,
+                used=used,
+                total=total,
+                worker_groups=format_worker_groups(groups.get(node.node_id, ())),
+                sampled_at=sampled_at,
+                error=error,
+                metrics_url=node.metrics_url,
             )
-            for s in list(self._latest.values())
+            for node, used, total, sampled_at, error in list(self._latest.values())
         ]
         return sorted(rows, key=lambda s: (s.host, s.node_id))
 
@@ -492,19 +497,3 @@ _DEFAULT_SCRAPE = HostMemoryMonitor._scrape
 
 def _warning_key(key: NodeKey) -> str:
     return f"host_memory.scrape.{key[0]}"
-
-
-def _row(
-    node: RayNode, values: dict[str, Any], sampled_at: float | None, error: str | None
-) -> NodeSample:
-    return NodeSample(
-        node_id=node.node_id,
-        host=node.host,
-        ip=node.ip,
-        used=values.get(USED_KEY),
-        total=values.get(TOTAL_KEY),
-        worker_groups="",
-        sampled_at=sampled_at,
-        error=error,
-        metrics_url=node.metrics_url,
-    )

@@ -8,6 +8,7 @@ Host names are made encodable here, where they enter raylens.
 
 from __future__ import annotations
 
+import functools
 import logging
 from collections.abc import Hashable
 from dataclasses import dataclass
@@ -37,7 +38,7 @@ class RayNode:
     metrics_url: str
     ip: str = ""
 
-    @property
+    @functools.cached_property
     def key(self) -> tuple[str, str]:
         """``(node_id, host)``: how this node's sample is filed."""
         return (self.node_id, self.host)

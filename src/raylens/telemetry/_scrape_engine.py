@@ -252,13 +252,16 @@ class AsyncScrapeEngine:
     # Batches -------------------------------------------------------------------------
 
     def scrape(
-        self, jobs: Sequence[tuple[Hashable, str]], timeout: float | None = None
+        self,
+        jobs: Sequence[tuple[Hashable, str]],
+        timeout: float | None = None,
+        slack: float = BATCH_SLACK_S,
     ) -> dict[Hashable, Outcome]:
         """Scrape every ``(key, url)`` of ``jobs`` once, in order, and return what came back.
 
-        Returns within ``timeout`` (default the engine's) plus :data:`BATCH_SLACK_S`;
-        keys missing from the result did not answer in time, and stay in flight
-        until their request ends.
+        Returns within ``timeout`` (default the engine's) plus ``slack``; keys
+        missing from the result did not answer in time, and stay in flight until
+        their request ends.
         """
         seconds = self.limits.timeout if timeout is None else timeout
         results: dict[Hashable, Outcome] = {}
@@ -270,7 +273,7 @@ class AsyncScrapeEngine:
         with contextlib.suppress(
             concurrent.futures.TimeoutError, concurrent.futures.CancelledError
         ):
-            future.result(seconds + BATCH_SLACK_S)
+            future.result(seconds + slack)
         return dict(results)
 
     async def _batch(

@@ -38,6 +38,9 @@ logger = logging.getLogger(LOGGER_NAME)
 HELPER_GONE = "the scrape helper process exited before answering"
 _PARENT_POLL_S = 0.2
 _POLL_SLICE_S = 0.05
+#: How long past the deadline the helper waits for answers on their way; the driver
+#: waits :data:`BATCH_SLACK_S` past it, which leaves the rest for the trip back.
+_HELPER_SLACK_S = 0.05
 #: How long the first cycle may wait for a freshly spawned helper to say it is ready.
 _START_TIMEOUT_S = 30.0
 
@@ -75,7 +78,7 @@ def helper_main(conn: Connection, parent_pid: int, limits: ScrapeLimits) -> None
             if seconds <= 0:
                 results: dict[Hashable, Outcome] = {}
             else:
-                results = engine.scrape(jobs, seconds)
+                results = engine.scrape(jobs, seconds, _HELPER_SLACK_S)
             try:
                 conn.send(("result", batch, results))
             except (EOFError, OSError):
