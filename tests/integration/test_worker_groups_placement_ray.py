@@ -108,18 +108,36 @@ def test_spread_group_node_ranks_follow_where_ray_put_the_bundles(spread_placed)
     _check_node_ranks_name_machines(placed)
 
 
-def test_decorator_env_and_runtime_env_overrides_reach_the_worker(ray_cluster) -> None:
-    cluster = RayVirtualCluster([1], use_gpus=False, name="nemo-style", placement_timeout_s=60)
-    group = None
+def test_decorator_env_overrides_and_class_objects_reach_the_workers(ray_cluster) -> None:
+    @ray.remote
+    class LocalEcho:  # not importable by name on the workers: sent as the class itself
+        def env(self, name: str) -> str | None:
+            import os
+
+            return os.environ.get(name)
+
+    cluster = RayVirtualCluster(
+        [1],
+        use_gpus=False,
+        name="nemo-style",
+        placement_timeout_s=60,
+        max_colocated_worker_groups=2,
+    )
+    groups = []
     try:
-        group = RayWorkerGroup(
-            cluster, RayWorkerBuilder("group_workers.NemoStyleWorker"), name_prefix="nemo"
+        groups.append(
+            RayWorkerGroup(
+                cluster, RayWorkerBuilder("group_workers.NemoStyleWorker"), name_prefix="nemo"
+            )
         )
         env = ray.get(
-            group.workers[0].env.remote("FROM_DECORATOR", "FROM_CONFIGURE", "FROM_OVERRIDES")
+            groups[0].workers[0].env.remote("FROM_DECORATOR", "FROM_CONFIGURE", "FROM_OVERRIDES")
         )
+        groups.append(RayWorkerGroup(cluster, RayWorkerBuilder(LocalEcho)))
+        local_group = ray.get(groups[1].workers[0].env.remote("RAYLENS_WORKER_GROUP"))
     finally:
-        if group is not None:
+        for group in groups:
             group.shutdown()
         cluster.shutdown()
     assert env == {"FROM_DECORATOR": "decorator", "FROM_CONFIGURE": "yes", "FROM_OVERRIDES": "yes"}
+    assert local_group == "LocalEcho"
