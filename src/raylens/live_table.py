@@ -15,6 +15,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
+from itertools import groupby
 from typing import Any
 
 from rich.console import Console, ConsoleOptions, RenderableType, RenderResult
@@ -207,18 +208,95 @@ def _node_cells(row: NodeRow, short: bool) -> dict[str, Any]:
     }
 
 
-def node_table(rows: Iterable[NodeRow], *, title: str = "Ray host memory") -> RenderableType:
-    """The live host-memory table: one line per node, sorted by host then node id.
+_DIGITS = frozenset("0123456789")
 
-    Where the terminal is too narrow for every column, the trend and then the
-    host are left out and a long error is cut short, so that the node id, the
-    figures and the worker groups stay whole.
+
+def natural_key(text: str) -> tuple[tuple[int, int, str], ...]:
+    """A sort key that orders ``sim-node-2`` before ``sim-node-10``.
+
+    Runs of ASCII digits compare as numbers (by length once leading zeros are
+    dropped, then digit by digit, so any length works), other runs as text.
+    Linear in the length of ``text``.
     """
-    ordered = sorted(rows, key=lambda r: (r.host, r.node_id))
+    key = []
+    for is_digit, group in groupby(text, key=_DIGITS.__contains__):
+        run = "".join(group)
+        if is_digit:
+            number = run.lstrip("0") or "0"
+            key.append((0, len(number), number))
+        else:
+            key.append((1, 0, run))
+    return tuple(key)
+
+
+@dataclass(frozen=True)
+class NodeSummary:
+    """The line under the node table: how many nodes, how many failing, memory in all."""
+
+    nodes: int
+    failing: int
+    used: float | None
+    total: float | None
+
+    @property
+    def used_percent(self) -> float | None:
+        if self.used is None or not self.total:
+            return None
+        return 100.0 * self.used / self.total
+
+    def to_json(self) -> dict[str, object]:
+        percent = self.used_percent
+        return {
+            "nodes": self.nodes,
+            "failing": self.failing,
+            "used_bytes": self.used,
+            "total_bytes": self.total,
+            "used_percent": None if percent is None else round(percent, 2),
+        }
+
+    def __str__(self) -> str:
+        line = f"{self.nodes} nodes, {self.failing} failing"
+        percent = self.used_percent
+        if self.used is not None and self.total is not None and percent is not None:
+            line += (
+                f", {format_bytes(self.used)} of {format_bytes(self.total)} used ({percent:.1f}%)"
+            )
+        return line
+
+
+def node_summary(rows: Iterable[NodeRow]) -> NodeSummary:
+    """Count the nodes and the failing ones; add up memory over nodes that reported both figures."""
+    nodes = failing = 0
+    used = total = 0.0
+    reported = False
+    for row in rows:
+        nodes += 1
+        if row.error is not None:
+            failing += 1
+        elif row.used is not None and row.total is not None:
+            used += row.used
+            total += row.total
+            reported = True
+    return NodeSummary(nodes, failing, used if reported else None, total if reported else None)
+
+
+def node_table(rows: Iterable[NodeRow], *, title: str = "Ray host memory") -> RenderableType:
+    """The live host-memory table: one line per node in natural order of host then node id.
+
+    A summary line (nodes, failing, memory used of total) sits under it. Where the
+    terminal is too narrow for every column, the trend and then the host are left
+    out and a long error is cut short, so that the node id, the figures and the
+    worker groups stay whole.
+    """
+    ordered = sorted(rows, key=lambda r: (natural_key(r.host), natural_key(r.node_id)))
+    caption = str(node_summary(ordered))
 
     def build(left_out: frozenset[str], short: bool) -> Table:
         cells = [_node_cells(row, short) for row in ordered]
-        return _table(title, _NODE_COLUMNS, cells, left_out)
+        table = _table(title, _NODE_COLUMNS, cells, left_out)
+        table.caption = Text(caption)
+        table.caption_justify = "left"
+        return table
 
     return _FitToWidth(build, ("trend", "host"))
 

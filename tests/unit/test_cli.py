@@ -393,3 +393,44 @@ def test_sigterm_ends_simulate_with_143_quietly() -> None:
             process.wait()
     assert process.returncode == 143, err
     assert "Traceback" not in err and "terminated" in err, err
+
+
+# ------------------------------------------------------------- what a first look shows
+
+
+def test_simulate_json_carries_the_summary_and_the_table_shows_it(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    argv = ["simulate", "--nodes", "3", "--hung", "1", "--once", "--scrape-timeout", "0.5"]
+    assert main([*argv, "--json"]) == 0
+    (record,) = _json_lines(capsys.readouterr().out)
+    totals = record["totals"]
+    assert (totals["nodes"], totals["failing"]) == (3, 1)
+    assert totals["total_bytes"] == 2 * 64 * 1024**3
+    assert main(argv) == 0
+    assert "3 nodes, 1 failing, " in capsys.readouterr().out
+
+
+def test_simulate_lists_nodes_in_natural_order(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["simulate", "--nodes", "12", "--once", "--scrape-timeout", "2"]) == 0
+    out = capsys.readouterr().out
+    positions = [out.index(f"sim-node-{i} ") for i in range(12)]
+    assert positions == sorted(positions), out
+
+
+def test_the_prometheus_address_is_printed_when_that_exporter_is_on(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import re
+
+    monkeypatch.setenv("RAYLENS_PROMETHEUS_ADDR", "127.0.0.1:0")
+    assert main(["simulate", "--nodes", "1", "--once", "--json", "--exporter", "prometheus"]) == 0
+    out, err = capsys.readouterr()
+    assert len(_json_lines(out)) == 1  # stdout keeps JSON lines only
+    found = re.search(r"Prometheus metrics at http://127\.0\.0\.1:(\d+)/metrics", err)
+    assert found and int(found.group(1)) > 0, err
+
+
+def test_no_prometheus_address_without_that_exporter(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["simulate", "--nodes", "1", "--once", "--exporter", "none"]) == 0
+    assert "Prometheus" not in capsys.readouterr().err

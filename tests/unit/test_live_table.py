@@ -172,3 +172,32 @@ def test_control_characters_are_escaped_in_every_cell_and_the_title() -> None:
     assert "\\x1b]0;PWNED\\x07" in text and "t\\x1b[2J" in text
     process = _render(process_table([ProcessTreeRow("p\x1b[2J", 1, 1, 1, 1, 0, 1, 1)]))
     assert "\x1b" not in process and "p\\x1b" in process
+
+
+def test_nodes_are_in_natural_order() -> None:
+    rows = [NodeRow(f"id{i:02d}xxxxxx", f"sim-node-{i}", 1, 4, "none", 1.0) for i in (10, 2, 1, 11)]
+    text = _render(node_table(rows))
+    order = [text.index(f"sim-node-{i} ") for i in (1, 2, 10, 11)]
+    assert order == sorted(order), text
+
+
+def test_a_summary_line_counts_nodes_failures_and_memory() -> None:
+    from raylens.live_table import node_summary
+
+    gib = 1024**3
+    rows = [
+        NodeRow("a" * 16, "h1", 16 * gib, 64 * gib, "policy", 1.0),
+        NodeRow("b" * 16, "h2", 48 * gib, 64 * gib, "rollout", 1.0),
+        NodeRow("c" * 16, "h3", None, None, "rollout", None, "timed out"),
+    ]
+    summary = node_summary(rows)
+    assert summary.to_json() == {
+        "nodes": 3,
+        "failing": 1,
+        "used_bytes": 64 * gib,
+        "total_bytes": 128 * gib,
+        "used_percent": 50.0,
+    }
+    assert str(summary) == "3 nodes, 1 failing, 64.0 GiB of 128.0 GiB used (50.0%)"
+    assert str(summary) in _render(node_table(rows))
+    assert str(node_summary([])) == "0 nodes, 0 failing"

@@ -15,7 +15,7 @@ from raylens.cli.output import Output, sample_loop
 from raylens.cli.parser import CliError
 from raylens.cli.pipeline import scrape_timeout_for, start_telemetry, stop_monitoring
 from raylens.demo import keep_sigterm_handler
-from raylens.live_table import NodeRow, node_table
+from raylens.live_table import NodeRow, node_summary, node_table
 
 # How many samples of each node's trend the table keeps.
 _HISTORY = 24
@@ -73,7 +73,11 @@ def watch_nodes(
     def sample() -> None:
         monitor.collect_once()
         rows = table.rows()
-        record = {"time": time.time(), "nodes": [row.to_json() for row in rows]}
+        record = {
+            "time": time.time(),
+            "nodes": [row.to_json() for row in rows],
+            "totals": node_summary(rows).to_json(),
+        }
         output.show(lambda: node_table(rows, title=title), record)
         if output.closed:
             stop.set()

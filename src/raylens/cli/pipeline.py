@@ -10,9 +10,11 @@ from raylens.cli.parser import CliError
 from raylens.lens import (
     ConsoleLineExporter,
     TelemetryConfig,
+    get_telemetry_handle,
     init_telemetry,
     shutdown_telemetry,
 )
+from raylens.lens.safe_text import printable
 
 
 def start_telemetry(exporter: str | None, *, as_json: bool = False) -> None:
@@ -32,6 +34,20 @@ def start_telemetry(exporter: str | None, *, as_json: bool = False) -> None:
         init_telemetry(config, metric_reader=reader)
     except (ValueError, RuntimeError) as error:
         raise CliError(str(error)) from None
+    _announce_prometheus()
+
+
+def _announce_prometheus() -> None:
+    """Say on stderr where Prometheus can scrape this run, when that exporter is on."""
+    handle = get_telemetry_handle()
+    endpoint = getattr(handle, "prometheus", None)
+    host, port = getattr(endpoint, "host", None), getattr(endpoint, "port", None)
+    if host is None or port is None:
+        return
+    shown = f"[{host}]" if ":" in host else host
+    print(
+        printable(f"raylens: Prometheus metrics at http://{shown}:{port}/metrics"), file=sys.stderr
+    )
 
 
 def scrape_timeout_for(interval: float) -> float:
