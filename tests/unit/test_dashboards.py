@@ -1,0 +1,308 @@
+"""The Grafana dashboard, the alert rules and the PromQL examples ask only for series raylens exports.
+
+What raylens exports is not a hand-kept list: every :class:`~raylens.lens.RecordedMetric`
+declared in a ``raylens.telemetry`` module is run through the OpenTelemetry Prometheus
+exporter itself, and the sample names it writes are the names a query may use.
+
+The helpers here are also what ``tests/integration/test_dashboard_prometheus.py`` uses
+to pick the queries it runs against a real Prometheus.
+"""
+
+from __future__ import annotations
+
+import importlib
+import json
+import pkgutil
+import re
+from functools import cache
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+ROOT = Path(__file__).resolve().parents[2]
+DASHBOARD = ROOT / "docs" / "grafana" / "raylens.json"
+ALERT_RULES = ROOT / "docs" / "prometheus" / "raylens-alerts.yml"
+GUIDE = ROOT / "docs" / "dashboards.md"
+README = ROOT / "README.md"
+
+PENDING_SERIES = frozenset({"rl_host_scrape_up", "rl_host_scrape_duration_seconds"})
+"""Series the dashboard shows before raylens exports them (per-node scrape health).
+
+A query naming one of them passes the name check here, and the integration test
+runs it only once raylens declares the series."""
+
+# What a query may contain besides metric names: PromQL's keywords.
+_KEYWORDS = frozenset(
+    {"by", "without", "on", "ignoring", "group_left", "group_right", "bool"}
+    | {"and", "or", "unless", "offset", "inf", "nan"}
+)
+_STRING = re.compile(r'"[^"\\]*(?:\\.[^"\\]*)*"')
+_MATCHERS = re.compile(r"\{[^{}]*\}")
+_RANGE = re.compile(r"\[[^\[\]]*\]")
+_GROUPING = re.compile(r"\b(?:by|without|on|ignoring|group_left|group_right)\s*\([^()]*\)")
+_NAME = re.compile(r"(?<![\w.$])([A-Za-z_:][A-Za-z0-9_:]*)(\s*\()?")
+_VARIABLE = re.compile(r"\$\{(\w+)(?::\w+)?\}|\$(\w+)")
+
+
+def metric_names(expr: str) -> set[str]:
+    """The metric names a PromQL expression reads (functions, keywords, labels left out)."""
+    bare = _STRING.sub('""', expr)
+    bare = _MATCHERS.sub("", bare)
+    bare = _RANGE.sub("", bare)
+    bare = _GROUPING.sub("", bare)
+    return {
+        match.group(1)
+        for match in _NAME.finditer(bare)
+        if match.group(2) is None and match.group(1).lower() not in _KEYWORDS
+    }
+
+
+def variable_selector(query: str) -> str:
+    """The series selector of a ``label_values(selector, label)`` variable query."""
+    match = re.fullmatch(r"label_values\((.+),\s*(\w+)\s*\)", query.strip())
+    assert match, f"variable query {query!r} is not label_values(selector, label)"
+    return match.group(1)
+
+
+def variables(text: str) -> set[str]:
+    """Grafana variables (``$name``, ``${name}``, ``${name:format}``) used in ``text``."""
+    return {a or b for a, b in _VARIABLE.findall(text)}
+
+
+def _raylens_metrics() -> dict[str, Any]:
+    """Every RecordedMetric a ``raylens.telemetry`` module declares, by name."""
+    import raylens.telemetry
+    from raylens.lens import RecordedMetric
+
+    found: dict[str, Any] = {}
+    for info in pkgutil.iter_modules(raylens.telemetry.__path__, "raylens.telemetry."):
+        module = importlib.import_module(info.name)
+        for value in vars(module).values():
+            items = value if isinstance(value, (tuple, list)) else (value,)
+            for item in items:
+                if isinstance(item, RecordedMetric):
+                    found[item.name] = item
+    return found
+
+
+@cache
+def exported_names() -> frozenset[str]:
+    """The sample names raylens' series get from the OpenTelemetry Prometheus exporter."""
+    from opentelemetry.exporter.prometheus import PrometheusMetricReader
+    from opentelemetry.metrics import Observation
+    from opentelemetry.sdk.metrics import MeterProvider
+    from prometheus_client import CollectorRegistry, generate_latest
+
+    from raylens.lens import (
+        COUNTER,
+        GAUGE,
+        HISTOGRAM,
+        OBSERVABLE_GAUGE,
+        UP_DOWN_COUNTER,
+    )
+
+    registry = CollectorRegistry()
+    provider = MeterProvider(metric_readers=[PrometheusMetricReader(registry=registry)])
+    try:
+        meter = provider.get_meter("raylens")
+        for metric in _raylens_metrics().values():
+            args = {"name": metric.name, "unit": metric.unit, "description": metric.description}
+            if metric.kind == OBSERVABLE_GAUGE:
+                meter.create_observable_gauge(callbacks=[lambda _o: [Observation(1)]], **args)
+            elif metric.kind == GAUGE:
+                meter.create_gauge(**args).set(1)
+            elif metric.kind == COUNTER:
+                meter.create_counter(**args).add(1)
+            elif metric.kind == UP_DOWN_COUNTER:
+                meter.create_up_down_counter(**args).add(1)
+            elif metric.kind == HISTOGRAM:
+                meter.create_histogram(**args).record(1)
+            else:
+                raise AssertionError(f"metric kind {metric.kind!r} of {metric.name!r} not handled")
+        text = generate_latest(registry).decode()
+    finally:
+        provider.shutdown()
+    return frozenset(
+        re.split(r"[{ ]", line, maxsplit=1)[0]
+        for line in text.splitlines()
+        if line and not line.startswith("#")
+    )
+
+
+def load_dashboard() -> dict[str, Any]:
+    return json.loads(DASHBOARD.read_text(encoding="utf-8"))
+
+
+def query_panels(dashboard: dict[str, Any]) -> list[dict[str, Any]]:
+    """Every panel that shows data (rows only group them), nested rows included."""
+    panels = []
+    for panel in dashboard["panels"]:
+        if panel["type"] == "row":
+            panels.extend(panel.get("panels", []))
+        else:
+            panels.append(panel)
+    return panels
+
+
+def dashboard_queries(dashboard: dict[str, Any]) -> list[tuple[str, str]]:
+    """``(panel title and refId, expression)`` of every target of every panel."""
+    return [
+        (f"{panel['title']} [{target['refId']}]", target["expr"])
+        for panel in query_panels(dashboard)
+        for target in panel.get("targets", [])
+    ]
+
+
+def load_alert_rules() -> list[dict[str, Any]]:
+    document = yaml.safe_load(ALERT_RULES.read_text(encoding="utf-8"))
+    return [rule for group in document["groups"] for rule in group["rules"]]
+
+
+def guide_queries() -> list[str]:
+    """The PromQL examples of docs/dashboards.md (its ```promql blocks, one query a line)."""
+    blocks = re.findall(r"```promql\n(.*?)```", GUIDE.read_text(encoding="utf-8"), re.S)
+    return [
+        line.strip()
+        for block in blocks
+        for line in block.splitlines()
+        if line.strip() and not line.strip().startswith("#")
+    ]
+
+
+# ------------------------------------------------------------------------- the helpers
+
+
+@pytest.mark.parametrize(
+    ("expr", "names"),
+    [
+        ('rl_host_memory_used_bytes{host_name=~"$host"}', {"rl_host_memory_used_bytes"}),
+        (
+            'sum by (rl_worker_group) (a_bytes{memory_type="pss"}) / on (x) b > 0.9',
+            {"a_bytes", "b"},
+        ),
+        ('max_over_time(c[5m]) or vector(1e9) unless d{l="sum(e)"}', {"c", "d"}),
+        ("count(f == 0) > bool 2", {"f"}),
+    ],
+)
+def test_metric_names_finds_only_metrics(expr: str, names: set[str]) -> None:
+    assert metric_names(expr) == names
+
+
+def test_exported_names_come_from_the_exporter() -> None:
+    names = exported_names()
+    # Units become suffixes, dots underscores; an annotation unit ({process}) adds none.
+    assert {"rl_host_memory_used_bytes", "rl_host_memory_total_bytes"} <= names
+    assert {"gym_server_memory_usage_bytes", "gym_server_processes"} <= names
+    assert {"rl_worker_group_memory_usage_bytes", "rl_worker_group_processes"} <= names
+    assert "rl_host_memory_used" not in names
+    assert "target_info" in names
+
+
+# ------------------------------------------------------------------------- the dashboard
+
+
+def test_dashboard_is_a_grafana_dashboard_on_a_prometheus_variable() -> None:
+    dashboard = load_dashboard()
+    assert 36 <= dashboard["schemaVersion"] <= 41
+    templating = {v["name"]: v for v in dashboard["templating"]["list"]}
+    assert templating["datasource"]["type"] == "datasource"
+    assert templating["datasource"]["query"] == "prometheus"
+    assert {"host", "worker_group"} <= set(templating)
+    for panel in query_panels(dashboard):
+        assert panel["datasource"] == {"type": "prometheus", "uid": "${datasource}"}, panel["title"]
+
+
+def test_every_panel_has_a_query() -> None:
+    panels = query_panels(load_dashboard())
+    assert len(panels) >= 10
+    for panel in panels:
+        exprs = [target.get("expr", "").strip() for target in panel.get("targets", [])]
+        assert exprs, f"panel {panel['title']!r} has no target"
+        assert all(exprs), f"panel {panel['title']!r} has a target without a query"
+
+
+def test_panel_ids_are_unique() -> None:
+    dashboard = load_dashboard()
+    ids = [panel["id"] for panel in dashboard["panels"]]
+    ids += [panel["id"] for panel in query_panels(dashboard) if panel not in dashboard["panels"]]
+    assert len(ids) == len(set(ids))
+
+
+def test_dashboard_queries_use_only_exported_series() -> None:
+    dashboard = load_dashboard()
+    allowed = exported_names() | PENDING_SERIES
+    queries = dashboard_queries(dashboard)
+    queries += [
+        (f"variable {v['name']}", variable_selector(v["query"]["query"]))
+        for v in dashboard["templating"]["list"]
+        if v["type"] == "query"
+    ]
+    for where, expr in queries:
+        names = metric_names(expr)
+        assert names, f"{where}: no metric in {expr!r}"
+        unknown = names - allowed
+        assert not unknown, f"{where}: {sorted(unknown)} is not a series raylens exports"
+
+
+def test_dashboard_covers_every_area() -> None:
+    used = set().union(*(metric_names(expr) for _, expr in dashboard_queries(load_dashboard())))
+    assert {
+        "rl_host_memory_used_bytes",
+        "rl_host_memory_total_bytes",
+        "rl_worker_group_memory_usage_bytes",
+        "rl_worker_group_processes",
+        "gym_server_memory_usage_bytes",
+        "gym_server_processes",
+    } <= used
+    assert used >= PENDING_SERIES
+
+
+def test_dashboard_variables_are_defined() -> None:
+    dashboard = load_dashboard()
+    defined = {v["name"] for v in dashboard["templating"]["list"]}
+    for where, expr in dashboard_queries(dashboard):
+        assert variables(expr) <= defined, f"{where}: undefined variable in {expr!r}"
+
+
+def test_host_panels_never_sum_by_worker_group_label() -> None:
+    # rl_worker_groups labels a whole-host figure; summing or averaging by it double-counts.
+    for where, expr in dashboard_queries(load_dashboard()):
+        assert not re.search(r"\b(?:sum|avg)\s+by\s*\([^)]*rl_worker_groups", expr), where
+
+
+# ------------------------------------------------------------------------- the alert rules
+
+
+def test_alert_rules_parse_and_name_exported_series() -> None:
+    rules = {rule["alert"]: rule for rule in load_alert_rules()}
+    assert set(rules) == {"RaylensNodeMemoryNearLimit", "RaylensServedProcessGone"}
+    for name, rule in rules.items():
+        assert metric_names(rule["expr"]) <= exported_names(), name
+        assert rule["annotations"]["summary"], name
+    near = rules["RaylensNodeMemoryNearLimit"]
+    assert metric_names(near["expr"]) == {
+        "rl_host_memory_used_bytes",
+        "rl_host_memory_total_bytes",
+    }
+    assert near["expr"].rstrip().endswith("> 0.9")
+    assert near["for"] == "5m"
+    gone = rules["RaylensServedProcessGone"]
+    assert metric_names(gone["expr"]) == {"gym_server_processes"}
+    assert gone["expr"].rstrip().endswith("== 0")
+
+
+# ------------------------------------------------------------------------- the guide
+
+
+def test_guide_examples_use_only_exported_series() -> None:
+    queries = guide_queries()
+    assert len(queries) >= 5
+    for expr in queries:
+        unknown = metric_names(expr) - exported_names() - PENDING_SERIES
+        assert not unknown, f"{expr!r} reads {sorted(unknown)}"
+
+
+def test_readme_links_the_guide() -> None:
+    assert "docs/dashboards.md" in README.read_text(encoding="utf-8")
