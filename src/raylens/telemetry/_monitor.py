@@ -7,10 +7,10 @@ replaced ``_scrape``), and publishes what came back into its own
 
 Ordering and fairness: exactly one request per node per cycle and no retry
 within it. Nodes that answered last time are asked first, nodes that failed fast
-next, and wedged nodes (those that ran into the deadline, or whose deadline
-passed before a request slot freed up) last; within a class, nodes asked least
-recently go first, so wedged nodes listed ahead of healthy ones cannot keep the
-healthy ones unasked cycle after cycle.
+next. Wedged nodes (those that ran into the deadline, or whose deadline passed
+before a request slot freed up) are asked in a lane of their own with its own
+request slots, least recently asked first: they cannot keep healthy nodes
+waiting for a slot, and when there are more of them than slots they take turns.
 
 Time: sample ages and expiry run on the injected ``clock`` (default
 ``time.monotonic``); request deadlines are held by the engine in real time.
@@ -73,6 +73,10 @@ class _Standing(enum.IntEnum):
     ANSWERED = 0
     FAILED = 1
     WEDGED = 2
+
+
+#: Standing of a node never asked: treated like one that failed fast.
+_NEW = (_Standing.FAILED, -1)
 
 
 class ScrapeMode(enum.Enum):
@@ -316,7 +320,7 @@ class HostMemoryMonitor:
             self._publish(nodes, results, started, stopped=generation != self._generation)
 
     def _priority(self, node: RayNode) -> tuple[int, int]:
-        standing, last_asked = self._standing.get(node.key, (_Standing.FAILED, -1))
+        standing, last_asked = self._standing.get(node.key, _NEW)
         return (standing, last_asked)
 
     def _scrape_overridden(self) -> bool:
@@ -329,7 +333,11 @@ class HostMemoryMonitor:
                     self._threads = ThreadedScrapes(min(self.max_concurrency, _OVERRIDE_THREADS))
                 threads = self._threads
             return threads.run(self._scrape, order, self.scrape_timeout)
-        jobs = [(node.key, node.metrics_url) for node in order]
+        standing = self._standing
+        jobs = [
+            (node.key, node.metrics_url, standing.get(node.key, _NEW)[0] is _Standing.WEDGED)
+            for node in order
+        ]
         try:
             return self._engine_for_use().scrape(jobs, self.scrape_timeout)
         except Exception:

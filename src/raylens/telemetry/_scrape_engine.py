@@ -52,6 +52,9 @@ _READ_CHUNK = 256 * 1024
 _HEADERS = {"Accept-Encoding": "identity", "Connection": "close"}
 _RESOLVER_THREADS = 16
 
+#: One node to scrape: ``(key, url, wedged)``; wedged nodes are asked in their own lane.
+Job = tuple[Hashable, str, bool]
+
 
 class Outcome(NamedTuple):
     """What one node's scrape produced; plain data, so it crosses a pipe as it is.
@@ -182,7 +185,8 @@ class AsyncScrapeEngine:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._thread: threading.Thread | None = None
         self._session: aiohttp.ClientSession | None = None
-        self._semaphore: asyncio.Semaphore | None = None
+        #: Request slots of the two lanes: nodes in good standing, and wedged ones.
+        self._slots: tuple[asyncio.Semaphore, asyncio.Semaphore] | None = None
         self._in_flight: set[Hashable] = set()
         self._closed = False
 
@@ -209,7 +213,7 @@ class AsyncScrapeEngine:
     def _session_in_loop(self) -> aiohttp.ClientSession:
         if self._session is None:
             connector = aiohttp.TCPConnector(
-                limit=self.limits.max_concurrency,
+                limit=2 * self.limits.max_concurrency,
                 force_close=True,
                 ttl_dns_cache=60,
                 timeout_ceil_threshold=1e9,  # never round a deadline up to whole seconds
@@ -217,7 +221,10 @@ class AsyncScrapeEngine:
             self._session = aiohttp.ClientSession(
                 connector=connector, auto_decompress=False, trust_env=False
             )
-            self._semaphore = asyncio.Semaphore(self.limits.max_concurrency)
+            self._slots = (
+                asyncio.Semaphore(self.limits.max_concurrency),
+                asyncio.Semaphore(self.limits.max_concurrency),
+            )
         return self._session
 
     def close(self, timeout: float = 1.0) -> None:
@@ -253,13 +260,16 @@ class AsyncScrapeEngine:
 
     def scrape(
         self,
-        jobs: Sequence[tuple[Hashable, str]],
+        jobs: Sequence[Job],
         timeout: float | None = None,
         slack: float = BATCH_SLACK_S,
     ) -> dict[Hashable, Outcome]:
-        """Scrape every ``(key, url)`` of ``jobs`` once, in order, and return what came back.
+        """Scrape every ``(key, url, wedged)`` of ``jobs`` once, in order; return what came back.
 
-        Returns within ``timeout`` (default the engine's) plus ``slack``; keys
+        Nodes marked wedged get a lane of their own, with its own
+        ``max_concurrency`` request slots: however many of them hold their
+        request until the deadline, the others never wait for a slot behind them,
+        and a wedged node is still asked once per cycle. Returns within ``timeout`` (default the engine's) plus ``slack``; keys
         missing from the result did not answer in time, and stay in flight until
         their request ends.
         """
@@ -276,25 +286,28 @@ class AsyncScrapeEngine:
             future.result(seconds + slack)
         return dict(results)
 
-    async def _batch(
-        self, jobs: Sequence[tuple[Hashable, str]], seconds: float, results: dict
-    ) -> None:
+    async def _batch(self, jobs: Sequence[Job], seconds: float, results: dict) -> None:
         loop = asyncio.get_running_loop()
         started = loop.time()
         deadline = started + seconds
         session = self._session_in_loop()
+        slots = self._slots
+        if slots is None:  # made together with the session
+            return
         tasks = []
-        for key, url in jobs:
+        for key, url, wedged in jobs:
             if key in self._in_flight:
                 results[key] = Outcome(None, NOT_ASKED_IN_FLIGHT, wedged=True, asked=False)
                 continue
             self._in_flight.add(key)
-            tasks.append(self._one(session, key, url, started, deadline, results))
+            lane = slots[1] if wedged else slots[0]
+            tasks.append(self._one(session, lane, key, url, started, deadline, results))
         await asyncio.gather(*tasks)
 
     async def _one(
         self,
         session: aiohttp.ClientSession,
+        semaphore: asyncio.Semaphore,
         key: Hashable,
         url: str,
         started: float,
@@ -302,8 +315,6 @@ class AsyncScrapeEngine:
         results: dict,
     ) -> None:
         loop = asyncio.get_running_loop()
-        semaphore = self._semaphore
-        assert semaphore is not None
         try:
             try:
                 await asyncio.wait_for(semaphore.acquire(), max(0.0, deadline - loop.time()))

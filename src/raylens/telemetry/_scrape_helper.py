@@ -28,7 +28,13 @@ from typing import Any
 
 from raylens.lens import warn_once
 from raylens.telemetry._names import LOGGER_NAME
-from raylens.telemetry._scrape_engine import BATCH_SLACK_S, AsyncScrapeEngine, Outcome, ScrapeLimits
+from raylens.telemetry._scrape_engine import (
+    BATCH_SLACK_S,
+    AsyncScrapeEngine,
+    Job,
+    Outcome,
+    ScrapeLimits,
+)
 
 __all__ = ["HELPER_GONE", "HelperEngine"]
 
@@ -184,9 +190,7 @@ class HelperEngine:
             if not self._closed:
                 self._ensure()
 
-    def scrape(
-        self, jobs: Sequence[tuple[Hashable, str]], timeout: float | None = None
-    ) -> dict[Hashable, Outcome]:
+    def scrape(self, jobs: Sequence[Job], timeout: float | None = None) -> dict[Hashable, Outcome]:
         """Have the helper scrape ``jobs``; returns within the timeout plus a little.
 
         Keys missing from the result did not answer in time; when the helper dies
@@ -228,7 +232,7 @@ class HelperEngine:
             except (EOFError, OSError):
                 self._reap()
                 self._lost = True
-                return {key: Outcome(None, HELPER_GONE) for key, _ in jobs}
+                return {job[0]: Outcome(None, HELPER_GONE) for job in jobs}
 
     def _wait_ready(self, conn: Connection, deadline: float) -> bool:
         while not self._abort.is_set():
