@@ -7,8 +7,9 @@
 
 Every command feeds the OpenTelemetry pipeline chosen with ``--exporter`` (or
 ``RAYLENS_EXPORTER``) at the same time. Errors a user can cause print one line
-and exit with status 2; Ctrl-C exits with 130 after cleaning up, and a reader of
-stdout that goes away (``| head``) ends watch, simulate and demo with 141.
+and exit with status 2; Ctrl-C exits with 130 and SIGTERM with 143, each after
+cleaning up, and a reader of stdout that goes away (``| head``), or a stdout closed
+from the start, ends watch, simulate and demo with 141.
 
 This module stays small and imports nothing heavy: the parts of the command load
 inside :func:`main`, so that a Ctrl-C typed while they load still ends it quietly.
