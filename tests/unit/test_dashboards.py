@@ -59,11 +59,11 @@ def metric_names(expr: str) -> set[str]:
     }
 
 
-def variable_selector(query: str) -> str:
-    """The series selector of a ``label_values(selector, label)`` variable query."""
+def label_values_args(query: str) -> tuple[str, str]:
+    """``(selector, label)`` of a ``label_values(selector, label)`` variable query."""
     match = re.fullmatch(r"label_values\((.+),\s*(\w+)\s*\)", query.strip())
     assert match, f"variable query {query!r} is not label_values(selector, label)"
-    return match.group(1)
+    return match.group(1), match.group(2)
 
 
 def variables(text: str) -> set[str]:
@@ -235,7 +235,7 @@ def test_dashboard_queries_use_only_exported_series() -> None:
     allowed = exported_names() | PENDING_SERIES
     queries = dashboard_queries(dashboard)
     queries += [
-        (f"variable {v['name']}", variable_selector(v["query"]["query"]))
+        (f"variable {v['name']}", label_values_args(v["query"]["query"])[0])
         for v in dashboard["templating"]["list"]
         if v["type"] == "query"
     ]
