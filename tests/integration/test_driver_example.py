@@ -1,4 +1,4 @@
-"""examples/driver.py on real Ray: labelled host-memory points within seconds, nothing left behind."""
+"""The example drivers on real Ray: labelled host-memory points within seconds, nothing left behind."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ import pytest
 pytestmark = pytest.mark.integration
 
 _ROOT = Path(__file__).resolve().parents[2]
-_EXAMPLE = _ROOT / "examples" / "driver.py"
+_EXAMPLES = _ROOT / "examples"
 _GROUPS_ATTR = 'rl.worker_groups="'
 
 
@@ -86,16 +86,22 @@ def _worker_groups_of_used_points(output: str) -> list[str]:
     return labels
 
 
-def test_the_driver_example_prints_points_labelled_with_its_groups_and_stops_ray() -> None:
+@pytest.mark.parametrize(
+    ("script", "groups"),
+    [("driver.py", {"policy", "rollout"}), ("own_groups.py", {"trainer", "samplers"})],
+)
+def test_an_example_prints_points_labelled_with_its_groups_and_stops_ray(
+    script: str, groups: set[str]
+) -> None:
     pytest.importorskip("ray")
     env = dict(os.environ, RAYLENS_EXPORTER="console", OTEL_METRIC_EXPORT_INTERVAL="1000")
     env.pop("RAY_ADDRESS", None)  # the example must start its own Ray, not join one
     process, output, started = _run_watching_descendants(
-        [sys.executable, str(_EXAMPLE), "--duration", "4"], env, timeout=240
+        [sys.executable, str(_EXAMPLES / script), "--duration", "4"], env, timeout=240
     )
     assert process.returncode == 0, output
     labels = _worker_groups_of_used_points(output)
-    labelled = [label for label in labels if {"policy", "rollout"} & set(label.split(","))]
+    labelled = [label for label in labels if groups & set(label.split(","))]
     assert labelled, f"no rl.host.memory.used point labelled with a group in:\n{output}"
     assert "raylet" in started.values(), f"the example started no Ray of its own:\n{output}"
     assert _still_running(started) == [], "Ray processes outlived the example"
