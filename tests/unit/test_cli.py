@@ -434,3 +434,29 @@ def test_the_prometheus_address_is_printed_when_that_exporter_is_on(
 def test_no_prometheus_address_without_that_exporter(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["simulate", "--nodes", "1", "--once", "--exporter", "none"]) == 0
     assert "Prometheus" not in capsys.readouterr().err
+
+
+@pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")
+def test_a_ctrl_c_that_python_swallows_still_ends_the_command_with_130(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Python drops a KeyboardInterrupt raised inside a finalizer (as in an import lock's
+    clean-up): the command must end all the same."""
+    import signal
+    import threading
+
+    from raylens.cli import app
+
+    class InterruptedWhileCollected:
+        def __del__(self) -> None:
+            signal.raise_signal(signal.SIGINT)
+
+    def command(args: object, stop: threading.Event) -> int:
+        InterruptedWhileCollected()  # collected at once; its interrupt is lost
+        assert stop.wait(30), "the interrupt did not stop the command"
+        return 0
+
+    monkeypatch.setitem(app._HANDLERS, "simulate", command)
+    assert main(["simulate", "--once"]) == 130
+    err = capsys.readouterr().err
+    assert "raylens: interrupted" in err

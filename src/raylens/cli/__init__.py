@@ -25,18 +25,47 @@ inside :func:`main`, so that a Ctrl-C typed while they load still ends it quietl
 
 from __future__ import annotations
 
+import signal
 import sys
-from collections.abc import Sequence
+import threading
+from collections.abc import Callable, Sequence
+from typing import Any
 
 __all__ = ["main"]
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the ``raylens`` command; returns the process exit status."""
+    stop = threading.Event()
+    interrupted = threading.Event()
+    restore = _record_interrupts(stop, interrupted)
     try:
         from raylens.cli.app import run
 
-        return run(argv)
+        return run(argv, stop=stop, interrupted=interrupted)
     except KeyboardInterrupt:
         print("raylens: interrupted", file=sys.stderr)
         return 130
+    finally:
+        restore()
+
+
+def _record_interrupts(stop: threading.Event, interrupted: threading.Event) -> Callable[[], None]:
+    """Make Ctrl-C set ``stop`` and ``interrupted`` before it raises KeyboardInterrupt.
+
+    Python drops an exception raised while a finalizer runs (an import lock's
+    clean-up, say), so a KeyboardInterrupt alone can be lost; the events are not.
+    Returns the undo. Outside the main thread this changes nothing.
+    """
+    if threading.current_thread() is not threading.main_thread():
+        return lambda: None
+
+    def handler(signum: int, frame: Any) -> None:
+        interrupted.set()
+        stop.set()
+        raise KeyboardInterrupt
+
+    previous = signal.signal(signal.SIGINT, handler)
+    return lambda: signal.signal(
+        signal.SIGINT, previous if previous is not None else signal.default_int_handler
+    )

@@ -24,19 +24,32 @@ _HANDLERS: dict[str, Callable[[argparse.Namespace, threading.Event], int]] = {
 }
 
 
-def run(argv: Sequence[str] | None = None) -> int:
-    """Run the ``raylens`` command; returns the process exit status."""
+def run(
+    argv: Sequence[str] | None = None,
+    *,
+    stop: threading.Event | None = None,
+    interrupted: threading.Event | None = None,
+) -> int:
+    """Run the ``raylens`` command; returns the process exit status.
+
+    ``stop`` ends a running command's sampling when set; ``interrupted`` says a
+    Ctrl-C came even when Python lost its KeyboardInterrupt, and makes the status 130.
+    """
+    stop = stop or threading.Event()
+    interrupted = interrupted or threading.Event()
     parser = build_parser()
     args = parser.parse_args(argv)
     if args.command is None:
         parser.print_help()
         return 2
     configure_logging(verbose=args.verbose)
-    stop = threading.Event()
     # SIGTERM unwinds like Ctrl-C, so that clusters, monitors and commands are stopped.
     restore_sigterm = raise_on_sigterm()
     try:
-        return _HANDLERS[args.command](args, stop)
+        status = _HANDLERS[args.command](args, stop)
+        if interrupted.is_set():
+            raise KeyboardInterrupt
+        return status
     except Terminated:
         stop.set()
         print("raylens: terminated", file=sys.stderr)
