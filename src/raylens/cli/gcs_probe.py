@@ -27,8 +27,9 @@ def check_reachable(address: str, timeout: float = 5.0) -> None:
     greeting with its settings. A port nobody listens on, one that stays silent,
     or one that speaks something else (the dashboard's HTTP, say) is refused
     here. With ``RAY_USE_TLS`` the greeting would have to be encrypted, so only
-    the connection is checked. ``auto`` and ``ray://`` addresses are left to Ray,
-    which answers those quickly.
+    the connection is checked. ``auto`` is left to Ray, which resolves it quickly,
+    and a ``ray://`` address to :func:`confirm_gcs`, which refuses it. A gRPC server
+    that is not a GCS passes here; :func:`confirm_gcs` tells it apart.
     """
     import socket
 
