@@ -5,6 +5,9 @@ from __future__ import annotations
 
 import gzip
 import logging
+import socket
+import threading
+import time
 from collections.abc import Callable
 
 import pytest
@@ -238,3 +241,37 @@ def test_scrape_mode_from_the_argument_and_the_environment(
         ValueError, match=r"scrape_mode must be one of \['helper', 'inprocess'\], got 'fork'"
     ):
         hm.HostMemoryMonitor(1.0, cluster=fake_cluster, scrape_mode="fork")
+
+
+def test_slow_name_lookups_end_at_the_deadline_and_starve_no_other_name(
+    make_monitor: Callable, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    real_getaddrinfo = socket.getaddrinfo
+    release = threading.Event()
+    lookups: list[str] = []
+
+    def getaddrinfo(host: str, *args: object, **kwargs: object) -> list:
+        lookups.append(host)
+        if host.endswith(".slow.test"):
+            release.wait(30)  # a resolver that never answers while the test runs
+            raise socket.gaierror(socket.EAI_AGAIN, "temporary failure")
+        return real_getaddrinfo(host, *args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(socket, "getaddrinfo", getaddrinfo)
+    cluster = FakeCluster()
+    with FakeRaylet() as raylet:
+        slow = [cluster.add_node(address=f"n{i}.slow.test", port=9) for i in range(40)]
+        good = cluster.add_node(address="localhost", port=raylet.port)
+        monitor = make_monitor(cluster, scrape_timeout=0.5)
+        try:
+            for _ in range(2):
+                started = time.monotonic()
+                monitor.collect_once()
+                assert time.monotonic() - started < 0.5 + 1.0
+                errors = _errors(monitor)
+                assert errors[good] is None
+                assert all("timed out" in (errors[node] or "") for node in slow)
+            # A name still being looked up is not looked up again.
+            assert sorted(lookups.count(f"n{i}.slow.test") for i in range(40)) == [1] * 40
+        finally:
+            release.set()

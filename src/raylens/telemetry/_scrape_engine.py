@@ -9,7 +9,9 @@ a time still ends at the deadline. Bodies are capped at ``max_body_bytes``,
 redirects are not followed, only ``identity`` encoding is asked for and a body
 that arrives with any other ``Content-Encoding`` is refused unread (it could
 inflate far past the cap). Connections are not kept, so two node records that
-point at one ``host:port`` never share one.
+point at one ``host:port`` never share one. A host name is looked up under the
+same deadline, on a thread of its own (:class:`_PerNameResolver`), so a name
+whose lookup hangs or fails delays no other.
 
 The same engine runs in the helper process (:mod:`._scrape_helper`) and, in
 in-process mode, in the driver: both modes share this one fetch path.
@@ -22,12 +24,15 @@ import concurrent.futures
 import contextlib
 import errno
 import os
+import socket
 import threading
 import time
 from collections.abc import Hashable, Sequence
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import aiohttp
+import aiohttp.abc
+from aiohttp.abc import ResolveResult
 
 from raylens.lens.safe_text import printable
 from raylens.telemetry._names import RAY_NODE_MEM_TOTAL, RAY_NODE_MEM_USED
@@ -50,7 +55,6 @@ BATCH_SLACK_S = 0.25
 NOT_ASKED_IN_FLIGHT = "not asked: its previous scrape is still running"
 _READ_CHUNK = 256 * 1024
 _HEADERS = {"Accept-Encoding": "identity", "Connection": "close"}
-_RESOLVER_THREADS = 16
 
 #: One node to scrape: ``(key, url, wedged)``; wedged nodes are asked in their own lane.
 Job = tuple[Hashable, str, bool]
@@ -171,6 +175,87 @@ async def _fetch(
     return Outcome(values, None)
 
 
+class _PerNameResolver(aiohttp.abc.AbstractResolver):
+    """Name lookups that cannot starve each other, each bounded by its request's deadline.
+
+    ``getaddrinfo`` blocks, so each host name being looked up gets one daemon
+    thread (``raylens-host-memory-resolve``) for as long as its lookup takes; a
+    name whose lookup is still running is not looked up again, its callers wait
+    on the same result. A slow or failing name therefore holds one thread and
+    never delays another name, and the request waiting on it still ends at its
+    deadline. Raylets are normally addressed by IP, which needs no lookup at all.
+    """
+
+    def __init__(self) -> None:
+        self._pending: dict[tuple[str, int, int], asyncio.Future[list[Any]]] = {}
+
+    async def resolve(
+        self, host: str, port: int = 0, family: socket.AddressFamily = socket.AF_INET
+    ) -> list[ResolveResult]:
+        key = (host, port, int(family))
+        future = self._pending.get(key)
+        if future is None:
+            loop = asyncio.get_running_loop()
+            future = self._pending[key] = loop.create_future()
+            threading.Thread(
+                target=self._lookup,
+                args=(loop, key, future),
+                name="raylens-host-memory-resolve",
+                daemon=True,
+            ).start()
+        infos = await asyncio.shield(future)
+        return [
+            ResolveResult(
+                hostname=host,
+                host=address[0],
+                port=address[1],
+                family=found_family,
+                proto=proto,
+                flags=socket.AI_NUMERICHOST | socket.AI_NUMERICSERV,
+            )
+            for found_family, _, proto, _, address in infos
+            if found_family in (socket.AF_INET, socket.AF_INET6)
+        ]
+
+    def _lookup(
+        self,
+        loop: asyncio.AbstractEventLoop,
+        key: tuple[str, int, int],
+        future: asyncio.Future[list[Any]],
+    ) -> None:
+        host, port, family = key
+        try:
+            infos: Any = socket.getaddrinfo(
+                host, port, family=family, type=socket.SOCK_STREAM, flags=socket.AI_ADDRCONFIG
+            )
+            error: BaseException | None = None
+        except OSError as exc:
+            infos, error = None, exc
+        with contextlib.suppress(RuntimeError):  # the loop closed meanwhile
+            loop.call_soon_threadsafe(self._settle, key, future, infos, error)
+
+    def _settle(
+        self,
+        key: tuple[str, int, int],
+        future: asyncio.Future[list[Any]],
+        infos: list[Any] | None,
+        error: BaseException | None,
+    ) -> None:
+        if self._pending.get(key) is future:
+            del self._pending[key]
+        if future.done():
+            return
+        if error is not None:
+            future.set_exception(error)
+        else:
+            future.set_result(infos or [])
+
+    async def close(self) -> None:
+        for future in self._pending.values():
+            future.cancel()
+        self._pending.clear()
+
+
 class AsyncScrapeEngine:
     """Runs batches of scrapes on its own event loop thread; see the module docstring.
 
@@ -198,11 +283,6 @@ class AsyncScrapeEngine:
                 raise RuntimeError("the scrape engine is closed")
             if self._loop is None:
                 loop = asyncio.new_event_loop()
-                loop.set_default_executor(
-                    concurrent.futures.ThreadPoolExecutor(
-                        _RESOLVER_THREADS, thread_name_prefix="raylens-host-memory-resolve"
-                    )
-                )
                 thread = threading.Thread(
                     target=loop.run_forever, name="raylens-host-memory-engine", daemon=True
                 )
@@ -213,6 +293,7 @@ class AsyncScrapeEngine:
     def _session_in_loop(self) -> aiohttp.ClientSession:
         if self._session is None:
             connector = aiohttp.TCPConnector(
+                resolver=_PerNameResolver(),
                 limit=2 * self.limits.max_concurrency,
                 force_close=True,
                 ttl_dns_cache=60,
@@ -348,7 +429,9 @@ def fetch_once(url: str, limits: ScrapeLimits) -> Outcome:
     """One scrape of ``url`` on a private, short-lived loop (for a direct ``_scrape`` call)."""
 
     async def run() -> Outcome:
-        connector = aiohttp.TCPConnector(force_close=True, timeout_ceil_threshold=1e9)
+        connector = aiohttp.TCPConnector(
+            resolver=_PerNameResolver(), force_close=True, timeout_ceil_threshold=1e9
+        )
         async with aiohttp.ClientSession(
             connector=connector, auto_decompress=False, trust_env=False
         ) as session:
