@@ -4,6 +4,7 @@ outlives the driver."""
 from __future__ import annotations
 
 import logging
+import multiprocessing
 import os
 import signal
 import subprocess
@@ -17,6 +18,7 @@ from pathlib import Path
 import pytest
 
 from raylens.telemetry import host_memory as hm
+from raylens.telemetry._scrape_helper import HelperEngine
 from raylens_fakes import MetricsProbe, SimulatedCluster
 
 Factory = Callable[..., SimulatedCluster]
@@ -107,6 +109,8 @@ def test_a_helper_killed_mid_cycle_is_replaced_next_cycle_with_one_warning(
 _DRIVER = textwrap.dedent(
     """
     import sys
+    with open(sys.argv[2], "a") as marker:  # module level, unguarded: must run once
+        marker.write("ran\\n")
     from raylens.telemetry.host_memory import HostMemoryMonitor
     from raylens_fakes import FakeCluster
 
@@ -126,7 +130,7 @@ def test_a_driver_killed_with_sigkill_leaves_no_helper_behind(tmp_path: Path) ->
     script.write_text(_DRIVER)
     with SimulatedCluster(1) as sim:
         driver = subprocess.Popen(
-            [sys.executable, str(script), str(sim.raylet(0).port)],
+            [sys.executable, str(script), str(sim.raylet(0).port), str(tmp_path / "marker")],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             text=True,
@@ -136,6 +140,8 @@ def test_a_driver_killed_with_sigkill_leaves_no_helper_behind(tmp_path: Path) ->
             helper = int(line)
             assert not _gone(helper)
             assert sim.raylet(0).requests == 1
+            # The helper did not re-run the driver's unguarded script.
+            assert (tmp_path / "marker").read_text().splitlines() == ["ran"]
             driver.send_signal(signal.SIGKILL)
             driver.wait(10)
             assert _wait_until(lambda: _gone(helper), 2.0)
@@ -143,3 +149,31 @@ def test_a_driver_killed_with_sigkill_leaves_no_helper_behind(tmp_path: Path) ->
             if driver.poll() is None:
                 driver.kill()
                 driver.wait(10)
+
+
+def test_a_helper_that_cannot_start_falls_back_to_scraping_in_process(
+    simulated_cluster: Factory,
+    make_monitor: Callable,
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    def dead_on_arrival(self: HelperEngine) -> None:
+        context = multiprocessing.get_context("spawn")
+        parent, child = context.Pipe()
+        process = context.Process(target=os._exit, args=(3,), daemon=True)
+        process.start()
+        child.close()
+        self._process, self._conn, self._ready = process, parent, False
+
+    monkeypatch.setattr(HelperEngine, "_start", dead_on_arrival)
+    sim = simulated_cluster(2)
+    monitor = make_monitor(sim.cluster, scrape_mode="helper")
+
+    with caplog.at_level(logging.WARNING, logger=LOGGER):
+        for _ in range(3):
+            monitor.collect_once()
+
+    assert monitor.scrape_mode is hm.ScrapeMode.INPROCESS
+    assert [s.error for s in monitor.latest()] == [None, None]
+    messages = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert sum("scraping in this process instead" in m for m in messages) == 1

@@ -48,7 +48,10 @@ _POLL_SLICE_S = 0.05
 #: waits :data:`BATCH_SLACK_S` past it, which leaves the rest for the trip back.
 _HELPER_SLACK_S = 0.05
 #: How long the first cycle may wait for a freshly spawned helper to say it is ready.
-_START_TIMEOUT_S = 30.0
+_START_TIMEOUT_S = 20.0
+#: After this many helpers in a row fail to start, scrape() raises and the monitor
+#: falls back to scraping in-process.
+_MAX_FAILED_STARTS = 2
 
 
 def _watch_parent(parent_pid: int) -> None:
@@ -133,6 +136,8 @@ class HelperEngine:
         self._conn: Connection | None = None
         self._ready = False
         self._lost = False
+        #: Helpers in a row that died or stayed silent before saying they were ready.
+        self._failed_starts = 0
         self._batch = 0
         self._closed = False
 
@@ -207,8 +212,17 @@ class HelperEngine:
                 conn = self._ensure()
                 if conn is None:
                     return {}
-                if not self._ready and not self._wait_ready(conn, started + _START_TIMEOUT_S):
-                    return {}
+                if not self._ready:
+                    if self._failed_starts >= _MAX_FAILED_STARTS:
+                        raise RuntimeError(
+                            f"the scrape helper failed to start {self._failed_starts} times in a row"
+                        )
+                    if not self._wait_ready(conn, started + _START_TIMEOUT_S):
+                        if not self._abort.is_set():
+                            self._failed_starts += 1
+                            self._reap()
+                        return {}
+                    self._failed_starts = 0
                 self._batch += 1
                 batch = self._batch
                 # The child's deadline starts once it is ready: a slow first spawn
@@ -230,6 +244,8 @@ class HelperEngine:
                                 for key, outcome in message[2].items()
                             }
             except (EOFError, OSError):
+                if not self._ready:
+                    self._failed_starts += 1
                 self._reap()
                 self._lost = True
                 return {job[0]: Outcome(None, HELPER_GONE) for job in jobs}
