@@ -9,6 +9,7 @@ PSS) only for the servers it measures now.
 
 from __future__ import annotations
 
+import enum
 import inspect
 import logging
 import math
@@ -45,26 +46,50 @@ THREAD_NAME = "raylens-memory-profiler"
 STOP_TIMEOUT_SECONDS = 10.0
 """How long :meth:`MemoryProfiler.stop` waits for a sample in progress to finish."""
 
-# Target states reported by MemoryProfiler.latest().
-LIVE = "live"
-EXITED = "exited"
-REUSED = "reused"
-FAILED = "failed"
+
+class SampleStatus(str, enum.Enum):
+    """What a profiler found when it last sampled a server.
+
+    Members are strings equal to their values (``SampleStatus.LIVE == "live"``),
+    and print and serialise as those values, so code written against the plain
+    strings keeps working.
+    """
+
+    LIVE = "live"
+    """The root process is the one the target was built for, and was measured."""
+    EXITED = "exited"
+    """The root process is gone, or the tree was found empty."""
+    REUSED = "reused"
+    """The root's pid now belongs to another process that started later."""
+    FAILED = "failed"
+    """The collector raised; nothing is known about the server at this sample."""
+
+    def __str__(self) -> str:
+        return self.value
+
+    def __format__(self, format_spec: str) -> str:
+        return format(self.value, format_spec)
+
+
+LIVE = SampleStatus.LIVE
+EXITED = SampleStatus.EXITED
+REUSED = SampleStatus.REUSED
+FAILED = SampleStatus.FAILED
 
 
 @dataclass(frozen=True)
 class ServerMemorySample:
     """What a profiler last measured for one server.
 
-    ``status`` is ``"live"``, ``"exited"`` (the root is gone), ``"reused"`` (its
-    pid now belongs to another process) or ``"failed"`` (the collector raised).
+    ``status`` is a :class:`SampleStatus` (equal to ``"live"``, ``"exited"``,
+    ``"reused"`` or ``"failed"``).
     Values not known at that sample are None. ``pss_bytes`` may come from an
     earlier sample when PSS is read less often than RSS; ``pss_age_seconds``
     says how much earlier (0 when read at this sample).
     """
 
     target: ServerMemoryTarget
-    status: str
+    status: SampleStatus
     rss_bytes: int | None
     pss_bytes: int | None
     pss_age_seconds: float | None

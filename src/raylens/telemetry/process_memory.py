@@ -72,6 +72,7 @@ from raylens.telemetry._profiler import (
     THREAD_NAME,
     MemoryProfiler,
     MemoryProfileSnapshot,
+    SampleStatus,
     ServerMemorySample,
 )
 from raylens.telemetry._profiler_series import (
@@ -166,6 +167,7 @@ __all__ = [
     "Opener",
     "ProcFS",
     "ProcessTreeMemory",
+    "SampleStatus",
     "ServerMemorySample",
     "ServerMemoryTarget",
     "collect_host_memory",
