@@ -9,6 +9,8 @@ groups shut down every node reads ``none``.
 
 from __future__ import annotations
 
+import os
+
 import pytest
 
 pytestmark = pytest.mark.integration
@@ -77,6 +79,8 @@ def test_memory_per_node_labelled_with_its_worker_groups(ray_cluster, metrics_pr
         used = wait_for(every_node_labelled, 60, f"{USED} labelled {expected}")
         total = _labels_by_node(metrics_probe, monitor, TOTAL)
         assert set(total) == set(ray_cluster.node_ids)
+        # scraped by the helper process, the default, from a driver connected to Ray
+        assert monitor.helper_pid is not None
         for node, point in used.items():
             assert point["host.name"]
             assert 0 < point["value"] <= total[node]["value"]
@@ -103,4 +107,7 @@ def test_memory_per_node_labelled_with_its_worker_groups(ray_cluster, metrics_pr
     points = _labels_by_node(metrics_probe, monitor, USED)
     assert set(points) == set(ray_cluster.node_ids)
     assert {point["rl.worker_groups"] for point in points.values()} == {"none"}
+    helper = monitor.helper_pid
     monitor.stop()
+    assert monitor.helper_pid is None
+    assert helper is not None and not os.path.exists(f"/proc/{helper}")

@@ -48,7 +48,9 @@ class ThreadedScrapes:
         for node in nodes:
             with self._lock:
                 if node.key in self._in_flight:
-                    results[node.key] = Outcome(None, NOT_ASKED_IN_FLIGHT, wedged=True, asked=False)
+                    skipped = Outcome(None, NOT_ASKED_IN_FLIGHT, wedged=True, asked=False)
+                    with done:
+                        results[node.key] = skipped
                     continue
                 if self._closed:
                     break
