@@ -22,14 +22,14 @@ import os
 import sys
 import time
 from pathlib import Path
-from typing import Any
+
+import ray
+
+from raylens.distributed import RayVirtualCluster, RayWorkerBuilder, RayWorkerGroup
+from raylens.driver import init_telemetry_driver
+from raylens.lens import shutdown_telemetry
 
 HERE = Path(__file__).resolve().parent
-
-# Every worker imports its class by this dotted path, never from the driver's
-# __main__: see workers.py, which runtime_env ships to every node below.
-WORKER_CLASS = "workers.MemoryWorker"
-GROUP_NAMES = ("policy", "rollout")
 
 
 def _parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -56,8 +56,6 @@ def _parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 def _start_ray(address: str | None) -> bool:
     """Join ``address``, or start Ray here when it is None; True when Ray was started here."""
-    import ray
-
     runtime_env = {"py_modules": [str(HERE / "workers.py")]}
     if address is None:
         # "local" starts a new Ray even where another one already runs on this
@@ -75,62 +73,33 @@ def _start_ray(address: str | None) -> bool:
     return False
 
 
-def _build_groups(nodes: int, worker_megabytes: int) -> tuple[Any, dict[str, Any]]:
-    """Reserve one bundle per node and place both groups on every bundle."""
-    import ray
-
-    from raylens.distributed import RayVirtualCluster, RayWorkerBuilder, RayWorkerGroup
-
-    cluster = RayVirtualCluster(
-        [1] * nodes, use_gpus=False, name="raylens-example", placement_timeout_s=60.0
-    )
-    builder = RayWorkerBuilder(WORKER_CLASS, worker_megabytes)
-    groups: dict[str, Any] = {}
+def run(duration: float, nodes: int = 1, worker_megabytes: int = 32) -> None:
+    """Telemetry, one bundle per node and the groups policy and rollout, for ``duration`` s."""
+    init_telemetry_driver(host_memory_interval=1.0)  # after ray.init, before the groups
+    cluster = RayVirtualCluster([1] * nodes, use_gpus=False, name="raylens-example")
+    builder = RayWorkerBuilder("workers.MemoryWorker", worker_megabytes)  # see workers.py
+    groups = []
     try:
-        for name in GROUP_NAMES:
-            groups[name] = RayWorkerGroup(cluster, builder, workers_per_node=1, name_prefix=name)
-        for name, group in groups.items():
-            placed = ray.get(group.run_all_workers_single_data("where"), timeout=120)
-            nodes_of_group = sorted({worker["node_id"][:8] for worker in placed})
-            print(
-                f"worker group {name!r}: {len(placed)} worker(s) on node(s) "
-                f"{', '.join(nodes_of_group)}",
-                flush=True,
-            )
-    except BaseException:
-        _shut_down_groups(cluster, groups)
-        raise
-    return cluster, groups
-
-
-def _shut_down_groups(cluster: Any, groups: dict[str, Any]) -> None:
-    for group in groups.values():
-        group.shutdown(timeout=10.0)
-    cluster.shutdown()
+        for name in ("policy", "rollout"):
+            groups.append(RayWorkerGroup(cluster, builder, workers_per_node=1, name_prefix=name))
+            placed = ray.get(groups[-1].run_all_workers_single_data("where"), timeout=120)
+            nodes_up = sorted({worker["node_id"][:8] for worker in placed})
+            print(f"worker group {name!r} is up on node(s) {', '.join(nodes_up)}", flush=True)
+        print(f"running for {duration:g} s", flush=True)
+        time.sleep(duration)  # the job's work; the monitor and the exporter run meanwhile
+    finally:
+        shutdown_telemetry()  # first: its last export still sees the groups
+        for group in groups:
+            group.shutdown(timeout=10.0)  # each group withdraws its label
+        cluster.shutdown()
 
 
 def main(argv: list[str] | None = None) -> int:
     args = _parse_args(argv)
-    import ray
-
-    from raylens.driver import init_telemetry_driver
-    from raylens.lens import shutdown_telemetry
-
     started_here = _start_ray(args.address)
     try:
-        # After ray.init (the monitor lists the cluster's nodes) and before the
-        # groups, so that their first points are already labelled.
-        init_telemetry_driver(host_memory_interval=1.0)
-        cluster, groups = _build_groups(args.nodes, args.worker_megabytes)
-        try:
-            print(f"running for {args.duration:g} s", flush=True)
-            time.sleep(args.duration)
-        finally:
-            # Telemetry first: its last export then still shows the groups' labels.
-            shutdown_telemetry()
-            _shut_down_groups(cluster, groups)
+        run(args.duration, args.nodes, args.worker_megabytes)
     finally:
-        shutdown_telemetry()
         ray.shutdown()
     print("worker groups and telemetry shut down" + (", Ray stopped" if started_here else ""))
     return 0

@@ -38,6 +38,13 @@ def _labels_after_one_collection(sim, monitor, metrics_probe) -> dict[str, str]:
 
 
 @pytest.fixture
+def driver(monkeypatch: pytest.MonkeyPatch) -> ModuleType:
+    """examples/driver.py, importing a stand-in for Ray (never called by these tests)."""
+    monkeypatch.setitem(sys.modules, "ray", ModuleType("ray"))
+    return _load("driver", monkeypatch)
+
+
+@pytest.fixture
 def own_groups(monkeypatch: pytest.MonkeyPatch) -> ModuleType:
     return _load("own_groups", monkeypatch)
 
@@ -116,10 +123,8 @@ def test_a_label_goes_when_the_group_fails_inside_its_block(
 
 
 def test_the_driver_example_refuses_a_bad_duration_naming_it(
-    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+    driver: ModuleType, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    driver = _load("driver", monkeypatch)
-
     with pytest.raises(SystemExit) as exit_info:
         driver._parse_args(["--duration", "0"])
 
@@ -128,9 +133,8 @@ def test_the_driver_example_refuses_a_bad_duration_naming_it(
 
 
 def test_the_driver_example_joins_ray_address_or_starts_its_own(
-    monkeypatch: pytest.MonkeyPatch,
+    driver: ModuleType, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    driver = _load("driver", monkeypatch)
     monkeypatch.delenv("RAY_ADDRESS", raising=False)
     assert driver._parse_args([]).address is None
 
