@@ -1,12 +1,14 @@
-"""Sample statuses as an enum."""
+"""Sample statuses as an enum, and the exported points of several profilers side by side."""
 
 from __future__ import annotations
 
 import enum
+import gc
 import json
 
 import pytest
 
+from raylens.telemetry import _profiler_series as series
 from raylens.telemetry import process_memory as pm
 from raylens.telemetry.process_memory import (
     EXITED,
@@ -15,8 +17,10 @@ from raylens.telemetry.process_memory import (
     REUSED,
     HostMemory,
     MemoryProfiler,
+    ProcessTreeMemory,
     SampleStatus,
     ServerMemoryTarget,
+    record_server_memory,
 )
 from raylens_fakes.procfs import PAGE_SIZE, FakeProcFS
 
@@ -86,3 +90,77 @@ def test_samples_carry_the_enum(fake) -> None:
 
 def test_statuses_are_public_names() -> None:
     assert "SampleStatus" in pm.__all__
+
+
+# ---------------------------------------------------------------- several profilers
+
+
+def test_two_profilers_measuring_one_name_both_export(metrics_probe, fake) -> None:
+    first = profiler_of(fake, ServerMemoryTarget("policy", "vllm", 100, procfs=fake.procfs))
+    second = profiler_of(fake, ServerMemoryTarget("policy", "vllm", 200, procfs=fake.procfs))
+    first.sample_once()
+    second.sample_once()
+    first.sample_once()
+    assert rss_by_pid(metrics_probe) == {100: 300 * PAGE_SIZE, 200: 40 * PAGE_SIZE}
+    processes = metrics_probe.points("gym.server.processes")
+    assert {pid_of(key): value for key, value in processes.items()} == {100: 1, 200: 1}
+
+
+def test_removing_a_server_from_one_profiler_keeps_the_others_points(metrics_probe, fake) -> None:
+    mine = ServerMemoryTarget("policy", "vllm", 100, procfs=fake.procfs)
+    first = profiler_of(fake, mine)
+    second = profiler_of(fake, ServerMemoryTarget("policy", "vllm", 200, procfs=fake.procfs))
+    second.sample_once()
+    first.sample_once()
+    first.remove_target(mine)
+    assert rss_by_pid(metrics_probe) == {200: 40 * PAGE_SIZE}
+
+
+def test_a_gone_profilers_points_stay_until_their_name_is_published_again(
+    metrics_probe, fake
+) -> None:
+    first = profiler_of(fake, ServerMemoryTarget("policy", "vllm", 100, procfs=fake.procfs))
+    second = profiler_of(fake, ServerMemoryTarget("policy", "vllm", 200, procfs=fake.procfs))
+    second.sample_once()
+    first.sample_once()
+    del first
+    gc.collect()
+    # Its last sample is still exported (a profiler dropped right after stop() keeps its
+    # final points), alongside the live profiler's.
+    assert rss_by_pid(metrics_probe) == {100: 300 * PAGE_SIZE, 200: 40 * PAGE_SIZE}
+    second.sample_once()
+    assert rss_by_pid(metrics_probe) == {200: 40 * PAGE_SIZE}
+    assert len(pm._SERVERS) == 1
+
+
+def test_profilers_that_come_and_go_hold_one_entry_per_name(metrics_probe, fake) -> None:
+    policy = ServerMemoryTarget("policy", "vllm", 100, procfs=fake.procfs)
+    for _ in range(50):
+        profiler_of(fake, policy).sample_once()
+        gc.collect()
+    assert len(pm._SERVERS) == 1
+    assert len(series._ORPHANS) <= 1
+    assert rss_by_pid(metrics_probe) == {100: 300 * PAGE_SIZE}
+
+
+def test_one_server_in_two_profilers_exports_its_latest_sample_once(metrics_probe, fake) -> None:
+    policy = ServerMemoryTarget("policy", "vllm", 100, procfs=fake.procfs)
+    first, second = profiler_of(fake, policy), profiler_of(fake, policy)
+    first.sample_once()
+    fake.add_process(101, parent=100, rss_bytes=100 * PAGE_SIZE, pss_bytes=50 * PAGE_SIZE)
+    second.sample_once()
+    assert rss_by_pid(metrics_probe) == {100: 400 * PAGE_SIZE}
+    fake.remove_process(101)
+    first.sample_once()
+    assert rss_by_pid(metrics_probe) == {100: 300 * PAGE_SIZE}
+    # Each profiler keeps its own peak; the one sampled last is exported.
+    peaks = metrics_probe.points("gym.server.memory.sampled_peak")
+    assert {dict(k)["memory.type"]: v for k, v in peaks.items()}["rss"] == 300 * PAGE_SIZE
+
+
+def test_recording_outside_a_profiler_keeps_the_profilers_points(metrics_probe, fake) -> None:
+    profiler = profiler_of(fake, ServerMemoryTarget("policy", "vllm", 100, procfs=fake.procfs))
+    profiler.sample_once()
+    other = ServerMemoryTarget("policy", "vllm", 200, procfs=fake.procfs)
+    record_server_memory(other, ProcessTreeMemory(7 * PAGE_SIZE, None, 1), {})
+    assert rss_by_pid(metrics_probe) == {100: 300 * PAGE_SIZE, 200: 7 * PAGE_SIZE}

@@ -17,6 +17,7 @@ import os
 import sys
 import threading
 import time
+import weakref
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -35,9 +36,11 @@ from raylens.telemetry._profiler_series import (
     RSS,
     ServerMemoryTarget,
     forget_server,
+    new_owner,
     publish_host,
     publish_server,
     raise_peak,
+    release_owner,
 )
 
 logger = logging.getLogger("raylens.telemetry.process_memory")
@@ -211,6 +214,10 @@ class MemoryProfiler:
         # Guards the targets and everything kept per target (peaks, carried PSS, the
         # exported entry), so a target removed while it is being measured leaves nothing.
         self._state_lock = threading.Lock()
+        # Keeps this profiler's exported servers apart from other profilers' of the same
+        # name; once it is garbage-collected, a later entry of the same name replaces them.
+        self._owner = new_owner()
+        weakref.finalize(self, release_owner, self._owner).atexit = False
 
     @property
     def targets(self) -> list[ServerMemoryTarget]:
@@ -254,7 +261,7 @@ class MemoryProfiler:
                 self._peaks.pop((current.name, memory_type), None)
             self._pss.pop(current.name, None)
             self._pss_attempted.pop(current.name, None)
-            forget_server(current)
+            forget_server(current, owner=self._owner)
         reset_warn_once(_collector_warning_key(current.name))
         return current
 
@@ -430,7 +437,7 @@ class MemoryProfiler:
                 memory = ProcessTreeMemory(memory.rss_bytes, pss, memory.process_count)
             peak_rss = raise_peak(self._peaks, (name, RSS), memory and memory.rss_bytes)
             peak_pss = raise_peak(self._peaks, (name, PSS), memory and memory.pss_bytes)
-            publish_server(target, memory, peak_rss, peak_pss)
+            publish_server(target, memory, peak_rss, peak_pss, owner=self._owner)
         live = memory if status == LIVE else None
         return ServerMemorySample(
             target=target,

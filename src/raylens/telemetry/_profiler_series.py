@@ -1,8 +1,13 @@
 """The series a memory profiler exports, and the servers they describe.
 
-A sample is published into a snapshot here (one entry per server name, plus the
-host), and lens observable gauges read that snapshot at each collection; the
-callbacks never touch procfs. The gauges are declared with lens the first time a
+A sample is published into a snapshot here (one entry per profiler and server
+name, plus the host), and lens observable gauges read that snapshot at each
+collection; the callbacks never touch procfs. Two profilers measuring servers of
+the same name each keep their points; a server that two profilers measure (same
+name, type and pid) is one point, from whichever sampled it last. The points of a
+profiler that was garbage-collected stay, as its last word, until a server of the
+same name is published again; so what is held stays bounded by the names in use
+however many profilers come and go. The gauges are declared with lens the first time a
 sample is published with telemetry on, never at import. Publishing never raises:
 a meter or exporter that fails costs that sample its points and one warning.
 
@@ -12,10 +17,12 @@ clears both and withdraws the gauge declarations.
 
 from __future__ import annotations
 
+import itertools
 import logging
 import os
 import threading
 import weakref
+from collections import deque
 from collections.abc import Callable, Iterable
 from dataclasses import KW_ONLY, InitVar, dataclass, field
 from typing import Any
@@ -139,8 +146,46 @@ class _HostPoints:
 
 
 _LOCK = threading.Lock()
-_SERVERS: dict[str, _ServerPoints] = {}
+_SERVERS: dict[tuple[int | None, str], _ServerPoints] = {}
+"""``{(owner, server name): points}``; owner None for values recorded outside a profiler."""
 _HOST = _HostPoints()
+
+_OWNERS = itertools.count(1)
+_GONE_OWNERS: deque[int] = deque()
+"""Owners whose profiler was garbage-collected, to handle at the next use of :data:`_LOCK`."""
+_ORPHANS: set[tuple[int | None, str]] = set()
+"""Keys of :data:`_SERVERS` whose profiler is gone; the next entry of that name replaces them."""
+
+
+def new_owner() -> int:
+    """A fresh owner id for one profiler's entries."""
+    return next(_OWNERS)
+
+
+def release_owner(owner: int) -> None:
+    """Mark every entry of ``owner`` as replaceable by the next entry of the same name.
+
+    Meant for a finalizer, which may run in any thread at any allocation, even one
+    made while :data:`_LOCK` is held: so it takes no lock and only queues the owner.
+    """
+    _GONE_OWNERS.append(owner)
+
+
+def _drop_gone_owners() -> None:
+    """Turn the entries of released owners into orphans. The caller holds :data:`_LOCK`."""
+    while _GONE_OWNERS:
+        owner = _GONE_OWNERS.popleft()
+        _ORPHANS.update(key for key in _SERVERS if key[0] == owner)
+
+
+def _current_servers() -> list[_ServerPoints]:
+    """One entry per measured server, the latest published. The caller holds :data:`_LOCK`."""
+    _drop_gone_owners()
+    latest: dict[ServerMemoryTarget, _ServerPoints] = {}
+    for entry in _SERVERS.values():  # in publishing order: a later entry wins
+        latest[entry.target] = entry
+    return list(latest.values())
+
 
 _INSTRUMENTS: weakref.WeakKeyDictionary[Any, dict[str, RecordedMetric]] = (
     weakref.WeakKeyDictionary()
@@ -163,13 +208,13 @@ def _by_memory_type(
 
 def _observe_server_usage(_options: CallbackOptions) -> Iterable[Observation]:
     with _LOCK:
-        entries = [(e.attributes, e.rss, e.pss) for e in _SERVERS.values()]
+        entries = [(e.attributes, e.rss, e.pss) for e in _current_servers()]
     return _by_memory_type(entries)
 
 
 def _observe_server_peak(_options: CallbackOptions) -> Iterable[Observation]:
     with _LOCK:
-        entries = [(e.attributes, e.peak_rss, e.peak_pss) for e in _SERVERS.values()]
+        entries = [(e.attributes, e.peak_rss, e.peak_pss) for e in _current_servers()]
     return _by_memory_type(entries)
 
 
@@ -177,7 +222,7 @@ def _observe_server_processes(_options: CallbackOptions) -> Iterable[Observation
     with _LOCK:
         return [
             Observation(e.processes, dict(e.attributes))
-            for e in _SERVERS.values()
+            for e in _current_servers()
             if e.processes is not None
         ]
 
@@ -273,8 +318,15 @@ def publish_server(
     memory: ProcessTreeMemory | None,
     peak_rss: int | None,
     peak_pss: int | None,
+    *,
+    owner: int | None = None,
 ) -> None:
-    """Make ``memory`` (None: not known this sample) the exported values of ``target``."""
+    """Make ``memory`` (None: not known this sample) the exported values of ``target``.
+
+    ``owner`` (from :func:`new_owner`) keeps one profiler's entry apart from
+    another's for a server of the same name; None is the owner of values recorded
+    outside a profiler.
+    """
     entry = _ServerPoints(
         target=target,
         attributes=_server_attributes(target),
@@ -284,17 +336,25 @@ def publish_server(
         peak_rss=peak_rss,
         peak_pss=peak_pss,
     )
+    key = (owner, target.name)
     with _LOCK:
-        _SERVERS[target.name] = entry
+        _drop_gone_owners()
+        for orphan in [orphan for orphan in _ORPHANS if orphan[1] == target.name]:
+            _ORPHANS.discard(orphan)
+            _SERVERS.pop(orphan, None)
+        _SERVERS.pop(key, None)  # re-inserted last: the latest published wins a tie
+        _SERVERS[key] = entry
     _ensure_exported()
 
 
-def forget_server(target: ServerMemoryTarget) -> None:
-    """Drop the exported values of ``target``, unless its name now belongs to another target."""
+def forget_server(target: ServerMemoryTarget, *, owner: int | None = None) -> None:
+    """Drop ``owner``'s exported values of ``target``, unless its name now belongs to another."""
+    key = (owner, target.name)
     with _LOCK:
-        entry = _SERVERS.get(target.name)
+        _drop_gone_owners()
+        entry = _SERVERS.get(key)
         if entry is not None and entry.target == target:
-            del _SERVERS[target.name]
+            del _SERVERS[key]
 
 
 def record_host_memory(memory: HostMemory, peaks: dict[str, int]) -> None:
@@ -336,6 +396,8 @@ def reset_process_memory_state() -> None:
     global _HOST
     with _LOCK:
         _SERVERS.clear()
+        _GONE_OWNERS.clear()
+        _ORPHANS.clear()
         _HOST = _HostPoints()
     _INSTRUMENTS.clear()
     for metric, _callback in _GAUGES:

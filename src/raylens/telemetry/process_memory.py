@@ -41,8 +41,9 @@ nothing; a profiler still keeps its own peaks for :meth:`MemoryProfiler.latest`.
 The gauges are declared with lens at the first sample recorded with telemetry
 on; importing this module creates no instrument.
 
-State: the snapshot the gauge callbacks read (one entry per server name, dropped
-when a profiler forgets the server), and :data:`_INSTRUMENTS`;
+State: the snapshot the gauge callbacks read (one entry per profiler and server
+name, dropped when the profiler forgets the server, or replaced by the next entry of
+that name once the profiler is garbage-collected), and :data:`_INSTRUMENTS`;
 :func:`reset_process_memory_state` clears both.
 """
 
