@@ -129,7 +129,8 @@ class HostMemoryMonitor:
         collection_interval: Seconds between cycles (positive).
         cluster: Where the nodes come from; default the connected Ray.
         scrape_timeout: Hard limit, in seconds, on every request of a cycle, body included.
-        max_concurrency: Most requests in flight at once.
+        max_concurrency: Most requests in flight at once in each of the two lanes
+            (nodes in good standing, wedged nodes); default 256.
         max_age: Seconds, counted from the node's answer, after which its sample is
             no longer exported even if no newer one replaced it; default two
             intervals plus the scrape timeout.
