@@ -104,7 +104,13 @@ def exported_names() -> frozenset[str]:
     )
 
     registry = CollectorRegistry()
-    provider = MeterProvider(metric_readers=[PrometheusMetricReader(registry=registry)])
+    try:
+        reader = PrometheusMetricReader(registry=registry)
+    except TypeError:  # releases before the registry argument use the global one
+        from prometheus_client import REGISTRY as registry
+
+        reader = PrometheusMetricReader()
+    provider = MeterProvider(metric_readers=[reader])
     try:
         meter = provider.get_meter("raylens")
         for metric in _raylens_metrics().values():
