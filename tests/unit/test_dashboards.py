@@ -265,6 +265,14 @@ def test_dashboard_covers_every_area() -> None:
     assert used >= PENDING_SERIES
 
 
+def test_pending_series_keep_the_names_the_dashboard_expects() -> None:
+    # Once raylens declares any scrape-health series, all of them must export under the
+    # names the dashboard reads; otherwise its panels would stay empty without a failure.
+    declared = {name for name in exported_names() if name.startswith("rl_host_scrape_")}
+    if declared:
+        assert declared >= PENDING_SERIES, f"exported {sorted(declared)}"
+
+
 def test_dashboard_variables_are_defined() -> None:
     dashboard = load_dashboard()
     defined = {v["name"] for v in dashboard["templating"]["list"]}
