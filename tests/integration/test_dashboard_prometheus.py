@@ -255,8 +255,13 @@ def _get(url: str, params: dict[str, str]) -> Any:
 
 
 def _query(api: str, expr: str) -> list[dict[str, Any]]:
-    data = _get(f"{api}/query", {"query": expr})
-    return [] if data is None else data["result"]
+    """The series ``expr`` returns now; a query Prometheus rejects fails the test at once."""
+    try:
+        body = requests.get(f"{api}/query", params={"query": expr}, timeout=3).json()
+    except (requests.RequestException, ValueError):
+        return []
+    assert body.get("status") == "success", f"Prometheus rejects {expr!r}: {body.get('error')}"
+    return body["data"]["result"]
 
 
 def _substitute(expr: str, values: dict[str, str]) -> str:
