@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ast
+import builtins
 import re
 from pathlib import Path
 
@@ -55,6 +56,17 @@ def test_the_readme_driver_is_the_example_driver_the_integration_suite_runs() ->
     imports = [line for line in block.splitlines() if line.startswith(("import ", "from "))]
     assert imports
     assert [line for line in imports if line not in source.splitlines()] == []
+    imported = {
+        (alias.asname or alias.name).split(".")[0]
+        for node in ast.parse(block).body
+        if isinstance(node, (ast.Import, ast.ImportFrom))
+        for alias in node.names
+    }
+    names = [node for node in ast.walk(run) if isinstance(node, ast.Name)]
+    bound = {node.id for node in names if isinstance(node.ctx, ast.Store)}
+    bound |= {argument.arg for argument in run.args.args}
+    read = {node.id for node in names if isinstance(node.ctx, ast.Load)}
+    assert read - bound - imported - set(dir(builtins)) == set()
 
 
 def _labels(monitor: HostMemoryMonitor, metrics_probe, sim) -> list[str]:
