@@ -101,6 +101,7 @@ def test_a_helper_killed_mid_cycle_is_replaced_next_cycle_with_one_warning(
 
     second = monitor.helper_pid
     assert second is not None and second != first
+    assert not os.path.exists(f"/proc/{first}")  # reaped by the driver: no zombie
     assert all(s.error is None for s in monitor.latest())
     restarts = [r for r in caplog.records if "started a new one" in r.getMessage()]
     assert len(restarts) == 1
