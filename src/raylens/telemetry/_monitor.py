@@ -234,7 +234,8 @@ class HostMemoryMonitor:
                 daemon=True,
             )
             self._thread.start()
-        if self.scrape_mode is ScrapeMode.HELPER and not self._scrape_overridden():
+        wanted = self.has_consumer and not self._scrape_overridden()
+        if wanted and self.scrape_mode is ScrapeMode.HELPER:
             try:
                 self._engine_for_use().prestart()
             except Exception:  # the first cycle tries again, and falls back if it must
