@@ -32,7 +32,6 @@ from typing import Any, NamedTuple
 
 import aiohttp
 import aiohttp.abc
-from aiohttp.abc import ResolveResult
 
 from raylens.lens.safe_text import printable
 from raylens.telemetry._names import RAY_NODE_MEM_TOTAL, RAY_NODE_MEM_USED
@@ -191,7 +190,7 @@ class _PerNameResolver(aiohttp.abc.AbstractResolver):
 
     async def resolve(
         self, host: str, port: int = 0, family: socket.AddressFamily = socket.AF_INET
-    ) -> list[ResolveResult]:
+    ) -> list[Any]:
         key = (host, port, int(family))
         future = self._pending.get(key)
         if future is None:
@@ -204,15 +203,16 @@ class _PerNameResolver(aiohttp.abc.AbstractResolver):
                 daemon=True,
             ).start()
         infos = await asyncio.shield(future)
+        # aiohttp's ResolveResult is a TypedDict: plain dicts, so older releases work too.
         return [
-            ResolveResult(
-                hostname=host,
-                host=address[0],
-                port=address[1],
-                family=found_family,
-                proto=proto,
-                flags=socket.AI_NUMERICHOST | socket.AI_NUMERICSERV,
-            )
+            {
+                "hostname": host,
+                "host": address[0],
+                "port": address[1],
+                "family": found_family,
+                "proto": proto,
+                "flags": socket.AI_NUMERICHOST | socket.AI_NUMERICSERV,
+            }
             for found_family, _, proto, _, address in infos
             if found_family in (socket.AF_INET, socket.AF_INET6)
         ]
