@@ -115,3 +115,44 @@ def test_an_error_line_escapes_control_characters(
     assert main(["simulate", "--nodes", "1", "--once"]) == 2
     err = capsys.readouterr().err
     assert "\x1b" not in err and "jaeger" in err
+
+
+def test_a_hostile_reason_phrase_is_escaped_in_the_table_and_the_verbose_log(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    import argparse
+    import io
+    import threading
+
+    from rich.console import Console
+
+    from raylens.cli.cluster_views import watch_nodes
+    from raylens.cli.output import Output, configure_logging
+    from raylens.telemetry import host_memory
+    from raylens_fakes.simulated import SimulatedCluster
+
+    console = Console(file=io.StringIO(), width=300, force_terminal=False, color_system=None)
+    configure_logging(verbose=True)
+    try:
+        with SimulatedCluster(2) as simulated:
+            simulated.raylet(1).respond_status(500, reason="boom \x1b]0;PWNED\x07\x1b[2J")
+            monitor = host_memory.HostMemoryMonitor(
+                1.0, cluster=simulated.cluster, scrape_timeout=2.0
+            )
+            args = argparse.Namespace(interval=1.0, duration=None, once=True)
+            try:
+                watch_nodes(
+                    monitor,
+                    args,
+                    output=Output(as_json=False, console=console),
+                    title="hostile",
+                    stop=threading.Event(),
+                )
+            finally:
+                monitor.stop()
+    finally:
+        configure_logging(verbose=False)
+    table = console.file.getvalue()
+    err = capsys.readouterr().err
+    assert "PWNED" in table and "\x1b" not in table and "\x07" not in table, table
+    assert "PWNED" in err and "\x1b" not in err and "\x07" not in err, err

@@ -185,11 +185,26 @@ class PrintableFormatter(logging.Formatter):
         return printable_lines(super().formatException(ei))
 
 
+class _StderrHandler(logging.StreamHandler):
+    """Writes each record to ``sys.stderr`` as it is when the record is emitted."""
+
+    def __init__(self) -> None:
+        super().__init__(sys.stderr)
+
+    @property  # type: ignore[override]
+    def stream(self) -> Any:
+        return sys.stderr
+
+    @stream.setter
+    def stream(self, value: Any) -> None:
+        pass
+
+
 def configure_logging(*, verbose: bool) -> None:
     """Tables already show failing nodes, so warnings go to stderr only with --verbose."""
     log = logging.getLogger("raylens")
     if not any(getattr(h, "_raylens_cli", False) for h in log.handlers):
-        handler = logging.StreamHandler(sys.stderr)
+        handler = _StderrHandler()
         handler.setFormatter(PrintableFormatter("raylens: %(levelname)s: %(message)s"))
         handler._raylens_cli = True  # type: ignore[attr-defined]
         log.addHandler(handler)
