@@ -52,6 +52,7 @@ class FakeCluster:
         self._nodes: dict[str, dict[str, Any]] = {}
         self._groups: dict[str, dict[str, Any]] = {}
         self._failing: dict[str, BaseException] = {}
+        self._raw_records: list[Any] = []
         self._ports = itertools.count(40000)
         self.placement_group_calls: dict[str, int] = {}
         self.nodes_calls = 0
@@ -64,7 +65,16 @@ class FakeCluster:
     def nodes(self) -> list[dict[str, Any]]:
         with self._lock:
             self.nodes_calls += 1
-            return [dict(node) for node in self._nodes.values()]
+            return [*self._raw_records, *(dict(node) for node in self._nodes.values())]
+
+    def add_raw_record(self, record: object) -> None:
+        """List ``record`` exactly as given, before the regular nodes, on every :meth:`nodes`.
+
+        For records the GCS should never send: ``None``, an unhashable ``NodeID``, an
+        address that is not a string. Code under test must survive them.
+        """
+        with self._lock:
+            self._raw_records.append(record)
 
     def placement_group_table(self, placement_group: Any) -> dict[str, Any]:
         pg_id = getattr(placement_group, "id", placement_group)

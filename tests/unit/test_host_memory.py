@@ -137,17 +137,6 @@ def test_ray_nodes_is_empty_when_ray_is_not_initialised(fake_cluster: FakeCluste
     assert fake_cluster.nodes_calls == 0
 
 
-class _RecordsCluster(FakeCluster):
-    """A FakeCluster whose node list also holds raw records a test supplies."""
-
-    def __init__(self, extra: list[object]) -> None:
-        super().__init__()
-        self.extra = extra
-
-    def nodes(self) -> list[dict]:
-        return [*self.extra, *super().nodes()]  # type: ignore[list-item]
-
-
 def _record(**fields: object) -> dict[str, object]:
     record: dict[str, object] = {
         "Alive": True,
@@ -163,8 +152,9 @@ def _record(**fields: object) -> dict[str, object]:
 def test_a_malformed_node_record_is_skipped_with_one_warning(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
-    malformed = [None, _record(NodeID=["unhashable"]), _record(NodeManagerAddress=10)]
-    cluster = _RecordsCluster(malformed)
+    cluster = FakeCluster()
+    for record in (None, _record(NodeID=["unhashable"]), _record(NodeManagerAddress=10)):
+        cluster.add_raw_record(record)
     good = cluster.add_node(address="10.0.0.1", port=8080, node_id=NODE_A)
 
     with caplog.at_level(logging.DEBUG, logger="raylens.telemetry.host_memory"):
@@ -178,7 +168,8 @@ def test_a_malformed_node_record_is_skipped_with_one_warning(
 
 
 def test_host_names_are_made_encodable_where_they_enter() -> None:
-    cluster = _RecordsCluster([_record(NodeManagerHostname="gpu-\udcff")])
+    cluster = FakeCluster()
+    cluster.add_raw_record(_record(NodeManagerHostname="gpu-\udcff"))
 
     (node,) = hm.ray_nodes(cluster)
 
