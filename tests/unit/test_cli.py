@@ -460,3 +460,24 @@ def test_a_ctrl_c_that_python_swallows_still_ends_the_command_with_130(
     assert main(["simulate", "--once"]) == 130
     err = capsys.readouterr().err
     assert "raylens: interrupted" in err
+
+
+def test_a_healthy_simulated_cluster_of_a_thousand_nodes_shows_healthy_by_default(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """Every simulated raylet shares this process with the scraper: a deadline cut to a
+    one-second refresh would report the machine's load as failed nodes."""
+    assert main(["simulate", "--nodes", "1000", "--once", "--json"]) == 0
+    (record,) = _json_lines(capsys.readouterr().out)
+    assert record["totals"]["nodes"] == 1000
+    assert record["totals"]["failing"] == 0, [n["error"] for n in record["nodes"] if n["error"]][:3]
+
+
+def test_the_simulated_scrape_deadline_grows_with_the_node_count() -> None:
+    from raylens.cli.cluster_views import simulated_scrape_timeout
+    from raylens.telemetry.host_memory import _SCRAPE_TIMEOUT_S
+
+    assert simulated_scrape_timeout(8, 1.0) == 1.0
+    assert simulated_scrape_timeout(400, 1.0) == pytest.approx(2.0)
+    assert simulated_scrape_timeout(2000, 1.0) == _SCRAPE_TIMEOUT_S
+    assert simulated_scrape_timeout(8, 0.2) == 0.2

@@ -139,7 +139,8 @@ def build_parser() -> argparse.ArgumentParser:
         "--scrape-timeout",
         type=seconds(MIN_SECONDS),
         default=None,
-        help="deadline for one node's scrape (default: the interval, at most 5 s)",
+        help="deadline for one node's scrape (default: the interval, raised by 5 ms per node, "
+        "at most 5 s)",
     )
     _add_common(simulate, interval=1.0)
     _add_script_flags(simulate)
