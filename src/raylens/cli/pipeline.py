@@ -50,11 +50,11 @@ def _announce_prometheus() -> None:
     )
 
 
-def scrape_timeout_for(interval: float | None) -> float:
+def scrape_timeout_for(interval: float) -> float:
     """A node's scrape deadline: the monitor's default, but never longer than ``interval``."""
     from raylens.telemetry.host_memory import _SCRAPE_TIMEOUT_S
 
-    return _SCRAPE_TIMEOUT_S if interval is None else min(_SCRAPE_TIMEOUT_S, interval)
+    return min(_SCRAPE_TIMEOUT_S, interval)
 
 
 def stop_monitoring(monitor: Any) -> None:
