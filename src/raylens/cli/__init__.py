@@ -27,21 +27,26 @@ from __future__ import annotations
 
 import signal
 import sys
-import threading
 from collections.abc import Callable, Sequence
-from typing import Any
 
 __all__ = ["main"]
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the ``raylens`` command; returns the process exit status."""
-    stop = threading.Event()
-    interrupted = threading.Event()
-    restore = _record_interrupts(stop, interrupted)
+    interrupts: list[int] = []
+    stops: list[Callable[[], None]] = []
+    restore = _record_interrupts(interrupts, stops)
     try:
+        import threading
+
         from raylens.cli.app import run
 
+        stop = threading.Event()
+        interrupted = threading.Event()
+        stops.extend((stop.set, interrupted.set))
+        if interrupts:  # a Ctrl-C whose KeyboardInterrupt was lost while loading
+            raise KeyboardInterrupt
         return run(argv, stop=stop, interrupted=interrupted)
     except KeyboardInterrupt:
         print("raylens: interrupted", file=sys.stderr)
@@ -50,22 +55,27 @@ def main(argv: Sequence[str] | None = None) -> int:
         restore()
 
 
-def _record_interrupts(stop: threading.Event, interrupted: threading.Event) -> Callable[[], None]:
-    """Make Ctrl-C set ``stop`` and ``interrupted`` before it raises KeyboardInterrupt.
+def _record_interrupts(
+    interrupts: list[int], stops: list[Callable[[], None]]
+) -> Callable[[], None]:
+    """Make Ctrl-C note itself and call ``stops`` before it raises KeyboardInterrupt.
 
     Python drops an exception raised while a finalizer runs (an import lock's
-    clean-up, say), so a KeyboardInterrupt alone can be lost; the events are not.
-    Returns the undo. Outside the main thread this changes nothing.
+    clean-up, say), so a KeyboardInterrupt alone can be lost; what the handler
+    notes is not. Returns the undo. Outside the main thread this changes nothing.
+    Only ``signal``, ``sys`` and ``collections.abc`` load before this runs.
     """
-    if threading.current_thread() is not threading.main_thread():
-        return lambda: None
 
-    def handler(signum: int, frame: Any) -> None:
-        interrupted.set()
-        stop.set()
+    def handler(signum: int, frame: object) -> None:
+        interrupts.append(signum)
+        for stop in stops:
+            stop()
         raise KeyboardInterrupt
 
-    previous = signal.signal(signal.SIGINT, handler)
+    try:
+        previous = signal.signal(signal.SIGINT, handler)
+    except ValueError:  # not the main thread: signals are not ours to handle
+        return lambda: None
     return lambda: signal.signal(
         signal.SIGINT, previous if previous is not None else signal.default_int_handler
     )
