@@ -252,6 +252,13 @@ def test_free_port_avoids_excluded_ports() -> None:
         probe.bind(("", second))
 
 
+def test_free_ports_are_distinct_and_avoid_excluded_ports() -> None:
+    excluded = {vc._free_port(set())}
+    ports = vc._free_ports(excluded, 5)
+    assert len(set(ports)) == 5
+    assert not set(ports) & excluded
+
+
 def test_free_port_gives_up_when_every_try_is_excluded(monkeypatch: pytest.MonkeyPatch) -> None:
     class Stuck:
         def __init__(self, *args: object) -> None:
@@ -271,6 +278,9 @@ def test_free_port_gives_up_when_every_try_is_excluded(monkeypatch: pytest.Monke
 
         def getsockname(self) -> tuple[str, int]:
             return ("0.0.0.0", 40000)
+
+        def close(self) -> None:
+            pass
 
     monkeypatch.setattr(vc.socket, "socket", Stuck)
     with pytest.raises(RuntimeError, match=r"free port"):

@@ -94,32 +94,52 @@ def _missing_resources(
     return missing
 
 
-def _free_port(excluded: set[int]) -> int:
-    """A TCP port that is free on this host now and is not in ``excluded``."""
-    for _ in range(_PORT_ATTEMPTS):
-        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+def _free_ports(excluded: set[int], count: int) -> list[int]:
+    """``count`` distinct TCP ports free on this host now, none of them in ``excluded``.
+
+    The probing sockets stay open until all are chosen, so the kernel cannot hand out
+    the same port twice.
+    """
+    held: list[socket.socket] = []
+    ports: list[int] = []
+    try:
+        for _ in range(_PORT_ATTEMPTS + count):
+            if len(ports) == count:
+                break
+            probe = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+            held.append(probe)
             probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
             probe.bind(("", 0))
             port = int(probe.getsockname()[1])
-        if port not in excluded:
-            return port
-    raise RuntimeError(
-        f"could not find a free port outside the {len(excluded)} already handed out "
-        f"after {_PORT_ATTEMPTS} attempts"
-    )
+            if port not in excluded and port not in ports:
+                ports.append(port)
+    finally:
+        for probe in held:
+            probe.close()
+    if len(ports) < count:
+        raise RuntimeError(
+            f"could not find {count} free port(s) outside the {len(excluded)} already handed "
+            f"out after {_PORT_ATTEMPTS + count} attempts"
+        )
+    return ports
 
 
-def _address_and_free_port(excluded: list[int]) -> tuple[str, int]:
-    """Runs on the node that holds a bundle: that node's IP and a free port there."""
+def _free_port(excluded: set[int]) -> int:
+    """A TCP port that is free on this host now and is not in ``excluded``."""
+    return _free_ports(excluded, 1)[0]
+
+
+def _address_and_free_ports(excluded: list[int], count: int) -> tuple[str, list[int]]:
+    """Runs on the node that holds a bundle: that node's IP and ``count`` free ports there."""
     import ray
 
-    return ray.util.get_node_ip_address(), _free_port(set(excluded))
+    return ray.util.get_node_ip_address(), _free_ports(set(excluded), count)
 
 
-def _remote_address_and_free_port(seam: RaySeam) -> Any:
+def _remote_address_and_free_ports(seam: RaySeam) -> Any:
     return seam.remote(
-        "address_and_free_port",
-        lambda ray: ray.remote(num_cpus=0, num_gpus=0)(_address_and_free_port),
+        "address_and_free_ports",
+        lambda ray: ray.remote(num_cpus=0, num_gpus=0)(_address_and_free_ports),
     )
 
 
@@ -471,22 +491,24 @@ class RayVirtualCluster:
         return self._addresses_and_ports([(groups[pg_idx], bundle_idx)])[0]
 
     def _addresses_and_ports(self, bundles: Sequence[tuple[Any, int]]) -> list[tuple[str, int]]:
-        """``(node IP, free port)`` for each ``(placement group, bundle index)``, asked at once.
+        """``(node IP, free port)`` for each ``(placement group, bundle index)``.
 
-        Every port returned is distinct from the others and from those handed out
-        before; a bundle whose answer collides is asked again.
+        One task runs on each Ray node the bundles are on (found from Ray's placement
+        record) and reports that node's IP and as many free ports as bundles there.
+        Every port returned is distinct from the others and from those this cluster
+        handed out before; a node whose answer collides is asked again.
         """
         ray = self._require_ray()
         from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
-        def ask(group: Any, bundle_index: int) -> Any:
+        def ask(group: Any, bundle_index: int, count: int) -> Any:
             strategy = PlacementGroupSchedulingStrategy(
                 placement_group=group, placement_group_bundle_index=bundle_index
             )
             return (
-                _remote_address_and_free_port(self.ray_seam)
+                _remote_address_and_free_ports(self.ray_seam)
                 .options(scheduling_strategy=strategy)
-                .remote(sorted(self._handed_out_ports))
+                .remote(sorted(self._handed_out_ports), count)
             )
 
         def fetch(refs: list[Any]) -> list[Any]:
@@ -496,18 +518,44 @@ class RayVirtualCluster:
                 for ref in refs:
                     ray.cancel(ref)
                 raise TimeoutError(
-                    f"virtual cluster {self.name!r}: the nodes of {len(refs)} bundle(s) did "
-                    f"not report an address and port within {self.placement_timeout_s:g}s"
+                    f"virtual cluster {self.name!r}: {len(refs)} node(s) did not report an "
+                    f"address and free ports within {self.placement_timeout_s:g}s"
                 ) from None
 
-        answers = fetch([ask(group, index) for group, index in bundles])
-        results: list[tuple[str, int]] = []
-        for (group, index), (address, port) in zip(bundles, answers):
-            while int(port) in self._handed_out_ports:
-                address, port = fetch([ask(group, index)])[0]
-            self._handed_out_ports.add(int(port))
-            results.append((str(address), int(port)))
+        by_node: dict[Any, list[int]] = {}
+        for position, node in enumerate(self._bundle_node_ids(ray, bundles)):
+            by_node.setdefault(node if node else ("bundle", position), []).append(position)
+        sites = list(by_node.values())
+        answers = fetch([ask(*bundles[positions[0]], len(positions)) for positions in sites])
+        results: list[tuple[str, int]] = [("", 0)] * len(bundles)
+        for positions, (address, ports) in zip(sites, answers):
+            fresh = [int(port) for port in ports if int(port) not in self._handed_out_ports]
+            self._handed_out_ports.update(fresh)
+            while len(fresh) < len(positions):
+                missing = len(positions) - len(fresh)
+                address, more = fetch([ask(*bundles[positions[0]], missing)])[0]
+                more = [int(port) for port in more if int(port) not in self._handed_out_ports]
+                self._handed_out_ports.update(more)
+                fresh.extend(more)
+            for position, port in zip(positions, fresh):
+                results[position] = (str(address), port)
         return results
+
+    @staticmethod
+    def _bundle_node_ids(ray: Any, bundles: Sequence[tuple[Any, int]]) -> list[str | None]:
+        """The Ray node id each bundle was placed on, or None where Ray does not say."""
+        tables: dict[int, dict[Any, Any]] = {}
+        node_ids: list[str | None] = []
+        for group, bundle_index in bundles:
+            if id(group) not in tables:
+                try:
+                    table = ray.util.placement_group_table(group) or {}
+                    tables[id(group)] = dict(table.get("bundles_to_node_id") or {})
+                except Exception:
+                    tables[id(group)] = {}
+            node = tables[id(group)].get(bundle_index)
+            node_ids.append(str(node) if node else None)
+        return node_ids
 
     def shutdown(self) -> None:
         """Release the placement groups. Idempotent; never needs Ray to still be up."""
