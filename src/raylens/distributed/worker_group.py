@@ -70,9 +70,11 @@ class RayWorkerGroup(_WorkerDispatch):
     group serve the same data, and the first is the group's leader. A local index past
     the end of its node continues on the following nodes.
 
-    Each worker gets ``RANK`` (its index in the group), ``WORLD_SIZE``, ``LOCAL_RANK``
-    (its bundle's index on its logical node), ``NODE_RANK`` (that node's index),
-    ``MASTER_ADDR`` and ``MASTER_PORT`` (from the cluster). Environment precedence,
+    Each worker gets ``RANK`` (its index in the group), ``WORLD_SIZE``, ``NODE_RANK``
+    and ``LOCAL_RANK`` (its node and its bundle's index there, as
+    :meth:`RayVirtualCluster.node_and_local_index` reports them), ``MASTER_ADDR`` and
+    ``MASTER_PORT`` (from the cluster, also kept as :attr:`master_address` and
+    :attr:`master_port`). Environment precedence,
     highest first: the worker class's ``configure_worker``, then those distributed
     variables, then ``env_vars``, then the driver's environment (less driver-only
     entries such as ``CUDA_VISIBLE_DEVICES``). ``env_vars`` is copied, never modified.
