@@ -110,7 +110,7 @@ _FILES_SPARE = 256
 
 def _check_simulated_size(nodes: int) -> None:
     """Refuse, before anything starts, a simulated cluster this process cannot hold."""
-    from raylens_fakes.simulated import ensure_open_file_limit
+    from raylens.simulation.simulated_cluster import ensure_open_file_limit
 
     if nodes > MAX_SIMULATED_NODES:
         raise CliError(
@@ -147,8 +147,8 @@ def run_simulate(args: argparse.Namespace, stop: threading.Event) -> int:
     if args.hung > args.nodes:
         raise CliError(f"--hung {args.hung} is more than --nodes {args.nodes}")
     _check_simulated_size(args.nodes)
+    from raylens.simulation.simulated_cluster import SimulatedCluster
     from raylens.telemetry import host_memory
-    from raylens_fakes.simulated import SimulatedCluster
 
     start_telemetry(args.exporter, as_json=args.json)
     scrape_timeout = args.scrape_timeout or simulated_scrape_timeout(args.nodes, args.interval)

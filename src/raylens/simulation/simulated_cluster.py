@@ -1,0 +1,168 @@
+"""SimulatedCluster: N fake raylets behind a FakeCluster, with memory that follows a script.
+
+Each node is a real :class:`~raylens.simulation.raylet.FakeRaylet` on 127.0.0.1 and an
+entry in a :class:`~raylens.simulation.scripted_cluster.FakeCluster` pointing at it, so anything
+that takes a :class:`raylens.cluster.ClusterView` scrapes it over real sockets.
+What each node reports is ``schedule(node_index, t)``, evaluated on every request,
+with ``t`` the seconds since the cluster started as measured by ``clock`` (inject
+one to make time-dependent memory deterministic).
+
+A thousand nodes start in well under a second: raylets share one accept thread,
+and the process's open-file soft limit is raised to its hard limit when the
+cluster would not fit under it.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+
+from raylens.simulation.raylet import FakeRaylet
+from raylens.simulation.scripted_cluster import FakeCluster
+
+__all__ = ["Schedule", "SimulatedCluster", "constant_schedule", "ensure_open_file_limit"]
+
+Schedule = Callable[[int, float], tuple[float, float]]
+
+GIB = 1024**3
+_FDS_PER_NODE = 4  # listening socket, plus headroom for a connection's two ends
+
+
+def constant_schedule(node_index: int, t: float) -> tuple[float, float]:
+    """The default script: node ``i`` uses ``(1 + i / 1000)`` GiB of a 64 GiB host, forever."""
+    return (1 + node_index / 1000) * GIB, 64.0 * GIB
+
+
+def ensure_open_file_limit(needed: int) -> int:
+    """Raise this process's open-file soft limit towards ``needed``; return the new limit.
+
+    Never lowers it and never goes past the hard limit. Where the ``resource``
+    module does not exist (Windows) nothing changes and 0 is returned.
+    """
+    try:
+        import resource
+    except ImportError:
+        return 0
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft == resource.RLIM_INFINITY or soft >= needed:
+        return soft
+    target = hard if hard == resource.RLIM_INFINITY else min(max(needed, soft), hard)
+    if target == resource.RLIM_INFINITY:
+        target = needed
+    resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
+    return target
+
+
+class SimulatedCluster:
+    """``n_nodes`` fake raylets, a FakeCluster that lists them, and scripted memory.
+
+    ``schedule(node_index, t) -> (used_bytes, total_bytes)`` gives what node
+    ``node_index`` reports ``t`` seconds after start (default
+    :func:`constant_schedule`). ``clock`` is read on every request (default
+    ``time.monotonic``). With ``same_host`` every node reports one host name, as
+    nodes of ``ray.cluster_utils.Cluster`` do; otherwise node ``i`` is
+    ``sim-node-<i>``.
+
+    Reach a node's raylet with :meth:`raylet` (to make it hang, trickle, ...) and
+    its Ray node id with :meth:`node_id`. Close with :meth:`close` or use it as a
+    context manager.
+    """
+
+    def __init__(
+        self,
+        n_nodes: int,
+        *,
+        schedule: Schedule | None = None,
+        clock: Callable[[], float] = time.monotonic,
+        same_host: bool = False,
+        template: str | bytes = "worker",
+    ) -> None:
+        if not isinstance(n_nodes, int) or isinstance(n_nodes, bool) or n_nodes < 0:
+            raise ValueError(f"n_nodes must be a non-negative int, got {n_nodes!r}")
+        self.schedule: Schedule = schedule or constant_schedule
+        self.clock = clock
+        self.same_host = same_host
+        self._template = template
+        self.cluster = FakeCluster()
+        self.raylets: list[FakeRaylet] = []
+        self.node_ids: list[str] = []
+        self._closed = False
+        self._start = clock()
+        ensure_open_file_limit(256 + _FDS_PER_NODE * n_nodes)
+        try:
+            for _ in range(n_nodes):
+                self.add_node()
+        except BaseException:
+            self.close()
+            raise
+
+    def __len__(self) -> int:
+        return len(self.raylets)
+
+    def elapsed(self) -> float:
+        """Seconds since the cluster started, by :attr:`clock`."""
+        return self.clock() - self._start
+
+    def expected(self, node_index: int) -> tuple[float, float]:
+        """What node ``node_index`` reports right now: ``(used_bytes, total_bytes)``."""
+        return self.schedule(node_index, self.elapsed())
+
+    def hostname(self, node_index: int) -> str:
+        """The host name node ``node_index`` is listed under."""
+        return "sim-host" if self.same_host else f"sim-node-{node_index}"
+
+    def add_node(self) -> int:
+        """Start one more raylet and list it; returns its node index."""
+        index = len(self.raylets)
+        raylet = FakeRaylet(memory=lambda: self.expected(index), template=self._template)
+        try:
+            node_id = self.cluster.add_node(
+                address=raylet.host, port=raylet.port, hostname=self.hostname(index)
+            )
+        except BaseException:
+            raylet.close()
+            raise
+        self.raylets.append(raylet)
+        self.node_ids.append(node_id)
+        return index
+
+    def raylet(self, node_index: int) -> FakeRaylet:
+        """The raylet serving node ``node_index``."""
+        return self.raylets[node_index]
+
+    def node_id(self, node_index: int) -> str:
+        """Ray's hex id of node ``node_index``."""
+        return self.node_ids[node_index]
+
+    def index_of(self, node_id: str) -> int:
+        """The node index of ``node_id``."""
+        try:
+            return self.node_ids.index(node_id)
+        except ValueError:
+            raise KeyError(f"no node {node_id!r} in this simulated cluster") from None
+
+    def kill_node(self, node_index: int) -> None:
+        """Mark node ``node_index`` dead in the cluster view; its raylet keeps serving."""
+        self.cluster.kill_node(self.node_ids[node_index])
+
+    def remove_node(self, node_index: int) -> None:
+        """Drop node ``node_index`` from the cluster view and close its raylet."""
+        self.cluster.remove_node(self.node_ids[node_index])
+        self.raylets[node_index].close()
+
+    def close(self) -> None:
+        """Close every raylet. Idempotent; returns at once even with hung requests."""
+        if self._closed:
+            return
+        self._closed = True
+        for raylet in self.raylets:
+            raylet.close()
+
+    def __enter__(self) -> SimulatedCluster:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return f"SimulatedCluster(n_nodes={len(self.raylets)}, closed={self._closed})"
