@@ -30,9 +30,15 @@ def test_public_names_and_values() -> None:
     assert hm.RAY_NODE_MEM_TOTAL == "ray_node_mem_total"
     assert hm._USED_KEY == "host_memory_used"
     assert hm._TOTAL_KEY == "host_memory_total"
+    assert hm.RAY_NODE_MEM_USED_HOST == "ray_node_mem_used_host"
+    assert hm.RAY_NODE_MEM_TOTAL_HOST == "ray_node_mem_total_host"
+    assert hm.RL_HOST_MACHINE_MEMORY_USED_METRIC == "rl.host.machine.memory.used"
+    assert hm.RL_HOST_MACHINE_MEMORY_TOTAL_METRIC == "rl.host.machine.memory.total"
     assert hm._SERIES_BY_RAY_NAME == {
         "ray_node_mem_used": "host_memory_used",
         "ray_node_mem_total": "host_memory_total",
+        "ray_node_mem_used_host": "host_machine_memory_used",
+        "ray_node_mem_total_host": "host_machine_memory_total",
     }
     assert hm.FALLBACK_COLLECTION_INTERVAL == 10.0
     assert hm._SCRAPE_TIMEOUT_S == 5.0
@@ -48,7 +54,12 @@ def test_public_names_and_values() -> None:
 def test_recorded_metrics_are_byte_gauges_and_registered() -> None:
     rows = {row.name: row for row in hm.HOST_MEMORY_RECORDED_METRICS}
 
-    assert set(rows) == {"rl.host.memory.used", "rl.host.memory.total"}
+    assert set(rows) == {
+        "rl.host.memory.used",
+        "rl.host.memory.total",
+        "rl.host.machine.memory.used",
+        "rl.host.machine.memory.total",
+    }
     for name, row in rows.items():
         assert row.kind == OBSERVABLE_GAUGE
         assert row.unit == "By"
@@ -65,15 +76,25 @@ def test_parse_memory_samples_reads_the_real_capture(as_text: bool) -> None:
     payload = load_payload("worker")
     samples = hm.parse_memory_samples(payload.decode() if as_text else payload)
 
-    # Exact names: ray_node_mem_used_host (1.63e9) and *_total_host are other series.
-    assert samples == {"host_memory_used": 1.194815488e09, "host_memory_total": 2.5276063744e10}
+    # Exact names: ray_node_mem_used_host is the machine's figure, a series of its own.
+    assert samples == {
+        "host_memory_used": 1.194815488e09,
+        "host_memory_total": 2.5276063744e10,
+        "host_machine_memory_used": 1.63254272e09,
+        "host_machine_memory_total": 2.5276063744e10,
+    }
 
 
-def test_parse_memory_samples_head_capture() -> None:
+def test_parse_memory_samples_head_capture_keeps_ray_and_machine_figures_apart() -> None:
     samples = hm.parse_memory_samples(load_payload("head"))
 
-    assert set(samples) == {"host_memory_used", "host_memory_total"}
-    assert 0 < samples["host_memory_used"] < samples["host_memory_total"]
+    # The recorded head: Ray's container-aware figure and the machine's differ.
+    assert samples == {
+        "host_memory_used": 1.169268736e09,
+        "host_memory_total": 2.5276063744e10,
+        "host_machine_memory_used": 1.622867968e09,
+        "host_machine_memory_total": 2.5276063744e10,
+    }
 
 
 def test_parse_memory_samples_skips_missing_and_unusable_values() -> None:
@@ -83,7 +104,10 @@ def test_parse_memory_samples_skips_missing_and_unusable_values() -> None:
         "ray_node_mem_used_host 5e9\n"
         "ray_node_mem_total 6.4e+10\n"
     )
-    assert hm.parse_memory_samples(text) == {"host_memory_total": 6.4e10}
+    assert hm.parse_memory_samples(text) == {
+        "host_memory_total": 6.4e10,
+        "host_machine_memory_used": 5e9,
+    }
     assert hm.parse_memory_samples("") == {}
     assert hm.parse_memory_samples(b"\xff\xfe garbage") == {}
 

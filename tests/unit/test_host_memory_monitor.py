@@ -417,7 +417,12 @@ def test_http_answers_and_a_direct_scrape(
     assert errors[sim.node_id(1)] == "HTTP 404 Not Found"
     assert "Connection refused" in errors[sim.node_id(2)]
     first = next(n for n in hm.ray_nodes(sim.cluster) if n.node_id == sim.node_id(0))
-    assert monitor._scrape(first) == {"host_memory_used": 3e9, "host_memory_total": 9e9}
+    assert monitor._scrape(first) == {
+        "host_memory_used": 3e9,
+        "host_memory_total": 9e9,
+        "host_machine_memory_used": 1.63254272e09,
+        "host_machine_memory_total": 2.5276063744e10,
+    }
 
 
 def test_a_thousand_fake_raylets_are_each_asked_once_in_one_cycle(

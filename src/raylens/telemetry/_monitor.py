@@ -374,13 +374,11 @@ class HostMemoryMonitor:
         if any(key not in live for key in self._latest):
             self._latest = {key: row for key, row in self._latest.items() if key in live}
         with self.snapshot.lock:
-            departed = [key for key in self.snapshot.samples if key not in live]
+            departed = [
+                key for key in {*self.snapshot.samples, *self.snapshot.health} if key not in live
+            ]
         if departed:
-            with self.snapshot.lock:
-                for key in departed:
-                    self.snapshot.samples.pop(key, None)
-                    self.snapshot.expiry.pop(key, None)
-                    self.snapshot.sampled_at.pop(key, None)
+            self.snapshot.forget(departed)
 
     def _publish(
         self,

@@ -120,9 +120,12 @@ def _record_identity(entry: Any) -> str:
 def parse_memory_samples(metrics_text: str | bytes) -> dict[str, float]:
     """``{registry key: bytes}`` for the memory series found in one raylet payload.
 
-    Only ``ray_node_mem_used`` and ``ray_node_mem_total`` are read, by exact name
-    (``ray_node_mem_used_host`` is another series); everything else in the payload
-    is skipped without being parsed. A series that is missing or has no usable
+    Four series are read, by exact name, in one pass: Ray's own figure
+    (``ray_node_mem_used``/``ray_node_mem_total``: the cgroup's usage and limit
+    when the raylet runs in a container, which is what Ray's memory monitor acts
+    on) and the physical machine's (``ray_node_mem_used_host``/
+    ``ray_node_mem_total_host``, which only recent raylets publish). Everything
+    else in the payload is skipped without being parsed. A series that is missing or has no usable
     value (NaN, infinite, negative) is absent from the result. Pure: no state,
     no telemetry.
     """

@@ -34,7 +34,7 @@ import aiohttp
 import aiohttp.abc
 
 from raylens.lens.safe_text import printable
-from raylens.telemetry._names import RAY_NODE_MEM_TOTAL, RAY_NODE_MEM_USED
+from raylens.telemetry._names import RAY_NODE_MEM_TOTAL, RAY_NODE_MEM_USED, TOTAL_KEY, USED_KEY
 from raylens.telemetry._nodes import parse_memory_samples
 
 __all__ = [
@@ -165,7 +165,7 @@ async def _fetch(
         return Outcome(None, _describe(exc))
     body = b"".join(chunks)
     values = parse_memory_samples(body)
-    if not values:
+    if USED_KEY not in values and TOTAL_KEY not in values:  # the machine pair alone is no sample
         return Outcome(
             None,
             f"no valid {RAY_NODE_MEM_USED} or {RAY_NODE_MEM_TOTAL} sample "

@@ -12,9 +12,17 @@ import threading
 import time
 import weakref
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
-__all__ = ["NodeSample", "Snapshot", "forget_all_monitors", "fresh_samples", "register_publisher"]
+__all__ = [
+    "NodeSample",
+    "ScrapeHealth",
+    "Snapshot",
+    "forget_all_monitors",
+    "fresh_health",
+    "fresh_samples",
+    "register_publisher",
+]
 
 NodeKey = tuple[str, str]
 
@@ -51,6 +59,21 @@ class NodeSample:
         return (time.monotonic() if now is None else now) - self.sampled_at
 
 
+class ScrapeHealth(NamedTuple):
+    """How a node's latest scrape went, for the ``rl.host.scrape.*`` series.
+
+    ``up`` is 1 or 0; ``error_type`` is one of ``SCRAPE_ERROR_TYPES`` when ``up``
+    is 0, else None; ``duration`` is the request's seconds, None when no request
+    was sent; ``observed_at`` and ``expires_at`` are readings of the monitor's clock.
+    """
+
+    up: int
+    error_type: str | None
+    duration: float | None
+    observed_at: float
+    expires_at: float
+
+
 @dataclass
 class Snapshot:
     """Latest good sample of every node and when each stops being exported.
@@ -62,6 +85,8 @@ class Snapshot:
     samples: dict[NodeKey, dict[str, float]] = field(default_factory=dict)
     expiry: dict[NodeKey, float] = field(default_factory=dict)
     sampled_at: dict[NodeKey, float] = field(default_factory=dict)
+    #: How each listed node's latest scrape went, failures included.
+    health: dict[NodeKey, ScrapeHealth] = field(default_factory=dict)
     lock: threading.Lock = field(default_factory=threading.Lock)
 
     def publish(
@@ -69,8 +94,11 @@ class Snapshot:
         samples: dict[NodeKey, dict[str, float]],
         expiry: dict[NodeKey, float],
         sampled_at: dict[NodeKey, float],
+        health: dict[NodeKey, ScrapeHealth] | None = None,
     ) -> None:
         with self.lock:
+            self.health.clear()
+            self.health.update(health or {})
             self.samples.clear()
             self.samples.update(samples)
             self.expiry.clear()
@@ -86,6 +114,20 @@ class Snapshot:
                 for node_key, values in self.samples.items()
                 if key in values and now <= self.expiry.get(node_key, float("-inf"))
             ]
+
+    def fresh_health(self, now: float) -> list[tuple[NodeKey, ScrapeHealth]]:
+        """Every node's scrape health that has not expired at ``now``."""
+        with self.lock:
+            return [(key, h) for key, h in self.health.items() if now <= h.expires_at]
+
+    def forget(self, keys: list[NodeKey]) -> None:
+        """Drop everything held about ``keys`` (nodes that left)."""
+        with self.lock:
+            for key in keys:
+                self.samples.pop(key, None)
+                self.expiry.pop(key, None)
+                self.sampled_at.pop(key, None)
+                self.health.pop(key, None)
 
     def clear(self) -> None:
         self.publish({}, {}, {})
@@ -112,6 +154,18 @@ def fresh_samples(key: str) -> dict[NodeKey, float]:
             if node_key not in newest or sampled_at >= newest[node_key][1]:
                 newest[node_key] = (value, sampled_at)
     return {node_key: value for node_key, (value, _) in newest.items()}
+
+
+def fresh_health() -> dict[NodeKey, ScrapeHealth]:
+    """Every monitor's unexpired scrape health; the latest observation wins for a node."""
+    with _PUBLISHERS_LOCK:
+        monitors = list(_PUBLISHERS)
+    newest: dict[NodeKey, ScrapeHealth] = {}
+    for monitor in monitors:
+        for node_key, health in monitor.snapshot.fresh_health(monitor.clock()):
+            if node_key not in newest or health.observed_at >= newest[node_key].observed_at:
+                newest[node_key] = health
+    return newest
 
 
 def forget_all_monitors() -> None:

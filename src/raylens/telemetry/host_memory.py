@@ -1,17 +1,30 @@
 """Host memory of every Ray node, read from the raylets and exported through lens.
 
-Every raylet serves its node's Prometheus metrics, and two of those series say how
-much memory the host has and how much of it is in use: ``ray_node_mem_total`` and
-``ray_node_mem_used``. The driver scrapes them from every live node on a timer
-(:class:`HostMemoryMonitor`) and lens exports them as two observable gauges,
-``rl.host.memory.used`` and ``rl.host.memory.total``, in bytes.
+Every raylet serves its node's Prometheus metrics. The driver scrapes them from
+every live node on a timer (:class:`HostMemoryMonitor`) and lens exports, in bytes:
+
+- ``rl.host.memory.used`` / ``rl.host.memory.total``, from ``ray_node_mem_used`` /
+  ``ray_node_mem_total``: Ray's own figure for the node. When the raylet runs in a
+  container (a cgroup with a memory limit) it is the cgroup's usage and limit, the
+  figure Ray's memory monitor compares against its threshold before it kills
+  workers; on a bare machine it is the machine's.
+- ``rl.host.machine.memory.used`` / ``rl.host.machine.memory.total``, from
+  ``ray_node_mem_used_host`` / ``ray_node_mem_total_host``: the physical machine's
+  figure, whatever container the raylet is in. Only raylets that publish that pair
+  (Ray 2.60 does) have these points.
+
+and, per node, how its latest scrape went: ``rl.host.scrape.up`` (1 or 0, with
+``error.type`` on a failure) and ``rl.host.scrape.duration`` (seconds). A node
+that failed its scrape has ``up`` 0 and no memory point; a node that left the
+cluster has no point at all. A live node that serves no metrics (Ray installed
+without its ``default`` extra) is listed with ``error.type`` ``no_metrics_port``.
 
 Each point carries three attributes: ``host.name``; ``ray.node.id``, which keeps
 apart nodes that share a host (``ray.cluster_utils.Cluster`` starts several raylets
 on one machine); and ``rl.worker_groups``, the worker groups with at least one
 worker on that node.
 
-What the figure means: ``ray_node_mem_used`` covers the whole host. The raylet,
+What the figure means: the used figure covers the whole node. The raylet,
 the object store (often the largest consumer, and the usual reason a node runs out
 of memory), every worker on the host and, on the head node, the driver are all in
 it, with no breakdown. ``rl.worker_groups`` therefore says who lives on a node, not
@@ -54,15 +67,25 @@ from raylens.telemetry._monitor import (
     ScrapeMode,
 )
 from raylens.telemetry._names import (
+    ERROR_TYPE_ATTR,
     HOST_NAME_ATTR,
     LOGGER_NAME,
+    MACHINE_TOTAL_KEY,
+    MACHINE_USED_KEY,
     NO_WORKER_GROUPS,
     RAY_NODE_ID_ATTR,
     RAY_NODE_MEM_TOTAL,
+    RAY_NODE_MEM_TOTAL_HOST,
     RAY_NODE_MEM_USED,
+    RAY_NODE_MEM_USED_HOST,
+    RL_HOST_MACHINE_MEMORY_TOTAL_METRIC,
+    RL_HOST_MACHINE_MEMORY_USED_METRIC,
     RL_HOST_MEMORY_TOTAL_METRIC,
     RL_HOST_MEMORY_USED_METRIC,
+    RL_HOST_SCRAPE_DURATION_METRIC,
+    RL_HOST_SCRAPE_UP_METRIC,
     RL_WORKER_GROUPS_ATTR,
+    SCRAPE_ERROR_TYPES,
     SERIES_BY_RAY_NAME,
     TOTAL_KEY,
     USED_KEY,
@@ -74,20 +97,30 @@ from raylens.telemetry._snapshot import (
     NodeSample,
     Snapshot,
     forget_all_monitors,
+    fresh_health,
     fresh_samples,
 )
 
 __all__ = [
+    "ERROR_TYPE_ATTR",
     "FALLBACK_COLLECTION_INTERVAL",
     "HOST_MEMORY_RECORDED_METRICS",
     "HOST_NAME_ATTR",
     "NO_WORKER_GROUPS",
     "RAY_NODE_ID_ATTR",
     "RAY_NODE_MEM_TOTAL",
+    "RAY_NODE_MEM_TOTAL_HOST",
     "RAY_NODE_MEM_USED",
+    "RAY_NODE_MEM_USED_HOST",
+    "RL_HOST_MACHINE_MEMORY_TOTAL_METRIC",
+    "RL_HOST_MACHINE_MEMORY_USED_METRIC",
     "RL_HOST_MEMORY_TOTAL_METRIC",
     "RL_HOST_MEMORY_USED_METRIC",
+    "RL_HOST_SCRAPE_DURATION_METRIC",
+    "RL_HOST_SCRAPE_UP_METRIC",
     "RL_WORKER_GROUPS_ATTR",
+    "SCRAPE_ERROR_TYPES",
+    "SCRAPE_HEALTH_RECORDED_METRICS",
     "SCRAPE_MODE_ENV",
     "HostMemoryMonitor",
     "NodeSample",
@@ -132,19 +165,60 @@ HOST_MEMORY_RECORDED_METRICS: tuple[RecordedMetric, ...] = (
         RL_HOST_MEMORY_USED_METRIC,
         OBSERVABLE_GAUGE,
         "By",
-        "Memory in use on a Ray node's host, as its raylet reports it: the whole host, "
-        "object store, raylet, workers and driver included.",
+        "Memory in use on a Ray node as Ray counts it (ray_node_mem_used): in a container, "
+        "the cgroup's usage, which Ray's memory monitor acts on; else the machine's. Object "
+        "store, raylet, workers and driver are all in it.",
     ),
     RecordedMetric(
         RL_HOST_MEMORY_TOTAL_METRIC,
         OBSERVABLE_GAUGE,
         "By",
-        "Total memory of a Ray node's host, as its raylet reports it.",
+        "Memory a Ray node may use as Ray counts it (ray_node_mem_total): in a container, "
+        "the cgroup's limit; else the machine's total.",
+    ),
+    RecordedMetric(
+        RL_HOST_MACHINE_MEMORY_USED_METRIC,
+        OBSERVABLE_GAUGE,
+        "By",
+        "Memory in use on the physical machine a Ray node runs on (ray_node_mem_used_host), "
+        "whatever container the raylet is in; only where the raylet publishes it.",
+    ),
+    RecordedMetric(
+        RL_HOST_MACHINE_MEMORY_TOTAL_METRIC,
+        OBSERVABLE_GAUGE,
+        "By",
+        "Total memory of the physical machine a Ray node runs on (ray_node_mem_total_host); "
+        "only where the raylet publishes it.",
+    ),
+)
+
+SCRAPE_HEALTH_RECORDED_METRICS: tuple[RecordedMetric, ...] = (
+    RecordedMetric(
+        RL_HOST_SCRAPE_UP_METRIC,
+        OBSERVABLE_GAUGE,
+        # An annotation only: Prometheus drops it, so the series stays rl_host_scrape_up.
+        "{node}",
+        "1 when the node's latest metrics scrape gave a memory sample, 0 when it did not; "
+        "error.type says why. A node that left the cluster has no point.",
+    ),
+    RecordedMetric(
+        RL_HOST_SCRAPE_DURATION_METRIC,
+        OBSERVABLE_GAUGE,
+        "s",
+        "Seconds the node's latest metrics scrape took, failed ones included.",
     ),
 )
 
 
 # Export -------------------------------------------------------------------------------
+
+
+def _attributes(node_id: str, host: str, groups: dict[str, list[str]]) -> dict[str, str]:
+    return {
+        HOST_NAME_ATTR: host,
+        RL_WORKER_GROUPS_ATTR: format_worker_groups(groups.get(node_id, ())),
+        RAY_NODE_ID_ATTR: node_id,
+    }
 
 
 def _observations(key: str) -> list[Observation]:
@@ -160,14 +234,7 @@ def _observations(key: str) -> list[Observation]:
         return []
     groups = DEFAULT_REGISTRY.groups_by_node()
     return [
-        Observation(
-            value,
-            {
-                HOST_NAME_ATTR: host,
-                RL_WORKER_GROUPS_ATTR: format_worker_groups(groups.get(node_id, ())),
-                RAY_NODE_ID_ATTR: node_id,
-            },
-        )
+        Observation(value, _attributes(node_id, host, groups))
         for (node_id, host), value in fresh.items()
     ]
 
@@ -180,11 +247,52 @@ def _observe_total(options: CallbackOptions) -> list[Observation]:
     return _observations(_TOTAL_KEY)
 
 
+def _observe_machine_used(options: CallbackOptions) -> list[Observation]:
+    return _observations(MACHINE_USED_KEY)
+
+
+def _observe_machine_total(options: CallbackOptions) -> list[Observation]:
+    return _observations(MACHINE_TOTAL_KEY)
+
+
+def _observe_scrape_up(options: CallbackOptions) -> list[Observation]:
+    """``rl.host.scrape.up`` of every listed node, with ``error.type`` on a failure."""
+    health = fresh_health()
+    if not health:
+        return []
+    groups = DEFAULT_REGISTRY.groups_by_node()
+    found = []
+    for (node_id, host), entry in health.items():
+        attributes = _attributes(node_id, host, groups)
+        if entry.error_type is not None:
+            attributes[ERROR_TYPE_ATTR] = entry.error_type
+        found.append(Observation(entry.up, attributes))
+    return found
+
+
+def _observe_scrape_duration(options: CallbackOptions) -> list[Observation]:
+    """``rl.host.scrape.duration`` of every node a request was sent to."""
+    health = fresh_health()
+    if not health:
+        return []
+    groups = DEFAULT_REGISTRY.groups_by_node()
+    return [
+        Observation(entry.duration, _attributes(node_id, host, groups))
+        for (node_id, host), entry in health.items()
+        if entry.duration is not None
+    ]
+
+
 def _declare_gauges() -> None:
-    """Declare both gauges with lens (idempotent: a second call replaces the callbacks)."""
-    used, total = HOST_MEMORY_RECORDED_METRICS
+    """Declare every gauge with lens (idempotent: a second call replaces the callbacks)."""
+    used, total, machine_used, machine_total = HOST_MEMORY_RECORDED_METRICS
     register_observable_gauge(used, _observe_used)
     register_observable_gauge(total, _observe_total)
+    register_observable_gauge(machine_used, _observe_machine_used)
+    register_observable_gauge(machine_total, _observe_machine_total)
+    up, duration = SCRAPE_HEALTH_RECORDED_METRICS
+    register_observable_gauge(up, _observe_scrape_up)
+    register_observable_gauge(duration, _observe_scrape_duration)
 
 
 # Worker groups -----------------------------------------------------------------------
