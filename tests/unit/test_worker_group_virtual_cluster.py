@@ -285,3 +285,12 @@ def test_free_port_gives_up_when_every_try_is_excluded(monkeypatch: pytest.Monke
     monkeypatch.setattr(vc.socket, "socket", Stuck)
     with pytest.raises(RuntimeError, match=r"free port"):
         vc._free_port({40000})
+
+
+def test_upstream_positional_arguments_keep_their_order() -> None:
+    # NeMo-RL's order: counts, use_gpus, max_colocated_worker_groups, num_gpus_per_node, name.
+    cluster = RayVirtualCluster([2], False, 2, 4, "trainer")
+    assert cluster.use_gpus is False
+    assert cluster.max_colocated_worker_groups == 2
+    assert cluster.num_gpus_per_node == 4
+    assert cluster.name == "trainer"

@@ -201,11 +201,11 @@ class RayVirtualCluster:
     def __init__(
         self,
         bundle_ct_per_node_list: Sequence[int],
-        *,
         use_gpus: bool = True,
-        num_gpus_per_node: int = 8,
         max_colocated_worker_groups: int = 1,
+        num_gpus_per_node: int = 8,
         name: str = "",
+        *,
         placement_group_strategy: str = "PACK",
         placement_timeout_s: float = 180.0,
         use_unified_pg: bool | None = None,
