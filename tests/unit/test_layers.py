@@ -1,0 +1,79 @@
+"""The import contracts in pyproject.toml hold for the tree, and they catch a layer broken on purpose.
+
+Each run is a ``lint-imports`` subprocess with ``PYTHONPATH`` pointing at the source
+it should read, so the graph is built from those files and not from whatever
+``raylens`` this interpreter already imported.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip(
+    "importlinter",
+    reason="import-linter is not installed (it comes with the 'test' extra)",
+)
+
+
+def _repo_root() -> Path:
+    for parent in Path(__file__).resolve().parents:
+        if (parent / "pyproject.toml").is_file() and (parent / "src" / "raylens").is_dir():
+            return parent
+    raise AssertionError(f"no repository root with pyproject.toml above {__file__}")
+
+
+def _lint_imports(root: Path) -> subprocess.CompletedProcess[str]:
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join([str(root / "src"), str(root / "fakes")])
+    code = "import sys; from importlinter.cli import lint_imports_command; sys.exit(lint_imports_command())"
+    return subprocess.run(
+        [sys.executable, "-c", code, "--no-cache", "--no-logo"],
+        cwd=root,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+
+
+def test_the_tree_keeps_every_import_contract() -> None:
+    result = _lint_imports(_repo_root())
+
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "Contracts: 2 kept, 0 broken." in result.stdout
+
+
+def _copy_tree(root: Path, dest: Path) -> Path:
+    skip = shutil.ignore_patterns("__pycache__", "*.pyc")
+    shutil.copytree(root / "src" / "raylens", dest / "src" / "raylens", ignore=skip)
+    shutil.copytree(root / "fakes" / "raylens_fakes", dest / "fakes" / "raylens_fakes", ignore=skip)
+    shutil.copy(root / "pyproject.toml", dest / "pyproject.toml")
+    return dest
+
+
+def _append_import(module: Path, line: str) -> None:
+    module.write_text(module.read_text(encoding="utf-8") + f"\n{line}\n", encoding="utf-8")
+
+
+def test_the_contracts_fail_on_an_upward_import_and_on_a_product_import_of_the_fakes(
+    tmp_path: Path,
+) -> None:
+    copy = _copy_tree(_repo_root(), tmp_path)
+    telemetry = copy / "src" / "raylens" / "telemetry" / "host_memory.py"
+    _append_import(telemetry, "import raylens.distributed.worker_groups  # noqa")
+    simulation = copy / "src" / "raylens" / "simulation" / "__init__.py"
+    _append_import(simulation, "import raylens_fakes.otel  # noqa")
+
+    result = _lint_imports(copy)
+
+    assert result.returncode == 1, result.stdout + result.stderr
+    assert "Contracts: 0 kept, 2 broken." in result.stdout
+    assert "raylens.telemetry is not allowed to import raylens.distributed" in result.stdout
+    assert "raylens.simulation -> raylens_fakes.otel" in result.stdout
