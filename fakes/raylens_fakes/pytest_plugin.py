@@ -123,8 +123,8 @@ def fake_procfs(tmp_path: Any) -> FakeProcFS:
 
 
 def reset_raylens_state() -> None:
-    """Return raylens to a fresh process: no telemetry, monitor, placements, profiler state or
-    remembered warnings.
+    """Return raylens to a fresh process: no telemetry, monitor, placements, profiler state,
+    group workers or readings, or remembered warnings.
 
     The one exception: while a ``metrics_probe`` fixture is active, lens is started
     again with that probe's reader, so the probe keeps seeing what raylens exports.
@@ -137,6 +137,7 @@ def reset_raylens_state() -> None:
     for module_name, reset_name in (
         ("raylens.telemetry.host_memory", "reset_host_memory_state"),
         ("raylens.telemetry.process_memory", "reset_process_memory_state"),
+        ("raylens.telemetry.group_memory", "reset_group_memory_state"),
     ):
         module = sys.modules.get(module_name)
         if module is not None:

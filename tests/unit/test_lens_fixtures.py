@@ -151,3 +151,18 @@ def test_importing_the_plugin_starts_and_declares_nothing() -> None:
         "assert recorded_metrics() == {}, recorded_metrics()\n"
     )
     assert result.returncode == 0, result.stderr
+
+
+def test_the_reset_forgets_group_workers_and_group_readings() -> None:
+    from raylens.telemetry import group_memory
+    from raylens.telemetry.group_memory import GroupMemory, NodeGroupMemory
+
+    group_memory.register_group_workers("policy", [("node-a", 200, 1000)])
+    reading = NodeGroupMemory("host-a", (GroupMemory("policy", 1024, None, None, 1, 1),))
+    group_memory.publish_group_memory({"node-a": reading})
+    assert group_memory.DEFAULT_SNAPSHOT.latest()
+
+    reset_raylens_state()
+
+    assert group_memory.DEFAULT_REGISTRY.workers_by_node() == {}
+    assert group_memory.DEFAULT_SNAPSHOT.latest() == {}
