@@ -195,15 +195,20 @@ def kill_child(child: CommandGroup) -> None:
     child.wait()
 
 
-class Terminated(Exception):
-    """SIGTERM arrived while a command was being profiled."""
+class Terminated(BaseException):
+    """SIGTERM arrived: raylens stops what it started and exits with 143.
+
+    Like KeyboardInterrupt it is not an Exception, so code that handles errors with
+    ``except Exception`` lets it through.
+    """
 
 
 def raise_on_sigterm() -> Callable[[], None]:
-    """Turn SIGTERM into :class:`Terminated` so profile can stop its command; returns the undo.
+    """Turn SIGTERM into :class:`Terminated`, which unwinds like Ctrl-C; returns the undo.
 
     Without it, ``timeout 60 raylens profile -- cmd`` would end raylens and leave
-    ``cmd`` running, unwatched. Signal handlers belong to the main thread; elsewhere
+    ``cmd`` running, unwatched, and a simulated cluster or a monitor would stop
+    without their clean-up. Signal handlers belong to the main thread; elsewhere
     this does nothing.
     """
     if threading.current_thread() is not threading.main_thread():
