@@ -1,4 +1,4 @@
-"""The import contracts in pyproject.toml hold for the tree, and they catch a layer broken on purpose.
+"""The import contracts in pyproject.toml hold for the tree, and they catch imports broken on purpose.
 
 Each run is a ``lint-imports`` subprocess with ``PYTHONPATH`` pointing at the source
 it should read, so the graph is built from those files and not from whatever
@@ -47,7 +47,7 @@ def test_the_tree_keeps_every_import_contract() -> None:
     result = _lint_imports(_repo_root())
 
     assert result.returncode == 0, result.stdout + result.stderr
-    assert "Contracts: 2 kept, 0 broken." in result.stdout
+    assert "Contracts: 3 kept, 0 broken." in result.stdout
 
 
 def _copy_tree(root: Path, dest: Path) -> Path:
@@ -62,7 +62,7 @@ def _append_import(module: Path, line: str) -> None:
     module.write_text(module.read_text(encoding="utf-8") + f"\n{line}\n", encoding="utf-8")
 
 
-def test_the_contracts_fail_on_an_upward_import_and_on_a_product_import_of_the_fakes(
+def test_the_contracts_fail_on_an_upward_import_a_fake_or_a_synchronous_http_client(
     tmp_path: Path,
 ) -> None:
     copy = _copy_tree(_repo_root(), tmp_path)
@@ -70,10 +70,13 @@ def test_the_contracts_fail_on_an_upward_import_and_on_a_product_import_of_the_f
     _append_import(telemetry, "import raylens.distributed.worker_groups  # noqa")
     simulation = copy / "src" / "raylens" / "simulation" / "__init__.py"
     _append_import(simulation, "import raylens_fakes.otel  # noqa")
+    cluster = copy / "src" / "raylens" / "cluster.py"
+    _append_import(cluster, "import requests  # noqa")
 
     result = _lint_imports(copy)
 
     assert result.returncode == 1, result.stdout + result.stderr
-    assert "Contracts: 0 kept, 2 broken." in result.stdout
+    assert "Contracts: 0 kept, 3 broken." in result.stdout
     assert "raylens.telemetry is not allowed to import raylens.distributed" in result.stdout
     assert "raylens.simulation -> raylens_fakes.otel" in result.stdout
+    assert "raylens.cluster -> requests" in result.stdout
