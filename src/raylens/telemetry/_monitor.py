@@ -64,6 +64,7 @@ _OVERRIDE_THREADS = 32
 
 Clock = Callable[[], float]
 NodeKey = tuple[str, str]
+CycleHook = Callable[["HostMemoryMonitor"], None]
 _Row = tuple[RayNode, "float | None", "float | None", "float | None", "str | None"]
 
 
@@ -186,7 +187,42 @@ class HostMemoryMonitor:
         self._latest: dict[NodeKey, _Row] = {}
         self._standing: dict[NodeKey, tuple[_Standing, int]] = {}
         self._warned: set[NodeKey] = set()
+        self._cycle_hooks: list[tuple[CycleHook, Callable[[], None] | None]] = []
         register_publisher(self)
+
+    # Cycle hooks ---------------------------------------------------------------------
+
+    def add_cycle_hook(self, hook: CycleHook, *, on_stop: Callable[[], None] | None = None) -> None:
+        """Run ``hook(monitor)`` after every cycle, on the cycle's thread; ``on_stop`` at stop.
+
+        Lets a layer above (the driver, the worker groups) collect its own figures at
+        the monitor's pace without this package knowing it. A hook that raises is
+        logged once and the cycle carries on. Adding a hook already added does nothing.
+        """
+        with self._lock:
+            if all(existing != hook for existing, _ in self._cycle_hooks):
+                self._cycle_hooks.append((hook, on_stop))
+
+    def remove_cycle_hook(self, hook: CycleHook) -> None:
+        """Stop running ``hook`` (its ``on_stop`` is not called); unknown hooks are ignored."""
+        with self._lock:
+            self._cycle_hooks = [entry for entry in self._cycle_hooks if entry[0] != hook]
+
+    def _run_cycle_hooks(self, stopping: bool) -> None:
+        with self._lock:
+            hooks = list(self._cycle_hooks)
+        for hook, on_stop in hooks:
+            try:
+                if not stopping:
+                    hook(self)
+                elif on_stop is not None:
+                    on_stop()
+            except Exception:
+                warn_once(
+                    f"host_memory.cycle_hook.{getattr(hook, '__qualname__', type(hook).__name__)}",
+                    f"a host-memory cycle hook ({printable(repr(hook))[:120]}) failed",
+                    logger=logger,
+                )
 
     # Consumers -----------------------------------------------------------------------
 
@@ -265,6 +301,7 @@ class HostMemoryMonitor:
                 )
         if thread is not None and thread is not threading.current_thread():
             thread.join(max(0.0, deadline - time.monotonic()))
+        self._run_cycle_hooks(stopping=True)
 
     def _collection_loop(self, stop: threading.Event) -> None:
         """Run a cycle every :attr:`collection_interval` seconds until ``stop`` is set."""
@@ -293,6 +330,8 @@ class HostMemoryMonitor:
                 "a host-memory collection cycle failed; samples are kept until they age out",
                 logger=logger,
             )
+        if stop is None or not stop.is_set():
+            self._run_cycle_hooks(stopping=False)
 
     def _collect_once(self, stop: threading.Event | None = None) -> None:
         """Body of :meth:`collect_once`; ``stop`` is the calling loop's stop event."""
