@@ -4,6 +4,11 @@ Installed with raylens and registered as a pytest plugin, so its fixtures
 (``metrics_probe``, ``fake_cluster``, ``fake_default_cluster``, ``simulated_cluster``,
 ``fake_procfs``, ``raylens_state``) are available in any project that installs
 raylens. See :mod:`raylens_fakes.pytest_plugin`.
+
+The simulated cluster (``FakeRaylet``, ``FakeCluster``, ``SimulatedCluster``) ships
+with the product as :mod:`raylens.simulation`, since ``raylens simulate`` runs it;
+it is re-exported here and from ``raylens_fakes.raylet``, ``raylens_fakes.cluster``
+and ``raylens_fakes.simulated``. ``MetricsProbe`` and ``FakeProcFS`` live here only.
 """
 
 from raylens_fakes.cluster import FakeCluster, FakePlacementGroup

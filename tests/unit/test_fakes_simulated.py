@@ -137,3 +137,24 @@ def test_simulated_cluster_fixture_is_the_factory(
     sim = simulated_cluster()
     assert len(sim) == 3
     assert len(simulated_cluster(1, same_host=True)) == 1
+
+
+def test_the_fakes_paths_hand_out_the_simulation_objects() -> None:
+    import raylens_fakes
+    import raylens_fakes.cluster
+    import raylens_fakes.raylet
+    import raylens_fakes.simulated
+    from raylens import simulation
+    from raylens.simulation import raylet, scripted_cluster, simulated_cluster
+
+    pairs = (
+        (raylens_fakes.raylet, raylet),
+        (raylens_fakes.cluster, scripted_cluster),
+        (raylens_fakes.simulated, simulated_cluster),
+    )
+    for old, new in pairs:
+        assert set(new.__all__) <= set(old.__all__), old.__name__
+        for name in old.__all__:
+            assert getattr(old, name) is getattr(new, name), f"{old.__name__}.{name}"
+    for name in simulation.__all__:
+        assert getattr(raylens_fakes, name) is getattr(simulation, name), name
