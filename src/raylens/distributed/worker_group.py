@@ -6,8 +6,8 @@ has them created by a :class:`~raylens.distributed.worker_builder.RayWorkerBuild
 gives each the environment a distributed job expects, and dispatches calls to them
 (:mod:`raylens.distributed._worker_dispatch`). It can rebuild one worker in place, probe
 the GPU a worker's bundle holds, and shut everything down within a bound. Once its
-workers are ready it tells :mod:`raylens.telemetry.host_memory` which bundles it holds;
-shutdown withdraws that. Every Ray call goes through the group's
+workers are ready it tells :mod:`raylens.telemetry.host_memory` which bundles it holds,
+and the group-worker registry which processes its workers are; shutdown withdraws both. Every Ray call goes through the group's
 :class:`~raylens.distributed.ray_seam.RaySeam`.
 """
 
@@ -20,6 +20,7 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 from raylens.distributed import gpu_state
+from raylens.distributed._group_memory_wiring import WorkerProcesses
 from raylens.distributed._worker_dispatch import _WorkerDispatch
 from raylens.distributed.named_sharding import NamedSharding
 from raylens.distributed.ray_seam import (
@@ -100,6 +101,7 @@ class RayWorkerGroup(_WorkerDispatch):
     _seam: RaySeam = DEFAULT_RAY_SEAM
     # Whether name_prefix was handed out by _DEFAULT_NAMES and must be given back.
     _default_name = False
+    _processes: WorkerProcesses | None = None  # for per-group memory, made when first needed
 
     def __init__(
         self,
@@ -295,7 +297,9 @@ class RayWorkerGroup(_WorkerDispatch):
             record.extra_options,
         )
 
-    def _register_placement(self) -> None:
+    def _register_placement(self, changed: list[int] | None = None) -> None:
+        self._processes = self._processes or WorkerProcesses()
+        self._processes.learn(self.name_prefix, self._seam.connected_ray(), self._workers, changed)
         bundles = [(record.placement_group, record.bundle_index) for record in self._records]
         try:
             from raylens.telemetry.host_memory import register_worker_group_placement
@@ -311,6 +315,8 @@ class RayWorkerGroup(_WorkerDispatch):
             )
 
     def _forget_placement(self) -> None:
+        if self._processes is not None:
+            self._processes.forget(self.name_prefix)
         try:
             from raylens.telemetry.host_memory import forget_worker_group_nodes
 
@@ -454,7 +460,7 @@ class RayWorkerGroup(_WorkerDispatch):
             new = ray.get(self._submit(self._builder, record))
         ray.get(new.__ray_ready__.remote())
         self._workers[worker_idx] = new
-        self._register_placement()
+        self._register_placement([worker_idx])
         return new
 
     # ---- shutdown -------------------------------------------------------------------

@@ -1,0 +1,206 @@
+"""The distributed layer's part in per-group memory: who the workers are, and when to read them.
+
+Two pieces join :mod:`raylens.telemetry.group_memory` (which must not know Ray) to
+the Ray side (:mod:`raylens.distributed.group_memory_sampler`):
+
+- :class:`WorkerProcesses`, held by each :class:`RayWorkerGroup`, asks every new
+  worker once for its ``(node id, pid, start_ticks)`` and keeps the group's whole
+  list registered in the group-worker registry. After a worker is recreated only the
+  new one is asked: the others may be busy in a long method, and asking them would
+  wait behind it.
+- :class:`GroupMemoryCycle` is a host-memory monitor cycle hook (see
+  :meth:`HostMemoryMonitor.add_cycle_hook`): each cycle it has the per-node samplers
+  read every registered worker and publishes what came back, so the group figures
+  share the host figures' pace and ``max_age``. It runs in the driver's monitor
+  thread, since Ray calls cannot be made from the scrape helper process. With no
+  registered worker it makes no Ray call at all; samplers start with the first
+  worker on a node and go with the last.
+
+Neither ever raises into its caller: a failure is logged once and costs only the
+figures it concerns.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from raylens.distributed.group_memory_sampler import (
+    GroupMemorySamplers,
+    collect_group_memory,
+    worker_identity,
+)
+from raylens.lens import warn_once
+from raylens.lens.safe_text import printable
+from raylens.telemetry.group_memory import (
+    DEFAULT_REGISTRY,
+    DEFAULT_SNAPSHOT,
+    GroupMemorySnapshot,
+    GroupWorkerRegistry,
+    register_group_memory_gauges,
+)
+
+if TYPE_CHECKING:
+    from raylens.telemetry.host_memory import HostMemoryMonitor
+
+__all__ = [
+    "IDENTITY_TIMEOUT_S",
+    "CycleCost",
+    "GroupMemoryCycle",
+    "WorkerProcesses",
+    "attach_group_memory",
+    "default_group_memory_cycle",
+]
+
+_LOGGER = logging.getLogger("raylens.distributed")
+
+IDENTITY_TIMEOUT_S = 10.0
+"""How long a group waits for its new workers to say where they run (they are ready by then)."""
+
+Identity = tuple[str, int, "int | None"]
+
+
+class WorkerProcesses:
+    """The ``(node id, pid, start_ticks)`` of each worker of one group, kept registered.
+
+    ``registry`` defaults to the process-wide group-worker registry.
+    """
+
+    def __init__(self, registry: GroupWorkerRegistry | None = None) -> None:
+        self._registry = registry if registry is not None else DEFAULT_REGISTRY
+        self._identities: list[Identity | None] = []
+
+    @property
+    def identities(self) -> list[Identity | None]:
+        """Per worker rank, where it runs; None for a worker that could not say."""
+        return list(self._identities)
+
+    def learn(
+        self,
+        group: str,
+        ray: Any,
+        workers: Sequence[Any],
+        changed: Sequence[int] | None = None,
+        *,
+        timeout_s: float = IDENTITY_TIMEOUT_S,
+    ) -> None:
+        """Ask the workers at ``changed`` (all when None) where they run, then register all.
+
+        ``ray`` is the connected ``ray`` module (or a stand-in); None registers nothing.
+        Never raises: a failure is logged once and leaves the group's last registration.
+        """
+        if ray is None:
+            return
+        indices = range(len(workers)) if changed is None else list(changed)
+        try:
+            refs = [workers[i].__ray_call__.remote(worker_identity) for i in indices]
+            answers = ray.get(refs, timeout=timeout_s) if refs else []
+            known = (self._identities + [None] * len(workers))[: len(workers)]
+            for index, answer in zip(indices, answers):
+                node_id, pid, ticks = answer
+                known[index] = (node_id, pid, ticks)
+            self._registry.register(group, [identity for identity in known if identity])
+            self._identities = known
+        except Exception as error:
+            warn_once(
+                f"worker_groups.group_memory.{group}",
+                f"worker group {printable(group)!r}: could not register its workers' processes "
+                f"for per-group memory ({type(error).__name__}: {printable(error)[:200]})",
+                logger=_LOGGER,
+            )
+
+    def forget(self, group: str) -> None:
+        """Withdraw ``group``'s workers from the registry. Never raises."""
+        self._identities = []
+        try:
+            self._registry.forget(group)
+        except Exception:
+            warn_once(
+                f"worker_groups.group_memory.forget.{group}",
+                f"worker group {printable(group)!r}: could not withdraw its workers' processes",
+                logger=_LOGGER,
+            )
+
+
+@dataclass(frozen=True)
+class CycleCost:
+    """What one collection cost the driver: nodes asked, wall and CPU seconds of its thread."""
+
+    nodes: int
+    wall_s: float
+    cpu_s: float
+
+
+class GroupMemoryCycle:
+    """A monitor cycle hook that collects per-group memory; see the module docstring.
+
+    ``samplers`` defaults to a :class:`GroupMemorySamplers` on the real Ray (imported
+    only once a worker is registered); ``registry`` and ``snapshot`` default to the
+    process-wide ones. :attr:`last_cost` says what the latest collection cost.
+    """
+
+    def __init__(
+        self,
+        samplers: GroupMemorySamplers | None = None,
+        *,
+        registry: GroupWorkerRegistry | None = None,
+        snapshot: GroupMemorySnapshot | None = None,
+    ) -> None:
+        self.samplers = samplers if samplers is not None else GroupMemorySamplers()
+        self.registry = registry if registry is not None else DEFAULT_REGISTRY
+        self.snapshot = snapshot if snapshot is not None else DEFAULT_SNAPSHOT
+        self.last_cost: CycleCost | None = None
+        self._lock = threading.Lock()
+
+    def __call__(self, monitor: HostMemoryMonitor) -> None:
+        """Collect once for ``monitor``'s cycle (nothing while nobody consumes it)."""
+        with self._lock:
+            if not monitor.has_consumer:
+                self.samplers.close()
+                return
+            wall, cpu = time.perf_counter(), time.thread_time()
+            results = collect_group_memory(
+                self.samplers,
+                registry=self.registry,
+                snapshot=self.snapshot,
+                max_age=monitor.max_age,
+            )
+            self.last_cost = CycleCost(
+                len(results), time.perf_counter() - wall, time.thread_time() - cpu
+            )
+
+    def close(self) -> None:
+        """Remove every sampler; the next collection starts them again."""
+        with self._lock:
+            self.samplers.close()
+
+
+_DEFAULT_CYCLE: GroupMemoryCycle | None = None
+_DEFAULT_LOCK = threading.Lock()
+
+
+def default_group_memory_cycle() -> GroupMemoryCycle:
+    """The process's cycle over the process-wide registry and snapshot, made on first use."""
+    global _DEFAULT_CYCLE
+    with _DEFAULT_LOCK:
+        if _DEFAULT_CYCLE is None:
+            _DEFAULT_CYCLE = GroupMemoryCycle()
+        return _DEFAULT_CYCLE
+
+
+def attach_group_memory(
+    monitor: HostMemoryMonitor, cycle: GroupMemoryCycle | None = None
+) -> GroupMemoryCycle:
+    """Export the group-memory gauges and collect them at every cycle of ``monitor``.
+
+    ``cycle`` defaults to :func:`default_group_memory_cycle`. Attaching the same
+    cycle again does nothing more; the monitor's stop removes the samplers.
+    """
+    cycle = cycle if cycle is not None else default_group_memory_cycle()
+    register_group_memory_gauges(cycle.snapshot)
+    monitor.add_cycle_hook(cycle, on_stop=cycle.close)
+    return cycle
