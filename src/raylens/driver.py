@@ -1,10 +1,11 @@
 """Telemetry for a Ray driver: lens plus the host-memory monitor, and never an exception.
 
 The driver is where worker groups are built, so the placement map that labels nodes
-with their groups lives there, and so must the monitor that reads it. This module
-starts both, above lens (lens knows nothing of the monitors built on it), and stops
-the monitor through a lens shutdown hook when :func:`raylens.lens.shutdown_telemetry`
-runs.
+with their groups lives there, and so must the monitor that reads it; the groups'
+worker processes are registered there too, and sampled at every monitor cycle
+(:mod:`raylens.distributed._group_memory_wiring`). This module starts all of it,
+above lens (lens knows nothing of the monitors built on it), and stops the monitor
+through a lens shutdown hook when :func:`raylens.lens.shutdown_telemetry` runs.
 
 Telemetry must not take a training job down: a malformed ``OTEL_*``/``RAYLENS_*``
 variable, a Prometheus port already in use or a missing exporter package is logged
@@ -26,7 +27,13 @@ from collections.abc import Mapping
 
 from opentelemetry.sdk.metrics.export import MetricReader
 
-from raylens.lens import TelemetryConfig, TelemetryHandle, add_shutdown_hook, init_telemetry
+from raylens.lens import (
+    TelemetryConfig,
+    TelemetryHandle,
+    add_shutdown_hook,
+    init_telemetry,
+    warn_once,
+)
 from raylens.telemetry import host_memory
 
 __all__ = ["DRIVER_CONSOLE_INTERVAL_MS", "driver_config_from_env", "init_telemetry_driver"]
@@ -79,6 +86,10 @@ def init_telemetry_driver(
     :func:`raylens.lens.init_telemetry`. ``host_memory_interval`` is in seconds and
     defaults to the host-memory module's fallback interval. The monitor stops at
     the next :func:`raylens.lens.shutdown_telemetry`.
+
+    Each monitor cycle also reads the memory of every registered worker group's
+    processes on their nodes (``rl.worker_group.memory.usage``): worker groups
+    register themselves, and samplers start on a node only once one does.
     """
     handle = _start_lens(config, metric_reader)
     interval = (
@@ -86,6 +97,21 @@ def init_telemetry_driver(
         if host_memory_interval is None
         else host_memory_interval
     )
-    host_memory.start_host_memory_monitoring(interval)
+    monitor = host_memory.start_host_memory_monitoring(interval)
+    if monitor is not None:
+        _attach_group_memory(monitor)
     add_shutdown_hook(host_memory.stop_host_memory_monitoring)
     return handle
+
+
+def _attach_group_memory(monitor: host_memory.HostMemoryMonitor) -> None:
+    try:
+        from raylens.distributed._group_memory_wiring import attach_group_memory
+
+        attach_group_memory(monitor)
+    except Exception:
+        warn_once(
+            "driver.group_memory",
+            "could not attach per-group memory to host-memory monitoring; it will not be exported",
+            logger=logger,
+        )

@@ -376,8 +376,8 @@ def _usable_interval(collection_interval: object) -> float:
 
 def start_host_memory_monitoring(
     collection_interval: float, *, cluster: ClusterView | None = None
-) -> None:
-    """Start this process's monitor unless one is running. Never raises.
+) -> HostMemoryMonitor | None:
+    """Start this process's monitor unless one is running, and return it. Never raises.
 
     The driver's telemetry entry point calls this, which puts the monitor in the
     driver. That is where it must be: the worker-group placement registry belongs
@@ -386,7 +386,8 @@ def start_host_memory_monitoring(
 
     An interval that is not a positive finite number is logged and replaced by
     :data:`FALLBACK_COLLECTION_INTERVAL`. ``cluster`` overrides the connected Ray.
-    The monitor scrapes only while lens exports (no consumer, no scrape).
+    The monitor scrapes only while lens exports (no consumer, no scrape). Returns
+    None when it could not start.
     """
     global _MONITOR
     try:
@@ -399,12 +400,14 @@ def start_host_memory_monitoring(
                 _declare_gauges()
                 _MONITOR = HostMemoryMonitor(interval, cluster=cluster, snapshot=_DEFAULT_SNAPSHOT)
             _MONITOR.start()
+            return _MONITOR
     except Exception:
         warn_once(
             "host_memory.start",
             "could not start host-memory monitoring; no host memory will be exported",
             logger=logger,
         )
+        return None
 
 
 def stop_host_memory_monitoring() -> None:
