@@ -1,7 +1,7 @@
 """A fake ``/proc`` tree on disk, for testing :mod:`raylens.telemetry.process_memory`.
 
 :class:`FakeProcFS` writes the few files raylens reads (``stat``, ``statm``,
-``smaps_rollup`` and ``task/<tid>/children``) under a directory of your choosing,
+``smaps_rollup``, ``status`` with its ``VmHWM`` and ``task/<tid>/children``) under a directory of your choosing,
 in the kernel's formats, and hands out a :class:`~raylens.telemetry.process_memory.ProcFS`
 reader over it (:attr:`FakeProcFS.procfs`).
 
@@ -47,6 +47,7 @@ class _Process:
     start_ticks: int
     comm: str
     smaps_rollup: bool
+    hwm_bytes: int = 0
     zombie: bool = False
     empty_smaps_rollup: bool = False
     children: dict[int, list[int]] = field(default_factory=dict)
@@ -88,6 +89,7 @@ class FakeProcFS:
         start_ticks: int | None = None,
         comm: str = "python",
         smaps_rollup: bool = True,
+        hwm_bytes: int | None = None,
     ) -> int:
         """Create process ``pid`` and return it.
 
@@ -96,7 +98,8 @@ class FakeProcFS:
         besides the main one. ``pss_bytes`` defaults to ``rss_bytes``.
         ``smaps_rollup=False`` leaves that file out, as on kernels before 4.14.
         ``start_ticks`` (field 22 of ``stat``) defaults to a value larger than
-        any given so far.
+        any given so far. ``hwm_bytes``, the high-water mark in ``status``
+        (``VmHWM``), defaults to ``rss_bytes`` and cannot be below it.
         """
         if pid in self._processes:
             raise ValueError(f"pid {pid} already exists in the fake procfs")
@@ -108,6 +111,7 @@ class FakeProcFS:
         pss = rss_bytes if pss_bytes is _SAME_AS_RSS else pss_bytes
         _check_pages("rss_bytes", rss_bytes)
         _check_pages("pss_bytes", pss)
+        hwm = _check_hwm(rss_bytes, rss_bytes if hwm_bytes is None else hwm_bytes)
         if start_ticks is None:
             start_ticks = self._next_ticks
         self._next_ticks = max(self._next_ticks, start_ticks) + 1
@@ -121,6 +125,7 @@ class FakeProcFS:
             start_ticks=start_ticks,
             comm=comm,
             smaps_rollup=smaps_rollup,
+            hwm_bytes=hwm,
         )
         self._processes[pid] = process
         self._write(process)
@@ -200,12 +205,26 @@ class FakeProcFS:
             self._write_children(parent, tid)
         return new_pid
 
-    def set_memory(self, pid: int, *, rss_bytes: int, pss_bytes: int | None = None) -> None:
-        """Change a live process's RSS (and PSS, default equal to RSS)."""
+    def set_memory(
+        self,
+        pid: int,
+        *,
+        rss_bytes: int,
+        pss_bytes: int | None = None,
+        hwm_bytes: int | None = None,
+    ) -> None:
+        """Change a live process's RSS (and PSS, default equal to RSS).
+
+        The high-water mark rises to ``rss_bytes`` if that is higher, as the
+        kernel's does; ``hwm_bytes`` raises it further, for a peak reached and left
+        between two reads.
+        """
         pss = rss_bytes if pss_bytes is None else pss_bytes
         _check_pages("rss_bytes", rss_bytes)
         _check_pages("pss_bytes", pss)
         process = self._processes[pid]
+        hwm = max(process.hwm_bytes, rss_bytes if hwm_bytes is None else hwm_bytes)
+        process.hwm_bytes = _check_hwm(rss_bytes, hwm)
         process.rss_bytes, process.pss_bytes = rss_bytes, pss
         self._write(process)
 
@@ -284,6 +303,7 @@ class FakeProcFS:
             pages = process.rss_bytes // PAGE_SIZE
             statm = f"{pages + 2048} {pages} {min(pages, 64)} 1 0 {pages} 0\n"
         _put(directory / "statm", statm)
+        _put(directory / "status", _status_text(process))
         rollup = directory / "smaps_rollup"
         if process.zombie:
             _put(rollup, "")
@@ -322,6 +342,37 @@ def _check_pages(name: str, value: object) -> None:
         raise ValueError(
             f"{name} must be a non-negative whole number of {PAGE_SIZE}-byte pages, got {value!r}"
         )
+
+
+def _check_hwm(rss_bytes: int, hwm_bytes: int) -> int:
+    _check_pages("hwm_bytes", hwm_bytes)
+    if hwm_bytes < rss_bytes:
+        raise ValueError(
+            f"hwm_bytes is a high-water mark and cannot be below rss_bytes {rss_bytes}, "
+            f"got {hwm_bytes!r}"
+        )
+    return hwm_bytes
+
+
+def _status_text(process: _Process) -> str:
+    # The lines around the memory ones, in the kernel's layout; a zombie has no Vm lines.
+    ppid = process.parent if process.parent is not None else 0
+    state = "Z (zombie)" if process.zombie else "S (sleeping)"
+    head = f"Name:\t{process.comm}\nState:\t{state}\nTgid:\t{process.pid}\n"
+    head += f"Pid:\t{process.pid}\nPPid:\t{ppid}\n"
+    tail = f"Threads:\t{len(process.tids)}\n"
+    if process.zombie:
+        return head + tail
+    rss_kib, hwm_kib = process.rss_bytes // 1024, process.hwm_bytes // 1024
+    size_kib = rss_kib + 2048 * PAGE_SIZE // 1024
+    memory = [
+        ("VmPeak", size_kib),
+        ("VmSize", size_kib),
+        ("VmHWM", hwm_kib),
+        ("VmRSS", rss_kib),
+        ("RssAnon", rss_kib),
+    ]
+    return head + "".join(f"{key}:\t{value:>8} kB\n" for key, value in memory) + tail
 
 
 def _stat_line(process: _Process) -> str:

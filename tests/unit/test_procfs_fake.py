@@ -181,3 +181,42 @@ def test_reader_uses_the_fake_opener(fake):
 def test_comm_with_parentheses_and_spaces(fake):
     fake.add_process(100, comm="a) b (c", start_ticks=42)
     assert fake.procfs.start_ticks(100) == 42
+
+
+def test_status_carries_the_high_water_mark_the_kernel_keeps(fake):
+    fake.add_process(100, rss_bytes=10 * PAGE_SIZE)
+    status = _read(fake.root / "100" / "status")
+    assert f"VmHWM:\t{10 * PAGE_SIZE // 1024:>8} kB" in status
+    fake.set_memory(100, rss_bytes=30 * PAGE_SIZE)
+    fake.set_memory(100, rss_bytes=5 * PAGE_SIZE)  # the mark stays at the highest RSS
+    assert fake.procfs.read_peak_rss(100) == 30 * PAGE_SIZE
+    fake.set_memory(100, rss_bytes=5 * PAGE_SIZE, hwm_bytes=90 * PAGE_SIZE)  # a spike unseen
+    assert fake.procfs.read_peak_rss(100) == 90 * PAGE_SIZE
+
+
+def test_a_high_water_mark_below_rss_is_refused(fake):
+    with pytest.raises(ValueError, match="hwm_bytes"):
+        fake.add_process(100, rss_bytes=10 * PAGE_SIZE, hwm_bytes=2 * PAGE_SIZE)
+
+
+def test_a_zombie_has_no_high_water_mark(fake):
+    fake.add_process(100, rss_bytes=10 * PAGE_SIZE)
+    fake.make_zombie(100)
+    assert "VmHWM" not in _read(fake.root / "100" / "status")
+    assert fake.procfs.read_peak_rss(100) is None
+
+
+def test_tree_peak_is_the_largest_single_process_mark(fake):
+    fake.add_process(100, rss_bytes=10 * PAGE_SIZE, hwm_bytes=50 * PAGE_SIZE)
+    fake.add_process(101, parent=100, rss_bytes=20 * PAGE_SIZE, hwm_bytes=70 * PAGE_SIZE)
+    fake.add_process(102, parent=101, rss_bytes=4 * PAGE_SIZE)
+    fake.deny(102, "status")  # unreadable processes are left out, not fatal
+    assert fake.procfs.tree_peak_rss(100) == 70 * PAGE_SIZE
+    assert fake.procfs.tree_peak_rss(999) is None
+
+
+def test_peak_of_a_gone_or_unreadable_process_is_unknown(fake):
+    fake.add_process(100)
+    fake.deny(100, "status")
+    assert fake.procfs.read_peak_rss(100) is None
+    assert fake.procfs.read_peak_rss(4242) is None

@@ -12,6 +12,9 @@ How a tree is read (Linux only), through :class:`ProcFS`:
   cannot be read (another user's process, a kernel older than 4.14), RSS comes
   from ``/proc/<pid>/statm`` and the PSS of that process, hence of the tree, is
   unknown.
+- Peak: ``VmHWM:`` from ``/proc/<pid>/status``, the most the kernel has seen
+  resident for that one process since it started. It is per process; the tree's
+  figure is the largest of them (see :meth:`ProcFS.tree_peak_rss`).
 - A process that exits while being read is simply not counted.
 
 Nothing here keeps state between calls.
@@ -220,6 +223,37 @@ class ProcFS:
         if size_pages == 0:
             return 0, 0
         return rss, None
+
+    def read_peak_rss(self, pid: int) -> int | None:
+        """The kernel's high-water mark of resident bytes for ``pid`` (``VmHWM`` of ``status``).
+
+        None when the process is gone, its ``status`` cannot be read, or it has no
+        address space (a zombie or a kernel thread, whose ``status`` has no ``Vm``
+        lines).
+        """
+        try:
+            status = self._read(f"{self._root}/{pid}/status", 4096)
+        except OSError:
+            return None
+        for line in status.splitlines():
+            if line.startswith(b"VmHWM:"):
+                fields = line.split()
+                if len(fields) >= 2 and fields[1].isdigit():
+                    return int(fields[1]) * 1024
+                return None
+        return None
+
+    def tree_peak_rss(self, root_pid: int) -> int | None:
+        """The largest ``VmHWM`` among ``root_pid`` and its live descendants, or None.
+
+        The largest, not the sum: each process's mark is its own peak, reached at
+        its own moment, so a sum could claim more than was ever resident at once,
+        while the largest is a peak one process really reached. Processes already
+        gone take their marks with them.
+        """
+        read = self.read_peak_rss
+        peaks = [peak for peak in map(read, self.descendant_pids(root_pid)) if peak is not None]
+        return max(peaks) if peaks else None
 
     def start_ticks(self, pid: int) -> int | None:
         """When ``pid`` started (field 22 of ``stat``, clock ticks since boot), or None if gone.
