@@ -1,6 +1,6 @@
 """Reading host memory out of one raylet payload: raylens against a full prometheus_client parse.
 
-For each recorded Ray 2.60 payload bundled in ``raylens_fakes/payloads/``, times
+For each recorded Ray 2.60 payload bundled in ``raylens/simulation/payloads/``, times
 two ways of getting ``ray_node_mem_used`` and ``ray_node_mem_total`` from the raw response bytes:
 
 - raylens: :func:`raylens.telemetry.prometheus_text.extract_samples`, which searches for the

@@ -4,7 +4,7 @@ raylens needs three answers from Ray: is this process connected, which nodes
 exist, and where the bundles of a placement group were scheduled. :class:`ClusterView`
 names exactly those three calls, with the shapes Ray itself returns, so that the
 code which uses them can be handed :class:`RayClusterView` (the real cluster) or
-``raylens_fakes.FakeCluster`` (a scripted one) without knowing which.
+``raylens.simulation.FakeCluster`` (a scripted one) without knowing which.
 
 Ray is imported lazily: ``import raylens`` works where Ray is not installed, and
 asking whether Ray is initialised never imports it as a side effect.
