@@ -111,7 +111,7 @@ class NodeRow:
 # Cut-down widths of the cells that shrink, used to decide which columns a width has room for.
 _SHORT_HOST = 12
 _SHORT_ERROR = 20
-_SHORT_COMMAND = 16
+_SHORT_COMMAND = 12
 _UNBOUNDED = 100_000
 # Columns kept free at the right: a terminal echoes Ctrl-C as "^C" after the last
 # line, and on a line that fills the width that wraps and shifts a live redraw.
@@ -303,7 +303,16 @@ def node_table(rows: Iterable[NodeRow], *, title: str = "Ray host memory") -> Re
 
 @dataclass
 class ProcessTreeRow:
-    """One profiled process tree in the ``raylens profile`` table."""
+    """One profiled process tree in the ``raylens profile`` table.
+
+    ``rss_peak`` and ``pss_peak`` are the highest values the samples saw; a spike
+    between two samples is missed. ``kernel_peak`` is the kernel's own high-water
+    mark of one process of the tree (the largest), and ``kernel_peak_source`` says
+    where it came from: ``"VmHWM"`` (read from the live processes) or
+    ``"ru_maxrss"`` (``getrusage`` once the command has ended). ``pss_stale``
+    marks a PSS reading too old to show: ``pss`` is then None and ``pss_age_s``
+    the age of the reading that was left out.
+    """
 
     name: str
     pid: int
@@ -314,6 +323,9 @@ class ProcessTreeRow:
     rss_peak: float | None
     pss_peak: float | None
     history: list[float] = field(default_factory=list)
+    kernel_peak: float | None = None
+    kernel_peak_source: str | None = None
+    pss_stale: bool = False
 
     def to_json(self) -> dict[str, object]:
         return {
@@ -321,11 +333,33 @@ class ProcessTreeRow:
             "pid": self.pid,
             "processes": self.processes,
             "rss_bytes": self.rss,
-            "pss_bytes": self.pss,
+            "pss_bytes": None if self.pss_stale else self.pss,
             "pss_age_seconds": None if self.pss_age_s is None else round(self.pss_age_s, 3),
+            "pss_stale": self.pss_stale,
             "rss_peak_bytes": self.rss_peak,
             "pss_peak_bytes": self.pss_peak,
+            "kernel_peak_rss_bytes": self.kernel_peak,
+            "kernel_peak_rss_source": self.kernel_peak_source,
         }
+
+
+# What each source of the kernel's peak stands for, in the table's caption.
+_KERNEL_PEAK_MEANING = {
+    "VmHWM": "largest VmHWM of the tree's live processes (one process, not a tree total)",
+    "ru_maxrss": "getrusage ru_maxrss after exit, the largest peak of any one waited-for "
+    "process (not a tree total)",
+}
+
+
+def _process_caption(rows: Sequence[ProcessTreeRow]) -> str:
+    sources = sorted({row.kernel_peak_source for row in rows if row.kernel_peak_source})
+    parts = ["peak rss/pss: highest sampled value"]
+    parts += [f"kernel peak: {_KERNEL_PEAK_MEANING.get(s, printable(s))}" for s in sources]
+    return "; ".join(parts)
+
+
+def _pss_cell(row: ProcessTreeRow) -> str:
+    return "- stale" if row.pss_stale else format_bytes(row.pss)
 
 
 _PROCESS_COLUMNS: tuple[tuple[str, dict[str, Any]], ...] = (
@@ -337,6 +371,7 @@ _PROCESS_COLUMNS: tuple[tuple[str, dict[str, Any]], ...] = (
     ("pss age", {"justify": "right", "no_wrap": True}),
     ("peak rss", {"justify": "right", "no_wrap": True}),
     ("peak pss", {"justify": "right", "no_wrap": True}),
+    ("kernel peak", {"justify": "right", "no_wrap": True}),
     ("trend", {"no_wrap": True}),
 )
 
@@ -344,12 +379,16 @@ _PROCESS_COLUMNS: tuple[tuple[str, dict[str, Any]], ...] = (
 def process_table(
     rows: Iterable[ProcessTreeRow], *, title: str = "Process tree memory"
 ) -> RenderableType:
-    """The live ``profile`` table: RSS, PSS (with its age), process count, peaks, trend.
+    """The live ``profile`` table: RSS, PSS with its age, process count, peaks, trend.
 
-    Where the terminal is too narrow, the trend, the PSS age and the pid are left
-    out, in that order, and the command is cut short.
+    A caption says what each peak is. A stale PSS shows as ``- stale`` beside the
+    age of the reading left out. Where the terminal is too narrow, the trend, the
+    pid, the process count and the sampled PSS peak are left out, in that order,
+    and the command is cut short; the PSS age stays, so that a PSS is never shown
+    without it.
     """
     listed = list(rows)
+    caption = _process_caption(listed)
 
     def build(left_out: frozenset[str], short: bool) -> Table:
         cells = [
@@ -358,14 +397,18 @@ def process_table(
                 "pid": str(row.pid),
                 "procs": str(row.processes),
                 "rss": format_bytes(row.rss),
-                "pss": format_bytes(row.pss),
+                "pss": _pss_cell(row),
                 "pss age": format_age(row.pss_age_s),
                 "peak rss": format_bytes(row.rss_peak),
                 "peak pss": format_bytes(row.pss_peak),
+                "kernel peak": format_bytes(row.kernel_peak),
                 "trend": sparkline(row.history, min_span=_trend_span(row.rss_peak)),
             }
             for row in listed
         ]
-        return _table(title, _PROCESS_COLUMNS, cells, left_out)
+        table = _table(title, _PROCESS_COLUMNS, cells, left_out)
+        table.caption = Text(caption)
+        table.caption_justify = "left"
+        return table
 
-    return _FitToWidth(build, ("trend", "pss age", "pid"))
+    return _FitToWidth(build, ("trend", "pid", "procs", "peak pss"))
