@@ -29,7 +29,14 @@ from typing import Any
 from raylens.cluster import ClusterView, default_cluster_view
 from raylens.lens import get_telemetry_handle, reset_warn_once, warn_once
 from raylens.lens.safe_text import printable
-from raylens.telemetry._names import LOGGER_NAME, TOTAL_KEY, USED_KEY
+from raylens.telemetry._names import (
+    ERROR_INTERNAL,
+    ERROR_NO_METRICS_PORT,
+    ERROR_TIMEOUT,
+    LOGGER_NAME,
+    TOTAL_KEY,
+    USED_KEY,
+)
 from raylens.telemetry._nodes import RayNode, ray_nodes
 from raylens.telemetry._scrape_engine import (
     MAX_BODY_BYTES,
@@ -42,7 +49,7 @@ from raylens.telemetry._scrape_engine import (
 )
 from raylens.telemetry._scrape_helper import HelperEngine
 from raylens.telemetry._scrape_threads import ThreadedScrapes
-from raylens.telemetry._snapshot import NodeSample, Snapshot, register_publisher
+from raylens.telemetry._snapshot import NodeSample, ScrapeHealth, Snapshot, register_publisher
 
 __all__ = [
     "SCRAPE_MODE_ENV",
@@ -58,6 +65,10 @@ SCRAPE_TIMEOUT_S = 5.0
 #: How long past its scrape timeout :meth:`HostMemoryMonitor.stop` may take.
 SHUTDOWN_GRACE_S = 1.0
 STOPPED_ERROR = "not answered before monitoring stopped"
+NO_METRICS_ERROR = (
+    "serves no metrics: its node record has no MetricsExportPort (missing or -1), "
+    "as with Ray installed without its default extra; pip install 'ray[default]' there"
+)
 #: Environment variable that picks the scrape mode when none is passed.
 SCRAPE_MODE_ENV = "RAYLENS_SCRAPE_MODE"
 _OVERRIDE_THREADS = 32
@@ -338,7 +349,7 @@ class HostMemoryMonitor:
         # Listed outside the cycle lock: a cluster call that hangs must not keep a
         # restarted loop (or a caller's own collect_once) from running.
         try:
-            nodes = ray_nodes(self._cluster)
+            nodes = ray_nodes(self._cluster, include_unscrapeable=True)
         except Exception as exc:
             warn_once(
                 "host_memory.nodes",
@@ -355,9 +366,14 @@ class HostMemoryMonitor:
                 return
             generation = self._generation
             self._cycles += 1
-            order = sorted(nodes, key=self._priority)
+            order = sorted((n for n in nodes if n.serves_metrics), key=self._priority)
             started = self.clock()
-            results = self._run(order)
+            results = self._run(order) if order else {}
+            for node in nodes:
+                if not node.serves_metrics:
+                    results[node.key] = Outcome(
+                        None, NO_METRICS_ERROR, asked=False, error_type=ERROR_NO_METRICS_PORT
+                    )
             self._publish(nodes, results, started, stopped=generation != self._generation)
 
     def _priority(self, node: RayNode) -> tuple[int, int]:
@@ -431,6 +447,7 @@ class HostMemoryMonitor:
         samples: dict[NodeKey, dict[str, float]] = {}
         expiry: dict[NodeKey, float] = {}
         sampled: dict[NodeKey, float] = {}
+        health: dict[NodeKey, ScrapeHealth] = {}
         latest: dict[NodeKey, _Row] = {}
         stamp = self._cycles
         for node in nodes:
@@ -444,8 +461,12 @@ class HostMemoryMonitor:
                         None,
                         f"no answer within the {self.scrape_timeout:g} s scrape timeout",
                         wedged=True,
+                        error_type=ERROR_TIMEOUT,
+                        duration=self.scrape_timeout,
                     )
                 )
+            if outcome.error != STOPPED_ERROR:
+                health[key] = self._health(outcome, started)
             values = outcome.values
             if values:
                 self._standing[key] = (_Standing.ANSWERED, stamp)
@@ -461,7 +482,16 @@ class HostMemoryMonitor:
                 continue
             self._note_standing(key, outcome)
             error = printable(outcome.error or "no sample")
-            if error != STOPPED_ERROR:
+            if outcome.error_type == ERROR_NO_METRICS_PORT:
+                warn_once(
+                    "host_memory.no_metrics_port",
+                    f"Ray node {node.node_id} ({printable(node.host)}) serves no metrics, so "
+                    "raylens shows no memory for it (nor for any other such node): its Ray was "
+                    "installed without its default extra. Run pip install 'ray[default]' "
+                    "on every node and restart Ray there.",
+                    logger=logger,
+                )
+            elif error != STOPPED_ERROR:
                 self._warned.add(node.key)
                 warn_once(
                     _warning_key(node.key),
@@ -476,10 +506,23 @@ class HostMemoryMonitor:
                 else (node, None, None, None, error)
             )
         self._latest = latest
-        self.snapshot.publish(samples, expiry, sampled)
+        self.snapshot.publish(samples, expiry, sampled, health)
+
+    def _health(self, outcome: Outcome, started: float) -> ScrapeHealth:
+        """The scrape-health entry for one node's ``outcome`` in a cycle begun at ``started``."""
+        observed_at = started + outcome.elapsed
+        if outcome.values:
+            up, error_type = 1, None
+        else:
+            up = 0
+            error_type = outcome.error_type or (ERROR_TIMEOUT if outcome.wedged else ERROR_INTERNAL)
+        duration = outcome.duration
+        if duration is None and outcome.asked and outcome.error_type != ERROR_NO_METRICS_PORT:
+            duration = outcome.elapsed  # a replaced engine that does not time its requests
+        return ScrapeHealth(up, error_type, duration, observed_at, observed_at + self.max_age)
 
     def _note_standing(self, key: NodeKey, outcome: Outcome) -> None:
-        if outcome.error == STOPPED_ERROR:
+        if outcome.error == STOPPED_ERROR or outcome.error_type == ERROR_NO_METRICS_PORT:
             return
         if outcome.values:
             standing = _Standing.ANSWERED

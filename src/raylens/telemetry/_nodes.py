@@ -30,7 +30,8 @@ class RayNode:
     """One live Ray node: who it is, and where its raylet serves metrics.
 
     ``node_id`` is Ray's hex node id, the only field that tells apart two nodes
-    on one host; ``ip`` is the node manager's address.
+    on one host; ``ip`` is the node manager's address. ``metrics_url`` is empty
+    for a node that serves no metrics (see :attr:`serves_metrics`).
     """
 
     node_id: str
@@ -43,13 +44,21 @@ class RayNode:
         """``(node_id, host)``: how this node's sample is filed."""
         return (self.node_id, self.host)
 
+    @property
+    def serves_metrics(self) -> bool:
+        """False when the node's record has no metrics port (Ray without its ``default`` extra)."""
+        return bool(self.metrics_url)
+
 
 def _valid_port(port: object) -> bool:
     return isinstance(port, int) and not isinstance(port, bool) and 0 < port < 65536
 
 
-def _node_from_record(entry: Any, seen: set[str]) -> RayNode | None:
-    """The node ``entry`` describes, or None when it is dead, unscrapeable or a duplicate.
+def _node_from_record(entry: Any, seen: set[str], unscrapeable: bool) -> RayNode | None:
+    """The node ``entry`` describes, or None when it is dead or a duplicate.
+
+    A live node without a metrics port is None too, unless ``unscrapeable``: then
+    it is returned with an empty ``metrics_url``.
 
     Raises:
         TypeError: the record is malformed (not a mapping, or a field of the wrong type).
@@ -61,7 +70,7 @@ def _node_from_record(entry: Any, seen: set[str]) -> RayNode | None:
     port = entry.get("MetricsExportPort")
     node_id = entry.get("NodeID")
     address = entry.get("NodeManagerAddress")
-    if not _valid_port(port) or not node_id or not address:
+    if not node_id or not address or not (unscrapeable or _valid_port(port)):
         return None
     if not isinstance(node_id, str):
         raise TypeError(f"node id is a {type(node_id).__name__}, not a str")
@@ -75,16 +84,19 @@ def _node_from_record(entry: Any, seen: set[str]) -> RayNode | None:
     return RayNode(
         node_id=encodable(node_id),
         host=encodable(hostname if isinstance(hostname, str) and hostname else address),
-        metrics_url=f"http://{url_host}:{port}/metrics",
+        metrics_url=f"http://{url_host}:{port}/metrics" if _valid_port(port) else "",
         ip=encodable(address),
     )
 
 
-def ray_nodes(cluster: ClusterView | None = None) -> list[RayNode]:
+def ray_nodes(
+    cluster: ClusterView | None = None, *, include_unscrapeable: bool = False
+) -> list[RayNode]:
     """Live nodes of ``cluster`` (default: the connected Ray) that serve metrics.
 
     Dead nodes are left out, and so are nodes without a metrics port (``-1`` or
-    missing: Ray installed without its ``default`` extra serves none). An empty
+    missing: Ray installed without its ``default`` extra serves none) unless
+    ``include_unscrapeable``, which lists them with an empty ``metrics_url``. An empty
     list when Ray is not initialised, so a monitor started before ``ray.init``
     simply finds nothing to do yet. A malformed record is skipped with one warning.
     """
@@ -95,7 +107,7 @@ def ray_nodes(cluster: ClusterView | None = None) -> list[RayNode]:
     seen: set[str] = set()
     for entry in view.nodes():
         try:
-            node = _node_from_record(entry, seen)
+            node = _node_from_record(entry, seen, include_unscrapeable)
         except TypeError as exc:
             warn_once(
                 f"host_memory.node_record.{_record_identity(entry)}",

@@ -34,7 +34,19 @@ import aiohttp
 import aiohttp.abc
 
 from raylens.lens.safe_text import printable
-from raylens.telemetry._names import RAY_NODE_MEM_TOTAL, RAY_NODE_MEM_USED, TOTAL_KEY, USED_KEY
+from raylens.telemetry._names import (
+    ERROR_CONNECTION,
+    ERROR_ENCODING,
+    ERROR_HTTP_STATUS,
+    ERROR_INTERNAL,
+    ERROR_PARSE,
+    ERROR_TIMEOUT,
+    ERROR_TOO_LARGE,
+    RAY_NODE_MEM_TOTAL,
+    RAY_NODE_MEM_USED,
+    TOTAL_KEY,
+    USED_KEY,
+)
 from raylens.telemetry._nodes import parse_memory_samples
 
 __all__ = [
@@ -67,6 +79,9 @@ class Outcome(NamedTuple):
     or was still waiting for a slot when the deadline came; ``asked`` is False
     when no request was sent. ``elapsed`` is seconds from the batch's start to
     this answer, so a sample's age counts from when the node answered.
+    ``error_type`` is the failure's class, one of ``SCRAPE_ERROR_TYPES`` (None on
+    a success), and ``duration`` the seconds the request itself took (None when
+    none was sent).
     """
 
     values: dict[str, float] | None
@@ -74,6 +89,8 @@ class Outcome(NamedTuple):
     wedged: bool = False
     asked: bool = True
     elapsed: float = 0.0
+    error_type: str | None = None
+    duration: float | None = None
 
 
 class ScrapeLimits(NamedTuple):
@@ -130,19 +147,23 @@ async def _fetch(
             got_headers = True
             if response.status != 200:
                 reason = printable(response.reason or "")
-                return Outcome(None, f"HTTP {response.status} {reason}".strip())
+                return Outcome(
+                    None, f"HTTP {response.status} {reason}".strip(), error_type=ERROR_HTTP_STATUS
+                )
             encoding = response.headers.get("Content-Encoding", "").strip().lower()
             if encoding not in ("", "identity"):
                 return Outcome(
                     None,
                     f"refused a body with Content-Encoding {printable(encoding)!r}: raylens "
                     "asks for identity and never decodes a compressed body",
+                    error_type=ERROR_ENCODING,
                 )
             announced = response.content_length
             if announced is not None and announced > limits.max_body_bytes:
                 return Outcome(
                     None,
                     f"payload of {announced} bytes exceeds the {limits.max_body_bytes}-byte cap",
+                    error_type=ERROR_TOO_LARGE,
                 )
             chunks: list[bytes] = []
             while True:
@@ -151,7 +172,11 @@ async def _fetch(
                     break
                 received += len(chunk)
                 if received > limits.max_body_bytes:
-                    return Outcome(None, f"payload exceeds the {limits.max_body_bytes}-byte cap")
+                    return Outcome(
+                        None,
+                        f"payload exceeds the {limits.max_body_bytes}-byte cap",
+                        error_type=ERROR_TOO_LARGE,
+                    )
                 chunks.append(chunk)
     except asyncio.TimeoutError:
         if got_headers:
@@ -159,10 +184,16 @@ async def _fetch(
                 None,
                 f"payload not complete by the deadline ({received} bytes received)",
                 wedged=True,
+                error_type=ERROR_TIMEOUT,
             )
-        return Outcome(None, "timed out waiting for the raylet to answer", wedged=True)
+        return Outcome(
+            None,
+            "timed out waiting for the raylet to answer",
+            wedged=True,
+            error_type=ERROR_TIMEOUT,
+        )
     except (aiohttp.ClientError, OSError, ValueError) as exc:
-        return Outcome(None, _describe(exc))
+        return Outcome(None, _describe(exc), error_type=ERROR_CONNECTION)
     body = b"".join(chunks)
     values = parse_memory_samples(body)
     if USED_KEY not in values and TOTAL_KEY not in values:  # the machine pair alone is no sample
@@ -170,6 +201,7 @@ async def _fetch(
             None,
             f"no valid {RAY_NODE_MEM_USED} or {RAY_NODE_MEM_TOTAL} sample "
             f"in the {len(body)}-byte payload",
+            error_type=ERROR_PARSE,
         )
     return Outcome(values, None)
 
@@ -378,7 +410,9 @@ class AsyncScrapeEngine:
         tasks = []
         for key, url, wedged in jobs:
             if key in self._in_flight:
-                results[key] = Outcome(None, NOT_ASKED_IN_FLIGHT, wedged=True, asked=False)
+                results[key] = Outcome(
+                    None, NOT_ASKED_IN_FLIGHT, wedged=True, asked=False, error_type=ERROR_TIMEOUT
+                )
                 continue
             self._in_flight.add(key)
             lane = slots[1] if wedged else slots[0]
@@ -406,21 +440,30 @@ class AsyncScrapeEngine:
                     wedged=True,
                     asked=False,
                     elapsed=loop.time() - started,
+                    error_type=ERROR_TIMEOUT,
                 )
                 return
+            asked_at = loop.time()
             try:
-                left = deadline - loop.time()
+                left = deadline - asked_at
                 if left <= 0:
                     outcome = Outcome(
-                        None, "not asked: the deadline passed first", wedged=True, asked=False
+                        None,
+                        "not asked: the deadline passed first",
+                        wedged=True,
+                        asked=False,
+                        error_type=ERROR_TIMEOUT,
                     )
                 else:
                     outcome = await _fetch(session, url, self.limits, left)
+                    outcome = outcome._replace(duration=loop.time() - asked_at)
             finally:
                 semaphore.release()
             results[key] = outcome._replace(elapsed=loop.time() - started)
         except Exception as exc:  # reported as this node's failure, never the batch's
-            results[key] = Outcome(None, _describe(exc), elapsed=loop.time() - started)
+            results[key] = Outcome(
+                None, _describe(exc), elapsed=loop.time() - started, error_type=ERROR_INTERNAL
+            )
         finally:
             self._in_flight.discard(key)
 

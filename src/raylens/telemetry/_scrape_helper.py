@@ -27,7 +27,7 @@ from multiprocessing.connection import Connection
 from typing import Any
 
 from raylens.lens import warn_once
-from raylens.telemetry._names import LOGGER_NAME
+from raylens.telemetry._names import ERROR_INTERNAL, LOGGER_NAME
 from raylens.telemetry._scrape_engine import (
     BATCH_SLACK_S,
     AsyncScrapeEngine,
@@ -248,7 +248,9 @@ class HelperEngine:
                     self._failed_starts += 1
                 self._reap()
                 self._lost = True
-                return {job[0]: Outcome(None, HELPER_GONE) for job in jobs}
+                return {
+                    job[0]: Outcome(None, HELPER_GONE, error_type=ERROR_INTERNAL) for job in jobs
+                }
 
     def _wait_ready(self, conn: Connection, deadline: float) -> bool:
         while not self._abort.is_set():

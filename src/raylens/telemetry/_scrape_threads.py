@@ -17,6 +17,7 @@ from collections.abc import Callable, Hashable, Sequence
 from typing import Any
 
 from raylens.lens.safe_text import printable
+from raylens.telemetry._names import ERROR_INTERNAL, ERROR_PARSE, ERROR_TIMEOUT
 from raylens.telemetry._scrape_engine import BATCH_SLACK_S, NOT_ASKED_IN_FLIGHT, Outcome
 
 __all__ = ["ThreadedScrapes"]
@@ -48,7 +49,13 @@ class ThreadedScrapes:
         for node in nodes:
             with self._lock:
                 if node.key in self._in_flight:
-                    skipped = Outcome(None, NOT_ASKED_IN_FLIGHT, wedged=True, asked=False)
+                    skipped = Outcome(
+                        None,
+                        NOT_ASKED_IN_FLIGHT,
+                        wedged=True,
+                        asked=False,
+                        error_type=ERROR_TIMEOUT,
+                    )
                     with done:
                         results[node.key] = skipped
                     continue
@@ -114,18 +121,26 @@ def _call(
     finished: Callable[[Hashable], None],
 ) -> Task:
     def task() -> None:
+        asked_at = time.monotonic()
         try:
             values = scrape(node)
             outcome = (
                 Outcome(dict(values), None)
                 if values
-                else Outcome(None, "no sample: the node's _scrape returned nothing")
+                else Outcome(
+                    None, "no sample: the node's _scrape returned nothing", error_type=ERROR_PARSE
+                )
             )
         except Exception as exc:  # the node's failure, never the thread's
-            outcome = Outcome(None, printable(f"{type(exc).__name__}: {exc}"))
+            outcome = Outcome(
+                None, printable(f"{type(exc).__name__}: {exc}"), error_type=ERROR_INTERNAL
+            )
         finished(node.key)
+        now = time.monotonic()
         with done:
-            results.setdefault(node.key, outcome._replace(elapsed=time.monotonic() - started))
+            results.setdefault(
+                node.key, outcome._replace(elapsed=now - started, duration=now - asked_at)
+            )
             done.notify_all()
 
     return task

@@ -1,0 +1,230 @@
+"""Per-node scrape health, the machine-level memory pair, and nodes that serve no metrics."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+
+from raylens.telemetry import host_memory as hm
+from raylens_fakes import FakeCluster, MetricsProbe, SimulatedCluster
+
+UP = "rl.host.scrape.up"
+DURATION = "rl.host.scrape.duration"
+LOGGER = "raylens.telemetry.host_memory"
+
+Factory = Callable[..., SimulatedCluster]
+
+
+def _export(probe: MetricsProbe, name: str) -> dict[str, tuple[dict[str, Any], float]]:
+    """A fresh collection of ``name`` as ``{node id: (attributes, value)}``."""
+    probe.collect()
+    found = {}
+    for attributes, value in probe.points(name).items():
+        attrs = dict(attributes)
+        assert attrs["ray.node.id"] not in found, "two points for one node"
+        found[attrs["ray.node.id"]] = (attrs, value)
+    return found
+
+
+# The machine-level pair ----------------------------------------------------------------
+
+
+def test_the_machine_pair_is_exported_beside_rays_figure(
+    simulated_cluster: Factory, metrics_probe: MetricsProbe, make_monitor: Callable
+) -> None:
+    sim = simulated_cluster(1, schedule=lambda i, t: (1e9, 8e9))
+    hm.register_worker_group_nodes("policy", [sim.node_id(0)])
+    make_monitor(sim.cluster).collect_once()
+
+    used = _export(metrics_probe, "rl.host.machine.memory.used")
+    total = _export(metrics_probe, "rl.host.machine.memory.total")
+
+    # The simulated raylet serves the recorded payload: its machine pair is the capture's.
+    attrs = {"host.name": "sim-node-0", "rl.worker_groups": "policy", "ray.node.id": sim.node_id(0)}
+    assert used == {sim.node_id(0): (attrs, 1.63254272e09)}
+    assert total == {sim.node_id(0): (attrs, 2.5276063744e10)}
+    assert _export(metrics_probe, "rl.host.memory.used")[sim.node_id(0)][1] == 1e9
+    assert metrics_probe.metric("rl.host.machine.memory.used").unit == "By"
+
+
+# Scrape health -------------------------------------------------------------------------
+
+FAILURES = {
+    "hang": (lambda r: r.hang(), "timeout"),
+    "status": (lambda r: r.respond_status(503), "http_status"),
+    "reset": (lambda r: r.reset_connections(), "connection"),
+    "refused": (lambda r: r.close(), "connection"),
+    "garbage": (lambda r: r.serve_garbage(), "parse"),
+    "huge": (lambda r: r.serve_huge(5_000_000), "too_large"),
+    "huge-announced": (lambda r: r.serve_huge(5_000_000, announce_length=True), "too_large"),
+}
+
+
+@pytest.mark.parametrize("failure", sorted(FAILURES))
+def test_a_failing_node_is_down_with_its_reason_and_the_others_are_up(
+    failure: str,
+    simulated_cluster: Factory,
+    metrics_probe: MetricsProbe,
+    make_monitor: Callable,
+) -> None:
+    misbehave, error_type = FAILURES[failure]
+    sim = simulated_cluster(2)
+    misbehave(sim.raylet(1))
+    hm.register_worker_group_nodes("rollout", [sim.node_id(1)])
+    monitor = make_monitor(sim.cluster, scrape_timeout=0.3, max_body_bytes=1_000_000)
+    monitor.collect_once()
+
+    up = _export(metrics_probe, UP)
+    assert up == {
+        sim.node_id(0): (
+            {"host.name": "sim-node-0", "rl.worker_groups": "none", "ray.node.id": sim.node_id(0)},
+            1,
+        ),
+        sim.node_id(1): (
+            {
+                "host.name": "sim-node-1",
+                "rl.worker_groups": "rollout",
+                "ray.node.id": sim.node_id(1),
+                "error.type": error_type,
+            },
+            0,
+        ),
+    }
+    assert error_type in hm.SCRAPE_ERROR_TYPES
+    assert set(_export(metrics_probe, "rl.host.memory.used")) == {sim.node_id(0)}
+
+
+def test_scrape_duration_is_per_node_in_seconds(
+    simulated_cluster: Factory, metrics_probe: MetricsProbe, make_monitor: Callable
+) -> None:
+    sim = simulated_cluster(2)
+    sim.raylet(1).hang()
+    make_monitor(sim.cluster, scrape_timeout=0.3).collect_once()
+
+    duration = _export(metrics_probe, DURATION)
+    assert set(duration) == set(sim.node_ids)
+    assert 0 <= duration[sim.node_id(0)][1] < 0.3
+    assert duration[sim.node_id(1)][1] >= 0.25  # held its request to the deadline
+    assert "error.type" not in duration[sim.node_id(1)][0]
+    assert metrics_probe.metric(DURATION).unit == "s"
+
+
+def test_a_node_that_recovers_is_up_again_without_a_reason(
+    simulated_cluster: Factory, metrics_probe: MetricsProbe, make_monitor: Callable
+) -> None:
+    sim = simulated_cluster(1)
+    sim.raylet(0).respond_status(500)
+    monitor = make_monitor(sim.cluster)
+    monitor.collect_once()
+    assert _export(metrics_probe, UP)[sim.node_id(0)][1] == 0
+
+    sim.raylet(0).serve_normally()
+    monitor.collect_once()
+    attrs, value = _export(metrics_probe, UP)[sim.node_id(0)]
+    assert value == 1 and "error.type" not in attrs
+
+
+@pytest.mark.parametrize("leave", ["kill", "remove"])
+def test_a_node_that_left_has_no_health_point_while_a_down_one_does(
+    leave: str, simulated_cluster: Factory, metrics_probe: MetricsProbe, make_monitor: Callable
+) -> None:
+    sim = simulated_cluster(3)
+    monitor = make_monitor(sim.cluster)
+    monitor.collect_once()
+    assert len(_export(metrics_probe, UP)) == 3
+
+    sim.raylet(1).respond_status(502)
+    (sim.kill_node if leave == "kill" else sim.remove_node)(2)
+    monitor.collect_once()
+
+    up = {node: value for node, (_, value) in _export(metrics_probe, UP).items()}
+    assert up == {sim.node_id(0): 1, sim.node_id(1): 0}
+    assert set(_export(metrics_probe, DURATION)) == {sim.node_id(0), sim.node_id(1)}
+
+
+def test_health_expires_with_the_samples_when_collection_stops(
+    simulated_cluster: Factory, metrics_probe: MetricsProbe, make_monitor: Callable
+) -> None:
+    now = [0.0]
+    sim = simulated_cluster(1)
+    monitor = make_monitor(sim.cluster, clock=lambda: now[0], max_age=10.0)
+    monitor.collect_once()
+    assert set(_export(metrics_probe, UP)) == {sim.node_id(0)}
+
+    now[0] = 10.5
+    assert _export(metrics_probe, UP) == {}
+    assert _export(metrics_probe, DURATION) == {}
+
+
+# Nodes that serve no metrics -------------------------------------------------------------
+
+
+def test_a_node_without_a_metrics_port_is_listed_down_and_warned_about_once(
+    simulated_cluster: Factory,
+    metrics_probe: MetricsProbe,
+    make_monitor: Callable,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    sim = simulated_cluster(1)
+    plain = sim.cluster.add_node(address="10.0.0.9", port=-1, hostname="plain-ray")
+    missing = sim.cluster.add_node(address="10.0.0.8", port=9000, hostname="no-port")
+    sim.cluster.update_node(missing, MetricsExportPort=None)
+    monitor = make_monitor(sim.cluster)
+
+    with caplog.at_level(logging.DEBUG, logger=LOGGER):
+        monitor.collect_once()
+        monitor.collect_once()
+        make_monitor(sim.cluster).collect_once()
+
+    rows = {row.node_id: row for row in monitor.latest()}
+    assert set(rows) == {sim.node_id(0), plain, missing}
+    for node in (plain, missing):
+        assert rows[node].error is not None
+        assert "serves no metrics" in rows[node].error
+        assert "ray[default]" in rows[node].error
+        assert (rows[node].used, rows[node].total, rows[node].metrics_url) == (None, None, "")
+    assert rows[plain].host == "plain-ray" and rows[plain].ip == "10.0.0.9"
+
+    up = _export(metrics_probe, UP)
+    assert up[plain] == (
+        {
+            "host.name": "plain-ray",
+            "rl.worker_groups": "none",
+            "ray.node.id": plain,
+            "error.type": "no_metrics_port",
+        },
+        0,
+    )
+    assert up[missing][0]["error.type"] == "no_metrics_port"
+    assert up[sim.node_id(0)][1] == 1
+    assert set(_export(metrics_probe, "rl.host.memory.used")) == {sim.node_id(0)}
+    assert set(_export(metrics_probe, DURATION)) == {sim.node_id(0)}  # nothing was asked
+
+    warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    advice = [m for m in warnings if "pip install 'ray[default]'" in m]
+    assert len(advice) == 1, warnings
+    assert not any(plain in m or missing in m for m in warnings if m not in advice)
+
+
+def test_a_cluster_of_nodes_without_metrics_still_fills_the_table(
+    fake_cluster: FakeCluster, make_monitor: Callable
+) -> None:
+    node = fake_cluster.add_node(address="10.0.0.1", port=-1, hostname="only")
+    monitor = make_monitor(fake_cluster)
+    monitor.collect_once()
+
+    (row,) = monitor.latest()
+    assert row.node_id == node and row.error is not None and "MetricsExportPort" in row.error
+
+
+def test_ray_nodes_still_lists_only_scrapeable_nodes(fake_cluster: FakeCluster) -> None:
+    fake_cluster.add_node(address="10.0.0.1", port=-1)
+    kept = fake_cluster.add_node(address="10.0.0.2", port=8080)
+
+    assert [n.node_id for n in hm.ray_nodes(fake_cluster)] == [kept]
+    listed = hm.ray_nodes(fake_cluster, include_unscrapeable=True)
+    assert {n.node_id: n.metrics_url for n in listed}[kept] == "http://10.0.0.2:8080/metrics"
+    assert sorted(n.metrics_url for n in listed) == ["", "http://10.0.0.2:8080/metrics"]
