@@ -65,10 +65,8 @@ SCRAPE_TIMEOUT_S = 5.0
 #: How long past its scrape timeout :meth:`HostMemoryMonitor.stop` may take.
 SHUTDOWN_GRACE_S = 1.0
 STOPPED_ERROR = "not answered before monitoring stopped"
-NO_METRICS_ERROR = (
-    "serves no metrics: its node record has no MetricsExportPort (missing or -1), "
-    "as with Ray installed without its default extra; pip install 'ray[default]' there"
-)
+#: Why a node without a metrics port has no sample; short enough for a table cell.
+NO_METRICS_ERROR = "serves no metrics (MetricsExportPort missing or -1): needs 'ray[default]'"
 #: Environment variable that picks the scrape mode when none is passed.
 SCRAPE_MODE_ENV = "RAYLENS_SCRAPE_MODE"
 _OVERRIDE_THREADS = 32
