@@ -88,6 +88,8 @@ class NodeRow:
     age_s: float | None
     error: str | None = None
     history: list[float] = field(default_factory=list)
+    #: RSS of each worker group's processes on the node (see raylens.telemetry.group_memory).
+    group_rss: dict[str, float] = field(default_factory=dict)
 
     @property
     def used_percent(self) -> float | None:
@@ -105,6 +107,7 @@ class NodeRow:
             "worker_groups": self.worker_groups,
             "age_seconds": None if self.age_s is None else round(self.age_s, 3),
             "error": self.error,
+            "worker_group_rss_bytes": dict(self.group_rss),
         }
 
 
@@ -182,6 +185,7 @@ _NODE_COLUMNS: tuple[tuple[str, dict[str, Any]], ...] = (
     ("total", {"justify": "right", "no_wrap": True}),
     ("used %", {"justify": "right"}),
     ("worker groups", {}),
+    ("group rss", {}),
     ("age", {"justify": "right", "no_wrap": True}),
     ("trend", {"no_wrap": True}),
 )
@@ -203,6 +207,13 @@ def _node_cells(row: NodeRow, short: bool) -> dict[str, Any]:
         "total": format_bytes(row.total),
         "used %": percent_cell,
         "worker groups": _shrinkable(row.worker_groups),
+        "group rss": _shrinkable(
+            ", ".join(
+                f"{name} {format_bytes(row.group_rss[name])}"
+                for name in sorted(row.group_rss, key=natural_key)
+            )
+            or "-"
+        ),
         "age": format_age(row.age_s),
         "trend": sparkline(row.history, min_span=_trend_span(row.total)),
     }
@@ -286,19 +297,21 @@ def node_table(rows: Iterable[NodeRow], *, title: str = "Ray host memory") -> Re
     A summary line (nodes, failing, memory used of total) sits under it. Where the
     terminal is too narrow for every column, the trend and then the host are left
     out and a long error is cut short, so that the node id, the figures and the
-    worker groups stay whole.
+    worker groups stay whole. The ``group rss`` column, each worker group's RSS on
+    the node, is shown when some row has one, and is the last column left out.
     """
     ordered = sorted(rows, key=lambda r: (natural_key(r.host), natural_key(r.node_id)))
     caption = str(node_summary(ordered))
+    absent = frozenset() if any(row.group_rss for row in ordered) else frozenset({"group rss"})
 
     def build(left_out: frozenset[str], short: bool) -> Table:
         cells = [_node_cells(row, short) for row in ordered]
-        table = _table(title, _NODE_COLUMNS, cells, left_out)
+        table = _table(title, _NODE_COLUMNS, cells, left_out | absent)
         table.caption = Text(caption)
         table.caption_justify = "left"
         return table
 
-    return _FitToWidth(build, ("trend", "host"))
+    return _FitToWidth(build, ("trend", "host", "group rss"))
 
 
 @dataclass

@@ -463,3 +463,30 @@ def test_the_driver_attaches_group_memory_to_its_monitor(
     finally:
         shutdown_telemetry()
     assert ray.live_samplers() == set()
+
+
+# ---- the CLI's node table ----------------------------------------------------------------
+
+
+def test_the_node_table_shows_each_group_rss_on_its_node(
+    ray: FakeRay, cycle: GroupMemoryCycle
+) -> None:
+    from raylens.cli.cluster_views import NodeTable
+    from raylens.telemetry._snapshot import NodeSample
+
+    _group(ray, "policy", 30 * MB)
+    _group(ray, "rollout", 5 * MB)
+    _cycle_once(cycle)
+    samples = [
+        NodeSample(node, f"host-{i}", "10.0.0.1", 1.0, 2.0, "policy,rollout", 0.0, None, "")
+        for i, node in enumerate((*NODES, "c" * 56))
+    ]
+    table = NodeTable(SimpleNamespace(latest=lambda: samples), clock=lambda: 1.0)
+
+    rows = {row.node_id: row.group_rss for row in table.rows()}
+
+    assert rows == {
+        NODES[0]: {"policy": 30 * MB, "rollout": 5 * MB},
+        NODES[1]: {"policy": 30 * MB, "rollout": 5 * MB},
+        "c" * 56: {},
+    }

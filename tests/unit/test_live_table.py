@@ -78,6 +78,33 @@ def test_node_row_json() -> None:
         "worker_groups": "none",
         "age_seconds": 0.123,
         "error": None,
+        "worker_group_rss_bytes": {},
+    }
+
+
+def test_group_rss_column_shows_each_group_on_its_node_only_when_there_is_one() -> None:
+    mib = 1024**2
+    plain = [NodeRow("a" * 16, "host-a", 1.0, 4.0, "policy,rollout", 1.0)]
+    assert "group rss" not in _render(node_table(plain))
+
+    rows = [
+        NodeRow(
+            "a" * 16,
+            "host-a",
+            1.0,
+            4.0,
+            "policy,rollout",
+            1.0,
+            group_rss={"rollout": 64 * mib, "policy": 364 * mib},
+        ),
+        NodeRow("b" * 16, "host-b", 1.0, 4.0, "none", 1.0),
+    ]
+    text = _render(node_table(rows))
+    assert "group rss" in text
+    assert "policy 364.0 MiB, rollout 64.0 MiB" in text
+    assert rows[0].to_json()["worker_group_rss_bytes"] == {
+        "rollout": 64 * mib,
+        "policy": 364 * mib,
     }
 
 

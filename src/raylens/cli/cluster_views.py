@@ -30,9 +30,15 @@ class NodeTable:
         self.history: dict[str, list[float]] = {}
 
     def rows(self) -> list[NodeRow]:
+        from raylens.telemetry.group_memory import DEFAULT_SNAPSHOT
+
         now = self.clock()
         rows = []
         seen = set()
+        groups = {
+            node: {g.group: float(g.rss_bytes) for g in reading.groups}
+            for node, (reading, _age) in DEFAULT_SNAPSHOT.latest().items()
+        }
         for sample in self.monitor.latest():
             seen.add(sample.node_id)
             history = self.history.setdefault(sample.node_id, [])
@@ -49,6 +55,7 @@ class NodeTable:
                     age_s=None if sample.sampled_at is None else max(0.0, now - sample.sampled_at),
                     error=sample.error,
                     history=list(history),
+                    group_rss=groups.get(sample.node_id, {}),
                 )
             )
         for gone in set(self.history) - seen:
@@ -65,7 +72,12 @@ def watch_nodes(
     stop: threading.Event,
 ) -> None:
     """Sample and show the node table every ``args.interval`` until --once, --duration or stop."""
+    from raylens.distributed._group_memory_wiring import attach_group_memory
+
     monitor.declare_consumer()  # the table reads every cycle, so every cycle scrapes
+    # Worker groups of this process (the demo's) get a per-group column; samplers start
+    # only once a group registers its workers, so elsewhere this costs nothing.
+    attach_group_memory(monitor)
     table = NodeTable(monitor)
     interval, duration = args.interval, args.duration
     once = getattr(args, "once", False)
