@@ -13,6 +13,12 @@ Code that takes no ``cluster=`` argument (a driver's start-up, the worker groups
 asks :func:`default_cluster_view`. Inside ``with use_cluster_view(view):`` that is
 ``view``, for every thread of the process (a monitor's background thread included),
 so a test can point all of raylens at a fake cluster without patching anything.
+
+Beyond those three calls, a view may offer a small key-value store shared by every
+process connected to the cluster, and say which jobs are alive: the methods listed
+in :data:`KEY_VALUE_METHODS`. They are optional (:func:`supports_key_value` tells
+whether a view has them); raylens uses them to make worker-group placement visible
+to other processes, and does without when a view lacks them.
 """
 
 from __future__ import annotations
@@ -23,7 +29,30 @@ import threading
 from collections.abc import Iterator
 from typing import Any, Protocol, runtime_checkable
 
-__all__ = ["ClusterView", "RayClusterView", "default_cluster_view", "use_cluster_view"]
+__all__ = [
+    "KEY_VALUE_METHODS",
+    "KV_NAMESPACE",
+    "ClusterView",
+    "RayClusterView",
+    "default_cluster_view",
+    "supports_key_value",
+    "use_cluster_view",
+]
+
+#: Namespace of every key raylens writes to Ray's internal key-value store.
+KV_NAMESPACE = "raylens"
+
+#: The optional methods of a view with a shared key-value store:
+#: ``kv_put(key: str, value: bytes)``, ``kv_get(key) -> bytes | None``,
+#: ``kv_delete(key)``, ``kv_keys(prefix) -> list[str]``, ``job_id() -> str | None``
+#: (this process's job, hex) and ``live_job_ids() -> set[str]`` (jobs whose driver is
+#: alive). Keys are plain strings, all in raylens' own namespace.
+KEY_VALUE_METHODS = ("kv_put", "kv_get", "kv_delete", "kv_keys", "job_id", "live_job_ids")
+
+
+def supports_key_value(view: object) -> bool:
+    """True when ``view`` has every method of :data:`KEY_VALUE_METHODS`."""
+    return all(callable(getattr(view, name, None)) for name in KEY_VALUE_METHODS)
 
 
 @runtime_checkable
@@ -78,6 +107,46 @@ class RayClusterView:
         from ray.util import placement_group_table
 
         return dict(placement_group_table(placement_group))
+
+    # The shared key-value store: Ray's internal KV, namespace KV_NAMESPACE.
+
+    def kv_put(self, key: str, value: bytes) -> None:
+        from ray.experimental import internal_kv
+
+        internal_kv._internal_kv_put(key.encode(), value, True, namespace=KV_NAMESPACE)
+
+    def kv_get(self, key: str) -> bytes | None:
+        from ray.experimental import internal_kv
+
+        return internal_kv._internal_kv_get(key.encode(), namespace=KV_NAMESPACE)
+
+    def kv_delete(self, key: str) -> None:
+        from ray.experimental import internal_kv
+
+        internal_kv._internal_kv_del(key.encode(), namespace=KV_NAMESPACE)
+
+    def kv_keys(self, prefix: str) -> list[str]:
+        from ray.experimental import internal_kv
+
+        keys = internal_kv._internal_kv_list(prefix.encode(), namespace=KV_NAMESPACE)
+        return [key.decode("utf-8", "replace") for key in keys]
+
+    def job_id(self) -> str | None:
+        """This process's job id (hex), or None when it has none."""
+        import ray
+
+        job = ray.get_runtime_context().get_job_id()
+        return str(job) if job else None
+
+    def live_job_ids(self) -> set[str]:
+        """Ids of the jobs the GCS lists whose driver has not exited."""
+        from ray._private import state
+
+        return {
+            str(job["JobID"])
+            for job in state.jobs()
+            if isinstance(job, dict) and job.get("JobID") and job.get("IsDead") is False
+        }
 
     def __repr__(self) -> str:
         return "RayClusterView()"

@@ -126,3 +126,80 @@ def test_fake_placement_group_failure_and_bad_state(fake_cluster: FakeCluster) -
 
     with pytest.raises(ValueError, match=r"'DONE'.*CREATED"):
         fake_cluster.create_placement_group({}, state="DONE")
+
+
+# The key-value store and job liveness -------------------------------------------------
+
+
+def test_fake_cluster_key_value_store_and_jobs(fake_cluster: FakeCluster) -> None:
+    from raylens.cluster import supports_key_value
+
+    assert supports_key_value(fake_cluster)
+    assert fake_cluster.job_id() == "01000000"
+    assert fake_cluster.live_job_ids() == {"01000000"}
+
+    fake_cluster.kv_put("placement/01000000", b"{}")
+    fake_cluster.kv_put("other/1", b"x")
+    assert fake_cluster.kv_get("placement/01000000") == b"{}"
+    assert fake_cluster.kv_get("missing") is None
+    assert fake_cluster.kv_keys("placement/") == ["placement/01000000"]
+    fake_cluster.kv_delete("placement/01000000")
+    fake_cluster.kv_delete("never-there")
+    assert fake_cluster.kv_keys("placement/") == []
+
+    second = fake_cluster.for_job("02000000")
+    assert second.job_id() == "02000000"
+    assert fake_cluster.live_job_ids() == {"01000000", "02000000"}
+    second.kv_put("placement/02000000", b"[]")
+    assert fake_cluster.kv_get("placement/02000000") == b"[]"  # one store for every job
+    assert second.nodes() == fake_cluster.nodes()
+    fake_cluster.end_job("02000000")
+    assert fake_cluster.live_job_ids() == {"01000000"}
+    assert fake_cluster.dead_job_ids() == {"02000000"}
+
+
+def test_a_view_without_the_store_is_not_key_value_capable() -> None:
+    from raylens.cluster import supports_key_value
+
+    class Minimal:
+        def is_initialized(self) -> bool:
+            return True
+
+        def nodes(self) -> list:
+            return []
+
+        def placement_group_table(self, pg: object) -> dict:
+            return {}
+
+    assert isinstance(Minimal(), ClusterView)
+    assert not supports_key_value(Minimal())
+    assert supports_key_value(RayClusterView())
+
+
+def test_ray_view_stores_under_the_raylens_namespace(monkeypatch: pytest.MonkeyPatch) -> None:
+    _stub_ray(monkeypatch, initialized=True)
+    store: dict[tuple[bytes, str], bytes] = {}
+    kv = types.ModuleType("ray.experimental.internal_kv")
+
+    def put(key: bytes, value: bytes, overwrite: bool = True, *, namespace: str) -> bool:
+        store[(key, namespace)] = value
+        return True
+
+    kv._internal_kv_put = put  # type: ignore[attr-defined]
+    kv._internal_kv_get = lambda key, *, namespace: store.get((key, namespace))  # type: ignore[attr-defined]
+    kv._internal_kv_del = lambda key, *, namespace: store.pop((key, namespace), None) and 1  # type: ignore[attr-defined]
+    kv._internal_kv_list = lambda prefix, *, namespace: [  # type: ignore[attr-defined]
+        k for (k, ns) in store if ns == namespace and k.startswith(prefix)
+    ]
+    experimental = types.ModuleType("ray.experimental")
+    experimental.internal_kv = kv  # type: ignore[attr-defined]
+    monkeypatch.setitem(sys.modules, "ray.experimental", experimental)
+    monkeypatch.setitem(sys.modules, "ray.experimental.internal_kv", kv)
+    view = RayClusterView()
+
+    view.kv_put("placement/01000000", b'{"a": []}')
+    assert store == {(b"placement/01000000", "raylens"): b'{"a": []}'}
+    assert view.kv_get("placement/01000000") == b'{"a": []}'
+    assert view.kv_keys("placement/") == ["placement/01000000"]
+    view.kv_delete("placement/01000000")
+    assert store == {}

@@ -3,7 +3,9 @@
 Nodes and placement groups are plain records the test edits: add a node, kill it,
 remove it, create a placement group in any state with any bundle-to-node map,
 make the placement-group lookup fail. The shapes returned are Ray's, so code under
-test cannot tell it from :class:`raylens.cluster.RayClusterView`.
+test cannot tell it from :class:`raylens.cluster.RayClusterView`. It also has the
+optional shared key-value store and a job table; :meth:`FakeCluster.for_job` gives
+another process's view of the same cluster (same nodes and store, its own job id).
 """
 
 from __future__ import annotations
@@ -44,7 +46,11 @@ class FakeCluster:
 
     ``is_initialized`` starts True and can be set. Every method is thread-safe.
     ``placement_group_calls`` counts :meth:`placement_group_table` calls per group id.
+    This view's own job, ``01000000``, is alive from the start.
     """
+
+    #: This view's job id, like Ray's (hex, four bytes).
+    DEFAULT_JOB_ID = "01000000"
 
     def __init__(self, *, initialized: bool = True) -> None:
         self.initialized = initialized
@@ -56,6 +62,11 @@ class FakeCluster:
         self._ports = itertools.count(40000)
         self.placement_group_calls: dict[str, int] = {}
         self.nodes_calls = 0
+        self._kv: dict[str, bytes] = {}
+        self._jobs: dict[str, bool] = {self.DEFAULT_JOB_ID: True}
+        self._job_id = self.DEFAULT_JOB_ID
+        #: Set to an exception to make every key-value call raise it.
+        self.kv_error: BaseException | None = None
 
     # ClusterView -----------------------------------------------------------------
 
@@ -91,6 +102,59 @@ class FakeCluster:
                 "bundles": dict(record["bundles"]),
                 "bundles_to_node_id": dict(record["bundles_to_node_id"]),
             }
+
+    # The shared key-value store and the job table ----------------------------------
+
+    def kv_put(self, key: str, value: bytes) -> None:
+        with self._lock:
+            self._kv_check()
+            self._kv[key] = bytes(value)
+
+    def kv_get(self, key: str) -> bytes | None:
+        with self._lock:
+            self._kv_check()
+            return self._kv.get(key)
+
+    def kv_delete(self, key: str) -> None:
+        with self._lock:
+            self._kv_check()
+            self._kv.pop(key, None)
+
+    def kv_keys(self, prefix: str) -> list[str]:
+        with self._lock:
+            self._kv_check()
+            return sorted(key for key in self._kv if key.startswith(prefix))
+
+    def job_id(self) -> str | None:
+        return self._job_id
+
+    def live_job_ids(self) -> set[str]:
+        with self._lock:
+            self._kv_check()
+            return {job for job, alive in self._jobs.items() if alive}
+
+    def dead_job_ids(self) -> set[str]:
+        """Jobs the table lists as ended."""
+        with self._lock:
+            return {job for job, alive in self._jobs.items() if not alive}
+
+    def for_job(self, job_id: str) -> FakeCluster:
+        """Another process's view: the same nodes, groups and store, job ``job_id`` (now alive)."""
+        other = FakeCluster.__new__(FakeCluster)
+        other.__dict__.update(self.__dict__)  # shares every table and the lock
+        other._job_id = job_id
+        with self._lock:
+            self._jobs[job_id] = True
+        return other
+
+    def end_job(self, job_id: str) -> None:
+        """Mark ``job_id``'s driver as exited, as the GCS does when a driver dies."""
+        with self._lock:
+            self._jobs[job_id] = False
+
+    def _kv_check(self) -> None:
+        if self.kv_error is not None:
+            raise self.kv_error
 
     # Nodes -------------------------------------------------------------------------
 
