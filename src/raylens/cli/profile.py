@@ -12,6 +12,7 @@ import os
 import sys
 import threading
 import time
+from collections.abc import Callable
 from typing import Any
 
 from raylens.cli.output import Output
@@ -33,39 +34,112 @@ _HISTORY = 24
 _STDERR_FD = 2
 
 
-class ProcessTable:
-    """Turns a profiler's latest sample into table rows, with a short RSS trend."""
+def pss_max_age(interval: float, pss_interval: float | None) -> float:
+    """How old a PSS reading may be, in seconds, before it is shown as stale.
 
-    def __init__(self, profiler: Any, *, label: str, pid: int) -> None:
+    PSS is due every ``pss_interval`` (every sample when None) but is only read
+    on a sample, and a sample is shown up to one ``interval`` after it is taken:
+    a reading older than its interval plus one sample interval was not renewed
+    when it should have been.
+    """
+    return (interval if pss_interval is None else pss_interval) + interval
+
+
+def children_peak_rss(before_kib: int) -> int | None:
+    """The largest peak RSS, in bytes, of any one process this process has waited for.
+
+    ``getrusage(RUSAGE_CHILDREN).ru_maxrss`` (KiB on Linux) covers every child
+    reaped so far and the descendants each of them reaped. It is a peak of one
+    process, never a sum. ``before_kib`` is its value before the command
+    started: unless the command raised it, the figure may belong to an earlier
+    child, so None (unknown) is returned.
+    """
+    import resource
+
+    after = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
+    return after * 1024 if after > before_kib else None
+
+
+class ProcessTable:
+    """Turns a profiler's latest sample into table rows, with a short RSS trend.
+
+    Beside the profiler's sampled peaks, each row carries the kernel's own peak:
+    while the command runs, the largest ``VmHWM`` read from its live processes
+    (kept, so that it never falls when a process exits); once it has ended, the
+    ``getrusage`` figure given to :meth:`command_ended`. A PSS older than
+    ``pss_max_age_s`` at the time of showing (``clock``, the profiler's clock) is
+    shown as stale instead of as a current value.
+    """
+
+    def __init__(
+        self,
+        profiler: Any,
+        *,
+        label: str,
+        pid: int,
+        procfs: Any = None,
+        clock: Callable[[], float] = time.monotonic,
+        pss_max_age_s: float | None = None,
+    ) -> None:
         self.profiler = profiler
         self.label = label
         self.pid = pid
         self.history: list[float] = []
+        self.procfs = procfs
+        self.clock = clock
+        self.pss_max_age_s = pss_max_age_s
+        self.kernel_peak: int | None = None
+        self.kernel_peak_source: str | None = None
+        self.ended = False
+
+    def command_ended(self, *, children_peak_rss: int | None) -> None:
+        """The command was reaped: stop reading its pid, report ``getrusage``'s peak if known."""
+        self.ended = True
+        if children_peak_rss is not None:
+            self.kernel_peak = max(children_peak_rss, self.kernel_peak or 0)
+            self.kernel_peak_source = "ru_maxrss"
+        else:  # what the live processes showed is all that is known
+            self.kernel_peak_source = None if self.kernel_peak is None else "VmHWM"
+
+    def _read_kernel_peak(self) -> None:
+        if self.ended or self.procfs is None:
+            return
+        peak = self.procfs.tree_peak_rss(self.pid)
+        if peak is not None and (self.kernel_peak is None or peak > self.kernel_peak):
+            self.kernel_peak, self.kernel_peak_source = peak, "VmHWM"
 
     def rows(self) -> list[ProcessTreeRow]:
+        self._read_kernel_peak()
         snapshot = self.profiler.latest()
+        lag = 0.0 if snapshot is None else max(0.0, self.clock() - snapshot.taken_at)
         found = []
         for server in snapshot.servers if snapshot is not None else ():
             if server.rss_bytes is not None:
                 self.history.append(server.rss_bytes)
                 del self.history[:-_HISTORY]
+            age = None if server.pss_age_seconds is None else server.pss_age_seconds + lag
+            stale = age is not None and self.pss_max_age_s is not None and age > self.pss_max_age_s
             found.append(
                 ProcessTreeRow(
                     name=self.label[:48],
                     pid=self.pid,
                     processes=server.process_count or 0,
                     rss=server.rss_bytes,
-                    pss=server.pss_bytes,
-                    pss_age_s=server.pss_age_seconds,
+                    pss=None if stale else server.pss_bytes,
+                    pss_age_s=age,
                     rss_peak=server.peak_rss_bytes,
                     pss_peak=server.peak_pss_bytes,
                     history=list(self.history),
+                    kernel_peak=self.kernel_peak,
+                    kernel_peak_source=self.kernel_peak_source,
+                    pss_stale=stale,
                 )
             )
         return found
 
 
 def run_profile(args: argparse.Namespace, stop: threading.Event) -> int:
+    import resource
     import signal
     import subprocess
 
@@ -100,6 +174,7 @@ def run_profile(args: argparse.Namespace, stop: threading.Event) -> int:
 
     interrupted = False
     restore_sigterm = raise_on_sigterm()
+    children_peak_before = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
     try:
         try:
             # With --json, stdout carries samples only: the command's output goes to stderr.
@@ -112,7 +187,13 @@ def run_profile(args: argparse.Namespace, stop: threading.Event) -> int:
         profiler = process_memory.MemoryProfiler(
             [target], args.interval, pss_interval_seconds=args.pss_interval
         )
-        table = ProcessTable(profiler, label=label, pid=child.pid)
+        table = ProcessTable(
+            profiler,
+            label=label,
+            pid=child.pid,
+            procfs=process_memory.ProcFS(),
+            pss_max_age_s=pss_max_age(args.interval, args.pss_interval),
+        )
         profiler.start()
         # Nothing is shown at the start, when the command has barely begun (often not
         # even exec'd) and its figures say nothing: --once shows a sample taken one
@@ -158,6 +239,8 @@ def run_profile(args: argparse.Namespace, stop: threading.Event) -> int:
     if returncode is None:
         raise KeyboardInterrupt
     status = returncode if returncode >= 0 else 128 - returncode
+    if table is not None:
+        table.command_ended(children_peak_rss=children_peak_rss(children_peak_before))
     if not args.once:
         if returncode < 0:
             name = signal_name(-returncode)

@@ -1,0 +1,155 @@
+"""`raylens profile`'s peaks (sampled and the kernel's) and the age of its PSS."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from raylens.cli.profile import ProcessTable, pss_max_age
+from raylens.telemetry.process_memory import (
+    HostMemory,
+    MemoryProfiler,
+    ServerMemoryTarget,
+    collect_process_tree_memory,
+)
+from raylens_fakes.procfs import PAGE_SIZE, FakeProcFS
+
+pytestmark = pytest.mark.skipif(
+    not sys.platform.startswith("linux"), reason="process trees need Linux /proc"
+)
+
+MIB = 1024 * 1024
+
+
+class _Clock:
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def _profiler(fake: FakeProcFS, clock: _Clock, *, pss_interval: float | None) -> MemoryProfiler:
+    target = ServerMemoryTarget("train", "command", 100, procfs=fake.procfs)
+    return MemoryProfiler(
+        [target],
+        1.0,
+        pss_interval_seconds=pss_interval,
+        collector=lambda pid, **kw: collect_process_tree_memory(pid, procfs=fake.procfs, **kw),
+        host_collector=lambda: HostMemory(1, 2, 3),
+        procfs=fake.procfs,
+        clock=clock,
+    )
+
+
+def test_a_spike_between_samples_shows_in_the_kernel_peak_only(tmp_path: Path) -> None:
+    fake = FakeProcFS(tmp_path / "proc")
+    fake.add_process(100, rss_bytes=2 * MIB)
+    fake.add_process(101, parent=100, rss_bytes=4 * MIB)
+    clock = _Clock()
+    profiler = _profiler(fake, clock, pss_interval=None)
+    table = ProcessTable(profiler, label="train", pid=100, procfs=fake.procfs, clock=clock)
+    profiler.sample_once()
+    # Between two samples the child rose to 400 MiB and fell back.
+    fake.set_memory(101, rss_bytes=4 * MIB, hwm_bytes=400 * MIB)
+    profiler.sample_once()
+    (row,) = table.rows()
+    assert row.rss_peak == 6 * MIB
+    assert (row.kernel_peak, row.kernel_peak_source) == (400 * MIB, "VmHWM")
+    # The child exits: its mark goes with it, but the figure shown never falls.
+    fake.remove_process(101)
+    profiler.sample_once()
+    (row,) = table.rows()
+    assert (row.kernel_peak, row.kernel_peak_source) == (400 * MIB, "VmHWM")
+
+
+def test_after_exit_the_kernel_peak_comes_from_getrusage(tmp_path: Path) -> None:
+    fake = FakeProcFS(tmp_path / "proc")
+    fake.add_process(100, rss_bytes=2 * MIB, hwm_bytes=50 * MIB)
+    clock = _Clock()
+    profiler = _profiler(fake, clock, pss_interval=None)
+    table = ProcessTable(profiler, label="train", pid=100, procfs=fake.procfs, clock=clock)
+    profiler.sample_once()
+    table.rows()
+    fake.remove_process(100)
+    fake.add_process(100, rss_bytes=900 * MIB)  # the pid, reused by another process
+    table.command_ended(children_peak_rss=300 * MIB)
+    (row,) = table.rows()
+    assert (row.kernel_peak, row.kernel_peak_source) == (300 * MIB, "ru_maxrss")
+    unknown = ProcessTable(profiler, label="train", pid=100, procfs=fake.procfs, clock=clock)
+    unknown.command_ended(children_peak_rss=None)
+    (row,) = unknown.rows()
+    assert (row.kernel_peak, row.kernel_peak_source) == (None, None)
+
+
+def test_a_pss_older_than_its_interval_is_shown_stale(tmp_path: Path) -> None:
+    fake = FakeProcFS(tmp_path / "proc")
+    fake.add_process(100, rss_bytes=10 * PAGE_SIZE, pss_bytes=8 * PAGE_SIZE)
+    clock = _Clock()
+    profiler = _profiler(fake, clock, pss_interval=10.0)
+    limit = pss_max_age(1.0, 10.0)
+    assert limit == 11.0
+    table = ProcessTable(
+        profiler, label="train", pid=100, procfs=fake.procfs, clock=clock, pss_max_age_s=limit
+    )
+    profiler.sample_once()  # PSS read at 0
+    fake.set_memory(100, rss_bytes=500 * PAGE_SIZE)
+    clock.now = 5.0
+    profiler.sample_once()  # RSS only; PSS carried from 0
+    clock.now = 5.5
+    (row,) = table.rows()
+    assert (row.rss, row.pss, row.pss_age_s, row.pss_stale) == (
+        500 * PAGE_SIZE,
+        8 * PAGE_SIZE,
+        5.5,
+        False,
+    )
+    clock.now = 11.5  # no sample since 5: the reading is now 11.5 s old
+    (row,) = table.rows()
+    assert (row.pss, row.pss_age_s, row.pss_stale) == (None, 11.5, True)
+    assert row.to_json()["pss_bytes"] is None and row.to_json()["pss_stale"] is True
+    profiler.sample_once()  # due again: read afresh
+    (row,) = table.rows()
+    assert (row.pss, row.pss_age_s, row.pss_stale) == (500 * PAGE_SIZE, 0.0, False)
+
+
+def test_pss_is_stale_one_interval_past_the_time_it_is_due() -> None:
+    assert pss_max_age(2.0, None) == 4.0  # read at every sample
+    assert pss_max_age(1.0, 30.0) == 31.0
+    assert pss_max_age(5.0, 1.0) == 6.0
+
+
+_SPIKE = """
+import time
+block = bytearray(200 * 1024 * 1024)
+block[::4096] = b"x" * len(block[::4096])
+del block
+time.sleep(4.5)
+"""
+
+
+def test_a_real_spike_is_caught_by_the_kernel_figures() -> None:
+    result = subprocess.run(
+        [
+            *(sys.executable, "-m", "raylens", "profile", "--json", "--interval", "2", "--"),
+            *(sys.executable, "-c", _SPIKE),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert result.returncode == 0, result.stderr
+    records = [json.loads(line) for line in result.stdout.splitlines()]
+    *running, summary = records
+    live = [r["servers"][0] for r in running if r["servers"]]
+    assert any(
+        s["kernel_peak_rss_source"] == "VmHWM" and s["kernel_peak_rss_bytes"] >= 200 * MIB
+        for s in live
+    ), live
+    (server,) = summary["servers"]
+    assert server["kernel_peak_rss_source"] == "ru_maxrss"
+    assert server["kernel_peak_rss_bytes"] >= 200 * MIB
