@@ -153,3 +153,12 @@ def test_a_real_spike_is_caught_by_the_kernel_figures() -> None:
     (server,) = summary["servers"]
     assert server["kernel_peak_rss_source"] == "ru_maxrss"
     assert server["kernel_peak_rss_bytes"] >= 200 * MIB
+
+
+def test_the_help_says_when_a_pss_is_shown_stale(capsys: pytest.CaptureFixture[str]) -> None:
+    from raylens.cli.parser import build_parser
+
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(["profile", "--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    assert "stale" in text and "plus one --interval" in text, text

@@ -153,7 +153,9 @@ def build_parser() -> argparse.ArgumentParser:
         "--pss-interval",
         type=seconds(MIN_INTERVAL_S),
         default=None,
-        help="read PSS (costly for big processes) at most this often (default: every sample)",
+        help="read PSS (costly for big processes) at most this often (default: every sample); "
+        "a PSS is shown with its age, and once older than this plus one --interval it is "
+        "shown as '- stale' (null, with pss_stale true, in --json)",
     )
     _add_script_flags(
         profile,
