@@ -162,3 +162,18 @@ def test_the_help_says_when_a_pss_is_shown_stale(capsys: pytest.CaptureFixture[s
         build_parser().parse_args(["profile", "--help"])
     text = " ".join(capsys.readouterr().out.split())
     assert "stale" in text and "plus one --interval" in text, text
+
+
+def test_the_real_proc_gives_a_mark_no_lower_than_the_resident_size() -> None:
+    import os
+
+    from raylens.telemetry.process_memory import ProcFS
+
+    procfs = ProcFS()
+    me = os.getpid()
+    rss = procfs.read_rss(me)
+    peak = procfs.read_peak_rss(me)
+    assert rss is not None and peak is not None and peak >= rss
+    assert procfs.tree_peak_rss(me) == max(
+        p for p in map(procfs.read_peak_rss, procfs.descendant_pids(me)) if p is not None
+    )
