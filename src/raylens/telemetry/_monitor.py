@@ -38,6 +38,7 @@ from raylens.telemetry._names import (
     USED_KEY,
 )
 from raylens.telemetry._nodes import RayNode, ray_nodes
+from raylens.telemetry._placement import DEFAULT_REGISTRY, format_worker_groups
 from raylens.telemetry._scrape_engine import (
     MAX_BODY_BYTES,
     MAX_CONCURRENCY,
@@ -356,6 +357,10 @@ class HostMemoryMonitor:
                 logger=logger,
             )
             return
+        if nodes and self.has_consumer:
+            # Other processes' worker groups (a driver's, seen from a watch). Read outside
+            # the cycle lock, like the nodes, and never raises.
+            DEFAULT_REGISTRY.refresh_published(self._cluster)
         with self._cycle_lock:
             if stop is not None and stop.is_set():
                 return
@@ -552,8 +557,6 @@ class HostMemoryMonitor:
         that left the cluster are not. Reads no network. Calling it makes this
         monitor a consumer: its cycles scrape from now on.
         """
-        from raylens.telemetry._placement import DEFAULT_REGISTRY, format_worker_groups
-
         self._consumer = True
         groups = DEFAULT_REGISTRY.groups_by_node()
         rows = [

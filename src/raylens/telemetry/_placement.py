@@ -6,25 +6,46 @@ always reflects the groups alive at that moment. The registry is an object
 (:class:`PlacementRegistry`) with one process-wide default instance
 (:data:`DEFAULT_REGISTRY`) that the module-level functions of
 :mod:`raylens.telemetry.host_memory` are bound to; tests may build their own.
+
+The registry lives in the process that built the groups, normally the driver. So
+that other processes connected to the cluster (``raylens watch``, say) label nodes
+the same way, a publishing registry writes its whole map to the cluster's shared
+key-value store after every change, under ``placement/<job id>`` (Ray's internal KV,
+namespace ``raylens``), and deletes the key once no group is left. A monitor reads
+every other job's entry each cycle (:meth:`PlacementRegistry.refresh_published`),
+ignores, and removes, the entries of jobs whose driver has exited, and merges the
+rest into the labels. Entries are untrusted JSON: a malformed one is skipped with
+one warning.
 """
 
 from __future__ import annotations
 
+import json
 import logging
 import threading
 from collections.abc import Iterable
 from typing import Any
 
-from raylens.cluster import ClusterView, default_cluster_view
+from raylens.cluster import ClusterView, default_cluster_view, supports_key_value
 from raylens.lens import warn_once
 from raylens.lens.safe_text import encodable, printable
 from raylens.telemetry._names import LOGGER_NAME, NO_WORKER_GROUPS, RL_WORKER_GROUPS_ATTR
 
-__all__ = ["DEFAULT_REGISTRY", "PlacementRegistry", "check_group_name", "format_worker_groups"]
+__all__ = [
+    "DEFAULT_REGISTRY",
+    "PLACEMENT_KEY_PREFIX",
+    "PlacementRegistry",
+    "check_group_name",
+    "format_worker_groups",
+]
 
 logger = logging.getLogger(LOGGER_NAME)
 
 _PLACED_STATES = frozenset({"CREATED", "RESCHEDULING"})
+#: Key of a job's published placement, followed by the job id.
+PLACEMENT_KEY_PREFIX = "placement/"
+#: A published entry larger than this is not read (a thousand groups on a thousand nodes fit).
+_MAX_ENTRY_BYTES = 64 * 1024 * 1024
 
 
 def check_group_name(name_prefix: object) -> str:
@@ -67,14 +88,29 @@ class PlacementRegistry:
     Names are stored encodable (lone surrogates replaced), so a label built from
     them never breaks an exporter; the same replacement is applied on lookup and
     removal, so callers keep using the names they registered with.
+
+    With ``publish=True`` every change is also written to the cluster's shared
+    key-value store (see the module docstring); publishing never raises.
+    :attr:`published` holds what other jobs published, as last read.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, *, publish: bool = False) -> None:
         self.lock = threading.Lock()
         #: The registry's contents; read it under :attr:`lock`.
         self.nodes: dict[str, frozenset[str]] = {}
+        #: ``{group name: node ids}`` published by other live jobs; read under :attr:`lock`.
+        self.published: dict[str, frozenset[str]] = {}
+        self._publish = publish
+        # Held from reading the map to writing it, so writes land in the order of changes.
+        self._publish_lock = threading.Lock()
 
-    def register_nodes(self, name_prefix: str, node_ids: Iterable[str]) -> None:
+    def register_nodes(
+        self,
+        name_prefix: str,
+        node_ids: Iterable[str],
+        *,
+        cluster: ClusterView | None = None,
+    ) -> None:
         """Record that ``name_prefix`` has workers on ``node_ids``, replacing its old entry.
 
         Raises:
@@ -98,8 +134,10 @@ class PlacementRegistry:
                 )
             if node_id:
                 nodes.add(encodable(node_id))
-        with self.lock:
-            self.nodes[name] = frozenset(nodes)
+        with self._publish_lock:
+            with self.lock:
+                self.nodes[name] = frozenset(nodes)
+            self._publish_map(cluster)
 
     def register_placement(
         self, name_prefix: object, bundles: Iterable[tuple[Any, int]], cluster: ClusterView | None
@@ -121,7 +159,7 @@ class PlacementRegistry:
         try:
             view = cluster if cluster is not None else default_cluster_view()
             nodes = _resolve_bundles(bundles, view)
-            self.register_nodes(name, nodes)
+            self.register_nodes(name, nodes, cluster=view)
         except Exception as exc:
             warn_once(
                 f"host_memory.placement.{name}",
@@ -130,29 +168,131 @@ class PlacementRegistry:
                 logger=logger,
             )
 
-    def forget(self, name_prefix: str) -> None:
+    def forget(self, name_prefix: str, *, cluster: ClusterView | None = None) -> None:
         """Drop ``name_prefix``'s entry; a no-op for a name never registered."""
         name = encodable(name_prefix) if isinstance(name_prefix, str) else name_prefix
-        with self.lock:
-            self.nodes.pop(name, None)  # type: ignore[arg-type]
+        with self._publish_lock:
+            with self.lock:
+                known = self.nodes.pop(name, None) is not None  # type: ignore[arg-type]
+            if known:
+                self._publish_map(cluster)
 
     def names_on_node(self, node_id: str) -> set[str]:
-        """Names of the groups with at least one worker on ``node_id``."""
+        """Names of the groups with at least one worker on ``node_id``, here or published."""
         with self.lock:
-            return {name for name, nodes in self.nodes.items() if node_id in nodes}
+            return {
+                name
+                for entries in (self.nodes, self.published)
+                for name, nodes in entries.items()
+                if node_id in nodes
+            }
 
     def groups_by_node(self) -> dict[str, list[str]]:
-        """Every node with a group on it, with the names of those groups."""
-        inverted: dict[str, list[str]] = {}
+        """Every node with a group on it (here or published), with the names of those groups."""
+        inverted: dict[str, set[str]] = {}
         with self.lock:
-            for name, nodes in self.nodes.items():
-                for node_id in nodes:
-                    inverted.setdefault(node_id, []).append(name)
-        return inverted
+            for entries in (self.nodes, self.published):
+                for name, nodes in entries.items():
+                    for node_id in nodes:
+                        inverted.setdefault(node_id, set()).add(name)
+        return {node_id: sorted(names) for node_id, names in inverted.items()}
 
     def clear(self) -> None:
         with self.lock:
             self.nodes.clear()
+            self.published.clear()
+
+    # Sharing through the cluster ------------------------------------------------------
+
+    def _publish_map(self, cluster: ClusterView | None) -> None:
+        """Write this registry's map to the cluster's store (called under the publish lock)."""
+        if not self._publish:
+            return
+        try:
+            view = cluster if cluster is not None else default_cluster_view()
+            if not supports_key_value(view) or not view.is_initialized():
+                return
+            job = view.job_id()  # type: ignore[attr-defined]
+            if not job:
+                return
+            with self.lock:
+                content = {name: sorted(nodes) for name, nodes in sorted(self.nodes.items())}
+            key = f"{PLACEMENT_KEY_PREFIX}{job}"
+            if content:
+                view.kv_put(key, json.dumps(content).encode())  # type: ignore[attr-defined]
+            else:
+                view.kv_delete(key)  # type: ignore[attr-defined]
+        except Exception as exc:
+            warn_once(
+                "host_memory.placement.publish",
+                "could not publish worker-group placement to the cluster "
+                f"({type(exc).__name__}: {printable(exc)}); other processes may show nodes "
+                "without their worker groups",
+                logger=logger,
+            )
+
+    def refresh_published(self, cluster: ClusterView) -> None:
+        """Replace :attr:`published` with the entries of every other live job. Never raises.
+
+        Entries of jobs that have exited are skipped and deleted; this process's own
+        job is skipped, its registry being the truth. When the store cannot be read,
+        the last map is kept.
+        """
+        if not supports_key_value(cluster):
+            return
+        try:
+            if not cluster.is_initialized():
+                return
+            own = cluster.job_id()  # type: ignore[attr-defined]
+            keys = cluster.kv_keys(PLACEMENT_KEY_PREFIX)  # type: ignore[attr-defined]
+            others = [k for k in keys if k != f"{PLACEMENT_KEY_PREFIX}{own}"]
+            live = cluster.live_job_ids() if others else set()  # type: ignore[attr-defined]
+            merged: dict[str, set[str]] = {}
+            for key in others:
+                job = key[len(PLACEMENT_KEY_PREFIX) :]
+                if job not in live:
+                    cluster.kv_delete(key)  # type: ignore[attr-defined]
+                    continue
+                raw = cluster.kv_get(key)  # type: ignore[attr-defined]
+                for name, nodes in _read_entry(job, raw).items():
+                    merged.setdefault(name, set()).update(nodes)
+        except Exception as exc:
+            warn_once(
+                "host_memory.placement.read",
+                "could not read the worker-group placement other processes published "
+                f"({type(exc).__name__}: {printable(exc)}); keeping the last one read",
+                logger=logger,
+            )
+            return
+        with self.lock:
+            self.published = {name: frozenset(nodes) for name, nodes in merged.items()}
+
+
+def _read_entry(job: str, raw: object) -> dict[str, frozenset[str]]:
+    """The map job ``job`` published, or ``{}`` (warned once) when it is malformed."""
+    if raw is None:
+        return {}
+    try:
+        if not isinstance(raw, bytes) or len(raw) > _MAX_ENTRY_BYTES:
+            raise ValueError("not a JSON document of a sensible size")
+        document = json.loads(raw.decode("utf-8"))
+        if not isinstance(document, dict):
+            raise ValueError(f"a JSON {type(document).__name__}, not an object")
+        entry: dict[str, frozenset[str]] = {}
+        for name, nodes in document.items():
+            checked = check_group_name(name)
+            if not isinstance(nodes, list) or not all(isinstance(n, str) for n in nodes):
+                raise ValueError(f"group {printable(repr(checked))[:80]} has no list of node ids")
+            entry[checked] = frozenset(encodable(n) for n in nodes if n)
+        return entry
+    except (ValueError, TypeError) as exc:  # UnicodeDecodeError and JSONDecodeError included
+        warn_once(
+            f"host_memory.placement.entry.{printable(job)[:80]}",
+            f"ignored the worker-group placement published by job {printable(repr(job))[:80]}: "
+            f"{printable(exc)[:200]}",
+            logger=logger,
+        )
+        return {}
 
 
 def _resolve_bundles(bundles: Iterable[tuple[Any, int]], cluster: ClusterView) -> set[str]:
@@ -181,4 +321,4 @@ def _resolve_bundles(bundles: Iterable[tuple[Any, int]], cluster: ClusterView) -
 
 
 #: The process's registry: the one worker groups write and the gauges read.
-DEFAULT_REGISTRY = PlacementRegistry()
+DEFAULT_REGISTRY = PlacementRegistry(publish=True)
