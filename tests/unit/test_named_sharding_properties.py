@@ -186,3 +186,23 @@ def test_equality_follows_names_and_layout(
     if oracle.ndim > 1 and oracle.size > 1:
         flat_names = [data.draw(st.sampled_from(AXIS_NAMES))]
         assert sharding != NamedSharding(oracle.reshape(-1), flat_names)
+
+
+@SETTINGS
+@given(grids(min_extent=0), st.data())
+def test_empty_axes_select_nothing_as_numpy_does(
+    grid: tuple[np.ndarray, list[str]], data: st.DataObject
+) -> None:
+    oracle, names = grid
+    sharding = NamedSharding(oracle, names)
+    assert sharding.size == oracle.size
+    assert sharding.shape == dict(zip(names, oracle.shape))
+    assert sharding.get_ranks_by_coord() == sorted(oracle.reshape(-1).tolist())
+    indexable = [axis for axis, extent in enumerate(oracle.shape) if extent > 0]
+    if indexable and len(indexable) < len(names):
+        axis = data.draw(st.sampled_from(indexable))
+        position = data.draw(st.integers(0, oracle.shape[axis] - 1))
+        sub = sharding.get_ranks(**{names[axis]: position})
+        assert isinstance(sub, NamedSharding)
+        assert np.array_equal(sub.layout, np.take(oracle, position, axis=axis))
+        assert sub == NamedSharding(sub.layout, sub.names)
