@@ -10,12 +10,14 @@ from __future__ import annotations
 
 import functools
 import logging
+import threading
+from collections import OrderedDict
 from collections.abc import Hashable
 from dataclasses import dataclass
 from typing import Any
 
 from raylens.cluster import ClusterView, default_cluster_view
-from raylens.lens import warn_once
+from raylens.lens import reset_warn_once, warn_once
 from raylens.lens.safe_text import encodable, printable
 from raylens.telemetry._names import LOGGER_NAME, SERIES_BY_RAY_NAME
 from raylens.telemetry.prometheus_text import extract_samples
@@ -23,6 +25,13 @@ from raylens.telemetry.prometheus_text import extract_samples
 __all__ = ["RayNode", "parse_memory_samples", "ray_nodes"]
 
 logger = logging.getLogger(LOGGER_NAME)
+
+#: Most malformed-record warning keys kept at once. Records that come back under new
+#: ids would otherwise add a key each; the one listed least recently is forgotten first.
+MAX_REMEMBERED_MALFORMED = 256
+
+_MALFORMED_KEYS: OrderedDict[str, None] = OrderedDict()
+_MALFORMED_LOCK = threading.Lock()
 
 
 @dataclass(frozen=True)
@@ -110,7 +119,7 @@ def ray_nodes(
             node = _node_from_record(entry, seen, include_unscrapeable)
         except TypeError as exc:
             warn_once(
-                f"host_memory.node_record.{_record_identity(entry)}",
+                _malformed_key(entry),
                 f"skipped a malformed Ray node record ({printable(exc)}): "
                 f"{printable(repr(entry))[:200]}",
                 logger=logger,
@@ -119,6 +128,21 @@ def ray_nodes(
         if node is not None:
             found.append(node)
     return found
+
+
+def _malformed_key(entry: Any) -> str:
+    """The warning key of a malformed record, remembered among the most recent ones only."""
+    key = f"host_memory.node_record.{_record_identity(entry)}"
+    with _MALFORMED_LOCK:
+        _MALFORMED_KEYS[key] = None
+        _MALFORMED_KEYS.move_to_end(key)
+        forgotten = [
+            _MALFORMED_KEYS.popitem(last=False)[0]
+            for _ in range(len(_MALFORMED_KEYS) - MAX_REMEMBERED_MALFORMED)
+        ]
+    for old_key in forgotten:
+        reset_warn_once(old_key)
+    return key
 
 
 def _record_identity(entry: Any) -> str:
