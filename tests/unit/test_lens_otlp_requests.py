@@ -6,6 +6,7 @@ through ``requests``, so nothing leaves the process and no name is ever resolved
 
 from __future__ import annotations
 
+import gzip
 import logging
 from collections.abc import Iterator
 
@@ -171,3 +172,42 @@ def test_a_failing_collector_costs_one_export_and_is_logged(
     last = collector.calls[-1]
     assert last.response is not None and last.response.status_code == 200
     assert _gauge_points(_decoded(last.request.body)) == POINTS
+
+
+def test_compression_and_headers_from_the_environment_reach_the_request(
+    collector: responses.RequestsMock, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    collector.add(responses.POST, METRICS_URL, status=200)
+    monkeypatch.setenv("OTEL_EXPORTER_OTLP_ENDPOINT", BASE)
+    monkeypatch.setenv("OTEL_EXPORTER_OTLP_COMPRESSION", "gzip")
+    monkeypatch.setenv("OTEL_EXPORTER_OTLP_HEADERS", "x-tenant=team%20a")
+
+    init_telemetry().force_flush()
+
+    sent = collector.calls[0].request
+    assert sent.headers["Content-Encoding"] == "gzip"
+    assert sent.headers["x-tenant"] == "team a"
+    assert isinstance(sent.body, bytes)
+    assert _gauge_points(_decoded(gzip.decompress(sent.body))) == POINTS
+
+
+@pytest.mark.parametrize(
+    "setting",
+    [{"RAYLENS_TELEMETRY": "off"}, {"RAYLENS_EXPORTER": "none"}, {"RAYLENS_EXPORTER": "console"}],
+)
+def test_no_request_when_otlp_is_not_the_chosen_exporter(
+    collector: responses.RequestsMock,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+    setting: dict[str, str],
+) -> None:
+    collector.add(responses.POST, METRICS_URL, status=200)
+    monkeypatch.setenv("OTEL_EXPORTER_OTLP_ENDPOINT", BASE)
+    for variable, value in setting.items():
+        monkeypatch.setenv(variable, value)
+
+    init_telemetry().force_flush()
+    shutdown_telemetry()
+
+    assert len(collector.calls) == 0  # the endpoint alone does not override the choice
+    capsys.readouterr()
