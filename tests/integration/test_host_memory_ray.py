@@ -111,3 +111,94 @@ def test_memory_per_node_labelled_with_its_worker_groups(ray_cluster, metrics_pr
     monitor.stop()
     assert monitor.helper_pid is None
     assert helper is not None and not os.path.exists(f"/proc/{helper}")
+
+
+# Placement seen from another process ----------------------------------------------------
+
+_WATCH = """
+import json, sys
+import ray
+from raylens.telemetry.host_memory import HostMemoryMonitor
+ray.init(address=sys.argv[1], log_to_driver=False)
+monitor = HostMemoryMonitor(1.0, scrape_mode="inprocess", consumer=True)
+monitor.collect_once()
+print(json.dumps({row.node_id: row.worker_groups for row in monitor.latest()}))
+monitor.stop()
+ray.shutdown()
+"""
+
+_OTHER_DRIVER = """
+import os, sys
+import ray
+from raylens.telemetry.host_memory import register_worker_group_nodes
+ray.init(address=sys.argv[1], log_to_driver=False)
+register_worker_group_nodes("orphan", [sys.argv[2]])
+print("registered", flush=True)
+sys.stdin.readline()
+os._exit(0)  # dies without shutting anything down, as a killed driver would
+"""
+
+
+def _watch_labels(address: str) -> dict[str, str]:
+    """What a second process connected to the cluster labels each node with."""
+    import json
+    import subprocess
+    import sys
+
+    done = subprocess.run(
+        [sys.executable, "-c", _WATCH, address], capture_output=True, text=True, timeout=120
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def test_a_second_process_sees_the_drivers_worker_groups(ray_cluster) -> None:
+    cluster = RayVirtualCluster(
+        [1, 1],
+        use_gpus=False,
+        name="shared-vc",
+        placement_group_strategy="STRICT_SPREAD",
+        placement_timeout_s=60,
+    )
+    group = None
+    try:
+        group = RayWorkerGroup(
+            cluster, RayWorkerBuilder("group_workers.EnvWorker"), name_prefix="shared"
+        )
+        expected = _expected_labels([group], ray_cluster.node_ids)
+        assert sorted(expected.values()).count("shared") == 2
+
+        assert _watch_labels(ray_cluster.address) == expected
+        assert group.shutdown() is True
+        group = None
+        assert set(_watch_labels(ray_cluster.address).values()) == {"none"}
+    finally:
+        if group is not None:
+            group.shutdown()
+        cluster.shutdown()
+
+
+def test_a_dead_drivers_worker_groups_are_not_shown(ray_cluster) -> None:
+    import subprocess
+    import sys
+
+    node = ray_cluster.node_ids[0]
+    driver = subprocess.Popen(
+        [sys.executable, "-c", _OTHER_DRIVER, ray_cluster.address, node],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert driver.stdout is not None and driver.stdout.readline().strip() == "registered"
+        assert _watch_labels(ray_cluster.address)[node] == "orphan"
+    finally:
+        assert driver.stdin is not None
+        driver.stdin.close()
+        driver.wait(60)
+
+    wait_for(
+        lambda: _watch_labels(ray_cluster.address)[node] == "none",
+        60,
+        "the dead driver's group to disappear",
+    )
