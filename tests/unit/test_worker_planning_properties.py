@@ -310,3 +310,36 @@ def test_rank_0_only_axes_keep_the_workers_at_index_0(
     selected = wp._rank0_only_workers(NamedSharding(layout, names), layout.size, axes)
     kept = layout[tuple(0 if name in axes else slice(None) for name in names)]
     assert selected == sorted(np.asarray(kept).reshape(-1).tolist())
+
+
+@SETTINGS
+@given(group_shardings(), st.data())
+def test_each_sharded_call_gets_the_slice_at_its_coordinates(
+    grid: tuple[np.ndarray, list[str]], data: st.DataObject
+) -> None:
+    layout, names = grid
+    sharding = NamedSharding(layout, names)
+    axes = data.draw(st.lists(st.sampled_from(names), unique=True, min_size=1))
+    sizes = [sharding.get_axis_size(axis) for axis in axes]
+    # Nested lists, one level per sharded axis, each leaf naming its own position.
+    nested = np.empty(sizes, dtype=object)
+    for position in np.ndindex(*sizes):
+        nested[position] = f"slice {position}"
+    value = nested.tolist()
+    calls, _ = wp._plan_sharded_calls(sharding, axes, [], [], False)
+    for call in calls:
+        assert call.data_coords is not None
+        got = wp._slice_sharded(value, axes, call.data_coords, sharding, "data")
+        assert got == f"slice {tuple(call.data_coords)}"
+
+    # One entry too few or too many along any level is refused, naming that axis.
+    level = data.draw(st.integers(0, len(axes) - 1))
+    wrong = sizes[level] + data.draw(st.sampled_from([-1, 1]))
+    bad_shape = [*sizes[:level], wrong, *sizes[level + 1 :]]
+    bad = np.empty(bad_shape, dtype=object)
+    bad.fill("x")
+    target = [0] * len(axes)
+    with pytest.raises(
+        ValueError, match=f"along axis {axes[level]!r}, which has size {sizes[level]}"
+    ):
+        wp._slice_sharded(bad.tolist(), axes, target, sharding, "data")
