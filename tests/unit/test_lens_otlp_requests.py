@@ -21,6 +21,7 @@ from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import (
 from raylens.lens import (
     OBSERVABLE_GAUGE,
     RecordedMetric,
+    TelemetryConfig,
     init_telemetry,
     register_observable_gauge,
     shutdown_telemetry,
@@ -131,6 +132,17 @@ def test_metrics_endpoint_wins_over_the_base(
 
     assert [call.request.url for call in collector.calls] == [full]
     assert _gauge_points(_decoded(collector.calls[0].request.body)) == POINTS
+
+
+def test_an_endpoint_given_in_code_is_where_the_request_goes(
+    collector: responses.RequestsMock,
+) -> None:
+    url = "http://other.test:4318/v1/metrics"
+    collector.add(responses.POST, url, status=200)
+
+    init_telemetry(TelemetryConfig(exporter="otlp", otlp_endpoint=url)).force_flush()
+
+    assert [call.request.url for call in collector.calls] == [url]
 
 
 @pytest.mark.parametrize(

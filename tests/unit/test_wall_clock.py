@@ -76,6 +76,15 @@ def test_simulate_json_sample_carries_the_clocks_time(capsys: pytest.CaptureFixt
     _assert_frozen_time(records[0], took)
 
 
+def test_unfrozen_sample_time_is_the_epoch_clock(capsys: pytest.CaptureFixture[str]) -> None:
+    """Without freezegun the field is seconds since the epoch, not a monotonic reading."""
+    before = time.time()
+    assert main(["simulate", "--nodes", "1", "--once", "--json"]) == 0
+    after = time.time()
+    (record,) = _json_records(capsys.readouterr().out)
+    assert before <= record["time"] <= after
+
+
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="process trees need Linux /proc")
 def test_profile_json_sample_carries_the_clocks_time(capsys: pytest.CaptureFixture[str]) -> None:
     argv = ["profile", "--once", "--json", "--interval", "0.2", "--", sys.executable, "-c", "pass"]
