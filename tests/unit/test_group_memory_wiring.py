@@ -68,7 +68,7 @@ def test_a_failing_hook_is_logged_once_and_the_cycle_carries_on(
 
     monitor.add_cycle_hook(broken)
     monitor.add_cycle_hook(lambda _m: after.append(1))
-    with caplog.at_level(logging.WARNING):
+    with caplog.at_level(logging.WARNING, logger="raylens"):
         for _ in range(3):
             monitor.collect_once()
         monitor.stop()
@@ -421,7 +421,7 @@ def test_a_worker_that_cannot_say_where_it_runs_leaves_the_group_working(
         return worker
 
     ray.start_worker = hung_identity  # type: ignore[method-assign]
-    with caplog.at_level(logging.WARNING):
+    with caplog.at_level(logging.WARNING, logger="raylens"):
         policy = _group(ray, "policy", 8 * MB)
 
     assert len(policy.workers) == 2
