@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import gzip
 import logging
+import threading
+import time
 from collections.abc import Iterator
 
 import pytest
@@ -223,3 +225,30 @@ def test_no_request_when_otlp_is_not_the_chosen_exporter(
 
     assert len(collector.calls) == 0  # the endpoint alone does not override the choice
     capsys.readouterr()
+
+
+def test_shutdown_against_a_collector_that_keeps_failing_returns_within_its_timeout(
+    collector: responses.RequestsMock, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The exporter would retry a 503 for its own ten seconds; shutdown cuts that short.
+
+    A driver stops lens at exit, so an unreachable collector must not hold the exit up.
+    """
+    collector.add(responses.POST, METRICS_URL, status=503)
+    monkeypatch.setenv("OTEL_EXPORTER_OTLP_ENDPOINT", BASE)
+    monkeypatch.setenv("OTEL_EXPORTER_OTLP_METRICS_TIMEOUT", "10")
+    init_telemetry()
+
+    started = time.monotonic()
+    shutdown_telemetry(timeout_ms=200)
+    took = time.monotonic() - started
+
+    # The export thread notices the shutdown before it would retry; wait for it to end
+    # while the collector is still mocked.
+    for thread in threading.enumerate():
+        if thread.name == "OtelPeriodicExportingMetricReader":
+            thread.join(10)
+            assert not thread.is_alive()
+    assert len(collector.calls) >= 1
+    # Retrying with backoff 1 s, 2 s, 4 s (each +-20 %) would take at least 5.6 s.
+    assert took < 3, f"shutdown_telemetry(timeout_ms=200) took {took:.2f} s"
