@@ -60,6 +60,12 @@ FAILURES = {
     "garbage": (lambda r: r.serve_garbage(), "parse"),
     "huge": (lambda r: r.serve_huge(5_000_000), "too_large"),
     "huge-announced": (lambda r: r.serve_huge(5_000_000, announce_length=True), "too_large"),
+    "compressed": (
+        lambda r: r.respond_status(200, b"x", headers={"Content-Encoding": "gzip"}),
+        "encoding",
+    ),
+    "trickle": (lambda r: r.trickle(0.01), "timeout"),
+    "omitted": (lambda r: r.omit_memory_series(), "parse"),
 }
 
 
@@ -95,6 +101,52 @@ def test_a_failing_node_is_down_with_its_reason_and_the_others_are_up(
     }
     assert error_type in hm.SCRAPE_ERROR_TYPES
     assert set(_export(metrics_probe, "rl.host.memory.used")) == {sim.node_id(0)}
+
+
+def test_the_helper_process_reports_the_same_health(
+    simulated_cluster: Factory, metrics_probe: MetricsProbe, make_monitor: Callable
+) -> None:
+    sim = simulated_cluster(2)
+    sim.raylet(1).respond_status(404)
+    monitor = make_monitor(sim.cluster, scrape_mode="helper")
+    monitor.collect_once()
+
+    up = _export(metrics_probe, UP)
+    assert monitor.helper_pid is not None
+    assert {node: value for node, (_, value) in up.items()} == {
+        sim.node_id(0): 1,
+        sim.node_id(1): 0,
+    }
+    assert up[sim.node_id(1)][0]["error.type"] == "http_status"
+    assert set(_export(metrics_probe, DURATION)) == set(sim.node_ids)
+
+
+@pytest.mark.parametrize(
+    ("result", "error_type"), [("empty", "parse"), ("raise", "internal"), ("ok", None)]
+)
+def test_a_replaced_scrape_reports_health_too(
+    result: str,
+    error_type: str | None,
+    simulated_cluster: Factory,
+    metrics_probe: MetricsProbe,
+    make_monitor: Callable,
+) -> None:
+    sim = simulated_cluster(1)
+
+    class Replaced(hm.HostMemoryMonitor):
+        def _scrape(self, node: hm.RayNode) -> dict[str, float]:
+            if result == "raise":
+                raise RuntimeError("boom")
+            return {} if result == "empty" else {hm._USED_KEY: 1.0, hm._TOTAL_KEY: 2.0}
+
+    monitor = Replaced(1.0, cluster=sim.cluster, consumer=True, scrape_timeout=0.5)
+    try:
+        monitor.collect_once()
+        attrs, value = _export(metrics_probe, UP)[sim.node_id(0)]
+        assert (value, attrs.get("error.type")) == (0 if error_type else 1, error_type)
+        assert _export(metrics_probe, DURATION)[sim.node_id(0)][1] >= 0
+    finally:
+        monitor.stop()
 
 
 def test_scrape_duration_is_per_node_in_seconds(
