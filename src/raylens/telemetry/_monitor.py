@@ -125,8 +125,9 @@ def _scrape_mode(value: ScrapeMode | str | None) -> ScrapeMode:
 class HostMemoryMonitor:
     """Scrapes every Ray node's host memory on a timer and publishes it for lens.
 
-    Runs in the driver and only reads: it asks the cluster for its nodes and has
-    each raylet's metrics endpoint fetched, touching no worker. Starting it before
+    Runs in the driver and only reads: it asks the cluster for its nodes (and the
+    worker-group placement other jobs published) and has each raylet's metrics
+    endpoint fetched, touching no worker. Starting it before
     the cluster is up is fine; it finds no nodes until there are some.
 
     Results go into :attr:`snapshot`, which the observable gauges read when lens
@@ -553,8 +554,9 @@ class HostMemoryMonitor:
         """What the last cycle learnt about each node, sorted by host then node id.
 
         Nodes whose scrape failed are included, with their error and their last
-        good figures, so a table can show a hung node rather than drop it. Nodes
-        that left the cluster are not. Reads no network. Calling it makes this
+        good figures, so a table can show a hung node rather than drop it; so are
+        live nodes that serve no metrics, with an error saying so. Nodes that left
+        the cluster are not. Reads no network. Calling it makes this
         monitor a consumer: its cycles scrape from now on.
         """
         self._consumer = True

@@ -22,7 +22,9 @@ without its ``default`` extra) is listed with ``error.type`` ``no_metrics_port``
 Each point carries three attributes: ``host.name``; ``ray.node.id``, which keeps
 apart nodes that share a host (``ray.cluster_utils.Cluster`` starts several raylets
 on one machine); and ``rl.worker_groups``, the worker groups with at least one
-worker on that node.
+worker on that node. The groups are those of this process and those other live
+jobs published to the cluster (see :mod:`raylens.telemetry._placement`), so a
+process with no groups of its own labels nodes as the driver does.
 
 What the figure means: the used figure covers the whole node. The raylet,
 the object store (often the largest consumer, and the usual reason a node runs out
@@ -380,9 +382,9 @@ def start_host_memory_monitoring(
     """Start this process's monitor unless one is running, and return it. Never raises.
 
     The driver's telemetry entry point calls this, which puts the monitor in the
-    driver. That is where it must be: the worker-group placement registry belongs
-    to the process that registers groups, the driver, and a monitor anywhere else
-    would label every node with no group at all.
+    driver, next to the worker-group placement registry it labels nodes from. A
+    monitor in another process connected to the cluster (``raylens watch``) reads
+    the placement that drivers publish in the cluster's key-value store instead.
 
     An interval that is not a positive finite number is logged and replaced by
     :data:`FALLBACK_COLLECTION_INTERVAL`. ``cluster`` overrides the connected Ray.
