@@ -280,3 +280,22 @@ def test_ray_nodes_still_lists_only_scrapeable_nodes(fake_cluster: FakeCluster) 
     listed = hm.ray_nodes(fake_cluster, include_unscrapeable=True)
     assert {n.node_id: n.metrics_url for n in listed}[kept] == "http://10.0.0.2:8080/metrics"
     assert sorted(n.metrics_url for n in listed) == ["", "http://10.0.0.2:8080/metrics"]
+
+
+def test_the_watch_table_shows_a_node_without_metrics(
+    simulated_cluster: Factory, make_monitor: Callable
+) -> None:
+    from rich.console import Console
+
+    from raylens.cli.cluster_views import NodeTable
+    from raylens.live_table import node_table
+
+    sim = simulated_cluster(1)
+    sim.cluster.add_node(address="10.0.0.9", port=-1, hostname="plain-ray")
+    monitor = make_monitor(sim.cluster)
+    monitor.collect_once()
+
+    console = Console(width=200, record=True, color_system=None)
+    console.print(node_table(NodeTable(monitor).rows()))
+    (row,) = [line for line in console.export_text().splitlines() if "plain-ray" in line]
+    assert "serves no metrics" in row and "ray[default]" in row
