@@ -43,15 +43,50 @@ def test_a_command_killed_by_a_signal_exits_128_plus_its_number(
     assert summary["signal"] == "SIGKILL"
 
 
+_ALLOCATES_THEN_WAITS = """
+import pathlib, sys, time
+ready, release = map(pathlib.Path, sys.argv[1:3])
+block = bytearray(40 * 1024 * 1024)
+block[::4096] = b"x" * len(block[::4096])
+ready.write_text("allocated")
+deadline = time.monotonic() + 60
+while not release.exists() and time.monotonic() < deadline:
+    time.sleep(0.01)
+sys.exit(4)
+"""
+
+
+class _GatedCommand:
+    """The started command, held back until it says it has allocated, and kept alive
+    until raylens has shown its sample: what --once reads cannot race the command."""
+
+    def __init__(self, child: cli_supervision.CommandGroup, ready: Path, release: Path) -> None:
+        self._child, self._ready, self._release = child, ready, release
+
+    def wait(self, timeout: float | None = None) -> int:
+        if timeout is None:  # the sample is shown: the command may end now
+            self._release.write_text("go")
+        else:
+            _wait_for(self._ready)
+        return self._child.wait(timeout=timeout)
+
+    def __getattr__(self, name: str) -> object:
+        return getattr(self._child, name)
+
+
 def test_once_samples_the_running_command_after_one_interval(
-    capfd: pytest.CaptureFixture[str],
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capfd: pytest.CaptureFixture[str]
 ) -> None:
-    script = (
-        "import time; block = bytearray(40 * 1024 * 1024); "
-        "block[::4096] = b'x' * len(block[::4096]); time.sleep(2.5); raise SystemExit(4)"
-    )
-    argv = ["profile", "--once", "--json", "--interval", "1.5", "--", sys.executable, "-c", script]
-    assert main(argv) == 4
+    ready, release = tmp_path / "ready", tmp_path / "release"
+    real_start = cli_profile.start_command
+
+    def start_gated(argv: list[str], **kwargs: object) -> _GatedCommand:
+        return _GatedCommand(real_start(argv, **kwargs), ready, release)
+
+    monkeypatch.setattr(cli_profile, "start_command", start_gated)
+    script = _ALLOCATES_THEN_WAITS
+    argv = ["profile", "--once", "--json", "--interval", "0.2", "--", sys.executable, "-c", script]
+    assert main([*argv, str(ready), str(release)]) == 4
     (record,) = _records(capfd.readouterr().out)
     (server,) = record["servers"]
     assert server["processes"] == 1
