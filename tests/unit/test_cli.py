@@ -462,14 +462,32 @@ def test_a_ctrl_c_that_python_swallows_still_ends_the_command_with_130(
     assert "raylens: interrupted" in err
 
 
-def test_a_healthy_simulated_cluster_of_a_thousand_nodes_shows_healthy_by_default(
-    capsys: pytest.CaptureFixture[str],
+def test_simulate_scrapes_with_the_deadline_sized_for_its_node_count(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
     """Every simulated raylet shares this process with the scraper: a deadline cut to a
-    one-second refresh would report the machine's load as failed nodes."""
-    assert main(["simulate", "--nodes", "1000", "--once", "--json"]) == 0
+    one-second refresh would report the machine's load as failed nodes.
+
+    How the default grows with the node count is checked as a computation below; here
+    the command is shown to use it, on a cluster small enough (20 nodes, 50 ms of
+    deadline each, ten times what the default allows a node) that none fails however
+    busy the machine is.
+    """
+    from raylens.cli.cluster_views import simulated_scrape_timeout
+    from raylens.telemetry import host_memory
+
+    deadlines: list[float | None] = []
+
+    class RecordingMonitor(host_memory.HostMemoryMonitor):
+        def __init__(self, *args: object, scrape_timeout: float | None = None, **kwargs: object):
+            deadlines.append(scrape_timeout)
+            super().__init__(*args, scrape_timeout=scrape_timeout, **kwargs)
+
+    monkeypatch.setattr(host_memory, "HostMemoryMonitor", RecordingMonitor)
+    assert main(["simulate", "--nodes", "20", "--once", "--json"]) == 0
+    assert deadlines == [simulated_scrape_timeout(20, 1.0)]
     (record,) = _json_lines(capsys.readouterr().out)
-    assert record["totals"]["nodes"] == 1000
+    assert record["totals"]["nodes"] == 20
     assert record["totals"]["failing"] == 0, [n["error"] for n in record["nodes"] if n["error"]][:3]
 
 
