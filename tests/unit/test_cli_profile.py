@@ -56,37 +56,52 @@ sys.exit(4)
 """
 
 
-class _GatedCommand:
-    """The started command, held back until it says it has allocated, and kept alive
-    until raylens has shown its sample: what --once reads cannot race the command."""
+class _Gate:
+    """Holds the started command's first wait until the command says it has allocated,
+    and lets the command end only on raylens' next wait, once a sample is shown: what
+    raylens reads cannot race the command, however busy the machine is."""
 
-    def __init__(self, child: cli_supervision.CommandGroup, ready: Path, release: Path) -> None:
-        self._child, self._ready, self._release = child, ready, release
+    def __init__(self, tmp_path: Path) -> None:
+        self.ready, self.release = tmp_path / "ready", tmp_path / "release"
+        self.timeouts: list[float | None] = []
 
-    def wait(self, timeout: float | None = None) -> int:
-        if timeout is None:  # the sample is shown: the command may end now
-            self._release.write_text("go")
-        else:
-            _wait_for(self._ready)
-        return self._child.wait(timeout=timeout)
+    def argv(self, *flags: str) -> list[str]:
+        command = (sys.executable, "-c", _ALLOCATES_THEN_WAITS, str(self.ready), str(self.release))
+        return ["profile", *flags, "--", *command]
 
-    def __getattr__(self, name: str) -> object:
-        return getattr(self._child, name)
+    def wrap(self, child: cli_supervision.CommandGroup) -> object:
+        gate = self
+
+        class Gated:
+            def wait(self, timeout: float | None = None) -> int:
+                if gate.timeouts:
+                    gate.release.write_text("go")
+                else:
+                    _wait_for(gate.ready)
+                gate.timeouts.append(timeout)
+                return child.wait(timeout=timeout)
+
+            def __getattr__(self, name: str) -> object:
+                return getattr(child, name)
+
+        return Gated()
+
+
+@pytest.fixture
+def gate(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> _Gate:
+    gate = _Gate(tmp_path)
+    real_start = cli_profile.start_command
+    monkeypatch.setattr(
+        cli_profile, "start_command", lambda *a, **k: gate.wrap(real_start(*a, **k))
+    )
+    return gate
 
 
 def test_once_samples_the_running_command_after_one_interval(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capfd: pytest.CaptureFixture[str]
+    gate: _Gate, capfd: pytest.CaptureFixture[str]
 ) -> None:
-    ready, release = tmp_path / "ready", tmp_path / "release"
-    real_start = cli_profile.start_command
-
-    def start_gated(argv: list[str], **kwargs: object) -> _GatedCommand:
-        return _GatedCommand(real_start(argv, **kwargs), ready, release)
-
-    monkeypatch.setattr(cli_profile, "start_command", start_gated)
-    script = _ALLOCATES_THEN_WAITS
-    argv = ["profile", "--once", "--json", "--interval", "0.2", "--", sys.executable, "-c", script]
-    assert main([*argv, str(ready), str(release)]) == 4
+    assert main(gate.argv("--once", "--json", "--interval", "0.2")) == 4
+    assert gate.timeouts == [0.2, None]  # one interval, then the command's end
     (record,) = _records(capfd.readouterr().out)
     (server,) = record["servers"]
     assert server["processes"] == 1
@@ -236,11 +251,10 @@ def test_ctrl_c_typed_in_a_terminal_reaches_the_command_exactly_once(
 
 
 def test_a_long_interval_still_shows_the_command_within_a_second(
-    capfd: pytest.CaptureFixture[str],
+    gate: _Gate, capfd: pytest.CaptureFixture[str]
 ) -> None:
-    script = "import time; time.sleep(1.8)"
-    argv = ["profile", "--json", "--interval", "30", "--", sys.executable, "-c", script]
-    assert main(argv) == 0
+    assert main(gate.argv("--json", "--interval", "30")) == 4
+    assert gate.timeouts[0] == pytest.approx(1.0)  # the first sample is not an interval away
     first, summary = _records(capfd.readouterr().out)
     assert "summary" not in first and first["servers"][0]["processes"] == 1
     assert summary["summary"] is True
