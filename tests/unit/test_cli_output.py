@@ -6,6 +6,8 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from collections.abc import Callable
+from pathlib import Path
 
 import pytest
 
@@ -54,10 +56,14 @@ def _raylens(*args: str) -> subprocess.Popen:
     )
 
 
-def _read_one_line_then_close_stdout(process: subprocess.Popen) -> str:
-    """Read one line, close our end of the pipe, wait for raylens; returns its stderr."""
+def _read_one_line_then_close_stdout(
+    process: subprocess.Popen, then: Callable[[], object] = lambda: None
+) -> str:
+    """Read one line, close our end of the pipe, call ``then``, wait for raylens;
+    returns its stderr."""
     assert process.stdout.readline()
     process.stdout.close()
+    then()
     try:
         process.wait(timeout=60)
     finally:
@@ -75,11 +81,25 @@ def test_a_closed_pipe_ends_simulate_quietly(flags: list[str]) -> None:
     assert "Traceback" not in err and "Exception ignored" not in err, err
 
 
+_RUNS_UNTIL_RELEASED = """
+import pathlib, sys, time
+release = pathlib.Path(sys.argv[1])
+deadline = time.monotonic() + 60
+while not release.exists() and time.monotonic() < deadline:
+    time.sleep(0.01)
+sys.exit(5 if release.exists() else 1)
+"""
+
+
 @linux_only
-def test_a_closed_pipe_lets_the_profiled_command_finish() -> None:
-    script = "import time; time.sleep(1.5); raise SystemExit(5)"
-    process = _raylens("profile", "--json", "--interval", "0.1", "--", sys.executable, "-c", script)
-    err = _read_one_line_then_close_stdout(process)
+def test_a_closed_pipe_lets_the_profiled_command_finish(tmp_path: Path) -> None:
+    release = tmp_path / "release"
+    process = _raylens(
+        *("profile", "--json", "--interval", "0.1", "--"),
+        *(sys.executable, "-c", _RUNS_UNTIL_RELEASED, str(release)),
+    )
+    # The command is still running when the reader goes away, and ends only after.
+    err = _read_one_line_then_close_stdout(process, then=lambda: release.write_text("go"))
     assert process.returncode == 5, err
     assert "Traceback" not in err and "Exception ignored" not in err, err
 
