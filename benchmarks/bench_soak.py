@@ -308,7 +308,7 @@ def _run_host(distinct: int, live: int, checkpoints: int, out: Connection) -> No
                 "NodeID": f"malformed-{cycle}-{k}",
                 "Alive": True,
                 "MetricsExportPort": 9000,
-                "NodeManagerAddress": 0,
+                "NodeManagerAddress": 12345,  # not a str: a malformed record
             }
             for k in range(_MALFORMED_PER_CYCLE)
         ]
