@@ -130,9 +130,11 @@ def test_hang_never_answers_and_close_releases_it() -> None:
     hung.hang()
     outcome: list[BaseException] = []
 
+    client_timeout = 60.0
+
     def fetch() -> None:
         try:
-            requests.get(hung.url, timeout=30)
+            requests.get(hung.url, timeout=client_timeout)
         except requests.RequestException as exc:
             outcome.append(exc)
 
@@ -143,12 +145,13 @@ def test_hang_never_answers_and_close_releases_it() -> None:
 
     started = time.monotonic()
     hung.close()
-    client.join(timeout=5)
+    client.join(timeout=client_timeout)
 
-    assert time.monotonic() - started < 2
+    # Ended by close(), not by the client's own timeout, however slow the machine.
+    assert time.monotonic() - started < client_timeout / 2
     assert not client.is_alive()
     assert len(outcome) == 1 and isinstance(outcome[0], requests.ConnectionError)
-    assert hung.wait_idle(timeout=2)
+    assert hung.wait_idle(timeout=30)
 
 
 def test_hung_request_ends_when_the_client_leaves(raylet: FakeRaylet) -> None:
@@ -156,7 +159,7 @@ def test_hung_request_ends_when_the_client_leaves(raylet: FakeRaylet) -> None:
     with pytest.raises(requests.ReadTimeout):
         requests.get(raylet.url, timeout=0.1)
 
-    assert raylet.wait_idle(timeout=2)  # the handler thread did not stay behind
+    assert raylet.wait_idle(timeout=30)  # the handler thread did not stay behind
 
 
 def test_trickle_sends_one_byte_at_a_time(raylet: FakeRaylet) -> None:
