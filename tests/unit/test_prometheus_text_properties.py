@@ -146,7 +146,9 @@ wanted_names = st.one_of(
 )
 
 
-@settings(max_examples=200, deadline=None)
+# Each example is an exposition of up to eight families mixing every line shape above,
+# so a disagreement with the reference shows within a hundred of them.
+@settings(max_examples=100, deadline=None)
 @given(
     text=expositions(),
     wanted=wanted_names,
