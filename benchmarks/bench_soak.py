@@ -35,7 +35,9 @@ in a child process too:
   the median monitor cycle and lens collection (CPU ms), the ``rl.host.memory.used``
   points, overflow points and live series missing, the entries raylens holds for
   nodes (monitor, snapshot, placement registry, remembered warnings) and the SDK's
-  aggregations over the host-memory gauges, and the RSS growth.
+  aggregations over the host-memory gauges, and the RSS growth since the first
+  collection and since the first ``IDLE_COLLECTIONS`` collections, which the SDK
+  needs to fill up to what it holds from then on.
 - ``profiler``: ``--restarts`` server restarts (four servers, each restart a new
   pid and a new name) through one :class:`~raylens.telemetry.process_memory.MemoryProfiler`
   on a FakeProcFS, sampled once per round and exported through lens; the table
@@ -236,12 +238,18 @@ class HostRow:
     warnings: int
     sdk_held: int
     rss_growth_mib: float
+    rss_growth_warm_mib: float
 
 
 def _run_host(distinct: int, live: int, checkpoints: int, out: Connection) -> None:
     from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 
-    from raylens.lens import TelemetryConfig, get_telemetry_handle, init_telemetry
+    from raylens.lens import (
+        IDLE_COLLECTIONS,
+        TelemetryConfig,
+        get_telemetry_handle,
+        init_telemetry,
+    )
     from raylens.lens.warnings import remembered_warning_count
     from raylens.telemetry import host_memory as hm
     from raylens.telemetry._names import TOTAL_KEY, USED_KEY
@@ -286,6 +294,7 @@ def _run_host(distinct: int, live: int, checkpoints: int, out: Connection) -> No
     cycle_cpu: list[float] = []
     collection_cpu: list[float] = []
     rss_start = None
+    rss_warm = 0
     for cycle in range(cycles):
         if cycle == 0:
             for index in range(_STAYING):
@@ -321,6 +330,8 @@ def _run_host(distinct: int, live: int, checkpoints: int, out: Connection) -> No
         collection_cpu.append((time.process_time() - started) * 1000)
         if rss_start is None:
             rss_start = _rss()
+        if cycle == IDLE_COLLECTIONS - 1:
+            rss_warm = _rss()
         if cycle != marks[0]:
             continue
         used = [
@@ -334,6 +345,7 @@ def _run_host(distinct: int, live: int, checkpoints: int, out: Connection) -> No
         exported = {p.attributes.get(hm.RAY_NODE_ID_ATTR) for p in used}
         answering = [i for i in live_nodes(cycle) if i % _FAILING_EVERY]
         snapshot = monitor.snapshot
+        rss_now = _rss()
         out.send(
             HostRow(
                 distinct=live_nodes(cycle)[-1] + 1,
@@ -352,7 +364,8 @@ def _run_host(distinct: int, live: int, checkpoints: int, out: Connection) -> No
                 + len(DEFAULT_REGISTRY.nodes),
                 warnings=remembered_warning_count(),
                 sdk_held=sum(handle.held_attribute_sets(name) for name in gauges),
-                rss_growth_mib=(_rss() - rss_start) / 2**20,
+                rss_growth_mib=(rss_now - rss_start) / 2**20,
+                rss_growth_warm_mib=(rss_now - rss_warm) / 2**20 if rss_warm else 0.0,
             )
         )
         cycle_cpu, collection_cpu = [], []
@@ -515,14 +528,15 @@ def main(argv: list[str] | None = None) -> int:
         print(
             "| node ids seen | monitor cycle CPU ms | lens collection CPU ms | used points "
             "| overflow points | live missing | node entries held | warning keys "
-            "| SDK-held sets | RSS growth MiB |"
+            "| SDK-held sets | RSS growth MiB | since warm-up MiB |"
         )
-        print("|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+        print("|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
         for row in _child(_run_host, args.distinct, args.live, args.checkpoints):
             print(
                 f"| {row.distinct:,} | {row.cycle_cpu_ms:.1f} | {row.collection_cpu_ms:.1f} "
                 f"| {row.points:,} | {row.overflow:,} | {row.missing:,} | {row.node_entries:,} "
-                f"| {row.warnings:,} | {row.sdk_held:,} | {row.rss_growth_mib:+.1f} |",
+                f"| {row.warnings:,} | {row.sdk_held:,} | {row.rss_growth_mib:+.1f} "
+                f"| {row.rss_growth_warm_mib:+.1f} |",
                 flush=True,
             )
     if "profiler" in wanted:
