@@ -114,7 +114,12 @@ def test_a_grpc_server_that_is_not_a_gcs_is_refused_in_one_line(code: str, says:
     assert says in message and "\n" not in message and "\x1b" not in message
 
 
-def test_a_probe_that_never_returns_is_bounded_by_the_deadline() -> None:
+def test_a_probe_that_never_returns_is_bounded_by_the_deadline(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from raylens.cli import gcs_probe
+
+    monkeypatch.setattr(gcs_probe, "_PROBE_GRACE_S", 0.0)  # the bound is the deadline alone
     never = threading.Event()
 
     def stuck(address: str, timeout: float) -> str:
