@@ -27,7 +27,7 @@ from collections.abc import Iterable
 from typing import Any
 
 from raylens.cluster import ClusterView, default_cluster_view, supports_key_value
-from raylens.lens import warn_once
+from raylens.lens import reset_warn_once, warn_once
 from raylens.lens.safe_text import encodable, printable
 from raylens.telemetry._names import LOGGER_NAME, NO_WORKER_GROUPS, RL_WORKER_GROUPS_ATTR
 
@@ -169,8 +169,12 @@ class PlacementRegistry:
             )
 
     def forget(self, name_prefix: str, *, cluster: ClusterView | None = None) -> None:
-        """Drop ``name_prefix``'s entry; a no-op for a name never registered."""
+        """Drop ``name_prefix``'s entry and any warning remembered about its placement.
+
+        Nothing is published for a name never registered.
+        """
         name = encodable(name_prefix) if isinstance(name_prefix, str) else name_prefix
+        reset_warn_once(f"host_memory.placement.{name}")  # a group gone keeps no warning key
         with self._publish_lock:
             with self.lock:
                 known = self.nodes.pop(name, None) is not None  # type: ignore[arg-type]
