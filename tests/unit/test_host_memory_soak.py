@@ -3,8 +3,9 @@
 A thousand nodes are live at any time. A few of them stay for the whole run and are
 relabelled every cycle (a worker group placed on them for that cycle only); all the
 others are replaced every cycle by nodes never seen before, each with a worker group
-of its own. Some nodes never answer and the cluster lists malformed records under
-ever new ids, so the warning paths churn too. Each cycle must export every
+of its own. Some nodes never answer, the cluster lists malformed records under ever
+new ids, and a few groups a cycle fail to resolve their placement, so the warning
+paths churn too. Each cycle must export every
 answering live node exactly once, with its current label and no overflow point,
 while every structure raylens keeps stays as large as what is live. Entries are
 counted rather than bytes measured: a count cannot be fooled by the allocator
@@ -37,6 +38,7 @@ CYCLES = -(-(DISTINCT - STAYING) // CHURNING)
 TABLE_EVERY = 10  # cycles between two refreshes of the CLI's node table
 FAILING_EVERY = 97  # node i never answers when i % FAILING_EVERY == 0
 MALFORMED_PER_CYCLE = 4
+UNPLACED_PER_CYCLE = 2  # groups per cycle whose placement lookup fails, shut down the next
 TOTAL_BYTES = 2.0**40
 #: Warning keys that name neither a node nor a record (a failed collection and the like).
 OTHER_WARNINGS = 8
@@ -75,6 +77,8 @@ class ChurningCluster(FakeCluster):
     def __init__(self) -> None:
         super().__init__()
         self.malformed: list[dict[str, Any]] = []
+        self.unreadable = self.create_placement_group({0: ""})
+        self.fail_placement_group_table(self.unreadable)
 
     def nodes(self) -> list[dict[str, Any]]:
         return [*self.malformed, *super().nodes()]
@@ -127,12 +131,18 @@ def churn_to(cluster: ChurningCluster, cycle: int) -> None:
             cluster.remove_node(node_id(index))
             hm.forget_worker_group_nodes(f"wg-{index}")
         hm.forget_worker_group_nodes(f"relabel-{cycle - 1}")
+        for k in range(UNPLACED_PER_CYCLE):
+            hm.forget_worker_group_nodes(f"unplaced-{cycle - 1}-{k}")
     for index in live_nodes(cycle)[STAYING:]:
         cluster.add_node(
             node_id=node_id(index), hostname=f"host-{index}", port=20_000 + index % 40_000
         )
         hm.register_worker_group_nodes(f"wg-{index}", [node_id(index)])
     hm.register_worker_group_nodes(f"relabel-{cycle}", [node_id(i) for i in range(STAYING)])
+    for k in range(UNPLACED_PER_CYCLE):  # warned about once each
+        hm.register_worker_group_placement(
+            f"unplaced-{cycle}-{k}", [(cluster.unreadable, 0)], cluster=cluster
+        )
     cluster.malformed = [
         {
             "NodeID": f"malformed-{cycle}-{k}",
@@ -197,5 +207,7 @@ def test_churning_nodes_and_groups_stay_exported_and_bounded(
         "placement registry": CHURNING + 1,
         "table trends": LIVE,
     }
-    assert warnings_most <= failing_most + _nodes.MAX_REMEMBERED_MALFORMED + OTHER_WARNINGS
+    assert warnings_most <= (
+        failing_most + UNPLACED_PER_CYCLE + _nodes.MAX_REMEMBERED_MALFORMED + OTHER_WARNINGS
+    )
     assert held_most <= LIVE * IDLE_COLLECTIONS
