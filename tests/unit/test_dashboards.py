@@ -27,12 +27,6 @@ ALERT_RULES = ROOT / "docs" / "prometheus" / "raylens-alerts.yml"
 GUIDE = ROOT / "docs" / "dashboards.md"
 README = ROOT / "README.md"
 
-PENDING_SERIES: frozenset[str] = frozenset()
-"""Series the dashboard shows before raylens exports them (none at present).
-
-A query naming one of them passes the name check here, and the integration test
-runs it only once raylens declares the series."""
-
 # What a query may contain besides metric names: PromQL's keywords.
 _KEYWORDS = frozenset(
     {"by", "without", "on", "ignoring", "group_left", "group_right", "bool"}
@@ -238,7 +232,7 @@ def test_panel_ids_are_unique() -> None:
 
 def test_dashboard_queries_use_only_exported_series() -> None:
     dashboard = load_dashboard()
-    allowed = exported_names() | PENDING_SERIES
+    allowed = exported_names()
     queries = dashboard_queries(dashboard)
     queries += [
         (f"variable {v['name']}", label_values_args(v["query"]["query"])[0])
@@ -261,16 +255,9 @@ def test_dashboard_covers_every_area() -> None:
         "rl_worker_group_processes",
         "gym_server_memory_usage_bytes",
         "gym_server_processes",
+        "rl_host_scrape_up",
+        "rl_host_scrape_duration_seconds",
     } <= used
-    assert used >= PENDING_SERIES
-
-
-def test_pending_series_keep_the_names_the_dashboard_expects() -> None:
-    # Once raylens declares any scrape-health series, all of them must export under the
-    # names the dashboard reads; otherwise its panels would stay empty without a failure.
-    declared = {name for name in exported_names() if name.startswith("rl_host_scrape_")}
-    if declared:
-        assert declared >= PENDING_SERIES, f"exported {sorted(declared)}"
 
 
 def test_dashboard_variables_are_defined() -> None:
@@ -314,7 +301,7 @@ def test_guide_examples_use_only_exported_series() -> None:
     queries = guide_queries()
     assert len(queries) >= 5
     for expr in queries:
-        unknown = metric_names(expr) - exported_names() - PENDING_SERIES
+        unknown = metric_names(expr) - exported_names()
         assert not unknown, f"{expr!r} reads {sorted(unknown)}"
 
 
