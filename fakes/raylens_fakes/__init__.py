@@ -2,18 +2,21 @@
 
 Installed with raylens and registered as a pytest plugin, so its fixtures
 (``metrics_probe``, ``fake_cluster``, ``fake_default_cluster``, ``simulated_cluster``,
-``fake_procfs``, ``raylens_state``) are available in any project that installs
+``fake_procfs``, ``fake_ray``, ``raylens_state``) are available in any project that installs
 raylens. See :mod:`raylens_fakes.pytest_plugin`.
 
 The simulated cluster (``FakeRaylet``, ``FakeCluster``, ``SimulatedCluster``) ships
 with the product as :mod:`raylens.simulation`, since ``raylens simulate`` runs it;
 it is re-exported here and from ``raylens_fakes.raylet``, ``raylens_fakes.cluster``
-and ``raylens_fakes.simulated``. ``MetricsProbe`` and ``FakeProcFS`` live here only.
+and ``raylens_fakes.simulated``. ``MetricsProbe``, ``FakeProcFS`` and ``FakeRay`` (an
+in-process stand-in for the ``ray`` module, handed to raylens through its Ray seam)
+live here only.
 """
 
 from raylens_fakes.cluster import FakeCluster, FakePlacementGroup
 from raylens_fakes.otel import MetricsProbe, Snapshot
 from raylens_fakes.procfs import FakeProcFS
+from raylens_fakes.ray import FakeRay
 from raylens_fakes.raylet import FakeRaylet
 from raylens_fakes.simulated import SimulatedCluster
 
@@ -21,6 +24,7 @@ __all__ = [
     "FakeCluster",
     "FakePlacementGroup",
     "FakeProcFS",
+    "FakeRay",
     "FakeRaylet",
     "MetricsProbe",
     "SimulatedCluster",

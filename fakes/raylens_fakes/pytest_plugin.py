@@ -24,6 +24,12 @@ project with raylens installed can ask for these fixtures by name:
     process trees with ``add_process`` and pass ``fake_procfs.procfs`` wherever
     raylens takes ``procfs=``.
 
+``fake_ray``
+    A :class:`raylens_fakes.ray.FakeRay` over two nodes: pass ``fake_ray.seam()``
+    wherever raylens takes ``ray_seam=`` (or ``fake_ray`` itself as ``ray=``), script
+    actor deaths and hanging calls on its actors, and assert on what it recorded.
+    Nothing is put in ``sys.modules`` unless the test calls ``fake_ray.install(monkeypatch)``.
+
 ``raylens_state``
     Resets raylens' process-wide state before and after the test: the worker-group
     placement map, the host-memory monitor, profiler snapshots, the telemetry
@@ -55,6 +61,7 @@ import pytest
 from raylens_fakes.cluster import FakeCluster
 from raylens_fakes.otel import MetricsProbe
 from raylens_fakes.procfs import FakeProcFS
+from raylens_fakes.ray import FakeRay
 from raylens_fakes.simulated import SimulatedCluster
 
 # The metrics_probe fixture's probe, reinstalled by every reset while its test runs.
@@ -120,6 +127,12 @@ def simulated_cluster() -> Iterator[Callable[..., SimulatedCluster]]:
 def fake_procfs(tmp_path: Any) -> FakeProcFS:
     """A fake ``/proc`` under the test's tmp_path; pass ``fake_procfs.procfs`` as ``procfs=``."""
     return FakeProcFS(tmp_path / "proc")
+
+
+@pytest.fixture
+def fake_ray() -> FakeRay:
+    """A :class:`FakeRay` over two nodes; hand it to raylens with ``fake_ray.seam()``."""
+    return FakeRay()
 
 
 def reset_raylens_state() -> None:
