@@ -27,13 +27,12 @@ also puts it in ``sys.modules`` for code that imports ``ray`` by name.
 
 from __future__ import annotations
 
+import functools
 import itertools
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from types import SimpleNamespace
 from typing import Any
-
-from raylens.distributed.ray_seam import RaySeam
 
 __all__ = [
     "DEFAULT_NODE_IDS",
@@ -41,7 +40,6 @@ __all__ = [
     "FakeObjectRef",
     "FakeRay",
     "FakeRayPlacementGroup",
-    "FakeRaySeam",
     "GetTimeoutError",
     "NodeAffinitySchedulingStrategy",
     "PlacementGroupSchedulingStrategy",
@@ -444,9 +442,9 @@ class FakeRay:
         """Actors started on ``node_id`` from now on hang on every call."""
         self._hang_on.add(node_id)
 
-    def seam(self) -> FakeRaySeam:
-        """A Ray seam whose connected module is this fake (None once ``shutdown()``)."""
-        return FakeRaySeam(self)
+    def seam(self) -> Any:
+        """A ``RaySeam`` whose connected module is this fake (None once ``shutdown()``)."""
+        return _seam_class()(self)
 
     def modules(self) -> dict[str, Any]:
         """``sys.modules`` entries under which code that imports ``ray`` finds this fake."""
@@ -539,15 +537,26 @@ class FakeRay:
         return ref.result()
 
 
-class FakeRaySeam(RaySeam):
-    """A :class:`RaySeam` over a :class:`FakeRay`: connected while ``is_initialized()``."""
+@functools.cache
+def _seam_class() -> type:
+    """The RaySeam subclass over a FakeRay, defined on first use.
 
-    def __init__(self, fake: FakeRay) -> None:
-        super().__init__()
-        self.fake = fake
+    Importing the distributed layer declares raylens' metrics, so the plugin that
+    imports this module must not do it at import.
+    """
+    from raylens.distributed.ray_seam import RaySeam
 
-    def connected_ray(self) -> Any:
-        return self.fake if self.fake.is_initialized() else None
+    class FakeRaySeam(RaySeam):
+        """A RaySeam over a FakeRay: connected while the fake ``is_initialized()``."""
 
-    def ray(self) -> Any:
-        return self.fake
+        def __init__(self, fake: FakeRay) -> None:
+            super().__init__()
+            self.fake = fake
+
+        def connected_ray(self) -> Any:
+            return self.fake if self.fake.is_initialized() else None
+
+        def ray(self) -> Any:
+            return self.fake
+
+    return FakeRaySeam
