@@ -222,7 +222,7 @@ class FakeActor:
         """What asking for the call's result does, as fixed when the call was made."""
         outcome = self.scripts.get(method, "ok")
         if self.dead or outcome == "died":
-            return _raising(RayActorError(f"actor {self.name} died"))
+            return _raising(RayActorError(f"actor died: {self.name}"))
         if outcome == "raises":
             return _raising(RuntimeError(f"{method} failed on {self.name}"))
         if isinstance(outcome, BaseException):

@@ -1,12 +1,9 @@
-"""The per-node sampler manager, on a small in-process stand-in for Ray (no Ray installed)."""
+"""The per-node sampler manager, on raylens_fakes' FakeRay (no Ray installed)."""
 
 from __future__ import annotations
 
-import itertools
 import os
-import sys
 from pathlib import Path
-from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -25,120 +22,12 @@ from raylens.telemetry.group_memory import (
 )
 from raylens.telemetry.process_memory import ProcFS
 from raylens_fakes.procfs import FakeProcFS
+from raylens_fakes.ray import FakeRay
 
 MB = 2**20
 NODE_A = "a" * 56
 NODE_B = "b" * 56
 NODE_C = "c" * 56
-
-
-class FakeActorError(Exception):
-    """Stands for ray.exceptions.RayActorError."""
-
-
-class FakeAffinity:
-    def __init__(self, node_id: str, soft: bool) -> None:
-        self.node_id = node_id
-        self.soft = soft
-
-
-class FakeRef:
-    _ids = itertools.count()
-
-    def __init__(self, compute: Any = None, *, hung: bool = False) -> None:
-        self.id = next(self._ids)
-        self.compute = compute
-        self.hung = hung
-
-    def __hash__(self) -> int:
-        return self.id
-
-    def __eq__(self, other: object) -> bool:
-        return isinstance(other, FakeRef) and other.id == self.id
-
-
-class FakeMethod:
-    def __init__(self, actor: FakeActor, name: str) -> None:
-        self.actor = actor
-        self.name = name
-
-    def remote(self, *args: Any) -> FakeRef:
-        actor = self.actor
-        actor.calls.append((self.name, args))
-        if actor.dead:
-            return FakeRef(lambda: (_ for _ in ()).throw(FakeActorError("actor died")))
-        if actor.hung:
-            return FakeRef(hung=True)
-        method = getattr(actor.instance, self.name)
-        return FakeRef(lambda: method(*args))
-
-
-class FakeActor:
-    def __init__(self, instance: Any, options: dict[str, Any]) -> None:
-        self.instance = instance
-        self.options = options
-        self.node_id = options["scheduling_strategy"].node_id
-        self.calls: list[tuple[str, tuple]] = []
-        self.hung = False
-        self.dead = False
-        self.killed = False
-
-    def __getattr__(self, name: str) -> FakeMethod:
-        if name.startswith("_"):
-            raise AttributeError(name)
-        return FakeMethod(self, name)
-
-
-class FakeRay:
-    """Just enough of the ``ray`` module for the sampler manager: remote, wait, get, kill."""
-
-    def __init__(self, roots: dict[str, Path]) -> None:
-        self.roots = roots
-        self.actors: list[FakeActor] = []
-        self.wait_timeouts: list[float | None] = []
-        self.util = SimpleNamespace(
-            scheduling_strategies=SimpleNamespace(NodeAffinitySchedulingStrategy=FakeAffinity)
-        )
-        self.exceptions = SimpleNamespace(RayActorError=FakeActorError)
-        self.hang_next_on: set[str] = set()
-
-    def remote(self, **class_options: Any) -> Any:
-        fake = self
-
-        def decorate(cls: type) -> Any:
-            class RemoteClass:
-                @staticmethod
-                def options(**options: Any) -> Any:
-                    merged = {**class_options, **options}
-
-                    def remote(*args: Any, **kwargs: Any) -> FakeActor:
-                        node = merged["scheduling_strategy"].node_id
-                        kwargs["procfs_root"] = str(fake.roots[node])
-                        actor = FakeActor(cls(*args, **kwargs), merged)
-                        actor.hung = node in fake.hang_next_on
-                        fake.actors.append(actor)
-                        return actor
-
-                    return SimpleNamespace(remote=remote)
-
-            return RemoteClass
-
-        return decorate
-
-    def wait(self, refs: list[FakeRef], *, num_returns: int = 1, timeout: float | None = None):
-        self.wait_timeouts.append(timeout)
-        ready = [ref for ref in refs if not ref.hung]
-        return ready[:num_returns], [ref for ref in refs if ref not in ready[:num_returns]]
-
-    def get(self, ref: FakeRef, *, timeout: float | None = None) -> Any:
-        assert not ref.hung, "get() on a ref that never resolves would block"
-        return ref.compute()
-
-    def kill(self, actor: FakeActor, *, no_restart: bool = True) -> None:
-        actor.killed = True
-
-    def live_actors(self) -> list[FakeActor]:
-        return [actor for actor in self.actors if not actor.killed]
 
 
 @pytest.fixture
@@ -148,7 +37,10 @@ def nodes(tmp_path: Path) -> dict[str, FakeProcFS]:
 
 @pytest.fixture
 def fake_ray(nodes: dict[str, FakeProcFS]) -> FakeRay:
-    return FakeRay({node: fake.root for node, fake in nodes.items()})
+    """A FakeRay over the three nodes; each sampler it starts reads its own node's procfs."""
+    fake = FakeRay(nodes)
+    fake.actor_setup = lambda node, _cls, kwargs: kwargs.update(procfs_root=str(nodes[node].root))
+    return fake
 
 
 def _worker(fake: FakeProcFS, group: str, pid: int, rss: int) -> tuple[str, int, int]:
@@ -237,7 +129,7 @@ def test_a_wedged_sampler_is_not_asked_again_while_its_reading_is_open(fake_ray:
 
     for _ in range(2):
         assert isinstance(manager.sample(workers)[NODE_B], SamplerError)
-    assert [name for name, _ in wedged.calls] == ["read", "read"]
+    assert [name for name, *_ in wedged.calls] == ["read", "read"]
 
     # The third miss replaces it; the new one answers.
     manager.sample(workers)
@@ -252,7 +144,7 @@ def test_a_sampler_that_has_not_answered_yet_is_left_to_start(fake_ray: FakeRay,
     # only start the wait again.
     b = nodes[NODE_B]
     workers = {NODE_B: [_worker(b, "policy", 300, MB)]}
-    fake_ray.hang_next_on.add(NODE_B)
+    fake_ray.hang_actors_on(NODE_B)
     manager = _manager(fake_ray, max_missed=3)
 
     for _ in range(6):
@@ -262,7 +154,7 @@ def test_a_sampler_that_has_not_answered_yet_is_left_to_start(fake_ray: FakeRay,
 
     (starting,) = fake_ray.actors
     assert not starting.killed
-    assert [name for name, _ in starting.calls] == ["read"]
+    assert [name for name, *_ in starting.calls] == ["read"]
 
 
 def test_a_dead_sampler_is_replaced_at_the_next_cycle(fake_ray: FakeRay, nodes):
@@ -402,8 +294,7 @@ def test_one_cycle_samples_the_registry_and_publishes(fake_ray: FakeRay, nodes):
 
 
 def test_worker_identity_reports_node_pid_and_start(monkeypatch):
-    context = SimpleNamespace(get_node_id=lambda: NODE_C)
-    monkeypatch.setitem(sys.modules, "ray", SimpleNamespace(get_runtime_context=lambda: context))
+    FakeRay([NODE_C]).install(monkeypatch)
 
     node_id, pid, ticks = worker_identity(object())
 
