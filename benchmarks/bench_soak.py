@@ -455,7 +455,7 @@ def _run_profiler(restarts: int, checkpoints: int, out: Connection) -> None:
                     + len(profiler._peaks)
                     + len(profiler._pss)
                     + len(profiler._pss_attempted),
-                    exported_servers=len(pm._SERVERS),
+                    exported_servers=pm.DEFAULT_SERIES.entry_count(),
                     process_points=len(points),
                     sdk_held=sum(handle.held_attribute_sets(name) for name in recorded_metrics()),
                     rss_growth_mib=(_rss() - (rss_start or 0)) / 2**20,

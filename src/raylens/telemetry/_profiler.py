@@ -31,16 +31,13 @@ from raylens.telemetry._procfs import (
     collect_host_memory,
 )
 from raylens.telemetry._profiler_series import (
+    DEFAULT_SERIES,
     HOST_USED,
     PSS,
     RSS,
+    ProcessMemorySeries,
     ServerMemoryTarget,
-    forget_server,
-    new_owner,
-    publish_host,
-    publish_server,
     raise_peak,
-    release_owner,
 )
 
 logger = logging.getLogger("raylens.telemetry.process_memory")
@@ -159,7 +156,10 @@ class MemoryProfiler:
     often PSS is read (every sample when None); it needs a collector that
     takes ``include_pss=False`` for the samples in between, as the default does.
     ``clock`` (default :func:`time.monotonic`) times PSS reads. ``procfs`` is
-    where process trees are read and pid reuse is checked.
+    where process trees are read and pid reuse is checked. ``series`` is the
+    :class:`ProcessMemorySeries` the samples are published to (default
+    :data:`DEFAULT_SERIES`, the one lens exports); a test may pass its own to keep
+    its points apart from every other profiler's.
 
     Nothing raised while sampling escapes the thread: it is logged once (see
     :func:`raylens.lens.warn_once`) and the next sample runs as usual.
@@ -175,6 +175,7 @@ class MemoryProfiler:
         pss_interval_seconds: float | None = None,
         clock: Callable[[], float] | None = None,
         procfs: ProcFS | str | os.PathLike[str] | None = None,
+        series: ProcessMemorySeries | None = None,
     ) -> None:
         self._interval = _check_interval("interval_seconds", interval_seconds)
         self._pss_interval = (
@@ -189,6 +190,9 @@ class MemoryProfiler:
         duplicates = sorted({n for n in names if names.count(n) > 1})
         if duplicates:
             raise ValueError(f"server names must be unique; repeated: {', '.join(duplicates)}")
+        if series is not None and not isinstance(series, ProcessMemorySeries):
+            raise TypeError(f"series must be a ProcessMemorySeries or None, got {series!r}")
+        self._series = DEFAULT_SERIES if series is None else series
         self._targets = {target.name: target for target in targets}
         self._procfs = as_procfs(procfs)
         if collector is None:
@@ -216,8 +220,8 @@ class MemoryProfiler:
         self._state_lock = threading.Lock()
         # Keeps this profiler's exported servers apart from other profilers' of the same
         # name; once it is garbage-collected, a later entry of the same name replaces them.
-        self._owner = new_owner()
-        weakref.finalize(self, release_owner, self._owner).atexit = False
+        self._owner = self._series.new_owner()
+        weakref.finalize(self, self._series.release_owner, self._owner).atexit = False
 
     @property
     def targets(self) -> list[ServerMemoryTarget]:
@@ -261,7 +265,7 @@ class MemoryProfiler:
                 self._peaks.pop((current.name, memory_type), None)
             self._pss.pop(current.name, None)
             self._pss_attempted.pop(current.name, None)
-            forget_server(current, owner=self._owner)
+            self._series.forget_server(current, owner=self._owner)
         reset_warn_once(_collector_warning_key(current.name))
         return current
 
@@ -373,7 +377,7 @@ class MemoryProfiler:
             peak = raise_peak(
                 self._host_peaks, HOST_USED, None if host is None else host.used_bytes
             )
-            publish_host(host, peak)
+            self._series.publish_host(host, peak)
             with self._state_lock:
                 targets = list(self._targets.values())
             sampled = (self._sample_target(target, now) for target in targets)
@@ -437,7 +441,7 @@ class MemoryProfiler:
                 memory = ProcessTreeMemory(memory.rss_bytes, pss, memory.process_count)
             peak_rss = raise_peak(self._peaks, (name, RSS), memory and memory.rss_bytes)
             peak_pss = raise_peak(self._peaks, (name, PSS), memory and memory.pss_bytes)
-            publish_server(target, memory, peak_rss, peak_pss, owner=self._owner)
+            self._series.publish_server(target, memory, peak_rss, peak_pss, owner=self._owner)
         live = memory if status == LIVE else None
         return ServerMemorySample(
             target=target,

@@ -11,8 +11,10 @@ however many profilers come and go. The gauges are declared with lens the first 
 sample is published with telemetry on, never at import. Publishing never raises:
 a meter or exporter that fails costs that sample its points and one warning.
 
-State: the snapshot and :data:`_INSTRUMENTS`; :func:`reset_process_memory_state`
-clears both and withdraws the gauge declarations.
+State: each :class:`ProcessMemorySeries` holds its own snapshot and the meters
+it set its gauges up on. :data:`DEFAULT_SERIES` is the one the module-level
+functions and profilers built without ``series=`` use, and the one that
+exports; :func:`reset_process_memory_state` resets it.
 """
 
 from __future__ import annotations
@@ -145,151 +147,6 @@ class _HostPoints:
     peak_used: int | None = None
 
 
-_LOCK = threading.Lock()
-_SERVERS: dict[tuple[int | None, str], _ServerPoints] = {}
-"""``{(owner, server name): points}``; owner None for values recorded outside a profiler."""
-_HOST = _HostPoints()
-
-_OWNERS = itertools.count(1)
-_GONE_OWNERS: deque[int] = deque()
-"""Owners whose profiler was garbage-collected, to handle at the next use of :data:`_LOCK`."""
-_ORPHANS: set[tuple[int | None, str]] = set()
-"""Keys of :data:`_SERVERS` whose profiler is gone; the next entry of that name replaces them."""
-
-
-def new_owner() -> int:
-    """A fresh owner id for one profiler's entries."""
-    return next(_OWNERS)
-
-
-def release_owner(owner: int) -> None:
-    """Mark every entry of ``owner`` as replaceable by the next entry of the same name.
-
-    Meant for a finalizer, which may run in any thread at any allocation, even one
-    made while :data:`_LOCK` is held: so it takes no lock and only queues the owner.
-    """
-    _GONE_OWNERS.append(owner)
-
-
-def _drop_gone_owners() -> None:
-    """Turn the entries of released owners into orphans. The caller holds :data:`_LOCK`."""
-    while _GONE_OWNERS:
-        owner = _GONE_OWNERS.popleft()
-        _ORPHANS.update(key for key in _SERVERS if key[0] == owner)
-
-
-def _current_servers() -> list[_ServerPoints]:
-    """One entry per measured server, the latest published. The caller holds :data:`_LOCK`."""
-    _drop_gone_owners()
-    latest: dict[ServerMemoryTarget, _ServerPoints] = {}
-    for entry in _SERVERS.values():  # in publishing order: a later entry wins
-        latest[entry.target] = entry
-    return list(latest.values())
-
-
-_INSTRUMENTS: weakref.WeakKeyDictionary[Any, dict[str, RecordedMetric]] = (
-    weakref.WeakKeyDictionary()
-)
-"""Meters this module has made sure export its gauges, with the gauges by registry key."""
-
-
-def _by_memory_type(
-    entries: list[tuple[dict[str, Any], int | None, int | None]],
-) -> list[Observation]:
-    """One point per known value of ``(attributes, rss, pss)``, tagged with its memory.type."""
-    points = []
-    for attributes, rss, pss in entries:
-        if rss is not None:
-            points.append(Observation(rss, {**attributes, "memory.type": RSS}))
-        if pss is not None:
-            points.append(Observation(pss, {**attributes, "memory.type": PSS}))
-    return points
-
-
-def _observe_server_usage(_options: CallbackOptions) -> Iterable[Observation]:
-    with _LOCK:
-        entries = [(e.attributes, e.rss, e.pss) for e in _current_servers()]
-    return _by_memory_type(entries)
-
-
-def _observe_server_peak(_options: CallbackOptions) -> Iterable[Observation]:
-    with _LOCK:
-        entries = [(e.attributes, e.peak_rss, e.peak_pss) for e in _current_servers()]
-    return _by_memory_type(entries)
-
-
-def _observe_server_processes(_options: CallbackOptions) -> Iterable[Observation]:
-    with _LOCK:
-        return [
-            Observation(e.processes, dict(e.attributes))
-            for e in _current_servers()
-            if e.processes is not None
-        ]
-
-
-def _host_callback(pick: Callable[[_HostPoints], int | None]) -> Callable[..., list[Observation]]:
-    def callback(_options: CallbackOptions) -> list[Observation]:
-        with _LOCK:
-            value = pick(_HOST)
-        return [] if value is None else [Observation(value)]
-
-    return callback
-
-
-_GAUGES: tuple[tuple[RecordedMetric, Callable[..., Iterable[Observation]]], ...] = (
-    (_SERVER_MEMORY, _observe_server_usage),
-    (_SERVER_PEAK, _observe_server_peak),
-    (_SERVER_PROCESSES, _observe_server_processes),
-    (_HOST_USAGE, _host_callback(lambda h: h.memory.used_bytes if h.memory else None)),
-    (_HOST_AVAILABLE, _host_callback(lambda h: h.memory.available_bytes if h.memory else None)),
-    (_HOST_TOTAL, _host_callback(lambda h: h.memory.total_bytes if h.memory else None)),
-    (_HOST_PEAK, _host_callback(lambda h: h.peak_used)),
-)
-
-
-def _register_gauges() -> dict[str, RecordedMetric]:
-    for metric, callback in _GAUGES:
-        register_observable_gauge(metric, callback)
-    return {metric.key: metric for metric, _ in _GAUGES}
-
-
-def _get_instruments(meter: Any) -> dict[str, RecordedMetric]:
-    """Make sure ``meter``'s pipeline exports this module's gauges; return them by key.
-
-    Nothing is declared before the first sample is recorded with telemetry on.
-    Registration with lens is idempotent and survives pipeline restarts; doing
-    it again the first time each meter is seen also restores the gauges if the
-    lens declarations were cleared in between. A meter is remembered only once
-    its gauges were set up, so a failed attempt is tried again at the next sample.
-    """
-    try:
-        cached = _INSTRUMENTS.get(meter)
-    except TypeError:  # a meter that cannot be weakly referenced is simply not cached
-        return _register_gauges()
-    if cached is None:
-        cached = _register_gauges()
-        _INSTRUMENTS[meter] = cached
-    return cached
-
-
-def _ensure_exported() -> None:
-    """Set up the gauges on the running pipeline, if any. Never raises.
-
-    A meter or exporter that fails here must not reach the profiled server or the
-    caller: the failure costs this sample its points and is logged once.
-    """
-    try:
-        handle = get_telemetry_handle()
-        if handle is not None:
-            _get_instruments(handle.meter)
-    except Exception:
-        warn_once(
-            "process_memory.export",
-            "setting up the process-memory gauges failed; this sample exports no points",
-            logger=logger,
-        )
-
-
 def raise_peak(peaks: dict[Any, int], key: Any, value: int | None) -> int | None:
     """Raise ``peaks[key]`` to ``value`` (None: unknown, left alone); return the peak."""
     if value is not None and value > peaks.get(key, -1):
@@ -305,56 +162,286 @@ def _server_attributes(target: ServerMemoryTarget) -> dict[str, Any]:
     }
 
 
-def publish_host(memory: HostMemory | None, peak_used: int | None) -> None:
-    """Make ``memory`` (None: not known this sample) and ``peak_used`` the exported host values."""
-    global _HOST
-    with _LOCK:
-        _HOST = _HostPoints(memory=memory, peak_used=peak_used)
-    _ensure_exported()
+def _by_memory_type(
+    entries: list[tuple[dict[str, Any], int | None, int | None]],
+) -> list[Observation]:
+    """One point per known value of ``(attributes, rss, pss)``, tagged with its memory.type."""
+    points = []
+    for attributes, rss, pss in entries:
+        if rss is not None:
+            points.append(Observation(rss, {**attributes, "memory.type": RSS}))
+        if pss is not None:
+            points.append(Observation(pss, {**attributes, "memory.type": PSS}))
+    return points
 
 
-def publish_server(
-    target: ServerMemoryTarget,
-    memory: ProcessTreeMemory | None,
-    peak_rss: int | None,
-    peak_pss: int | None,
-    *,
-    owner: int | None = None,
-) -> None:
-    """Make ``memory`` (None: not known this sample) the exported values of ``target``.
+_HOST_PICKS: tuple[tuple[RecordedMetric, Callable[[_HostPoints], int | None]], ...] = (
+    (_HOST_USAGE, lambda h: h.memory.used_bytes if h.memory else None),
+    (_HOST_AVAILABLE, lambda h: h.memory.available_bytes if h.memory else None),
+    (_HOST_TOTAL, lambda h: h.memory.total_bytes if h.memory else None),
+    (_HOST_PEAK, lambda h: h.peak_used),
+)
 
-    ``owner`` (from :func:`new_owner`) keeps one profiler's entry apart from
-    another's for a server of the same name; None is the owner of values recorded
-    outside a profiler.
+
+class ProcessMemorySeries:
+    """The points of the ``gym.*`` series for one set of profilers, read by gauge callbacks.
+
+    Profilers publish each sample here and the callbacks only read what was
+    published. The module keeps one default instance, :data:`DEFAULT_SERIES`,
+    which every :class:`MemoryProfiler` built without ``series=`` and the
+    module-level ``record_*`` functions write to, and which alone declares the
+    gauges with lens (``export=True``). An instance built by hand keeps its
+    points to itself: :meth:`points` reads them, and nothing reaches lens. lens
+    holds one callback per series name, so at most one instance in a process
+    should export.
+
+    Server points are kept per profiler (an owner from :meth:`new_owner`) and
+    server name. The host has one set of points per instance: every profiler on
+    an instance overwrites it, so the host values and the host peak exported are
+    those of whichever profiler sampled last. That suits the default instance, as
+    a process runs on one host.
     """
-    entry = _ServerPoints(
-        target=target,
-        attributes=_server_attributes(target),
-        rss=None if memory is None else memory.rss_bytes,
-        pss=None if memory is None else memory.pss_bytes,
-        processes=None if memory is None else memory.process_count,
-        peak_rss=peak_rss,
-        peak_pss=peak_pss,
-    )
-    key = (owner, target.name)
-    with _LOCK:
-        _drop_gone_owners()
-        for orphan in [orphan for orphan in _ORPHANS if orphan[1] == target.name]:
-            _ORPHANS.discard(orphan)
-            _SERVERS.pop(orphan, None)
-        _SERVERS.pop(key, None)  # re-inserted last: the latest published wins a tie
-        _SERVERS[key] = entry
-    _ensure_exported()
+
+    def __init__(self, *, export: bool = False) -> None:
+        self._export = export
+        self._lock = threading.Lock()
+        # {(owner, server name): points}; owner None for values recorded outside a profiler.
+        self._servers: dict[tuple[int | None, str], _ServerPoints] = {}
+        self._host = _HostPoints()
+        self._owners = itertools.count(1)
+        # Owners whose profiler was garbage-collected, handled at the next use of the lock.
+        self._gone_owners: deque[int] = deque()
+        # Keys of entries whose profiler is gone; the next entry of that name replaces them.
+        self._orphans: set[tuple[int | None, str]] = set()
+        # Meters this instance has set its gauges up on, with the gauges by registry key.
+        self._instruments: weakref.WeakKeyDictionary[Any, dict[str, RecordedMetric]] = (
+            weakref.WeakKeyDictionary()
+        )
+        self._gauges: tuple[tuple[RecordedMetric, Callable[..., Iterable[Observation]]], ...] = (
+            (_SERVER_MEMORY, self._observe_server_usage),
+            (_SERVER_PEAK, self._observe_server_peak),
+            (_SERVER_PROCESSES, self._observe_server_processes),
+            *((metric, self._host_callback(pick)) for metric, pick in _HOST_PICKS),
+        )
+
+    # ------------------------------------------------------------ owners
+
+    def new_owner(self) -> int:
+        """A fresh owner id for one profiler's entries."""
+        return next(self._owners)
+
+    def release_owner(self, owner: int) -> None:
+        """Mark every entry of ``owner`` as replaceable by the next entry of the same name.
+
+        Meant for a finalizer, which may run in any thread at any allocation, even
+        one made while this instance's lock is held: so it takes no lock and only
+        queues the owner.
+        """
+        self._gone_owners.append(owner)
+
+    def _drop_gone_owners(self) -> None:
+        """Turn the entries of released owners into orphans. The caller holds the lock."""
+        while self._gone_owners:
+            owner = self._gone_owners.popleft()
+            self._orphans.update(key for key in self._servers if key[0] == owner)
+
+    def _current_servers(self) -> list[_ServerPoints]:
+        """One entry per measured server, the latest published. The caller holds the lock."""
+        self._drop_gone_owners()
+        latest: dict[ServerMemoryTarget, _ServerPoints] = {}
+        for entry in self._servers.values():  # in publishing order: a later entry wins
+            latest[entry.target] = entry
+        return list(latest.values())
+
+    def entry_count(self) -> int:
+        """How many server entries are held, those of collected profilers included."""
+        with self._lock:
+            return len(self._servers)
+
+    # ------------------------------------------------------------ gauge callbacks
+
+    def _observe_server_usage(self, _options: CallbackOptions | None = None) -> list[Observation]:
+        with self._lock:
+            entries = [(e.attributes, e.rss, e.pss) for e in self._current_servers()]
+        return _by_memory_type(entries)
+
+    def _observe_server_peak(self, _options: CallbackOptions | None = None) -> list[Observation]:
+        with self._lock:
+            entries = [(e.attributes, e.peak_rss, e.peak_pss) for e in self._current_servers()]
+        return _by_memory_type(entries)
+
+    def _observe_server_processes(
+        self, _options: CallbackOptions | None = None
+    ) -> list[Observation]:
+        with self._lock:
+            return [
+                Observation(e.processes, dict(e.attributes))
+                for e in self._current_servers()
+                if e.processes is not None
+            ]
+
+    def _host_callback(
+        self, pick: Callable[[_HostPoints], int | None]
+    ) -> Callable[..., list[Observation]]:
+        def callback(_options: CallbackOptions | None = None) -> list[Observation]:
+            with self._lock:
+                value = pick(self._host)
+            return [] if value is None else [Observation(value)]
+
+        return callback
+
+    def points(self, name: str) -> dict[frozenset[tuple[str, Any]], int | float]:
+        """``{frozenset(attribute items): value}`` that series ``name`` would export now.
+
+        Raises ValueError for a name that is not one of this module's series.
+        """
+        for metric, callback in self._gauges:
+            if metric.name == name:
+                return {
+                    frozenset((point.attributes or {}).items()): point.value
+                    for point in callback(None)
+                }
+        known = ", ".join(metric.name for metric, _ in self._gauges)
+        raise ValueError(f"no process-memory series named {name!r}; the series are {known}")
+
+    # ------------------------------------------------------------ lens
+
+    def _register_gauges(self) -> dict[str, RecordedMetric]:
+        for metric, callback in self._gauges:
+            register_observable_gauge(metric, callback)
+        return {metric.key: metric for metric, _ in self._gauges}
+
+    def _get_instruments(self, meter: Any) -> dict[str, RecordedMetric]:
+        """Make sure ``meter``'s pipeline exports this instance's gauges; return them by key.
+
+        Registration with lens is idempotent and survives pipeline restarts; doing
+        it again the first time each meter is seen also restores the gauges if the
+        lens declarations were cleared in between. A meter is remembered only once
+        its gauges were set up, so a failed attempt is tried again at the next sample.
+        """
+        try:
+            cached = self._instruments.get(meter)
+        except TypeError:  # a meter that cannot be weakly referenced is simply not cached
+            return self._register_gauges()
+        if cached is None:
+            cached = self._register_gauges()
+            self._instruments[meter] = cached
+        return cached
+
+    def exported_meters(self) -> int:
+        """How many meters this instance has set its gauges up on."""
+        return len(self._instruments)
+
+    def _ensure_exported(self) -> None:
+        """Set up the gauges on the running pipeline, if this instance exports. Never raises.
+
+        A meter or exporter that fails here must not reach the profiled server or
+        the caller: the failure costs this sample its points and is logged once.
+        """
+        if not self._export:
+            return
+        try:
+            handle = get_telemetry_handle()
+            if handle is not None:
+                self._get_instruments(handle.meter)
+        except Exception:
+            warn_once(
+                "process_memory.export",
+                "setting up the process-memory gauges failed; this sample exports no points",
+                logger=logger,
+            )
+
+    # ------------------------------------------------------------ publishing
+
+    def publish_host(self, memory: HostMemory | None, peak_used: int | None) -> None:
+        """Make ``memory`` (None: not known this sample) and ``peak_used`` the host values."""
+        with self._lock:
+            self._host = _HostPoints(memory=memory, peak_used=peak_used)
+        self._ensure_exported()
+
+    def publish_server(
+        self,
+        target: ServerMemoryTarget,
+        memory: ProcessTreeMemory | None,
+        peak_rss: int | None,
+        peak_pss: int | None,
+        *,
+        owner: int | None = None,
+    ) -> None:
+        """Make ``memory`` (None: not known this sample) the exported values of ``target``.
+
+        ``owner`` (from :meth:`new_owner`) keeps one profiler's entry apart from
+        another's for a server of the same name; None is the owner of values
+        recorded outside a profiler.
+        """
+        entry = _ServerPoints(
+            target=target,
+            attributes=_server_attributes(target),
+            rss=None if memory is None else memory.rss_bytes,
+            pss=None if memory is None else memory.pss_bytes,
+            processes=None if memory is None else memory.process_count,
+            peak_rss=peak_rss,
+            peak_pss=peak_pss,
+        )
+        key = (owner, target.name)
+        with self._lock:
+            self._drop_gone_owners()
+            for orphan in [orphan for orphan in self._orphans if orphan[1] == target.name]:
+                self._orphans.discard(orphan)
+                self._servers.pop(orphan, None)
+            self._servers.pop(key, None)  # re-inserted last: the latest published wins a tie
+            self._servers[key] = entry
+        self._ensure_exported()
+
+    def forget_server(self, target: ServerMemoryTarget, *, owner: int | None = None) -> None:
+        """Drop ``owner``'s values of ``target``, unless its name now belongs to another."""
+        key = (owner, target.name)
+        with self._lock:
+            self._drop_gone_owners()
+            entry = self._servers.get(key)
+            if entry is not None and entry.target == target:
+                del self._servers[key]
+
+    def record_host_memory(self, memory: HostMemory, peaks: dict[str, int]) -> None:
+        """Publish ``memory`` as the host memory and raise ``peaks["used"]`` to it.
+
+        See :func:`record_host_memory`; this is the same on this instance.
+        """
+        if get_telemetry_handle() is None:
+            return
+        self.publish_host(memory, raise_peak(peaks, HOST_USED, memory.used_bytes))
+
+    def record_server_memory(
+        self,
+        target: ServerMemoryTarget,
+        memory: ProcessTreeMemory,
+        peaks: dict[tuple[str, str], int],
+    ) -> None:
+        """Publish ``memory`` as the memory of ``target`` and raise its peaks.
+
+        See :func:`record_server_memory`; this is the same on this instance.
+        """
+        if get_telemetry_handle() is None:
+            return
+        peak_rss = raise_peak(peaks, (target.name, RSS), memory.rss_bytes)
+        peak_pss = raise_peak(peaks, (target.name, PSS), memory.pss_bytes)
+        self.publish_server(target, memory, peak_rss, peak_pss)
+
+    def reset(self) -> None:
+        """Forget every point; an exporting instance also withdraws its gauge declarations."""
+        with self._lock:
+            self._servers.clear()
+            self._gone_owners.clear()
+            self._orphans.clear()
+            self._host = _HostPoints()
+        if self._export:
+            self._instruments.clear()
+            for metric, _callback in self._gauges:
+                unregister_observable_gauge(metric.name)
 
 
-def forget_server(target: ServerMemoryTarget, *, owner: int | None = None) -> None:
-    """Drop ``owner``'s exported values of ``target``, unless its name now belongs to another."""
-    key = (owner, target.name)
-    with _LOCK:
-        _drop_gone_owners()
-        entry = _SERVERS.get(key)
-        if entry is not None and entry.target == target:
-            del _SERVERS[key]
+DEFAULT_SERIES = ProcessMemorySeries(export=True)
+"""The series every profiler built without ``series=`` and the module-level functions use."""
 
 
 def record_host_memory(memory: HostMemory, peaks: dict[str, int]) -> None:
@@ -363,11 +450,10 @@ def record_host_memory(memory: HostMemory, peaks: dict[str, int]) -> None:
     ``peaks`` belongs to the caller (a profiler keeps one per run) and is
     updated in place; the exported peak is whatever it holds afterwards. With
     telemetry off (no lens handle) nothing is published and ``peaks`` is left
-    alone. Never raises for a failing meter or exporter.
+    alone. Never raises for a failing meter or exporter. Writes to
+    :data:`DEFAULT_SERIES`.
     """
-    if get_telemetry_handle() is None:
-        return
-    publish_host(memory, raise_peak(peaks, HOST_USED, memory.used_bytes))
+    DEFAULT_SERIES.record_host_memory(memory, peaks)
 
 
 def record_server_memory(
@@ -382,23 +468,11 @@ def record_server_memory(
     on ``gym.server.processes == 0`` fires; a None PSS publishes no PSS value.
     Peaks already reached stay. With telemetry off (no lens handle) nothing is
     published and ``peaks`` is left alone. Never raises for a failing meter or
-    exporter.
+    exporter. Writes to :data:`DEFAULT_SERIES`.
     """
-    if get_telemetry_handle() is None:
-        return
-    peak_rss = raise_peak(peaks, (target.name, RSS), memory.rss_bytes)
-    peak_pss = raise_peak(peaks, (target.name, PSS), memory.pss_bytes)
-    publish_server(target, memory, peak_rss, peak_pss)
+    DEFAULT_SERIES.record_server_memory(target, memory, peaks)
 
 
 def reset_process_memory_state() -> None:
-    """Forget every exported value, the gauge declarations and which meters were set up."""
-    global _HOST
-    with _LOCK:
-        _SERVERS.clear()
-        _GONE_OWNERS.clear()
-        _ORPHANS.clear()
-        _HOST = _HostPoints()
-    _INSTRUMENTS.clear()
-    for metric, _callback in _GAUGES:
-        unregister_observable_gauge(metric.name)
+    """Reset :data:`DEFAULT_SERIES`: its points, its gauge declarations and its meters."""
+    DEFAULT_SERIES.reset()

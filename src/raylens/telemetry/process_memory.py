@@ -41,10 +41,13 @@ nothing; a profiler still keeps its own peaks for :meth:`MemoryProfiler.latest`.
 The gauges are declared with lens at the first sample recorded with telemetry
 on; importing this module creates no instrument.
 
-State: the snapshot the gauge callbacks read (one entry per profiler and server
-name, dropped when the profiler forgets the server, or replaced by the next entry of
-that name once the profiler is garbage-collected), and :data:`_INSTRUMENTS`;
-:func:`reset_process_memory_state` clears both.
+State: a :class:`ProcessMemorySeries` holds what the gauge callbacks read (one
+entry per profiler and server name, dropped when the profiler forgets the server,
+or replaced by the next entry of that name once the profiler is garbage-collected)
+and the meters its gauges were set up on. :data:`DEFAULT_SERIES` is the one the
+functions here and profilers built without ``series=`` use, and the only one lens
+exports; :func:`reset_process_memory_state` resets it. The host points are one set
+per series, shared by its profilers: the last to sample sets them, peak included.
 """
 
 from __future__ import annotations
@@ -77,22 +80,15 @@ from raylens.telemetry._profiler import (
     ServerMemorySample,
 )
 from raylens.telemetry._profiler_series import (
-    _INSTRUMENTS as _INSTRUMENTS,
-)
-from raylens.telemetry._profiler_series import (
-    _SERVERS as _SERVERS,
-)
-from raylens.telemetry._profiler_series import (
+    DEFAULT_SERIES,
     HOST_USED,
     PSS,
     RSS,
+    ProcessMemorySeries,
     ServerMemoryTarget,
     record_host_memory,
     record_server_memory,
     reset_process_memory_state,
-)
-from raylens.telemetry._profiler_series import (
-    _get_instruments as _get_instruments,
 )
 
 logger = logging.getLogger(__name__)  # the logger of every process-memory module
@@ -152,6 +148,7 @@ def process_tree_memory_supported(*, procfs: ProcFSLike = None) -> bool:
 
 
 __all__ = [
+    "DEFAULT_SERIES",
     "EXITED",
     "FAILED",
     "HOST_USED",
@@ -167,6 +164,7 @@ __all__ = [
     "MemoryProfiler",
     "Opener",
     "ProcFS",
+    "ProcessMemorySeries",
     "ProcessTreeMemory",
     "SampleStatus",
     "ServerMemorySample",

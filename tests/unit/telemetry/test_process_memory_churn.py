@@ -162,4 +162,4 @@ def test_exported_state_follows_the_live_servers_of_every_profiler(probe, fake):
     profiler = MemoryProfiler([policy], 3600, host_collector=lambda: HOST, procfs=fake.procfs)
     profiler.sample_once()
     profiler.remove_target(policy)
-    assert pm._SERVERS == {}
+    assert pm.DEFAULT_SERIES.entry_count() == 0

@@ -8,7 +8,6 @@ import json
 
 import pytest
 
-from raylens.telemetry import _profiler_series as series
 from raylens.telemetry import process_memory as pm
 from raylens.telemetry.process_memory import (
     EXITED,
@@ -130,7 +129,7 @@ def test_a_gone_profilers_points_stay_until_their_name_is_published_again(
     assert rss_by_pid(metrics_probe) == {100: 300 * PAGE_SIZE, 200: 40 * PAGE_SIZE}
     second.sample_once()
     assert rss_by_pid(metrics_probe) == {200: 40 * PAGE_SIZE}
-    assert len(pm._SERVERS) == 1
+    assert pm.DEFAULT_SERIES.entry_count() == 1
 
 
 def test_profilers_that_come_and_go_hold_one_entry_per_name(metrics_probe, fake) -> None:
@@ -138,8 +137,8 @@ def test_profilers_that_come_and_go_hold_one_entry_per_name(metrics_probe, fake)
     for _ in range(5):  # one entry each would already be five
         profiler_of(fake, policy).sample_once()
         gc.collect()
-    assert len(pm._SERVERS) == 1
-    assert len(series._ORPHANS) <= 1
+    assert pm.DEFAULT_SERIES.entry_count() == 1
+    assert len(pm.DEFAULT_SERIES._orphans) <= 1
     assert rss_by_pid(metrics_probe) == {100: 300 * PAGE_SIZE}
 
 

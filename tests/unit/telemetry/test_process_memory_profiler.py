@@ -17,7 +17,6 @@ from raylens.telemetry.process_memory import (
     ProcessTreeMemory,
     ProcFS,
     ServerMemoryTarget,
-    _get_instruments,
     record_host_memory,
     record_server_memory,
     reset_process_memory_state,
@@ -167,12 +166,12 @@ def test_reset_forgets_everything(metrics_probe, policy):
     metrics_probe.collect()
     assert metrics_probe.points("gym.server.memory.usage") == {}
     assert metrics_probe.points("gym.host.memory.usage") == {}
-    assert len(pm._INSTRUMENTS) == 0
+    assert pm.DEFAULT_SERIES.exported_meters() == 0
 
 
 def test_instruments_are_set_up_once_per_meter(metrics_probe, policy):
     meter = get_telemetry_handle().meter
-    instruments = _get_instruments(meter)
+    instruments = pm.DEFAULT_SERIES._get_instruments(meter)
     assert set(instruments) == {
         "gym_server_memory_usage",
         "gym_server_memory_sampled_peak",
@@ -182,8 +181,8 @@ def test_instruments_are_set_up_once_per_meter(metrics_probe, policy):
         "gym_host_memory_total",
         "gym_host_memory_sampled_peak",
     }
-    assert _get_instruments(meter) is instruments
-    assert pm._INSTRUMENTS[meter] is instruments
+    assert pm.DEFAULT_SERIES._get_instruments(meter) is instruments
+    assert pm.DEFAULT_SERIES.exported_meters() == 1
 
 
 # ---------------------------------------------------------------- construction

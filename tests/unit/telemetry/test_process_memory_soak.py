@@ -26,7 +26,7 @@ def held_entries(profiler: MemoryProfiler) -> dict[str, int]:
         "peaks": len(profiler._peaks),
         "carried pss": len(profiler._pss),
         "pss attempts": len(profiler._pss_attempted),
-        "exported servers": len(pm._SERVERS),
+        "exported servers": pm.DEFAULT_SERIES.entry_count(),
         "latest servers": len(profiler.latest().servers),
     }
 
