@@ -10,6 +10,7 @@ import pytest
 from raylens.distributed.ray_seam import DEFAULT_RAY_SEAM, RaySeam
 from raylens.distributed.virtual_cluster import RayVirtualCluster
 from raylens.distributed.worker_groups import RayWorkerBuilder, RayWorkerGroup
+from raylens_fakes.ray import FakeRay
 
 
 class Disconnected:
@@ -17,32 +18,18 @@ class Disconnected:
         return False
 
 
-class StandIn:
-    def __init__(self) -> None:
-        self.built: list[str] = []
+def test_remote_definitions_are_built_once_per_seam_until_reset(fake_ray: FakeRay) -> None:
+    seam = fake_ray.seam()
+    built: list[Any] = []
 
-
-class FakeSeam(RaySeam):
-    def __init__(self, ray: Any) -> None:
-        super().__init__()
-        self.fake = ray
-
-    def connected_ray(self) -> Any:
-        return self.fake
-
-
-def test_remote_definitions_are_built_once_per_seam_until_reset() -> None:
-    ray = StandIn()
-    seam = FakeSeam(ray)
-
-    def build(module: StandIn) -> object:
-        module.built.append("probe")
+    def build(module: FakeRay) -> object:
+        built.append(module)
         return object()
 
     first = seam.remote("probe", build)
     assert seam.remote("probe", build) is first
-    assert ray.built == ["probe"]
-    assert FakeSeam(ray).remote("probe", build) is not first  # another seam, its own cache
+    assert built == [fake_ray]
+    assert fake_ray.seam().remote("probe", build) is not first  # another seam, its own cache
     seam.reset()
     assert seam.remote("probe", build) is not first
 
