@@ -1,7 +1,7 @@
 """Per-group memory wired end to end without Ray: worker groups register, the monitor's cycle collects.
 
 The host-memory monitor runs a cycle hook; the hook asks per-node samplers (a
-stand-in ``ray`` whose actors read a :class:`FakeProcFS` per node) and publishes
+:class:`FakeRay` whose actors read a :class:`FakeProcFS` per node) and publishes
 into the group snapshot the gauges read. Worker groups are real
 :class:`RayWorkerGroup` objects on a stand-in cluster and Ray seam.
 """
@@ -19,14 +19,18 @@ import pytest
 
 from raylens.distributed import _group_memory_wiring as wiring
 from raylens.distributed._group_memory_wiring import GroupMemoryCycle, attach_group_memory
-from raylens.distributed.group_memory_sampler import GroupMemorySamplers, worker_identity
-from raylens.distributed.ray_seam import RaySeam
+from raylens.distributed.group_memory_sampler import (
+    GroupMemorySamplerActor,
+    GroupMemorySamplers,
+    worker_identity,
+)
 from raylens.distributed.worker_groups import RayWorkerGroup
 from raylens.driver import init_telemetry_driver
 from raylens.lens import TelemetryConfig, shutdown_telemetry
 from raylens.telemetry import host_memory as hm
 from raylens.telemetry.group_memory import DEFAULT_REGISTRY
 from raylens_fakes import FakeCluster, FakeProcFS, MetricsProbe
+from raylens_fakes.ray import FakeActor, FakeRay
 
 
 def _monitor(**options: Any) -> hm.HostMemoryMonitor:
@@ -84,125 +88,60 @@ MB = 2**20
 NODES = ("a" * 56, "b" * 56)
 
 
-class FakeActorError(Exception):
-    """Stands for ray.exceptions.RayActorError."""
+class ClusterRay(FakeRay):
+    """FakeRay over NODES with a FakeProcFS per node: each worker is a process on its node.
 
-
-class FakeTimeout(Exception):
-    """Stands for ray.exceptions.GetTimeoutError."""
-
-
-class Ref:
-    def __init__(self, compute: Callable[[], Any], *, hung: bool = False) -> None:
-        self.compute = compute
-        self.hung = hung
-
-
-class Call:
-    def __init__(self, run: Callable[..., Ref]) -> None:
-        self.remote = run
-
-
-class Worker:
-    """A worker actor: a process on a node's procfs, asked only through ``__ray_call__``."""
-
-    def __init__(self, ray: FakeRay, node: str, pid: int, name: str) -> None:
-        self.ray, self.node, self.pid, self.name = ray, node, pid, name
-        self.busy = False  # in a long method: anything asked of it waits behind that
-        self.dead = False
-        self.asked = 0
-        self.__ray_ready__ = Call(lambda: self._ref(lambda: None))
-        self.__ray_call__ = Call(self._call)
-
-    def _ref(self, compute: Callable[[], Any]) -> Ref:
-        if self.dead:
-            return Ref(lambda: (_ for _ in ()).throw(FakeActorError(f"{self.name} died")))
-        return Ref(compute, hung=self.busy)
-
-    def _call(self, function: Callable[..., Any]) -> Ref:
-        assert function is worker_identity
-        self.asked += 1
-        procfs = self.ray.procfs[self.node]
-        return self._ref(lambda: (self.node, self.pid, procfs.start_ticks(self.pid)))
-
-
-class Sampler:
-    """A sampler actor: the real GroupMemorySamplerActor reading its node's fake procfs."""
-
-    def __init__(self, ray: FakeRay, node: str, instance: Any, options: dict[str, Any]) -> None:
-        self.ray, self.node, self.instance, self.options = ray, node, instance, options
-        self.dead = False
-        self.read = Call(self._read)
-
-    def _read(self, workers: list[Any]) -> Ref:
-        if self.dead:
-            return Ref(lambda: (_ for _ in ()).throw(FakeActorError("sampler died")))
-        self.ray.before_read(self.node)
-        return Ref(lambda: self.instance.read(workers))
-
-
-class FakeRay:
-    """What worker groups and sampler managers use of ``ray``, over one FakeProcFS per node."""
+    Samplers read their node's procfs; killing a worker ends its process; a worker
+    answers ``__ray_call__(worker_identity)`` with its node, pid and start time.
+    ``before_read(node)`` runs as each sampler is asked to read.
+    """
 
     def __init__(self, procfs: dict[str, FakeProcFS]) -> None:
+        super().__init__(procfs)
         self.procfs = procfs
         self.pids = itertools.count(1000)
-        self.samplers: list[Sampler] = []
-        self.before_read: Callable[[str], None] = lambda node: None
-        self.exceptions = SimpleNamespace(RayActorError=FakeActorError, GetTimeoutError=FakeTimeout)
-        self.util = SimpleNamespace(
-            scheduling_strategies=SimpleNamespace(
-                NodeAffinitySchedulingStrategy=lambda node_id, soft: SimpleNamespace(
-                    node_id=node_id, soft=soft
-                )
-            )
+        self.before_read: Callable[[str], Any] = lambda node: None
+        self._ended: set[int] = set()
+        self.actor_setup = lambda node, _cls, kwargs: kwargs.update(
+            procfs_root=str(procfs[node].root)
         )
+        self.on_submit.append(self._submitted)
+        self.on_kill.append(self._killed)
 
-    def start_worker(self, node: str, name: str, rss: int) -> Worker:
+    def start_worker(self, node: str, name: str, rss: int) -> FakeActor:
         pid = next(self.pids)
         self.procfs[node].add_process(pid, rss_bytes=rss)
-        return Worker(self, node, pid, name)
+        worker = self.actor(name, node_id=node)
+        worker.pid = pid  # type: ignore[attr-defined]
+        worker.script("__ray_call__", lambda function: self._identity(worker, function))
+        return worker
 
-    def get(self, ref: Any, timeout: float | None = None) -> Any:
-        if isinstance(ref, list):
-            return [self.get(item, timeout) for item in ref]
-        if ref.hung:
-            raise FakeTimeout("still running")
-        return ref.compute()
-
-    def wait(self, refs: list[Ref], *, num_returns: int = 1, timeout: float | None = None):
-        ready = [ref for ref in refs if not ref.hung][:num_returns]
-        return ready, [ref for ref in refs if ref not in ready]
-
-    def kill(self, actor: Any, *, no_restart: bool = True) -> None:
-        if isinstance(actor, Worker) and not actor.dead:
-            actor.dead = True
-            self.procfs[actor.node].remove_process(actor.pid)
-        elif isinstance(actor, Sampler):
-            actor.dead = True
-
-    def remote(self, **class_options: Any) -> Any:
-        fake = self
-
-        def decorate(cls: type) -> Any:
-            def options(**options: Any) -> Any:
-                merged = {**class_options, **options}
-                node = merged["scheduling_strategy"].node_id
-
-                def remote(**kwargs: Any) -> Sampler:
-                    kwargs["procfs_root"] = str(fake.procfs[node].root)
-                    sampler = Sampler(fake, node, cls(**kwargs), merged)
-                    fake.samplers.append(sampler)
-                    return sampler
-
-                return SimpleNamespace(remote=remote)
-
-            return SimpleNamespace(options=options)
-
-        return decorate
+    @property
+    def samplers(self) -> list[FakeActor]:
+        return [a for a in self.actors if isinstance(a.instance, GroupMemorySamplerActor)]
 
     def live_samplers(self) -> set[str]:
-        return {s.node for s in self.samplers if not s.dead}
+        return {s.node_id for s in self.samplers if not s.dead}
+
+    def _identity(self, worker: FakeActor, function: Any) -> tuple[str, int, int | None]:
+        assert function is worker_identity
+        pid = worker.pid  # type: ignore[attr-defined]
+        return worker.node_id, pid, self.procfs[worker.node_id].start_ticks(pid)
+
+    def _submitted(self, actor: FakeActor, method: str) -> None:
+        if method == "read":
+            self.before_read(actor.node_id)
+
+    def _killed(self, actor: FakeActor) -> None:
+        pid = getattr(actor, "pid", None)
+        if pid is not None and pid not in self._ended:
+            self._ended.add(pid)
+            self.procfs[actor.node_id].remove_process(pid)
+
+
+def asked(worker: FakeActor) -> int:
+    """How often the worker was asked where it runs."""
+    return sum(1 for method, *_ in worker.calls if method == "__ray_call__")
 
 
 class StubCluster:
@@ -236,45 +175,35 @@ class StubBuilder:
 
     ray_actor_class_fqn = "pkg.workers.Policy"
 
-    def __init__(self, ray: FakeRay, rss: int) -> None:
+    def __init__(self, ray: ClusterRay, rss: int) -> None:
         self.ray, self.rss = ray, rss
 
     def _create_initializer(self, group: Any, bundle_index: int, *rest: Any) -> Any:
-        return SimpleNamespace(group=group)
+        return self.ray.actor(f"init-{bundle_index}")
 
-    def _submit_worker(self, initializer: Any, pg: Any, index: int, *rest: Any) -> Ref:
+    def _submit_worker(self, initializer: Any, pg: Any, index: int, *rest: Any) -> Any:
         node = NODES[int(pg.id.hex()[2:])]
-        worker = self.ray.start_worker(node, rest[-1]["name"], self.rss)
-        return Ref(lambda: worker)
-
-
-class FakeSeam(RaySeam):
-    def __init__(self, ray: FakeRay | None) -> None:
-        super().__init__()
-        self.fake = ray
-
-    def connected_ray(self) -> FakeRay | None:
-        return self.fake
+        return self.ray.put(self.ray.start_worker(node, rest[-1]["name"], self.rss))
 
 
 @pytest.fixture
-def ray(tmp_path: Path) -> FakeRay:
-    return FakeRay({node: FakeProcFS(tmp_path / node[:1]) for node in NODES})
+def ray(tmp_path: Path) -> ClusterRay:
+    return ClusterRay({node: FakeProcFS(tmp_path / node[:1]) for node in NODES})
 
 
 @pytest.fixture
-def cycle(ray: FakeRay) -> Iterator[GroupMemoryCycle]:
+def cycle(ray: ClusterRay) -> Iterator[GroupMemoryCycle]:
     made = GroupMemoryCycle(GroupMemorySamplers(ray=ray, timeout_s=1.0))
     yield made
     made.close()
 
 
-def _group(ray: FakeRay, name: str, rss: int) -> RayWorkerGroup:
+def _group(ray: ClusterRay, name: str, rss: int) -> RayWorkerGroup:
     return RayWorkerGroup(
         StubCluster(),  # type: ignore[arg-type]
         StubBuilder(ray, rss),  # type: ignore[arg-type]
         name_prefix=name,
-        ray_seam=FakeSeam(ray),
+        ray_seam=ray.seam(),
     )
 
 
@@ -298,14 +227,14 @@ def _cycle_once(cycle: GroupMemoryCycle) -> hm.HostMemoryMonitor:
 
 
 def test_busy_workers_are_read_on_their_nodes_without_being_asked(
-    ray: FakeRay, cycle: GroupMemoryCycle, metrics_probe: MetricsProbe
+    ray: ClusterRay, cycle: GroupMemoryCycle, metrics_probe: MetricsProbe
 ) -> None:
     policy = _group(ray, "policy", 30 * MB)
     rollout = _group(ray, "rollout", 5 * MB)
     workers = [*policy.workers, *rollout.workers]
-    assert [w.asked for w in workers] == [1, 1, 1, 1]  # once, when ready
+    assert [asked(w) for w in workers] == [1, 1, 1, 1]  # once, when ready
     for worker in workers:
-        worker.busy = True
+        worker.hung = True  # busy in a long method: anything asked of it waits
 
     monitor = _cycle_once(cycle)
     assert _rss(metrics_probe) == {
@@ -316,29 +245,29 @@ def test_busy_workers_are_read_on_their_nodes_without_being_asked(
     }
     # A long method allocating: the next cycle sees it, still without asking the worker.
     busy = policy.workers[0]
-    ray.procfs[busy.node].set_memory(busy.pid, rss_bytes=330 * MB)
+    ray.procfs[busy.node_id].set_memory(busy.pid, rss_bytes=330 * MB)
     monitor.collect_once()
     assert _rss(metrics_probe)[("policy", NODES[0])] == 330 * MB
     assert _rss(metrics_probe)[("rollout", NODES[0])] == 5 * MB
-    assert [w.asked for w in workers] == [1, 1, 1, 1]
+    assert [asked(w) for w in workers] == [1, 1, 1, 1]
     assert ray.live_samplers() == set(NODES)
     assert all(s.options["num_cpus"] == 0 for s in ray.samplers)
     assert cycle.last_cost is not None and cycle.last_cost.nodes == 2
 
 
 def test_a_recreated_worker_is_counted_by_its_new_pid_and_only_it_is_asked(
-    ray: FakeRay, cycle: GroupMemoryCycle, metrics_probe: MetricsProbe
+    ray: ClusterRay, cycle: GroupMemoryCycle, metrics_probe: MetricsProbe
 ) -> None:
     policy = _group(ray, "policy", 8 * MB)
     old, other = policy.workers
-    other.busy = True  # busy in a long method: the recreate must not wait on it
+    other.hung = True  # busy in a long method: the recreate must not wait on it
     monitor = _cycle_once(cycle)
 
     new = policy.recreate_worker(0)
-    ray.procfs[new.node].set_memory(new.pid, rss_bytes=20 * MB)
+    ray.procfs[new.node_id].set_memory(new.pid, rss_bytes=20 * MB)
 
     assert new.pid != old.pid
-    assert other.asked == 1
+    assert asked(other) == 1
     assert policy._processes is not None
     assert [i[1] for i in policy._processes.identities if i] == [new.pid, other.pid]
     monitor.collect_once()
@@ -346,13 +275,13 @@ def test_a_recreated_worker_is_counted_by_its_new_pid_and_only_it_is_asked(
 
 
 def test_a_worker_killed_mid_cycle_costs_only_its_own_memory(
-    ray: FakeRay, cycle: GroupMemoryCycle, metrics_probe: MetricsProbe
+    ray: ClusterRay, cycle: GroupMemoryCycle, metrics_probe: MetricsProbe
 ) -> None:
     policy = _group(ray, "policy", 8 * MB)
     rollout = _group(ray, "rollout", 3 * MB)
     victim = policy.workers[0]
     # The worker dies after the cycle began and before its node's sampler reads.
-    ray.before_read = lambda node: node == victim.node and ray.kill(victim)
+    ray.before_read = lambda node: node == victim.node_id and ray.kill(victim)
 
     monitor = _cycle_once(cycle)
 
@@ -364,15 +293,15 @@ def test_a_worker_killed_mid_cycle_costs_only_its_own_memory(
     ray.before_read = lambda node: None
     monitor.collect_once()
     assert ("policy", NODES[0]) not in _rss(metrics_probe)
-    assert rollout.workers[0].asked == 1
+    assert asked(rollout.workers[0]) == 1
 
 
 def test_a_gone_sampler_costs_only_its_node_and_is_replaced(
-    ray: FakeRay, cycle: GroupMemoryCycle, metrics_probe: MetricsProbe
+    ray: ClusterRay, cycle: GroupMemoryCycle, metrics_probe: MetricsProbe
 ) -> None:
     _group(ray, "policy", 8 * MB)
     monitor = _cycle_once(cycle)
-    gone = next(s for s in ray.samplers if s.node == NODES[1])
+    gone = next(s for s in ray.samplers if s.node_id == NODES[1])
     gone.dead = True
 
     monitor.collect_once()
@@ -380,11 +309,11 @@ def test_a_gone_sampler_costs_only_its_node_and_is_replaced(
 
     monitor.collect_once()
     assert _rss(metrics_probe) == {("policy", NODES[0]): 8 * MB, ("policy", NODES[1]): 8 * MB}
-    assert len([s for s in ray.samplers if s.node == NODES[1]]) == 2
+    assert len([s for s in ray.samplers if s.node_id == NODES[1]]) == 2
 
 
 def test_samplers_start_with_the_first_group_and_go_with_the_last(
-    ray: FakeRay, cycle: GroupMemoryCycle, metrics_probe: MetricsProbe
+    ray: ClusterRay, cycle: GroupMemoryCycle, metrics_probe: MetricsProbe
 ) -> None:
     monitor = _cycle_once(cycle)
     assert ray.samplers == []  # nothing registered: no Ray call at all
@@ -400,7 +329,7 @@ def test_samplers_start_with_the_first_group_and_go_with_the_last(
     assert _rss(metrics_probe) == {}
 
 
-def test_shutdown_withdraws_the_workers_even_when_cleanup_fails(ray: FakeRay) -> None:
+def test_shutdown_withdraws_the_workers_even_when_cleanup_fails(ray: ClusterRay) -> None:
     policy = _group(ray, "policy", 8 * MB)
     assert "policy" in DEFAULT_REGISTRY.groups()
 
@@ -413,12 +342,10 @@ def test_shutdown_withdraws_the_workers_even_when_cleanup_fails(ray: FakeRay) ->
 
 
 def test_a_worker_that_cannot_say_where_it_runs_leaves_the_group_working(
-    ray: FakeRay, caplog: pytest.LogCaptureFixture
+    ray: ClusterRay, caplog: pytest.LogCaptureFixture
 ) -> None:
-    def hung_identity(node: str, name: str, rss: int) -> Worker:
-        worker = FakeRay.start_worker(ray, node, name, rss)
-        worker.__ray_call__ = Call(lambda _fn: Ref(lambda: None, hung=True))
-        return worker
+    def hung_identity(node: str, name: str, rss: int) -> FakeActor:
+        return ClusterRay.start_worker(ray, node, name, rss).script("__ray_call__", "hangs")
 
     ray.start_worker = hung_identity  # type: ignore[method-assign]
     with caplog.at_level(logging.WARNING, logger="raylens"):
@@ -429,7 +356,7 @@ def test_a_worker_that_cannot_say_where_it_runs_leaves_the_group_working(
     assert any("per-group memory" in r.getMessage() for r in caplog.records)
 
 
-def test_nothing_is_sampled_while_nobody_consumes(ray: FakeRay, cycle: GroupMemoryCycle) -> None:
+def test_nothing_is_sampled_while_nobody_consumes(ray: ClusterRay, cycle: GroupMemoryCycle) -> None:
     _group(ray, "policy", 8 * MB)
     monitor = _monitor(consumer=False)
     attach_group_memory(monitor, cycle)
@@ -437,7 +364,7 @@ def test_nothing_is_sampled_while_nobody_consumes(ray: FakeRay, cycle: GroupMemo
     assert ray.samplers == []
 
 
-def test_the_monitor_stop_removes_the_samplers(ray: FakeRay, cycle: GroupMemoryCycle) -> None:
+def test_the_monitor_stop_removes_the_samplers(ray: ClusterRay, cycle: GroupMemoryCycle) -> None:
     _group(ray, "policy", 8 * MB)
     monitor = _cycle_once(cycle)
     assert ray.live_samplers() == set(NODES)
@@ -449,7 +376,7 @@ def test_the_monitor_stop_removes_the_samplers(ray: FakeRay, cycle: GroupMemoryC
 
 
 def test_the_driver_attaches_group_memory_to_its_monitor(
-    ray: FakeRay, cycle: GroupMemoryCycle, monkeypatch: pytest.MonkeyPatch
+    ray: ClusterRay, cycle: GroupMemoryCycle, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setattr(wiring, "_DEFAULT_CYCLE", cycle)
     _group(ray, "policy", 8 * MB)
@@ -469,7 +396,7 @@ def test_the_driver_attaches_group_memory_to_its_monitor(
 
 
 def test_the_node_table_shows_each_group_rss_on_its_node(
-    ray: FakeRay, cycle: GroupMemoryCycle
+    ray: ClusterRay, cycle: GroupMemoryCycle
 ) -> None:
     from raylens.cli.cluster_views import NodeTable
     from raylens.telemetry._snapshot import NodeSample
