@@ -332,6 +332,7 @@ class FakeRay:
         self.cancelled: list[FakeObjectRef] = []
         self.wait_timeouts: list[float | None] = []
         self.get_timeouts: list[float | None] = []
+        self.timed_out_gets: list[FakeObjectRef] = []
         self.wait_error: BaseException | None = None
         self.placement_groups: list[FakeRayPlacementGroup] = []
         self.pending_placement = False
@@ -533,6 +534,7 @@ class FakeRay:
         if ref.hung:
             if timeout is None:
                 raise WouldBlockForever(f"get({ref!r}) without a timeout would never return")
+            self.timed_out_gets.append(ref)
             raise GetTimeoutError(f"{ref!r} not ready within {timeout}s")
         return ref.result()
 

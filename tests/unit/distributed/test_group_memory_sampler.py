@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -36,11 +37,13 @@ def nodes(tmp_path: Path) -> dict[str, FakeProcFS]:
 
 
 @pytest.fixture
-def fake_ray(nodes: dict[str, FakeProcFS]) -> FakeRay:
+def fake_ray(nodes: dict[str, FakeProcFS]) -> Iterator[FakeRay]:
     """A FakeRay over the three nodes; each sampler it starts reads its own node's procfs."""
     fake = FakeRay(nodes)
     fake.actor_setup = lambda node, _cls, kwargs: kwargs.update(procfs_root=str(nodes[node].root))
-    return fake
+    yield fake
+    # The manager only collects readings that are ready: it never blocks on a hung one.
+    assert fake.timed_out_gets == []
 
 
 def _worker(fake: FakeProcFS, group: str, pid: int, rss: int) -> tuple[str, int, int]:

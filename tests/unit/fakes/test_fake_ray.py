@@ -119,6 +119,7 @@ def test_a_hanging_call_is_never_ready_until_released(fake_ray: FakeRay) -> None
     assert fake_ray.wait_timeouts == [0.25]
     with pytest.raises(GetTimeoutError):
         fake_ray.get(stuck, timeout=0.1)
+    assert fake_ray.timed_out_gets == [stuck]
     with pytest.raises(WouldBlockForever):
         fake_ray.get(stuck)
     stuck.release()
