@@ -200,8 +200,13 @@ class FakeActor:
         return self
 
     def __getattr__(self, name: str) -> _Method:
-        if name.startswith("_") and not (name.startswith("__ray_") and name.endswith("__")):
+        builtin = name.startswith("__ray_") and name.endswith("__")
+        if name.startswith("_") and not builtin:
             raise AttributeError(name)
+        # Like Ray's handle: only the class's methods (any name on a hand-made actor).
+        known = self.instance is None or name in self.scripts or hasattr(self.instance, name)
+        if not (builtin or known):
+            raise AttributeError(f"actor {self.name!r} has no method {name!r}")
         return _Method(self, name)
 
     def __repr__(self) -> str:

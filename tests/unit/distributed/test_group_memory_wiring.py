@@ -133,7 +133,7 @@ class ClusterRay(FakeRay):
             self.before_read(actor.node_id)
 
     def _killed(self, actor: FakeActor) -> None:
-        pid = getattr(actor, "pid", None)
+        pid = vars(actor).get("pid")  # initializers and samplers have none
         if pid is not None and pid not in self._ended:
             self._ended.add(pid)
             self.procfs[actor.node_id].remove_process(pid)

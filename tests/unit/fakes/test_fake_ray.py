@@ -87,6 +87,9 @@ def test_builtin_actor_methods(fake_ray: FakeRay) -> None:
         fake_ray.get(actor.bump.remote())
     with pytest.raises(AttributeError):
         _ = actor._private
+    with pytest.raises(AttributeError, match="has no method 'missing'"):
+        _ = actor.missing
+    assert getattr(actor, "pid", None) is None
 
 
 def test_scripted_outcomes(fake_ray: FakeRay) -> None:
