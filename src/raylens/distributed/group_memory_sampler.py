@@ -23,7 +23,6 @@ Ray is imported only when a manager first needs it, and any object with the few
 from __future__ import annotations
 
 import contextlib
-import math
 import threading
 import time
 from collections.abc import Iterable, Mapping
@@ -43,6 +42,7 @@ from raylens.telemetry.group_memory import (
     own_process_identity,
 )
 from raylens.telemetry.process_memory import ProcFS
+from raylens.validation import positive_seconds
 
 __all__ = [
     "DEFAULT_MAX_MISSED",
@@ -116,17 +116,6 @@ class _Sampler:
     answered: bool = False
 
 
-def _positive_seconds(name: str, value: object) -> float:
-    if (
-        isinstance(value, bool)
-        or not isinstance(value, (int, float))
-        or not math.isfinite(value)
-        or value <= 0
-    ):
-        raise ValueError(f"{name} must be a positive, finite number of seconds, got {value!r}")
-    return float(value)
-
-
 def _check_node_id(node_id: object) -> str:
     if not isinstance(node_id, str) or not node_id:
         raise ValueError(f"node id must be a non-empty str, got {node_id!r:.80}")
@@ -162,13 +151,13 @@ class GroupMemorySamplers:
         procfs_root: str | None = None,
     ) -> None:
         self._ray = ray
-        self.timeout_s = _positive_seconds("timeout_s", timeout_s)
+        self.timeout_s = positive_seconds("timeout_s", timeout_s)
         for name, interval in (
             ("pss_interval_seconds", pss_interval_seconds),
             ("tree_interval_seconds", tree_interval_seconds),
         ):
             if interval is not None:
-                _positive_seconds(name, interval)
+                positive_seconds(name, interval)
         if isinstance(max_missed, bool) or not isinstance(max_missed, int) or max_missed <= 0:
             raise ValueError(f"max_missed must be a positive int, got {max_missed!r}")
         if isinstance(max_processes, bool) or not isinstance(max_processes, int):

@@ -11,7 +11,6 @@ built, validated and inspected where Ray is not installed.
 
 from __future__ import annotations
 
-import math
 import socket
 import uuid
 import weakref
@@ -21,6 +20,7 @@ from typing import Any
 
 from raylens.distributed.ray_seam import DEFAULT_RAY_SEAM, RaySeam
 from raylens.lens import warn_once
+from raylens.validation import positive_seconds
 
 __all__ = [
     "PLACEMENT_STRATEGIES",
@@ -243,16 +243,7 @@ class RayVirtualCluster:
                         f"node {node_idx} asks for {count} bundles, but with use_gpus=True "
                         f"each bundle takes a GPU and num_gpus_per_node={num_gpus_per_node}"
                     )
-        if (
-            isinstance(placement_timeout_s, bool)
-            or not isinstance(placement_timeout_s, (int, float))
-            or not math.isfinite(placement_timeout_s)
-            or placement_timeout_s <= 0
-        ):
-            raise ValueError(
-                f"placement_timeout_s={placement_timeout_s!r} must be a positive, finite number "
-                "of seconds"
-            )
+        positive_seconds("placement_timeout_s", placement_timeout_s)
         self._bundle_ct_per_node_list = counts
         self.use_gpus = bool(use_gpus)
         self.num_gpus_per_node = num_gpus_per_node

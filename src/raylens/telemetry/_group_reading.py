@@ -7,7 +7,6 @@ for what the figures mean.
 from __future__ import annotations
 
 import enum
-import math
 import os
 import socket
 import time
@@ -16,6 +15,7 @@ from dataclasses import dataclass
 from typing import Any, NamedTuple
 
 from raylens.telemetry.process_memory import PAGE_SIZE, ProcFS
+from raylens.validation import non_negative_seconds, positive_seconds
 
 DEFAULT_MAX_PROCESSES = 4096
 """Most processes one reading measures on a node; groups past it are skipped whole."""
@@ -131,14 +131,7 @@ def _plain_count(name: str, value: object) -> int:
 
 
 def _plain_seconds(name: str, value: object) -> float:
-    if (
-        isinstance(value, bool)
-        or not isinstance(value, (int, float))
-        or not math.isfinite(value)
-        or value < 0
-    ):
-        raise ValueError(f"{name} is {value!r:.80}, not a non-negative number of seconds")
-    return float(value)
+    return non_negative_seconds(name, value)
 
 
 def _plain_group(row: object) -> GroupMemory:
@@ -192,15 +185,7 @@ def _optional_seconds(name: str, value: object) -> float | None:
     return None if value is None else check_positive_seconds(name, value)
 
 
-def check_positive_seconds(name: str, value: object) -> float:
-    if (
-        isinstance(value, bool)
-        or not isinstance(value, (int, float))
-        or not math.isfinite(value)
-        or value <= 0
-    ):
-        raise ValueError(f"{name} must be a positive, finite number of seconds, got {value!r}")
-    return float(value)
+check_positive_seconds = positive_seconds
 
 
 # --------------------------------------------------------------------------- reader

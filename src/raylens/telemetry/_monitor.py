@@ -46,11 +46,11 @@ from raylens.telemetry._scrape_engine import (
     Outcome,
     ScrapeLimits,
     fetch_once,
-    positive_seconds,
 )
 from raylens.telemetry._scrape_helper import HelperEngine
 from raylens.telemetry._scrape_threads import ThreadedScrapes
 from raylens.telemetry._snapshot import NodeSample, ScrapeHealth, Snapshot, register_publisher
+from raylens.validation import positive_seconds
 
 __all__ = [
     "SCRAPE_MODE_ENV",

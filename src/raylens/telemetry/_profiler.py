@@ -12,7 +12,6 @@ from __future__ import annotations
 import enum
 import inspect
 import logging
-import math
 import os
 import sys
 import threading
@@ -39,6 +38,7 @@ from raylens.telemetry._profiler_series import (
     ServerMemoryTarget,
     raise_peak,
 )
+from raylens.validation import positive_seconds
 
 logger = logging.getLogger("raylens.telemetry.process_memory")
 
@@ -109,18 +109,8 @@ class MemoryProfileSnapshot:
 
 
 def _check_interval(name: str, value: object) -> float:
-    if (
-        isinstance(value, bool)
-        or not isinstance(value, (int, float))
-        or not math.isfinite(value)
-        or value <= 0
-        or value > threading.TIMEOUT_MAX
-    ):
-        raise ValueError(
-            f"{name} must be a positive, finite number of seconds of at most "
-            f"{threading.TIMEOUT_MAX:g}, got {value!r}"
-        )
-    return float(value)
+    # The sampling thread waits on this, so it must fit the platform's timers.
+    return positive_seconds(name, value, maximum=threading.TIMEOUT_MAX)
 
 
 def _check_target(target: object) -> None:

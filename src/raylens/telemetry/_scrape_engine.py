@@ -48,6 +48,7 @@ from raylens.telemetry._names import (
     USED_KEY,
 )
 from raylens.telemetry._nodes import parse_memory_samples
+from raylens.validation import positive_seconds
 
 __all__ = [
     "MAX_BODY_BYTES",
@@ -106,14 +107,6 @@ class ScrapeLimits(NamedTuple):
         positive_int("max_body_bytes", self.max_body_bytes)
         positive_int("max_concurrency", self.max_concurrency)
         return self
-
-
-def positive_seconds(name: str, value: object) -> float:
-    """``value`` as float seconds, or ValueError: it must be a positive finite number."""
-    ok = isinstance(value, (int, float)) and not isinstance(value, bool)
-    if not ok or not (0 < float(value) < float("inf")):  # type: ignore[arg-type]
-        raise ValueError(f"{name} must be a positive finite number of seconds, got {value!r}")
-    return float(value)  # type: ignore[arg-type]
 
 
 def positive_int(name: str, value: object) -> int:

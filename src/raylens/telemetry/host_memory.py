@@ -94,7 +94,6 @@ from raylens.telemetry._names import (
 )
 from raylens.telemetry._nodes import RayNode, parse_memory_samples, ray_nodes
 from raylens.telemetry._placement import DEFAULT_REGISTRY, PlacementRegistry, format_worker_groups
-from raylens.telemetry._scrape_engine import positive_seconds
 from raylens.telemetry._snapshot import (
     NodeSample,
     Snapshot,
@@ -102,6 +101,7 @@ from raylens.telemetry._snapshot import (
     fresh_health,
     fresh_samples,
 )
+from raylens.validation import positive_seconds
 
 __all__ = [
     "ERROR_TYPE_ATTR",
