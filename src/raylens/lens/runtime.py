@@ -54,7 +54,7 @@ logger = logging.getLogger("raylens.lens")
 METER_NAME = "raylens"
 CARDINALITY_LIMIT = 200_000
 # Collections in a row an attribute set may go unreported before the SDK forgets it.
-IDLE_COLLECTIONS = 3
+IDLE_COLLECTIONS = 2
 
 ObservableCallback = Callable[[CallbackOptions], Iterable[Observation]]
 
