@@ -8,6 +8,7 @@ group per node (the default) or a single SPREAD group whose bundles Ray places f
 from __future__ import annotations
 
 import ast
+import time
 from collections.abc import Iterator
 
 import pytest
@@ -28,9 +29,28 @@ NAMES = (
 )
 
 
+def _wait_until_every_cpu_is_free(deadline_s: float = 60.0) -> None:
+    """Wait for the actors of earlier tests to give their CPUs back.
+
+    Ray frees a killed actor's resources a little after the kill returns. A PACK group
+    placed while a raylet still counts one of its CPUs as taken packs what fits and puts
+    the rest elsewhere, which is PACK's documented best effort, not what these tests check.
+    """
+    deadline = time.monotonic() + deadline_s
+    total = ray.cluster_resources().get("CPU", 0)
+    while ray.available_resources().get("CPU", 0) < total:
+        if time.monotonic() > deadline:
+            pytest.fail(
+                f"the cluster still had CPUs taken after {deadline_s:g} s: "
+                f"{ray.available_resources().get('CPU', 0)} of {total} free"
+            )
+        time.sleep(0.2)
+
+
 def _placed_group(
     counts: list[int], strategy: str | None, name: str
 ) -> Iterator[tuple[RayWorkerGroup, list]]:
+    _wait_until_every_cpu_is_free()
     options = {} if strategy is None else {"placement_group_strategy": strategy}
     cluster = RayVirtualCluster(
         counts, use_gpus=False, name=name, placement_timeout_s=60, **options
