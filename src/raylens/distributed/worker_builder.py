@@ -17,7 +17,7 @@ from __future__ import annotations
 import importlib
 import inspect
 import logging
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -148,6 +148,19 @@ def _merged_runtime_env(
     return runtime_env, env_vars
 
 
+def _override(
+    target: dict[str, Any],
+    updates: Mapping[str, Any],
+    messages: list[str],
+    describe: Callable[[str], str],
+) -> None:
+    """Write ``updates`` into ``target``, noting each value that replaces a different one."""
+    for key, value in updates.items():
+        if key in target and target[key] != value:
+            messages.append(f"configure_worker sets {describe(key)}={value!r} over {target[key]!r}")
+        target[key] = value
+
+
 def _apply_worker_configuration(
     extra_options: Mapping[str, Any],
     num_gpus: float | int,
@@ -176,29 +189,20 @@ def _apply_worker_configuration(
     messages: list[str] = []
     if configured is not None:
         resources, configured_env, configured_kwargs, overrides = (*configured, {})[:4]
-        for key, value in resources.items():
-            if key in options and options[key] != value:
-                messages.append(
-                    f"configure_worker sets actor option {key}={value!r} over {options[key]!r}"
-                )
-            options[key] = value
+        _override(options, resources, messages, lambda key: f"actor option {key}")
         overridden_env = dict(overrides.get("env_vars") or {})
-        for key, value in {**configured_env, **overridden_env}.items():
-            if key in env_vars and env_vars[key] != value:
-                messages.append(
-                    f"configure_worker sets environment variable {key}={value!r} over "
-                    f"{env_vars[key]!r}"
-                )
-            env_vars[key] = value
-        for key, value in overrides.items():
-            if key == "env_vars":
-                continue
-            if key in runtime_env and runtime_env[key] != value:
-                messages.append(
-                    f"configure_worker sets runtime_env[{key!r}]={value!r} over "
-                    f"{runtime_env[key]!r}"
-                )
-            runtime_env[key] = value
+        _override(
+            env_vars,
+            {**configured_env, **overridden_env},
+            messages,
+            lambda key: f"environment variable {key}",
+        )
+        _override(
+            runtime_env,
+            {key: value for key, value in overrides.items() if key != "env_vars"},
+            messages,
+            lambda key: f"runtime_env[{key!r}]",
+        )
         for key, value in configured_kwargs.items():
             if key in kwargs:
                 messages.append(f"configure_worker sets constructor argument {key!r}")
