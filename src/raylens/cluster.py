@@ -29,6 +29,8 @@ import threading
 from collections.abc import Iterator
 from typing import Any, Protocol, runtime_checkable
 
+from raylens import forking
+
 __all__ = [
     "KEY_VALUE_METHODS",
     "KV_NAMESPACE",
@@ -156,6 +158,7 @@ _DEFAULT_VIEW = RayClusterView()
 # Views installed by use_cluster_view, innermost last.
 _OVERRIDES: list[ClusterView] = []
 _OVERRIDES_LOCK = threading.Lock()
+forking.renew_lock_in_child(sys.modules[__name__], "_OVERRIDES_LOCK")
 
 
 def default_cluster_view() -> ClusterView:

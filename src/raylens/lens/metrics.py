@@ -10,9 +10,12 @@ State: the registry of declared metrics; :func:`reset_recorded_metrics` clears i
 
 from __future__ import annotations
 
+import sys
 import threading
 from collections.abc import Iterable
 from dataclasses import dataclass
+
+from raylens import forking
 
 OBSERVABLE_GAUGE = "observable_gauge"
 GAUGE = "gauge"
@@ -59,6 +62,7 @@ class RecordedMetric:
 
 _REGISTRY: dict[str, RecordedMetric] = {}
 _REGISTRY_LOCK = threading.Lock()
+forking.renew_lock_in_child(sys.modules[__name__], "_REGISTRY_LOCK")
 
 
 def register_recorded_metrics(rows: Iterable[RecordedMetric]) -> None:

@@ -29,6 +29,8 @@ from __future__ import annotations
 
 import atexit
 import logging
+import os
+import sys
 import threading
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
@@ -41,6 +43,7 @@ from opentelemetry.sdk.metrics.view import View
 from opentelemetry.sdk.resources import Resource
 
 import raylens
+from raylens import forking
 from raylens.lens import _sdk_state
 from raylens.lens._live_sets import LiveAttributeSets, exportable
 from raylens.lens.config import TelemetryConfig
@@ -95,6 +98,7 @@ class TelemetryHandle:
 
 _HANDLE: TelemetryHandle | None = None
 _HANDLE_LOCK = threading.RLock()
+forking.renew_lock_in_child(sys.modules[__name__], "_HANDLE_LOCK", threading.RLock)
 
 _OBSERVABLES: dict[str, tuple[RecordedMetric, ObservableCallback]] = {}
 _CREATED_ON: dict[str, int] = {}
@@ -264,7 +268,8 @@ def init_telemetry(
         return handle
 
 
-_EXIT_FLUSH_REGISTERED = False
+#: The pid that registered the exit hook: a forked child inherits the hook, not the duty.
+_EXIT_FLUSH_PID: int | None = None
 
 
 def _register_exit_flush() -> None:
@@ -272,11 +277,19 @@ def _register_exit_flush() -> None:
 
     The SDK's own exit hook is turned off: it holds every provider ever made and
     complains at exit about the ones :func:`shutdown_telemetry` already stopped.
+    A forked child inherits the parent's registration but not its pipeline's
+    threads and locks, so the hook does nothing in a child unless the child
+    starts telemetry of its own.
     """
-    global _EXIT_FLUSH_REGISTERED
-    if not _EXIT_FLUSH_REGISTERED:
-        atexit.register(shutdown_telemetry)
-        _EXIT_FLUSH_REGISTERED = True
+    global _EXIT_FLUSH_PID
+    if os.getpid() != _EXIT_FLUSH_PID:
+        _EXIT_FLUSH_PID = os.getpid()
+        atexit.register(_flush_at_exit, _EXIT_FLUSH_PID)
+
+
+def _flush_at_exit(registered_by: int) -> None:
+    if os.getpid() == registered_by:
+        shutdown_telemetry()
 
 
 def get_telemetry_handle() -> TelemetryHandle | None:

@@ -18,12 +18,15 @@ import sys
 import threading
 from collections import OrderedDict
 
+from raylens import forking
+
 _LOGGER = logging.getLogger("raylens")
 
 MAX_REMEMBERED_WARNINGS = 4096
 
 _WARNED_KEYS: OrderedDict[str, None] = OrderedDict()
 _WARNED_LOCK = threading.Lock()
+forking.renew_lock_in_child(sys.modules[__name__], "_WARNED_LOCK")
 
 
 def warn_once(key: str, message: str, *, logger: logging.Logger | None = None) -> bool:

@@ -26,6 +26,7 @@ import time
 from collections.abc import Callable, Hashable
 from typing import Any
 
+from raylens import forking
 from raylens.cluster import ClusterView, default_cluster_view
 from raylens.lens import get_telemetry_handle, reset_warn_once, warn_once
 from raylens.lens.safe_text import printable
@@ -200,6 +201,23 @@ class HostMemoryMonitor:
         self._warned: set[NodeKey] = set()
         self._cycle_hooks: list[tuple[CycleHook, Callable[[], None] | None]] = []
         register_publisher(self)
+        forking.reset_after_fork_in_child(self)
+
+    def reset_after_fork(self) -> None:
+        """In a forked child: not sampling, with fresh locks and none of the parent's hooks.
+
+        The collection thread does not exist in the child, and its locks may have
+        been copied held. The cycle hooks belong to the parent's wiring (they may
+        call Ray, which a forked child cannot use), so they are dropped. The engine
+        forgets the parent's helper by itself; a later :meth:`start` in the child
+        starts afresh.
+        """
+        self._lock = threading.Lock()
+        self._cycle_lock = threading.Lock()
+        self._stop_event = threading.Event()
+        self._thread = None
+        self._threads = None
+        self._cycle_hooks = []
 
     # Cycle hooks ---------------------------------------------------------------------
 

@@ -33,6 +33,7 @@ from typing import Any, NamedTuple
 import aiohttp
 import aiohttp.abc
 
+from raylens import forking
 from raylens.lens.safe_text import printable
 from raylens.telemetry._names import (
     ERROR_CONNECTION,
@@ -299,6 +300,17 @@ class AsyncScrapeEngine:
         self._slots: tuple[asyncio.Semaphore, asyncio.Semaphore] | None = None
         self._in_flight: set[Hashable] = set()
         self._closed = False
+        #: What a forked child inherited: its loop thread does not exist there.
+        self._inherited: list[object] = []
+        forking.reset_after_fork_in_child(self)
+
+    def reset_after_fork(self) -> None:
+        """In a forked child: forget the parent's loop, session and requests; start afresh."""
+        self._lock = threading.Lock()
+        self._inherited.append((self._loop, self._thread, self._session))
+        self._loop = self._thread = self._session = None
+        self._slots = None
+        self._in_flight = set()
 
     # Lifetime ------------------------------------------------------------------------
 

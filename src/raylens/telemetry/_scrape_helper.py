@@ -1,129 +1,73 @@
-"""The scrape helper: the engine run in a child process, so the driver only gets numbers.
+"""The driver's side of the scrape helper: start it, hand it batches, end it.
 
-The driver's Python thread is the one the whole job waits on. In helper mode
-(the default) the monitor spawns one child process with :mod:`multiprocessing`'s
-*spawn* context, never *fork* (a driver holds Ray and CUDA state a forked child
-must not inherit). Each cycle the driver sends ``(key, url)`` pairs over a pipe
-and receives ``{key: Outcome}``: connecting, reading and parsing all happen in
-the child's :class:`~._scrape_engine.AsyncScrapeEngine`.
+The helper is a separate interpreter started with :mod:`subprocess` (a fresh
+``python``, never a fork of the driver, and no :mod:`multiprocessing` machinery,
+so nothing process-wide such as ``__main__`` is touched while it starts). It
+runs :mod:`._helper_process`; the two talk through :mod:`._helper_channel`,
+whose driver end never blocks: whatever the helper does (stalls, dies, floods
+its answers), :meth:`HelperEngine.scrape` returns within its deadline and
+:meth:`HelperEngine.close` within its bound.
 
-Lifetime: the child polls its parent's pid and exits as soon as the driver is
-gone, SIGKILL included. The driver reaps a child that ended (no zombie), starts a
-new one on the next cycle with one warning when the last one crashed, and
-:meth:`HelperEngine.close` ends it within a bound, killing it if it must.
+Lifetime: the driver reaps a helper that ended (no zombie) and starts a new one
+on the next cycle, with one warning when the last one crashed. A helper that
+has not taken a batch for :data:`STALLED_CYCLES` cycles in a row (stopped, or
+wedged) is killed and replaced. In a forked child the parent's helper is
+forgotten, never used or stopped (:mod:`raylens.forking`).
 """
 
 from __future__ import annotations
 
 import contextlib
 import logging
-import multiprocessing
 import os
+import socket
+import subprocess
 import sys
 import threading
 import time
-from collections.abc import Hashable, Iterator, Sequence
-from multiprocessing.connection import Connection
-from typing import Any
+from collections.abc import Callable, Hashable, Sequence
+from pathlib import Path
 
+from raylens import forking
 from raylens.lens import warn_once
+from raylens.telemetry._helper_channel import ChannelBroken, DriverChannel
 from raylens.telemetry._names import ERROR_INTERNAL, LOGGER_NAME
-from raylens.telemetry._scrape_engine import (
-    BATCH_SLACK_S,
-    AsyncScrapeEngine,
-    Job,
-    Outcome,
-    ScrapeLimits,
-)
+from raylens.telemetry._scrape_engine import BATCH_SLACK_S, Job, Outcome, ScrapeLimits
 
-__all__ = ["HELPER_GONE", "HelperEngine"]
+__all__ = ["HELPER_GONE", "STALLED_CYCLES", "HelperEngine"]
 
 logger = logging.getLogger(LOGGER_NAME)
 
 #: Error of the nodes whose answers were lost because the helper died mid-cycle.
 HELPER_GONE = "the scrape helper process exited before answering"
-_PARENT_POLL_S = 0.2
-_POLL_SLICE_S = 0.05
-#: How long past the deadline the helper waits for answers on their way; the driver
-#: waits :data:`BATCH_SLACK_S` past it, which leaves the rest for the trip back.
-_HELPER_SLACK_S = 0.05
-#: How long the first cycle may wait for a freshly spawned helper to say it is ready.
+#: Cycles in a row a helper may leave a batch untaken before it is replaced.
+STALLED_CYCLES = 3
+#: How long the first cycle may wait for a freshly started helper to say it is ready.
 _START_TIMEOUT_S = 20.0
 #: After this many helpers in a row fail to start, scrape() raises and the monitor
 #: falls back to scraping in-process.
 _MAX_FAILED_STARTS = 2
+_PROGRAM = (
+    "import signal; signal.signal(signal.SIGINT, signal.SIG_IGN); "
+    "from raylens.telemetry._helper_process import main; main()"
+)
 
 
-def _watch_parent(parent_pid: int) -> None:
-    """Exit this process as soon as its parent is gone (reparented to someone else)."""
-    while True:
-        if os.getppid() != parent_pid:
-            os._exit(0)
-        time.sleep(_PARENT_POLL_S)  # a watchdog's polling period, not synchronisation
+def _import_root() -> str:
+    """The folder raylens is imported from, so the helper imports this same copy."""
+    return str(Path(__file__).resolve().parents[2])
 
 
-def helper_main(conn: Connection, parent_pid: int, limits: ScrapeLimits) -> None:
-    """Entry point of the helper process: answer scrape requests until told to stop.
-
-    Messages in: ``("scrape", batch id, jobs, absolute monotonic deadline)`` and
-    ``("stop",)``. Messages out: ``("ready",)`` once, then ``("result", batch id,
-    results)`` per batch. The pipe closing (EOF) also ends it.
-    """
-    threading.Thread(
-        target=_watch_parent, args=(parent_pid,), name="raylens-helper-watchdog", daemon=True
-    ).start()
-    engine = AsyncScrapeEngine(limits)
-    try:
-        conn.send(("ready",))
-        while True:
-            try:
-                message = conn.recv()
-            except (EOFError, OSError):
-                return
-            if message[0] != "scrape":
-                return
-            _, batch, jobs, deadline = message
-            seconds = deadline - time.monotonic()
-            if seconds <= 0:
-                results: dict[Hashable, Outcome] = {}
-            else:
-                results = engine.scrape(jobs, seconds, _HELPER_SLACK_S)
-            try:
-                conn.send(("result", batch, results))
-            except (EOFError, OSError):
-                return
-    finally:
-        engine.close(0.5)
+def _is_result_of(batch: int) -> Callable[[object], bool]:
+    return lambda message: isinstance(message, tuple) and message[:2] == ("result", batch)
 
 
-@contextlib.contextmanager
-def _main_module_hidden() -> Iterator[None]:
-    """Keep the spawned child from importing the driver's ``__main__`` script.
-
-    A spawned child normally re-imports the parent's main module, which would run
-    an unguarded driver script (``ray.init``, training...) a second time inside the
-    helper. The helper needs nothing from it, so the main module's path and spec
-    are hidden while the child is being started.
-    """
-    main = sys.modules.get("__main__")
-    if main is None:
-        yield
-        return
-    missing = object()
-    saved = {name: getattr(main, name, missing) for name in ("__file__", "__spec__")}
-    try:
-        main.__spec__ = None
-        if saved["__file__"] is not missing:
-            del main.__file__
-        yield
-    finally:
-        for name, value in saved.items():
-            if value is not missing:
-                setattr(main, name, value)
+def _is_ready(message: object) -> bool:
+    return message == ("ready",)
 
 
 class HelperEngine:
-    """The driver's side of the helper process: same ``scrape``/``close`` as the engine.
+    """Same ``scrape``/``close`` as the in-process engine, run by a helper process.
 
     Thread-safe; one batch at a time.
     """
@@ -132,50 +76,88 @@ class HelperEngine:
         self.limits = limits.checked()
         self._lock = threading.RLock()
         self._abort = threading.Event()
-        self._process: Any = None
-        self._conn: Connection | None = None
+        self._process: subprocess.Popen[bytes] | None = None
+        self._channel: DriverChannel | None = None
         self._ready = False
         self._lost = False
         #: Helpers in a row that died or stayed silent before saying they were ready.
         self._failed_starts = 0
+        #: Cycles in a row whose batch the helper did not take whole.
+        self._stalled = 0
         self._batch = 0
         self._closed = False
+        #: What a forked child inherited from its parent: kept, never used or closed.
+        self._inherited: list[object] = []
+        forking.reset_after_fork_in_child(self)
 
     @property
     def pid(self) -> int | None:
         """The helper's pid while one is running."""
         process = self._process
-        return process.pid if process is not None and process.is_alive() else None
+        return process.pid if process is not None and process.poll() is None else None
+
+    def reset_after_fork(self) -> None:
+        """In a forked child: forget the parent's helper without a word to it."""
+        self._lock = threading.RLock()
+        self._abort = threading.Event()
+        if self._channel is not None:
+            with contextlib.suppress(OSError):
+                self._channel.abandon()
+        self._inherited.append((self._process, self._channel))
+        self._process = self._channel = None
+        self._ready = self._lost = False
+        self._failed_starts = self._stalled = 0
+
+    # Starting and ending a helper -----------------------------------------------------
 
     def _start(self) -> None:
-        context = multiprocessing.get_context("spawn")
-        parent, child = context.Pipe(duplex=True)
-        process = context.Process(
-            target=helper_main,
-            args=(child, os.getpid(), self.limits),
-            name="raylens-host-memory-helper",
-            daemon=True,
-        )
-        with _main_module_hidden():
-            process.start()
-        child.close()
-        self._process, self._conn, self._ready = process, parent, False
+        ours, theirs = socket.socketpair()
+        try:
+            env = dict(os.environ)
+            env["PYTHONPATH"] = os.pathsep.join(
+                part for part in (_import_root(), env.get("PYTHONPATH", "")) if part
+            )
+            limits = self.limits
+            process = subprocess.Popen(
+                [
+                    sys.executable,
+                    "-c",
+                    _PROGRAM,
+                    str(theirs.fileno()),
+                    str(os.getpid()),
+                    repr(limits.timeout),
+                    str(limits.max_body_bytes),
+                    str(limits.max_concurrency),
+                ],
+                stdin=subprocess.DEVNULL,
+                pass_fds=(theirs.fileno(),),
+                env=env,
+            )
+        except BaseException:
+            ours.close()
+            raise
+        finally:
+            theirs.close()
+        self._process, self._channel, self._ready = process, DriverChannel(ours), False
+        self._stalled = 0
 
-    def _reap(self) -> None:
-        """Forget a helper that ended, collecting its exit status (no zombie)."""
-        process, conn = self._process, self._conn
-        self._process = self._conn = None
+    def _reap(self, grace: float = 0.1) -> None:
+        """Forget the current helper, collecting its exit status (no zombie)."""
+        process, channel = self._process, self._channel
+        self._process = self._channel = None
         self._ready = False
-        if conn is not None:
-            conn.close()
+        if channel is not None:
+            channel.close()
         if process is not None:
-            process.join(0.1)
-            if process.is_alive():
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                process.wait(grace)
+            if process.poll() is None:
                 process.kill()
-                process.join(1.0)
+                with contextlib.suppress(subprocess.TimeoutExpired):
+                    process.wait(1.0)
 
-    def _ensure(self) -> Connection | None:
-        if self._process is not None and not self._process.is_alive():
+    def _ensure(self) -> DriverChannel | None:
+        if self._process is not None and self._process.poll() is not None:
             self._reap()
             self._lost = True
         if self._process is None:
@@ -187,13 +169,15 @@ class HelperEngine:
                 )
                 self._lost = False
             self._start()
-        return self._conn
+        return self._channel
 
     def prestart(self) -> None:
-        """Spawn the helper now, without waiting for it, so the first cycle finds it ready."""
+        """Start the helper now, without waiting for it, so the first cycle finds it ready."""
         with self._lock:
             if not self._closed:
                 self._ensure()
+
+    # Batches ---------------------------------------------------------------------------
 
     def scrape(self, jobs: Sequence[Job], timeout: float | None = None) -> dict[Hashable, Outcome]:
         """Have the helper scrape ``jobs``; returns within the timeout plus a little.
@@ -203,47 +187,35 @@ class HelperEngine:
         """
         seconds = self.limits.timeout if timeout is None else timeout
         started = time.monotonic()
-        wait_until = started + seconds + BATCH_SLACK_S
         with self._lock:
             if self._closed:
                 return {}
             self._abort.clear()
             try:
-                conn = self._ensure()
-                if conn is None:
+                channel = self._ensure()
+                if channel is None:
                     return {}
-                if not self._ready:
-                    if self._failed_starts >= _MAX_FAILED_STARTS:
-                        raise RuntimeError(
-                            f"the scrape helper failed to start {self._failed_starts} times in a row"
-                        )
-                    if not self._wait_ready(conn, started + _START_TIMEOUT_S):
-                        if not self._abort.is_set():
-                            self._failed_starts += 1
-                            self._reap()
-                        return {}
-                    self._failed_starts = 0
-                self._batch += 1
-                batch = self._batch
-                # The child's deadline starts once it is ready: a slow first spawn
-                # is not charged to the nodes.
+                if not self._ready and not self._await_ready(channel, started):
+                    return {}
+                # The deadline starts once the helper is ready: a slow first start is
+                # not charged to the nodes.
                 now = time.monotonic()
-                wait_until = max(wait_until, now + seconds + BATCH_SLACK_S)
-                conn.send(("scrape", batch, list(jobs), now + seconds))
-                while True:
-                    left = wait_until - time.monotonic()
-                    if left <= 0 or self._abort.is_set():
-                        return {}
-                    if conn.poll(min(left, _POLL_SLICE_S)):
-                        message = conn.recv()
-                        if message[0] == "result" and message[1] == batch:
-                            # Ages count from this call, helper start-up included.
-                            offset = now - started
-                            return {
-                                key: outcome._replace(elapsed=outcome.elapsed + offset)
-                                for key, outcome in message[2].items()
-                            }
-            except (EOFError, OSError):
+                wait_until = now + seconds + BATCH_SLACK_S
+                if channel.sending and not channel.flush(wait_until, self._abort):
+                    self._note_stalled()
+                    return {}
+                self._stalled = 0
+                self._batch += 1
+                channel.queue(("scrape", self._batch, list(jobs), now + seconds))
+                reply = channel.exchange(_is_result_of(self._batch), wait_until, self._abort)
+                if reply is None:
+                    return {}
+                offset = now - started  # ages count from this call, helper start-up included
+                return {
+                    key: outcome._replace(elapsed=outcome.elapsed + offset)
+                    for key, outcome in reply[2].items()
+                }
+            except ChannelBroken:
                 if not self._ready:
                     self._failed_starts += 1
                 self._reap()
@@ -252,33 +224,52 @@ class HelperEngine:
                     job[0]: Outcome(None, HELPER_GONE, error_type=ERROR_INTERNAL) for job in jobs
                 }
 
-    def _wait_ready(self, conn: Connection, deadline: float) -> bool:
-        while not self._abort.is_set():
-            left = deadline - time.monotonic()
-            if left <= 0:
-                return False
-            if conn.poll(min(left, _POLL_SLICE_S)):
-                self._ready = conn.recv()[0] == "ready"
-                return self._ready
-            if self._process is not None and not self._process.is_alive():
-                raise EOFError("helper exited while starting")
-        return False
+    def _await_ready(self, channel: DriverChannel, started: float) -> bool:
+        if self._failed_starts >= _MAX_FAILED_STARTS:
+            raise RuntimeError(
+                f"the scrape helper failed to start {self._failed_starts} times in a row"
+            )
+        if channel.exchange(_is_ready, started + _START_TIMEOUT_S, self._abort) is None:
+            if not self._abort.is_set():
+                self._failed_starts += 1
+                self._reap()
+            return False
+        self._ready, self._failed_starts = True, 0
+        return True
+
+    def _note_stalled(self) -> None:
+        """The helper left the last batch untaken again: replace it after a few cycles."""
+        self._stalled += 1
+        if self._stalled >= STALLED_CYCLES:
+            warn_once(
+                "host_memory.helper.stalled",
+                f"the host-memory scrape helper took no batch for {self._stalled} cycles; "
+                "replaced it",
+                logger=logger,
+            )
+            self._reap(grace=0.0)
 
     def close(self, timeout: float = 1.0) -> None:
-        """End the helper within ``timeout`` seconds (asked first, then killed)."""
+        """End the helper within ``timeout`` seconds: its channel closed, then killed if need be."""
         deadline = time.monotonic() + timeout
         self._abort.set()
         self._closed = True
-        with self._lock:
-            process, conn = self._process, self._conn
-            self._process = self._conn = None
-            if conn is not None:
-                with contextlib.suppress(OSError, ValueError):
-                    conn.send(("stop",))
-                conn.close()
+        forking.forget_in_child(self)
+        # A batch in progress notices the abort within a slice and lets go of the lock.
+        locked = self._lock.acquire(timeout=max(0.0, min(0.5, deadline - time.monotonic())))
+        try:
+            process, channel = self._process, self._channel
+            self._process = self._channel = None
+            if locked and channel is not None:
+                channel.close()  # the helper reads end-of-file and exits
             if process is None:
                 return
-            process.join(max(0.0, min(0.5, deadline - time.monotonic() - 0.2)))
-            if process.is_alive():
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                process.wait(max(0.0, min(0.5, deadline - time.monotonic() - 0.2)))
+            if process.poll() is None:
                 process.kill()
-            process.join(max(0.05, deadline - time.monotonic()))
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                process.wait(max(0.05, deadline - time.monotonic()))
+        finally:
+            if locked:
+                self._lock.release()

@@ -8,11 +8,14 @@ so ageing follows whatever clock the monitor was given.
 
 from __future__ import annotations
 
+import sys
 import threading
 import time
 import weakref
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
+
+from raylens import forking
 
 __all__ = [
     "NodeSample",
@@ -136,6 +139,7 @@ class Snapshot:
 #: Monitors whose snapshot the gauges read.
 _PUBLISHERS: weakref.WeakSet[Any] = weakref.WeakSet()
 _PUBLISHERS_LOCK = threading.Lock()
+forking.renew_lock_in_child(sys.modules[__name__], "_PUBLISHERS_LOCK")
 
 
 def register_publisher(monitor: Any) -> None:

@@ -48,12 +48,14 @@ published samples (:data:`_SNAPSHOT`), the worker-group placement registry
 from __future__ import annotations
 
 import logging
+import sys
 import threading
 from collections.abc import Iterable
 from typing import Any
 
 from opentelemetry.metrics import CallbackOptions, Observation
 
+from raylens import forking
 from raylens.cluster import ClusterView
 from raylens.lens import (
     OBSERVABLE_GAUGE,
@@ -361,6 +363,7 @@ def worker_groups_on_node(node_id: str) -> str:
 
 _MONITOR: HostMemoryMonitor | None = None
 _MONITOR_LOCK = threading.Lock()
+forking.renew_lock_in_child(sys.modules[__name__], "_MONITOR_LOCK")
 
 
 def _usable_interval(collection_interval: object) -> float:

@@ -4,9 +4,9 @@ outlives the driver."""
 from __future__ import annotations
 
 import logging
-import multiprocessing
 import os
 import signal
+import socket
 import subprocess
 import sys
 import textwrap
@@ -18,6 +18,7 @@ from pathlib import Path
 import pytest
 
 from raylens.telemetry import host_memory as hm
+from raylens.telemetry._helper_channel import DriverChannel
 from raylens.telemetry._scrape_helper import HelperEngine
 from raylens_fakes import MetricsProbe, SimulatedCluster
 
@@ -159,12 +160,10 @@ def test_a_helper_that_cannot_start_falls_back_to_scraping_in_process(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
     def dead_on_arrival(self: HelperEngine) -> None:
-        context = multiprocessing.get_context("spawn")
-        parent, child = context.Pipe()
-        process = context.Process(target=os._exit, args=(3,), daemon=True)
-        process.start()
-        child.close()
-        self._process, self._conn, self._ready = process, parent, False
+        ours, theirs = socket.socketpair()
+        process = subprocess.Popen([sys.executable, "-c", "raise SystemExit(3)"])
+        theirs.close()
+        self._process, self._channel, self._ready = process, DriverChannel(ours), False
 
     monkeypatch.setattr(HelperEngine, "_start", dead_on_arrival)
     sim = simulated_cluster(2)

@@ -1,0 +1,78 @@
+"""The scrape helper's own side: the program the helper process runs.
+
+Started by :class:`~._scrape_helper.HelperEngine` as ``python -c`` calling
+:func:`main` with the socket's descriptor, the driver's pid and the scrape
+limits on the command line. It imports only the engine and the channel, never
+the driver's script. It ignores SIGINT (a Ctrl-C in the driver's terminal is the
+driver's to handle; the helper then ends with it) and exits as soon as its
+driver is gone, SIGKILL included, or the channel closes.
+
+Messages in: ``("scrape", batch id, jobs, absolute monotonic deadline)``.
+Messages out: ``("ready",)`` once, then ``("result", batch id, {key: Outcome})``
+per batch.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import sys
+import threading
+import time
+from collections.abc import Hashable
+
+from raylens.telemetry._helper_channel import ChannelBroken, read_message, write_message
+from raylens.telemetry._scrape_engine import AsyncScrapeEngine, Outcome, ScrapeLimits
+
+__all__ = ["HELPER_SLACK_S", "main", "serve"]
+
+_PARENT_POLL_S = 0.2
+#: How long past a batch's deadline the helper waits for answers on their way; the
+#: driver waits longer, which leaves the rest for the trip back.
+HELPER_SLACK_S = 0.05
+
+
+def _watch_parent(parent_pid: int) -> None:
+    """Exit this process as soon as its parent is gone (reparented to someone else)."""
+    while True:
+        if os.getppid() != parent_pid:
+            os._exit(0)
+        time.sleep(_PARENT_POLL_S)  # a watchdog's polling period, not synchronisation
+
+
+def serve(sock: socket.socket, limits: ScrapeLimits) -> None:
+    """Answer scrape batches on ``sock`` until it closes or a message says otherwise."""
+    engine = AsyncScrapeEngine(limits)
+    try:
+        write_message(sock, ("ready",))
+        while True:
+            message = read_message(sock)
+            if not (isinstance(message, tuple) and message and message[0] == "scrape"):
+                return
+            _, batch, jobs, deadline = message
+            seconds = deadline - time.monotonic()
+            results: dict[Hashable, Outcome] = (
+                engine.scrape(jobs, seconds, HELPER_SLACK_S) if seconds > 0 else {}
+            )
+            write_message(sock, ("result", batch, results))
+    except (ChannelBroken, OSError):
+        return
+    finally:
+        engine.close(0.5)
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Run the helper: ``FD PARENT_PID TIMEOUT MAX_BODY_BYTES MAX_CONCURRENCY``."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    fd, parent_pid, timeout, max_body, concurrency = (argv or sys.argv[1:])[:5]
+    threading.Thread(
+        target=_watch_parent, args=(int(parent_pid),), name="raylens-helper-watchdog", daemon=True
+    ).start()
+    limits = ScrapeLimits(float(timeout), int(max_body), int(concurrency))
+    sock = socket.socket(fileno=int(fd))
+    sock.setblocking(True)
+    try:
+        serve(sock, limits)
+    finally:
+        sock.close()
