@@ -8,7 +8,12 @@ the headers and the body together, so a raylet that trickles its answer a byte a
 a time still ends at the deadline. Bodies are capped at ``max_body_bytes``,
 redirects are not followed, only ``identity`` encoding is asked for and a body
 that arrives with any other ``Content-Encoding`` is refused unread (it could
-inflate far past the cap). Connections are not kept, so two node records that
+inflate far past the cap). A body is never held whole: it is read in 64 KiB
+chunks and only the lines that name a wanted series are kept
+(:class:`~raylens.telemetry.prometheus_text.WantedLines`), so each open request
+holds a few chunks at most and the helper's memory stays bounded however many
+nodes answer huge bodies at once; parsing then touches only those lines, which
+keeps the event loop free for the other nodes. Connections are not kept, so two node records that
 point at one ``host:port`` never share one. A host name is looked up under the
 same deadline, on a thread of its own (:class:`_PerNameResolver`), so a name
 whose lookup hangs or fails delays no other.
@@ -45,10 +50,12 @@ from raylens.telemetry._names import (
     ERROR_TOO_LARGE,
     RAY_NODE_MEM_TOTAL,
     RAY_NODE_MEM_USED,
+    SERIES_BY_RAY_NAME,
     TOTAL_KEY,
     USED_KEY,
 )
 from raylens.telemetry._nodes import parse_memory_samples
+from raylens.telemetry.prometheus_text import WantedLines
 from raylens.validation import positive_seconds
 
 __all__ = [
@@ -66,7 +73,11 @@ MAX_CONCURRENCY = 256
 #: How long past a batch's deadline its caller waits for answers already on their way.
 BATCH_SLACK_S = 0.25
 NOT_ASKED_IN_FLIGHT = "not asked: its previous scrape is still running"
-_READ_CHUNK = 256 * 1024
+#: A body is read this much at a time and only its wanted lines are kept (at most
+#: :data:`_MAX_KEPT_BYTES`), so a request holds a few chunks' worth whatever the body's
+#: size, and all requests together a bounded amount (see :class:`AsyncScrapeEngine`).
+_READ_CHUNK = 64 * 1024
+_MAX_KEPT_BYTES = 64 * 1024
 _HEADERS = {"Accept-Encoding": "identity", "Connection": "close"}
 
 #: One node to scrape: ``(key, url, wedged)``; wedged nodes are asked in their own lane.
@@ -159,7 +170,7 @@ async def _fetch(
                     f"payload of {announced} bytes exceeds the {limits.max_body_bytes}-byte cap",
                     error_type=ERROR_TOO_LARGE,
                 )
-            chunks: list[bytes] = []
+            lines = WantedLines(SERIES_BY_RAY_NAME, max_kept_bytes=_MAX_KEPT_BYTES)
             while True:
                 chunk = await response.content.read(_READ_CHUNK)
                 if not chunk:
@@ -171,7 +182,7 @@ async def _fetch(
                         f"payload exceeds the {limits.max_body_bytes}-byte cap",
                         error_type=ERROR_TOO_LARGE,
                     )
-                chunks.append(chunk)
+                lines.feed(chunk)
     except asyncio.TimeoutError:
         if got_headers:
             return Outcome(
@@ -188,13 +199,12 @@ async def _fetch(
         )
     except (aiohttp.ClientError, OSError, ValueError) as exc:
         return Outcome(None, _describe(exc), error_type=ERROR_CONNECTION)
-    body = b"".join(chunks)
-    values = parse_memory_samples(body)
+    values = parse_memory_samples(lines.payload())
     if USED_KEY not in values and TOTAL_KEY not in values:  # the machine pair alone is no sample
         return Outcome(
             None,
             f"no valid {RAY_NODE_MEM_USED} or {RAY_NODE_MEM_TOTAL} sample "
-            f"in the {len(body)}-byte payload",
+            f"in the {received}-byte payload",
             error_type=ERROR_PARSE,
         )
     return Outcome(values, None)

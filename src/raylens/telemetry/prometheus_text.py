@@ -58,7 +58,7 @@ import re
 from collections.abc import Iterable
 from typing import NamedTuple
 
-__all__ = ["SampleExtractor", "clear_extractor_cache", "extract_samples"]
+__all__ = ["SampleExtractor", "WantedLines", "clear_extractor_cache", "extract_samples"]
 
 _METRIC_NAME = re.compile(r"[a-zA-Z_:][a-zA-Z0-9_:]*")
 
@@ -313,3 +313,71 @@ def extract_samples(
             f"names must be an iterable of metric names (str), got {names!r}: {exc}"
         ) from None
     return _extractor_for(key).extract(payload)
+
+
+class WantedLines:
+    """Keeps, from a payload that arrives in chunks, only the lines that may hold a wanted sample.
+
+    A scrape then holds a chunk, one unfinished line and the few wanted lines, never the
+    whole body, and :func:`extract_samples` over :meth:`payload` finds what it would have
+    found over the whole body. A line is kept when a wanted name (or the prefix all wanted
+    names share) occurs anywhere in it, which every line that starts with one does; the
+    extraction then applies the exact rule. Lines longer than ``max_line_bytes`` are
+    skipped unread, wanted or not: no raylet writes a memory sample that long. Once
+    ``max_kept_bytes`` are kept, later lines are not; :attr:`overflowed` says so.
+    """
+
+    def __init__(
+        self,
+        names: Iterable[str],
+        *,
+        max_line_bytes: int = 64 * 1024,
+        max_kept_bytes: int = 1024 * 1024,
+    ) -> None:
+        self._needles = tuple(n.encode("ascii") for n in _needles(_validated_names(names)))
+        self._max_line = max_line_bytes
+        self._max_kept = max_kept_bytes
+        self._kept: list[bytes] = []
+        self._kept_bytes = 0
+        self._partial = b""
+        self._skipping = False
+        self.overflowed = False
+
+    def feed(self, chunk: bytes) -> None:
+        """Take the next part of the payload."""
+        if self._skipping:
+            newline = chunk.find(b"\n")
+            if newline == -1:
+                return
+            chunk, self._skipping = chunk[newline + 1 :], False
+        data = self._partial + chunk if self._partial else chunk
+        last = data.rfind(b"\n")
+        complete, self._partial = (
+            (b"", data) if last == -1 else (data[: last + 1], data[last + 1 :])
+        )
+        if len(self._partial) > self._max_line:
+            self._partial, self._skipping = b"", True
+        if complete:
+            self._keep_from(complete)
+
+    def _keep_from(self, complete: bytes) -> None:
+        spans: set[tuple[int, int]] = set()
+        for needle in self._needles:
+            pos = complete.find(needle)
+            while pos != -1:
+                start = complete.rfind(b"\n", 0, pos) + 1
+                end = complete.find(b"\n", pos) + 1  # complete ends with a newline
+                if end - start <= self._max_line:
+                    spans.add((start, end))
+                pos = complete.find(needle, end)
+        for start, end in sorted(spans):
+            if self._kept_bytes + end - start > self._max_kept:
+                self.overflowed = True
+                return
+            self._kept.append(complete[start:end])
+            self._kept_bytes += end - start
+
+    def payload(self) -> bytes:
+        """The kept lines, in payload order, and the last line if it had no newline."""
+        tail = [] if self._skipping else [self._partial]
+        return b"".join([*self._kept, *tail])

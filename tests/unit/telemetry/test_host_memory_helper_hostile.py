@@ -239,3 +239,49 @@ def test_starting_the_helper_leaves_other_threads_spawns_alone(tmp_path: Path) -
     run = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120)
     assert run.stdout.strip() == "4 [0, 0, 0, 0]", run.stdout + run.stderr
     assert "Can't get attribute" not in run.stderr
+
+
+def _status_kib(pid: int, field: str) -> int:
+    with open(f"/proc/{pid}/status", encoding="ascii") as status:
+        for line in status:
+            if line.startswith(field + ":"):
+                return int(line.split()[1])
+    raise AssertionError(f"no {field} in /proc/{pid}/status")
+
+
+def test_many_large_bodies_at_once_cost_the_helper_a_bounded_amount() -> None:
+    with SimulatedCluster(24) as sim:
+        engine = HelperEngine(ScrapeLimits(timeout=60.0))
+        try:
+            engine.scrape([("warm", sim.raylet(0).url, False)])
+            pid = engine.pid
+            assert pid is not None
+            before = _status_kib(pid, "VmRSS")
+            for index in range(24):
+                sim.raylet(index).serve_huge(15 * 1024 * 1024)
+            results = engine.scrape([(i, sim.raylet(i).url, False) for i in range(24)])
+            assert len(results) == 24
+            assert all(outcome.error is not None for outcome in results.values())
+            grown_mib = (_status_kib(pid, "VmHWM") - before) / 1024
+            # 24 x 15 MiB arrived at once; what was held at the peak is far less.
+            assert grown_mib < 48, f"the helper's peak grew by {grown_mib:.0f} MiB"
+        finally:
+            engine.close(1.0)
+
+
+def test_ctrl_c_in_the_drivers_terminal_leaves_the_helper_quiet_and_running(
+    capfd: pytest.CaptureFixture[str],
+) -> None:
+    with SimulatedCluster(1) as sim:
+        engine = HelperEngine(ScrapeLimits(timeout=2.0))
+        try:
+            good = ("good", sim.raylet(0).url, False)
+            assert engine.scrape([good])["good"].error is None
+            pid = engine.pid
+            assert pid is not None
+            os.kill(pid, signal.SIGINT)  # what a Ctrl-C sends to the whole foreground group
+            assert engine.scrape([good])["good"].error is None
+            assert engine.pid == pid
+        finally:
+            engine.close(1.0)
+    assert "KeyboardInterrupt" not in capfd.readouterr().err

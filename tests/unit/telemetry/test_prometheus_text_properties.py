@@ -8,7 +8,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from prometheus_client.parser import text_string_to_metric_families
 
-from raylens.telemetry.prometheus_text import extract_samples
+from raylens.telemetry.prometheus_text import WantedLines, extract_samples
 
 WANTED = ("ray_node_mem_used", "ray_node_mem_total")
 # Wanted names, names that share a prefix with them on either side, and unrelated ones.
@@ -165,3 +165,37 @@ def test_matches_prometheus_client(text: str, wanted: frozenset[str], form: str)
             payload = payload.replace("é".encode(), b"\xe9")
 
     assert extract_samples(payload, wanted) == expected
+
+
+@settings(max_examples=100, deadline=None)
+@given(
+    text=expositions(),
+    wanted=wanted_names,
+    cuts=st.lists(st.integers(min_value=0, max_value=4000), max_size=12),
+)
+def test_keeping_only_wanted_lines_from_any_chunking_finds_the_same_samples(
+    text: str, wanted: frozenset[str], cuts: list[int]
+) -> None:
+    payload = text.encode("utf-8")
+    lines = WantedLines(wanted)
+    start = 0
+    for cut in sorted({min(cut, len(payload)) for cut in cuts}):
+        lines.feed(payload[start:cut])
+        start = cut
+    lines.feed(payload[start:])
+
+    assert extract_samples(lines.payload(), wanted) == extract_samples(payload, wanted)
+    assert len(lines.payload()) <= len(payload)
+
+
+def test_a_line_longer_than_the_bound_is_skipped_without_being_held() -> None:
+    lines = WantedLines(WANTED, max_line_bytes=1024)
+    lines.feed(b"ray_node_mem_used 1\n# " + b"x" * 500)
+    for _ in range(100):
+        lines.feed(b"y" * 1000)  # one 100 KB line, never held whole
+        assert len(lines.payload()) < 2048
+    lines.feed(b"\nray_node_mem_total 2\n")
+    assert extract_samples(lines.payload(), WANTED) == {
+        "ray_node_mem_used": 1.0,
+        "ray_node_mem_total": 2.0,
+    }
