@@ -27,12 +27,13 @@ import contextlib
 import sys
 import threading
 from collections.abc import Iterator
-from typing import Any, Protocol, runtime_checkable
+from typing import Any, Protocol, TypeGuard, runtime_checkable
 
 __all__ = [
     "KEY_VALUE_METHODS",
     "KV_NAMESPACE",
     "ClusterView",
+    "KeyValueClusterView",
     "RayClusterView",
     "default_cluster_view",
     "supports_key_value",
@@ -50,7 +51,7 @@ KV_NAMESPACE = "raylens"
 KEY_VALUE_METHODS = ("kv_put", "kv_get", "kv_delete", "kv_keys", "job_id", "live_job_ids")
 
 
-def supports_key_value(view: object) -> bool:
+def supports_key_value(view: object) -> TypeGuard[KeyValueClusterView]:
     """True when ``view`` has every method of :data:`KEY_VALUE_METHODS`."""
     return all(callable(getattr(view, name, None)) for name in KEY_VALUE_METHODS)
 
@@ -78,6 +79,37 @@ class ClusterView(Protocol):
 
     def placement_group_table(self, placement_group: Any) -> dict[str, Any]:
         """Ray's record of ``placement_group``."""
+        ...
+
+
+class KeyValueClusterView(ClusterView, Protocol):
+    """A :class:`ClusterView` that also has the methods of :data:`KEY_VALUE_METHODS`.
+
+    Code holding a plain view asks :func:`supports_key_value` before it uses them.
+    """
+
+    def kv_put(self, key: str, value: bytes) -> None:
+        """Store ``value`` under ``key``, replacing what was there."""
+        ...
+
+    def kv_get(self, key: str) -> bytes | None:
+        """The value under ``key``, or None when there is none."""
+        ...
+
+    def kv_delete(self, key: str) -> None:
+        """Remove ``key``; nothing happens when it is absent."""
+        ...
+
+    def kv_keys(self, prefix: str) -> list[str]:
+        """Every key that starts with ``prefix``."""
+        ...
+
+    def job_id(self) -> str | None:
+        """This process's job id (hex), or None when it has none."""
+        ...
+
+    def live_job_ids(self) -> set[str]:
+        """Ids (hex) of the jobs whose driver is alive."""
         ...
 
 

@@ -177,7 +177,7 @@ class PlacementRegistry:
         reset_warn_once(f"host_memory.placement.{name}")  # a group gone keeps no warning key
         with self._publish_lock:
             with self.lock:
-                known = self.nodes.pop(name, None) is not None  # type: ignore[arg-type]
+                known = self.nodes.pop(name, None) is not None
             if known:
                 self._publish_map(cluster)
 
@@ -216,16 +216,16 @@ class PlacementRegistry:
             view = cluster if cluster is not None else default_cluster_view()
             if not supports_key_value(view) or not view.is_initialized():
                 return
-            job = view.job_id()  # type: ignore[attr-defined]
+            job = view.job_id()
             if not job:
                 return
             with self.lock:
                 content = {name: sorted(nodes) for name, nodes in sorted(self.nodes.items())}
             key = f"{PLACEMENT_KEY_PREFIX}{job}"
             if content:
-                view.kv_put(key, json.dumps(content).encode())  # type: ignore[attr-defined]
+                view.kv_put(key, json.dumps(content).encode())
             else:
-                view.kv_delete(key)  # type: ignore[attr-defined]
+                view.kv_delete(key)
         except Exception as exc:
             warn_once(
                 "host_memory.placement.publish",
@@ -247,17 +247,17 @@ class PlacementRegistry:
         try:
             if not cluster.is_initialized():
                 return
-            own = cluster.job_id()  # type: ignore[attr-defined]
-            keys = cluster.kv_keys(PLACEMENT_KEY_PREFIX)  # type: ignore[attr-defined]
+            own = cluster.job_id()
+            keys = cluster.kv_keys(PLACEMENT_KEY_PREFIX)
             others = [k for k in keys if k != f"{PLACEMENT_KEY_PREFIX}{own}"]
-            live = cluster.live_job_ids() if others else set()  # type: ignore[attr-defined]
+            live = cluster.live_job_ids() if others else set()
             merged: dict[str, set[str]] = {}
             for key in others:
                 job = key[len(PLACEMENT_KEY_PREFIX) :]
                 if job not in live:
-                    cluster.kv_delete(key)  # type: ignore[attr-defined]
+                    cluster.kv_delete(key)
                     continue
-                raw = cluster.kv_get(key)  # type: ignore[attr-defined]
+                raw = cluster.kv_get(key)
                 for name, nodes in _read_entry(job, raw).items():
                     merged.setdefault(name, set()).update(nodes)
         except Exception as exc:
