@@ -218,6 +218,7 @@ def init_telemetry(
         config = config if config is not None else TelemetryConfig.from_env()
         closers: list[Callable[[], None]] = []
         prometheus = None
+        reader: MetricReader | None
         if metric_reader is not None:
             reader = metric_reader
         elif config.enabled:
