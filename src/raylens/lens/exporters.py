@@ -137,7 +137,7 @@ class PrometheusEndpoint:
 
 def build_exporter_reader(
     config: TelemetryConfig,
-) -> tuple[MetricReader | None, Callable[[], None] | None, Any]:
+) -> tuple[MetricReader | None, Callable[[], None] | None, PrometheusEndpoint | None]:
     """The reader for ``config.exporter``, a closer for anything it started, and extras.
 
     Returns ``(None, None, None)`` for ``none``. The third item is the
