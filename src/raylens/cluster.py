@@ -27,7 +27,7 @@ import contextlib
 import sys
 import threading
 from collections.abc import Iterator
-from typing import Any, Protocol, TypeGuard, runtime_checkable
+from typing import Protocol, TypeGuard, runtime_checkable
 
 __all__ = [
     "KEY_VALUE_METHODS",
@@ -73,11 +73,11 @@ class ClusterView(Protocol):
         """True when this process is connected to a cluster."""
         ...
 
-    def nodes(self) -> list[dict[str, Any]]:
+    def nodes(self) -> list[dict[str, object]]:
         """Every node the cluster knows of, dead ones included."""
         ...
 
-    def placement_group_table(self, placement_group: Any) -> dict[str, Any]:
+    def placement_group_table(self, placement_group: object) -> dict[str, object]:
         """Ray's record of ``placement_group``."""
         ...
 
@@ -130,12 +130,12 @@ class RayClusterView:
         except AttributeError:  # a partially imported or stub module
             return False
 
-    def nodes(self) -> list[dict[str, Any]]:
+    def nodes(self) -> list[dict[str, object]]:
         import ray
 
         return list(ray.nodes())
 
-    def placement_group_table(self, placement_group: Any) -> dict[str, Any]:
+    def placement_group_table(self, placement_group: object) -> dict[str, object]:
         from ray.util import placement_group_table
 
         return dict(placement_group_table(placement_group))

@@ -23,8 +23,7 @@ from __future__ import annotations
 import json
 import logging
 import threading
-from collections.abc import Iterable
-from typing import Any
+from collections.abc import Iterable, Mapping
 
 from raylens.cluster import ClusterView, default_cluster_view, supports_key_value
 from raylens.lens import reset_warn_once, warn_once
@@ -140,7 +139,10 @@ class PlacementRegistry:
             self._publish_map(cluster)
 
     def register_placement(
-        self, name_prefix: object, bundles: Iterable[tuple[Any, int]], cluster: ClusterView | None
+        self,
+        name_prefix: object,
+        bundles: Iterable[tuple[object, int]],
+        cluster: ClusterView | None,
     ) -> None:
         """Resolve ``bundles`` to nodes and register them; never raises (see the facade)."""
         try:
@@ -299,13 +301,13 @@ def _read_entry(job: str, raw: object) -> dict[str, frozenset[str]]:
         return {}
 
 
-def _resolve_bundles(bundles: Iterable[tuple[Any, int]], cluster: ClusterView) -> set[str]:
+def _resolve_bundles(bundles: Iterable[tuple[object, int]], cluster: ClusterView) -> set[str]:
     """The node ids under ``bundles``, reading each placement group's table once."""
-    by_group: dict[tuple[str, Any], tuple[Any, list[int]]] = {}
+    by_group: dict[tuple[str, object], tuple[object, list[int]]] = {}
     for placement_group, bundle_index in bundles:
         try:
             hash(placement_group)
-            group_key: tuple[str, Any] = ("handle", placement_group)
+            group_key: tuple[str, object] = ("handle", placement_group)
         except TypeError:  # an unhashable handle is grouped by identity
             group_key = ("id", id(placement_group))
         by_group.setdefault(group_key, (placement_group, []))[1].append(bundle_index)
@@ -315,6 +317,11 @@ def _resolve_bundles(bundles: Iterable[tuple[Any, int]], cluster: ClusterView) -
         if table.get("state") not in _PLACED_STATES:
             continue
         placed = table.get("bundles_to_node_id") or {}
+        if not isinstance(placed, Mapping):
+            raise TypeError(
+                f"the placement group table's bundles_to_node_id is a {type(placed).__name__}, "
+                "not a mapping of bundle index to node id"
+            )
         for index in indices:
             if index == -1:
                 candidates = list(placed.values())
