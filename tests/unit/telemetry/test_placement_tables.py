@@ -8,6 +8,7 @@ from typing import Any
 import pytest
 
 from raylens.lens import reset_warn_once
+from raylens.telemetry._names import LOGGER_NAME
 from raylens.telemetry._placement import PlacementRegistry
 
 
@@ -36,7 +37,7 @@ def test_a_bundle_map_that_is_not_a_mapping_is_named_and_leaves_the_entry(
     registry = PlacementRegistry()
     registry.register_nodes("policy", ["node-a"])
     cluster = _OneTableCluster({"state": "CREATED", "bundles_to_node_id": ["node-b"]})
-    with caplog.at_level(logging.WARNING):
+    with caplog.at_level(logging.WARNING, logger=LOGGER_NAME):
         registry.register_placement("policy", [(object(), 0)], cluster)
     assert registry.nodes == {"policy": frozenset({"node-a"})}
     assert "bundles_to_node_id is a list, not a mapping" in caplog.text
