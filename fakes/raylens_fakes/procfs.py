@@ -27,13 +27,29 @@ import shutil
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING, TypedDict
+
+if TYPE_CHECKING:
+    from typing_extensions import Unpack
 
 from raylens.telemetry.process_memory import ProcFS
 
 PAGE_SIZE = mmap.PAGESIZE
 """Bytes per page, as the reader converts ``statm`` pages to bytes."""
 
-_SAME_AS_RSS = object()
+
+class ProcessOptions(TypedDict, total=False):
+    """The keyword arguments of :meth:`FakeProcFS.add_process`, for methods that pass them on."""
+
+    parent: int | None
+    tid: int | None
+    threads: Iterable[int]
+    rss_bytes: int
+    pss_bytes: int | None
+    start_ticks: int | None
+    comm: str
+    smaps_rollup: bool
+    hwm_bytes: int | None
 
 
 @dataclass
@@ -85,7 +101,7 @@ class FakeProcFS:
         tid: int | None = None,
         threads: Iterable[int] = (),
         rss_bytes: int = 16 * PAGE_SIZE,
-        pss_bytes: int | object = _SAME_AS_RSS,
+        pss_bytes: int | None = None,
         start_ticks: int | None = None,
         comm: str = "python",
         smaps_rollup: bool = True,
@@ -95,7 +111,7 @@ class FakeProcFS:
 
         ``parent`` lists it among that process's children, under thread ``tid``
         (default: the parent's main thread). ``threads`` are extra thread ids
-        besides the main one. ``pss_bytes`` defaults to ``rss_bytes``.
+        besides the main one. ``pss_bytes`` defaults (None) to ``rss_bytes``.
         ``smaps_rollup=False`` leaves that file out, as on kernels before 4.14.
         ``start_ticks`` (field 22 of ``stat``) defaults to a value larger than
         any given so far. ``hwm_bytes``, the high-water mark in ``status``
@@ -108,7 +124,7 @@ class FakeProcFS:
         if parent is not None and tid is not None and tid not in self._processes[parent].tids:
             threads = self._processes[parent].tids
             raise ValueError(f"pid {parent} has no thread {tid}; threads are {threads}")
-        pss = rss_bytes if pss_bytes is _SAME_AS_RSS else pss_bytes
+        pss = rss_bytes if pss_bytes is None else pss_bytes
         _check_pages("rss_bytes", rss_bytes)
         _check_pages("pss_bytes", pss)
         hwm = _check_hwm(rss_bytes, rss_bytes if hwm_bytes is None else hwm_bytes)
@@ -163,10 +179,10 @@ class FakeProcFS:
                 listed.remove(pid)
                 self._write_children(parent, tid)
 
-    def reuse_pid(self, pid: int, **process: object) -> int:
+    def reuse_pid(self, pid: int, **process: Unpack[ProcessOptions]) -> int:
         """``pid`` exits and a new, unrelated process gets the same pid (new start time)."""
         self.remove_process(pid)
-        return self.add_process(pid, **process)  # type: ignore[arg-type]
+        return self.add_process(pid, **process)
 
     def restart(self, pid: int, new_pid: int) -> int:
         """Process ``pid`` exits and starts again as ``new_pid``; return ``new_pid``.

@@ -27,7 +27,7 @@ import contextlib
 import sys
 import threading
 from collections.abc import Iterator
-from typing import Any, Protocol, runtime_checkable
+from typing import Protocol, TypeGuard, runtime_checkable
 
 from raylens import forking
 
@@ -35,6 +35,7 @@ __all__ = [
     "KEY_VALUE_METHODS",
     "KV_NAMESPACE",
     "ClusterView",
+    "KeyValueClusterView",
     "RayClusterView",
     "default_cluster_view",
     "supports_key_value",
@@ -52,7 +53,7 @@ KV_NAMESPACE = "raylens"
 KEY_VALUE_METHODS = ("kv_put", "kv_get", "kv_delete", "kv_keys", "job_id", "live_job_ids")
 
 
-def supports_key_value(view: object) -> bool:
+def supports_key_value(view: object) -> TypeGuard[KeyValueClusterView]:
     """True when ``view`` has every method of :data:`KEY_VALUE_METHODS`."""
     return all(callable(getattr(view, name, None)) for name in KEY_VALUE_METHODS)
 
@@ -74,12 +75,43 @@ class ClusterView(Protocol):
         """True when this process is connected to a cluster."""
         ...
 
-    def nodes(self) -> list[dict[str, Any]]:
+    def nodes(self) -> list[dict[str, object]]:
         """Every node the cluster knows of, dead ones included."""
         ...
 
-    def placement_group_table(self, placement_group: Any) -> dict[str, Any]:
+    def placement_group_table(self, placement_group: object) -> dict[str, object]:
         """Ray's record of ``placement_group``."""
+        ...
+
+
+class KeyValueClusterView(ClusterView, Protocol):
+    """A :class:`ClusterView` that also has the methods of :data:`KEY_VALUE_METHODS`.
+
+    Code holding a plain view asks :func:`supports_key_value` before it uses them.
+    """
+
+    def kv_put(self, key: str, value: bytes) -> None:
+        """Store ``value`` under ``key``, replacing what was there."""
+        ...
+
+    def kv_get(self, key: str) -> bytes | None:
+        """The value under ``key``, or None when there is none."""
+        ...
+
+    def kv_delete(self, key: str) -> None:
+        """Remove ``key``; nothing happens when it is absent."""
+        ...
+
+    def kv_keys(self, prefix: str) -> list[str]:
+        """Every key that starts with ``prefix``."""
+        ...
+
+    def job_id(self) -> str | None:
+        """This process's job id (hex), or None when it has none."""
+        ...
+
+    def live_job_ids(self) -> set[str]:
+        """Ids (hex) of the jobs whose driver is alive."""
         ...
 
 
@@ -100,12 +132,12 @@ class RayClusterView:
         except AttributeError:  # a partially imported or stub module
             return False
 
-    def nodes(self) -> list[dict[str, Any]]:
+    def nodes(self) -> list[dict[str, object]]:
         import ray
 
         return list(ray.nodes())
 
-    def placement_group_table(self, placement_group: Any) -> dict[str, Any]:
+    def placement_group_table(self, placement_group: object) -> dict[str, object]:
         from ray.util import placement_group_table
 
         return dict(placement_group_table(placement_group))

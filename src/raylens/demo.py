@@ -15,9 +15,13 @@ import signal
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from raylens.lens import warn_once
+
+if TYPE_CHECKING:
+    from raylens.distributed.virtual_cluster import RayVirtualCluster
+    from raylens.distributed.worker_groups import RayWorkerGroup
 
 _MIB = 1024 * 1024
 _PAGE = 4096
@@ -121,8 +125,8 @@ class DemoCluster:
         self.worker_megabytes = worker_megabytes
         self.cpus_per_node = cpus_per_node
         self.ray_cluster: Any = None
-        self.virtual_cluster: Any = None
-        self.groups: dict[str, Any] = {}
+        self.virtual_cluster: RayVirtualCluster | None = None
+        self.groups: dict[str, RayWorkerGroup] = {}
 
     def __enter__(self) -> DemoCluster:
         try:

@@ -76,6 +76,10 @@ def _record_interrupts(
         previous = signal.signal(signal.SIGINT, handler)
     except ValueError:  # not the main thread: signals are not ours to handle
         return lambda: None
-    return lambda: signal.signal(
-        signal.SIGINT, previous if previous is not None else signal.default_int_handler
-    )
+
+    def restore() -> None:
+        signal.signal(
+            signal.SIGINT, previous if previous is not None else signal.default_int_handler
+        )
+
+    return restore

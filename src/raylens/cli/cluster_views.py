@@ -8,7 +8,8 @@ import os
 import threading
 import time
 from collections.abc import Callable
-from typing import Any
+from types import ModuleType
+from typing import TYPE_CHECKING
 
 from raylens.cli.gcs_probe import GcsProbe, check_reachable, confirm_gcs
 from raylens.cli.output import Output, sample_loop
@@ -17,6 +18,9 @@ from raylens.cli.pipeline import scrape_timeout_for, start_telemetry, stop_monit
 from raylens.demo import keep_sigterm_handler
 from raylens.live_table import NodeRow, node_summary, node_table
 
+if TYPE_CHECKING:
+    from raylens.telemetry.host_memory import HostMemoryMonitor
+
 # How many samples of each node's trend the table keeps.
 _HISTORY = 24
 
@@ -24,7 +28,9 @@ _HISTORY = 24
 class NodeTable:
     """Turns the monitor's latest samples into table rows, with a short trend per node."""
 
-    def __init__(self, monitor: Any, *, clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(
+        self, monitor: HostMemoryMonitor, *, clock: Callable[[], float] = time.monotonic
+    ) -> None:
         self.monitor = monitor
         self.clock = clock
         self.history: dict[str, list[float]] = {}
@@ -64,7 +70,7 @@ class NodeTable:
 
 
 def watch_nodes(
-    monitor: Any,
+    monitor: HostMemoryMonitor,
     args: argparse.Namespace,
     *,
     output: Output,
@@ -193,7 +199,7 @@ def run_simulate(args: argparse.Namespace, stop: threading.Event) -> int:
     return output.exit_status()
 
 
-def import_ray() -> Any:
+def import_ray() -> ModuleType:
     try:
         import ray
     except ImportError:

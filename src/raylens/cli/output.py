@@ -15,9 +15,10 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from typing import Any
+from types import TracebackType
+from typing import Any, TextIO
 
-from rich.console import Console
+from rich.console import Console, RenderableType
 from rich.live import Live
 from rich.text import Text
 
@@ -100,7 +101,7 @@ class Output:
         else:
             yield self
 
-    def show(self, render: Callable[[], Any], record: dict[str, Any]) -> None:
+    def show(self, render: Callable[[], RenderableType], record: dict[str, Any]) -> None:
         """Show one sample: ``render()`` builds its table, ``record`` is its JSON form.
 
         A table that cannot be built or drawn is reported once on stderr; from then
@@ -181,7 +182,11 @@ class PrintableFormatter(logging.Formatter):
     def formatMessage(self, record: logging.LogRecord) -> str:
         return printable(super().formatMessage(record))
 
-    def formatException(self, ei: Any) -> str:
+    def formatException(
+        self,
+        ei: tuple[type[BaseException], BaseException, TracebackType | None]
+        | tuple[None, None, None],
+    ) -> str:
         return printable_lines(super().formatException(ei))
 
 
@@ -191,12 +196,15 @@ class _StderrHandler(logging.StreamHandler):
     def __init__(self) -> None:
         super().__init__(sys.stderr)
 
-    @property  # type: ignore[override]
-    def stream(self) -> Any:
+    # configure_logging knows its own handler by this mark, also one made before a reload.
+    _raylens_cli = True
+
+    @property
+    def stream(self) -> TextIO:
         return sys.stderr
 
     @stream.setter
-    def stream(self, value: Any) -> None:
+    def stream(self, value: TextIO) -> None:
         pass
 
 
@@ -206,6 +214,5 @@ def configure_logging(*, verbose: bool) -> None:
     if not any(getattr(h, "_raylens_cli", False) for h in log.handlers):
         handler = _StderrHandler()
         handler.setFormatter(PrintableFormatter("raylens: %(levelname)s: %(message)s"))
-        handler._raylens_cli = True  # type: ignore[attr-defined]
         log.addHandler(handler)
     log.setLevel(logging.WARNING if verbose else logging.ERROR)

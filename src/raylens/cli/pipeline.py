@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import sys
-from typing import Any
+from typing import TYPE_CHECKING
 
 from raylens.cli.parser import CliError
 from raylens.lens import (
@@ -15,6 +15,9 @@ from raylens.lens import (
     shutdown_telemetry,
 )
 from raylens.lens.safe_text import printable
+
+if TYPE_CHECKING:
+    from raylens.telemetry.host_memory import HostMemoryMonitor
 
 
 def start_telemetry(exporter: str | None, *, as_json: bool = False) -> None:
@@ -57,7 +60,7 @@ def scrape_timeout_for(interval: float) -> float:
     return min(_SCRAPE_TIMEOUT_S, interval)
 
 
-def stop_monitoring(monitor: Any) -> None:
+def stop_monitoring(monitor: HostMemoryMonitor) -> None:
     """Stop sampling, then flush telemetry while the cluster and its labels still exist."""
     monitor.stop()
     shutdown_telemetry()

@@ -13,7 +13,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from raylens.cli.output import Output
 from raylens.cli.parser import CliError
@@ -28,6 +28,9 @@ from raylens.cli.supervision import (
     terminate_child,
 )
 from raylens.live_table import ProcessTreeRow, process_table
+
+if TYPE_CHECKING:
+    from raylens.telemetry.process_memory import MemoryProfiler, ProcFS
 
 # How many RSS samples the trend keeps.
 _HISTORY = 24
@@ -73,11 +76,11 @@ class ProcessTable:
 
     def __init__(
         self,
-        profiler: Any,
+        profiler: MemoryProfiler,
         *,
         label: str,
         pid: int,
-        procfs: Any = None,
+        procfs: ProcFS | None = None,
         clock: Callable[[], float] = time.monotonic,
         pss_max_age_s: float | None = None,
     ) -> None:

@@ -20,6 +20,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Sequence
+from types import FrameType
 from typing import IO, Any
 
 # How long the command has to end by itself after Ctrl-C, then after SIGTERM.
@@ -116,7 +117,7 @@ def start_command(argv: Sequence[str], *, stdout: int | IO[Any] | None = None) -
     return CommandGroup(process, own_group=True)
 
 
-def terminal_interrupted(child: Any) -> bool:
+def terminal_interrupted(child: CommandGroup | subprocess.Popen) -> bool:
     """True when a Ctrl-C typed in our terminal has reached ``child`` as well.
 
     The terminal interrupts its whole foreground process group: that covers the
@@ -151,8 +152,9 @@ def stop_child(
     and ``terminate_grace_s``, then SIGKILL. Another Ctrl-C kills it at once.
     Given a :class:`CommandGroup`, every signal goes to the whole group.
     """
-    if child.poll() is not None:
-        return child.returncode  # type: ignore[return-value]
+    code = child.poll()
+    if code is not None:
+        return code
     try:
         if forward is None:
             forward = not terminal_interrupted(child)
@@ -214,11 +216,16 @@ def raise_on_sigterm() -> Callable[[], None]:
     if threading.current_thread() is not threading.main_thread():
         return lambda: None
 
-    def handler(signum: int, frame: Any) -> None:
+    def handler(signum: int, frame: FrameType | None) -> None:
         raise Terminated
 
     previous = signal.signal(signal.SIGTERM, handler)
-    return lambda: signal.signal(signal.SIGTERM, previous)
+
+    def restore() -> None:
+        # None: the handler in place was installed outside Python and cannot be put back.
+        signal.signal(signal.SIGTERM, signal.SIG_DFL if previous is None else previous)
+
+    return restore
 
 
 def signal_name(number: int) -> str:

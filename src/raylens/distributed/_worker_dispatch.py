@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from raylens.distributed.named_sharding import NamedSharding
 from raylens.distributed.ray_seam import DEFAULT_RAY_SEAM, RaySeam
@@ -25,9 +25,6 @@ from raylens.distributed.worker_planning import (
     _select_results,
     _slice_sharded,
 )
-
-if TYPE_CHECKING:
-    from raylens.distributed.worker_group import RayWorkerGroup
 
 __all__ = ["MultiWorkerFuture"]
 
@@ -46,13 +43,14 @@ class MultiWorkerFuture:
     called_workers: list[int] | None = None
 
     def get_results(
-        self, worker_group: RayWorkerGroup, return_generators_as_proxies: bool = False
+        self, worker_group: object, return_generators_as_proxies: bool = False
     ) -> list[Any]:
         """Wait for every future and return the wanted results, one per tied group.
 
         Results are those of ``return_from_workers`` (in that order), keeping only the
         first worker of each tied group according to
-        ``worker_group.worker_to_tied_group_index``. Every future is waited on,
+        ``worker_group.worker_to_tied_group_index`` (read when the group has one: any
+        group-like object will do). Every future is waited on,
         including those whose result is dropped, so errors anywhere surface here.
 
         Futures that are ``ObjectRefGenerator`` objects (a streaming method) are returned

@@ -20,11 +20,39 @@ from __future__ import annotations
 import contextlib
 import os
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, Protocol
 
 from raylens.distributed.ray_seam import DEFAULT_RAY_SEAM, RaySeam
 
 __all__ = ["reset_remote_function_cache"]
+
+
+class _MemoryInfo(Protocol):
+    @property
+    def used(self) -> int: ...
+    @property
+    def total(self) -> int: ...
+
+
+class _ComputeProcess(Protocol):
+    """A process on a GPU; its ``usedGpuMemory`` is an int, or None (or absent) when unknown."""
+
+    @property
+    def pid(self) -> int: ...
+
+
+class _Nvml(Protocol):
+    """The part of ``pynvml`` the reading uses (a module or a test's stand-in)."""
+
+    def nvmlInit(self) -> object: ...
+    def nvmlShutdown(self) -> object: ...
+    def nvmlDeviceGetCount(self) -> int: ...
+    def nvmlDeviceGetHandleByIndex(self, index: int, /) -> object: ...
+    def nvmlDeviceGetName(self, handle: object, /) -> str | bytes: ...
+    def nvmlDeviceGetMemoryInfo(self, handle: object, /) -> _MemoryInfo: ...
+    def nvmlDeviceGetComputeRunningProcesses(
+        self, handle: object, /
+    ) -> Sequence[_ComputeProcess]: ...
 
 
 def reset_remote_function_cache() -> None:
@@ -37,7 +65,7 @@ def _describe_gpu_state(
     local_rank: int,
     *,
     node: str,
-    nvml: Any = None,
+    nvml: _Nvml | None = None,
     nvidia_devices: Sequence[str] | None = None,
 ) -> str:
     """A one-paragraph reading of GPU ``local_rank`` on this node, taken through NVML.
@@ -58,7 +86,7 @@ def _describe_gpu_state(
             nvidia_devices = []
     if nvml is None:
         try:
-            import pynvml as nvml  # type: ignore[import-not-found,no-redef]
+            import pynvml
         except ImportError:
             if not nvidia_devices:
                 return f"{prefix} no GPU on this node (no NVIDIA device, NVML not installed)"
@@ -66,6 +94,7 @@ def _describe_gpu_state(
                 f"{prefix} the node has {len(nvidia_devices)} NVIDIA device(s) but pynvml is "
                 "not installed, so their state cannot be read"
             )
+        nvml = pynvml
     try:
         nvml.nvmlInit()
     except Exception as error:
@@ -94,21 +123,19 @@ def _describe_gpu_state(
             return f"{text}; processes unreadable ({error})"
         if not processes:
             return f"{text}; no compute processes"
-        held = ", ".join(
-            f"pid {proc.pid} "
-            + (
-                f"{proc.usedGpuMemory // mib} MiB"
-                if isinstance(getattr(proc, "usedGpuMemory", None), int)
-                else "(memory n/a)"
-            )
-            for proc in processes
-        )
+        held = ", ".join(_process_text(proc) for proc in processes)
         return f"{text}; compute processes: {held}"
     except Exception as error:
         return f"{prefix} reading GPU {local_rank} through NVML failed: {error}"
     finally:
         with contextlib.suppress(Exception):
             nvml.nvmlShutdown()
+
+
+def _process_text(proc: _ComputeProcess) -> str:
+    used = getattr(proc, "usedGpuMemory", None)
+    memory = f"{used // (1024 * 1024)} MiB" if isinstance(used, int) else "(memory n/a)"
+    return f"pid {proc.pid} {memory}"
 
 
 def _log_gpu_state_on_bundle(label: str, local_rank: int) -> None:

@@ -220,9 +220,13 @@ class GroupMemorySamplers:
         """
         wanted: dict[str, list[tuple[str, int, int | None]]] = {}
         for node_id, workers in workers_by_node.items():
-            entries = [tuple(as_group_worker(worker)) for worker in workers]
+            # Plain tuples: they travel to the node's sampler actor as its wire format.
+            entries = [
+                (checked.group, checked.pid, checked.start_ticks)
+                for checked in map(as_group_worker, workers)
+            ]
             if entries:
-                wanted[_check_node_id(node_id)] = entries  # type: ignore[assignment]
+                wanted[_check_node_id(node_id)] = entries
         with self._lock:
             return self._sample(wanted)
 

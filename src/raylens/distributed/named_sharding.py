@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import operator
 from collections.abc import Iterable, Mapping, Sequence
-from typing import Any
+from typing import SupportsIndex
 
 import numpy as np
 
@@ -34,7 +34,7 @@ class ShardingIndexError(IndexError, ValueError):
     """
 
 
-def _as_integer_array(layout: Any) -> np.ndarray:
+def _as_integer_array(layout: object) -> np.ndarray:
     """``layout`` as a fresh integer array; ValueError for ragged or non-integer input."""
     try:
         array = np.array(layout)
@@ -102,7 +102,7 @@ class NamedSharding:
     #: See the module constant :data:`REPLICATED_AXES`.
     REPLICATED_AXES = REPLICATED_AXES
 
-    def __init__(self, layout: Any, names: Sequence[str]) -> None:
+    def __init__(self, layout: object, names: Sequence[str]) -> None:
         array = _as_integer_array(layout)
         names = _checked_names(names)
         if array.ndim != len(names):
@@ -196,7 +196,7 @@ class NamedSharding:
         Axes left out match any index, so ``get_ranks_by_coord(dp=1)`` lists the whole
         replica ``dp=1``. An index outside its axis matches nothing (an empty list).
         """
-        index: list[Any] = [slice(None)] * self.ndim
+        index: list[slice | int] = [slice(None)] * self.ndim
         for name, position in coords.items():
             axis = self.get_axis_index(name)
             extent = self._layout.shape[axis]
@@ -217,7 +217,7 @@ class NamedSharding:
         """
         if not indices:
             return self
-        index: list[Any] = [slice(None)] * self.ndim
+        index: list[slice | int] = [slice(None)] * self.ndim
         for name, position in indices.items():
             axis = self.get_axis_index(name)
             extent = int(self._layout.shape[axis])
@@ -235,8 +235,8 @@ class NamedSharding:
         return NamedSharding(selected, remaining)
 
     @staticmethod
-    def _integer_index(name: str, position: Any, extent: int) -> int:
-        if not isinstance(position, bool):
+    def _integer_index(name: str, position: object, extent: int) -> int:
+        if not isinstance(position, bool) and isinstance(position, SupportsIndex):
             try:
                 return operator.index(position)
             except TypeError:

@@ -53,9 +53,11 @@ class RaySeam:
 
     def ray(self) -> Any:
         """The ``ray`` module, for type checks on Ray objects that need no connection."""
-        ray = self.connected_ray()
-        if ray is None:
-            import ray
+        connected = self.connected_ray()
+        if connected is not None:
+            return connected
+        import ray
+
         return ray
 
     def remote(self, key: str, build: Callable[[Any], Any]) -> Any:

@@ -14,7 +14,7 @@ from __future__ import annotations
 import socket
 import uuid
 import weakref
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -83,7 +83,7 @@ def _ranks_from_bundle_nodes(bundle_nodes: Sequence[str]) -> list[tuple[int, int
 
 
 def _missing_resources(
-    required: dict[str, float], available: dict[str, float]
+    required: Mapping[str, float], available: Mapping[str, float]
 ) -> dict[str, tuple[float, float]]:
     """``{resource: (needed, present)}`` for each resource the cluster has too little of."""
     missing: dict[str, tuple[float, float]] = {}

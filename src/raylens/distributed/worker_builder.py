@@ -107,6 +107,7 @@ def _call_configure_worker(
     if configure is None:
         return None
     kwargs: dict[str, Any] = {"num_gpus": num_gpus, "bundle_indices": bundle_indices}
+    parameters: Mapping[str, inspect.Parameter]
     try:
         parameters = inspect.signature(configure).parameters
     except (TypeError, ValueError):

@@ -215,7 +215,7 @@ def _bundle_indices_from_workers_per_node(
     return plan
 
 
-def _normalized_bundle_indices_list(bundle_indices_list: Any) -> list[tuple[int, list[int]]]:
+def _normalized_bundle_indices_list(bundle_indices_list: object) -> list[tuple[int, list[int]]]:
     """``bundle_indices_list`` as ``[(node_idx, [local indices])]``; ValueError if malformed."""
     if not isinstance(bundle_indices_list, (list, tuple)) or not bundle_indices_list:
         raise ValueError(
@@ -301,7 +301,7 @@ class _DefaultNames:
         self._lock = threading.Lock()
         self._taken: set[str] = set()
 
-    def take(self, builder: Any) -> str:
+    def take(self, builder: object) -> str:
         label = str(getattr(builder, "ray_actor_class_fqn", "") or "")
         base = label.rsplit(".", 1)[-1].replace(",", "_") or "workers"
         if base == "none":

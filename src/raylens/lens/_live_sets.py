@@ -15,16 +15,16 @@ from __future__ import annotations
 
 from collections import OrderedDict
 from collections.abc import Hashable, Iterable, Mapping
-from typing import Any
 
 from opentelemetry.metrics import Observation
+from opentelemetry.util.types import AttributeValue
 
 from raylens.lens.safe_text import encodable
 
 __all__ = ["LiveAttributeSets", "exportable"]
 
 
-def _encodable_value(value: Any) -> Any:
+def _encodable_value(value: AttributeValue) -> AttributeValue:
     if isinstance(value, str):
         return encodable(value)
     if isinstance(value, (list, tuple)):
@@ -32,7 +32,7 @@ def _encodable_value(value: Any) -> Any:
     return value
 
 
-def _needs_repair(attributes: Mapping[str, Any]) -> bool:
+def _needs_repair(attributes: Mapping[str, AttributeValue]) -> bool:
     for key, value in attributes.items():
         # isascii() is a flag lookup: the common all-ASCII label costs no encode.
         if isinstance(value, str) and value.isascii() and isinstance(key, str) and key.isascii():
@@ -62,13 +62,13 @@ def exportable(observation: Observation) -> Observation:
     return Observation(observation.value, repaired)
 
 
-def _frozen(value: Any) -> Hashable:
+def _frozen(value: AttributeValue) -> Hashable:
     if isinstance(value, (list, tuple)):
         return tuple(_frozen(item) for item in value)
     return value
 
 
-def attribute_key(attributes: Mapping[str, Any] | None) -> Hashable:
+def attribute_key(attributes: Mapping[str, AttributeValue] | None) -> Hashable:
     """A hashable key equal for equal attribute mappings (sequence values included)."""
     if not attributes:
         return frozenset()
@@ -89,12 +89,14 @@ class LiveAttributeSets:
         self.idle_collections = idle_collections
         self._collection = 0
         # key -> (last collection that reported it, its attributes); oldest first.
-        self._last_seen: OrderedDict[Hashable, tuple[int, Mapping[str, Any]]] = OrderedDict()
+        self._last_seen: OrderedDict[Hashable, tuple[int, Mapping[str, AttributeValue]]] = (
+            OrderedDict()
+        )
 
     def __len__(self) -> int:
         return len(self._last_seen)
 
-    def collected(self, observations: Iterable[Observation]) -> list[Mapping[str, Any]]:
+    def collected(self, observations: Iterable[Observation]) -> list[Mapping[str, AttributeValue]]:
         """Record one collection's observations; return the attribute sets that just expired."""
         self._collection += 1
         now = self._collection
@@ -104,7 +106,7 @@ class LiveAttributeSets:
             key = attribute_key(attributes)
             last_seen[key] = (now, attributes)
             last_seen.move_to_end(key)
-        expired: list[Mapping[str, Any]] = []
+        expired: list[Mapping[str, AttributeValue]] = []
         oldest_kept = now - self.idle_collections + 1
         while last_seen:
             key, (seen, attributes) = next(iter(last_seen.items()))

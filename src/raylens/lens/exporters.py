@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import sys
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import IO, Any
 
 from opentelemetry.sdk.metrics.export import (
@@ -28,7 +28,7 @@ from raylens.lens.safe_text import encodable
 from raylens.lens.warnings import warn_once
 
 
-def _escape(value: Any) -> str:
+def _escape(value: object) -> str:
     """``value`` as Prometheus escapes a label value: backslash, double quote and newline.
 
     Lone surrogates become U+FFFD, so the line always encodes as UTF-8.
@@ -37,15 +37,16 @@ def _escape(value: Any) -> str:
     return text.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
 
 
-def format_point_line(name: str, unit: str, attributes: Any, value: Any) -> str:
+def format_point_line(
+    name: str, unit: str | None, attributes: Mapping[str, object] | None, value: object
+) -> str:
     """``name{key="value",...} value unit``: one human-readable line for one point.
 
     Attribute values are escaped as in Prometheus text, so a value holding a
     newline or a quote still gives exactly one line that can be read back.
     """
-    labels = ",".join(
-        f'{encodable(str(key))}="{_escape(attributes[key])}"' for key in sorted(attributes or {})
-    )
+    present = attributes or {}
+    labels = ",".join(f'{encodable(str(key))}="{_escape(present[key])}"' for key in sorted(present))
     unit_part = f" {encodable(unit)}" if unit else ""
     return f"{encodable(name)}{{{labels}}} {value}{unit_part}"
 
@@ -136,7 +137,7 @@ class PrometheusEndpoint:
 
 def build_exporter_reader(
     config: TelemetryConfig,
-) -> tuple[MetricReader | None, Callable[[], None] | None, Any]:
+) -> tuple[MetricReader | None, Callable[[], None] | None, PrometheusEndpoint | None]:
     """The reader for ``config.exporter``, a closer for anything it started, and extras.
 
     Returns ``(None, None, None)`` for ``none``. The third item is the

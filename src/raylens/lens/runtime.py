@@ -32,22 +32,22 @@ import logging
 import os
 import sys
 import threading
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
 
-from opentelemetry.metrics import CallbackOptions, Meter, Observation
+from opentelemetry.metrics import CallbackOptions, Meter, ObservableGauge, Observation
 from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.sdk.metrics.export import MetricReader
 from opentelemetry.sdk.metrics.view import View
 from opentelemetry.sdk.resources import Resource
+from opentelemetry.util.types import AttributeValue
 
 import raylens
 from raylens import forking
 from raylens.lens import _sdk_state
 from raylens.lens._live_sets import LiveAttributeSets, exportable
 from raylens.lens.config import TelemetryConfig
-from raylens.lens.exporters import build_exporter_reader
+from raylens.lens.exporters import PrometheusEndpoint, build_exporter_reader
 from raylens.lens.metrics import OBSERVABLE_GAUGE, RecordedMetric, register_recorded_metrics
 from raylens.lens.safe_text import encodable
 from raylens.lens.warnings import warn_once
@@ -71,9 +71,9 @@ class TelemetryHandle:
     meter: Meter
     readers: list[MetricReader] = field(default_factory=list)
     exporter_reader: MetricReader | None = None
-    prometheus: Any = None
+    prometheus: PrometheusEndpoint | None = None
     _closers: list[Callable[[], None]] = field(default_factory=list, repr=False)
-    _gauges: dict[str, Any] = field(default_factory=dict, repr=False)
+    _gauges: dict[str, ObservableGauge] = field(default_factory=dict, repr=False)
 
     @property
     def is_exporting(self) -> bool:
@@ -116,9 +116,9 @@ class _GaugeCallback:
     def __init__(self, name: str) -> None:
         self.name = name
         self.live = LiveAttributeSets(IDLE_COLLECTIONS)
-        self.instrument: Any = None
+        self.instrument: ObservableGauge | None = None
 
-    def attach(self, instrument: Any) -> None:
+    def attach(self, instrument: ObservableGauge) -> None:
         """Start pruning ``instrument``'s SDK state, when the SDK's layout allows it."""
         if _sdk_state.supported(instrument):
             self.instrument = instrument
@@ -144,7 +144,7 @@ class _GaugeCallback:
         self._release(self.live.collected(observations))
         return observations
 
-    def _release(self, expired: list[Any]) -> None:
+    def _release(self, expired: list[Mapping[str, AttributeValue]]) -> None:
         if not expired or self.instrument is None:
             return
         try:
@@ -222,6 +222,7 @@ def init_telemetry(
         config = config if config is not None else TelemetryConfig.from_env()
         closers: list[Callable[[], None]] = []
         prometheus = None
+        reader: MetricReader | None
         if metric_reader is not None:
             reader = metric_reader
         elif config.enabled:
@@ -242,7 +243,7 @@ def init_telemetry(
         else:
             # A configuration built in code skips from_env's clean-up; text that does not
             # encode would make every export of the resource fail.
-            attributes: dict[str, Any] = {
+            attributes: dict[str, AttributeValue] = {
                 encodable(str(key)): encodable(value) if isinstance(value, str) else value
                 for key, value in config.resource_attributes.items()
             }

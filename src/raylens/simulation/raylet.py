@@ -62,7 +62,10 @@ def load_recorded_payload(filename: str) -> bytes:
         raise ValueError(
             f"recorded payload {filename!r} is not bundled; choose one of {RECORDED_PAYLOADS}"
         )
-    return resources.files("raylens.simulation").joinpath("payloads", filename).read_bytes()
+    # One name per joinpath: Python 3.10's reader for a zipped package takes no more.
+    return (
+        resources.files("raylens.simulation").joinpath("payloads").joinpath(filename).read_bytes()
+    )
 
 
 def load_payload(name: str = "worker") -> bytes:

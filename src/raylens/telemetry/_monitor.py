@@ -24,12 +24,12 @@ import os
 import threading
 import time
 from collections.abc import Callable, Hashable
-from typing import Any
 
 from raylens import forking
 from raylens.cluster import ClusterView, default_cluster_view
 from raylens.lens import get_telemetry_handle, reset_warn_once, warn_once
 from raylens.lens.safe_text import printable
+from raylens.telemetry._engine_protocol import PrestartingEngine, ScrapeEngine
 from raylens.telemetry._names import (
     ERROR_INTERNAL,
     ERROR_NO_METRICS_PORT,
@@ -191,7 +191,7 @@ class HostMemoryMonitor:
         self._cycle_lock = threading.Lock()
         self._stop_event = threading.Event()  # replaced on every start()
         self._thread: threading.Thread | None = None
-        self._engine: Any = None
+        self._engine: ScrapeEngine | None = None
         self._threads: ThreadedScrapes | None = None
         self._generation = 0
         self._cycles = 0
@@ -302,7 +302,9 @@ class HostMemoryMonitor:
         wanted = self.has_consumer and not self._scrape_overridden()
         if wanted and self.scrape_mode is ScrapeMode.HELPER:
             try:
-                self._engine_for_use().prestart()
+                engine = self._engine_for_use()
+                if isinstance(engine, PrestartingEngine):
+                    engine.prestart()
             except Exception:  # the first cycle tries again, and falls back if it must
                 logger.debug("could not pre-start the scrape helper", exc_info=True)
 
@@ -434,11 +436,14 @@ class HostMemoryMonitor:
                 broken.close(0.5)
             return self._engine_for_use().scrape(jobs, self.scrape_timeout)
 
-    def _engine_for_use(self) -> Any:
+    def _engine_for_use(self) -> ScrapeEngine:
         with self._lock:
             if self._engine is None:
-                kind = HelperEngine if self.scrape_mode is ScrapeMode.HELPER else AsyncScrapeEngine
-                self._engine = kind(self.limits)
+                self._engine = (
+                    HelperEngine(self.limits)
+                    if self.scrape_mode is ScrapeMode.HELPER
+                    else AsyncScrapeEngine(self.limits)
+                )
             return self._engine
 
     def _forget_departed(self, live: set[NodeKey]) -> None:

@@ -14,7 +14,6 @@ import threading
 from collections import OrderedDict
 from collections.abc import Hashable
 from dataclasses import dataclass
-from typing import Any
 
 from raylens.cluster import ClusterView, default_cluster_view
 from raylens.lens import reset_warn_once, warn_once
@@ -63,7 +62,7 @@ def _valid_port(port: object) -> bool:
     return isinstance(port, int) and not isinstance(port, bool) and 0 < port < 65536
 
 
-def _node_from_record(entry: Any, seen: set[str], unscrapeable: bool) -> RayNode | None:
+def _node_from_record(entry: object, seen: set[str], unscrapeable: bool) -> RayNode | None:
     """The node ``entry`` describes, or None when it is dead or a duplicate.
 
     A live node without a metrics port is None too, unless ``unscrapeable``: then
@@ -130,7 +129,7 @@ def ray_nodes(
     return found
 
 
-def _malformed_key(entry: Any) -> str:
+def _malformed_key(entry: object) -> str:
     """The warning key of a malformed record, remembered among the most recent ones only."""
     key = f"host_memory.node_record.{_record_identity(entry)}"
     with _MALFORMED_LOCK:
@@ -145,7 +144,7 @@ def _malformed_key(entry: Any) -> str:
     return key
 
 
-def _record_identity(entry: Any) -> str:
+def _record_identity(entry: object) -> str:
     """A short, stable key for a malformed record, so it is warned about once."""
     node_id = entry.get("NodeID") if isinstance(entry, dict) else None
     if isinstance(node_id, Hashable):

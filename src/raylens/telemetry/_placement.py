@@ -23,8 +23,7 @@ from __future__ import annotations
 import json
 import logging
 import threading
-from collections.abc import Iterable
-from typing import Any
+from collections.abc import Iterable, Mapping
 
 from raylens.cluster import ClusterView, default_cluster_view, supports_key_value
 from raylens.lens import reset_warn_once, warn_once
@@ -140,7 +139,10 @@ class PlacementRegistry:
             self._publish_map(cluster)
 
     def register_placement(
-        self, name_prefix: object, bundles: Iterable[tuple[Any, int]], cluster: ClusterView | None
+        self,
+        name_prefix: object,
+        bundles: Iterable[tuple[object, int]],
+        cluster: ClusterView | None,
     ) -> None:
         """Resolve ``bundles`` to nodes and register them; never raises (see the facade)."""
         try:
@@ -177,7 +179,7 @@ class PlacementRegistry:
         reset_warn_once(f"host_memory.placement.{name}")  # a group gone keeps no warning key
         with self._publish_lock:
             with self.lock:
-                known = self.nodes.pop(name, None) is not None  # type: ignore[arg-type]
+                known = self.nodes.pop(name, None) is not None
             if known:
                 self._publish_map(cluster)
 
@@ -216,16 +218,16 @@ class PlacementRegistry:
             view = cluster if cluster is not None else default_cluster_view()
             if not supports_key_value(view) or not view.is_initialized():
                 return
-            job = view.job_id()  # type: ignore[attr-defined]
+            job = view.job_id()
             if not job:
                 return
             with self.lock:
                 content = {name: sorted(nodes) for name, nodes in sorted(self.nodes.items())}
             key = f"{PLACEMENT_KEY_PREFIX}{job}"
             if content:
-                view.kv_put(key, json.dumps(content).encode())  # type: ignore[attr-defined]
+                view.kv_put(key, json.dumps(content).encode())
             else:
-                view.kv_delete(key)  # type: ignore[attr-defined]
+                view.kv_delete(key)
         except Exception as exc:
             warn_once(
                 "host_memory.placement.publish",
@@ -247,17 +249,17 @@ class PlacementRegistry:
         try:
             if not cluster.is_initialized():
                 return
-            own = cluster.job_id()  # type: ignore[attr-defined]
-            keys = cluster.kv_keys(PLACEMENT_KEY_PREFIX)  # type: ignore[attr-defined]
+            own = cluster.job_id()
+            keys = cluster.kv_keys(PLACEMENT_KEY_PREFIX)
             others = [k for k in keys if k != f"{PLACEMENT_KEY_PREFIX}{own}"]
-            live = cluster.live_job_ids() if others else set()  # type: ignore[attr-defined]
+            live = cluster.live_job_ids() if others else set()
             merged: dict[str, set[str]] = {}
             for key in others:
                 job = key[len(PLACEMENT_KEY_PREFIX) :]
                 if job not in live:
-                    cluster.kv_delete(key)  # type: ignore[attr-defined]
+                    cluster.kv_delete(key)
                     continue
-                raw = cluster.kv_get(key)  # type: ignore[attr-defined]
+                raw = cluster.kv_get(key)
                 for name, nodes in _read_entry(job, raw).items():
                     merged.setdefault(name, set()).update(nodes)
         except Exception as exc:
@@ -299,13 +301,13 @@ def _read_entry(job: str, raw: object) -> dict[str, frozenset[str]]:
         return {}
 
 
-def _resolve_bundles(bundles: Iterable[tuple[Any, int]], cluster: ClusterView) -> set[str]:
+def _resolve_bundles(bundles: Iterable[tuple[object, int]], cluster: ClusterView) -> set[str]:
     """The node ids under ``bundles``, reading each placement group's table once."""
-    by_group: dict[tuple[str, Any], tuple[Any, list[int]]] = {}
+    by_group: dict[tuple[str, object], tuple[object, list[int]]] = {}
     for placement_group, bundle_index in bundles:
         try:
             hash(placement_group)
-            group_key: tuple[str, Any] = ("handle", placement_group)
+            group_key: tuple[str, object] = ("handle", placement_group)
         except TypeError:  # an unhashable handle is grouped by identity
             group_key = ("id", id(placement_group))
         by_group.setdefault(group_key, (placement_group, []))[1].append(bundle_index)
@@ -315,6 +317,11 @@ def _resolve_bundles(bundles: Iterable[tuple[Any, int]], cluster: ClusterView) -
         if table.get("state") not in _PLACED_STATES:
             continue
         placed = table.get("bundles_to_node_id") or {}
+        if not isinstance(placed, Mapping):
+            raise TypeError(
+                f"the placement group table's bundles_to_node_id is a {type(placed).__name__}, "
+                "not a mapping of bundle index to node id"
+            )
         for index in indices:
             if index == -1:
                 candidates = list(placed.values())

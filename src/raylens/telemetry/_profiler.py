@@ -10,6 +10,7 @@ PSS) only for the servers it measures now.
 from __future__ import annotations
 
 import enum
+import functools
 import inspect
 import logging
 import os
@@ -19,7 +20,6 @@ import time
 import weakref
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
 
 from raylens.lens import reset_warn_once, warn_once
 from raylens.telemetry._procfs import (
@@ -122,7 +122,12 @@ def _collector_warning_key(name: str) -> str:
     return f"process_memory.collector.{name}"
 
 
-def _accepts_include_pss(collector: Callable[..., Any]) -> bool:
+def _without_pss(collector: Callable[..., ProcessTreeMemory]) -> Callable[[int], ProcessTreeMemory]:
+    """``collector`` called with ``include_pss=False``: a tree's RSS only, cheaper to read."""
+    return functools.partial(collector, include_pss=False)
+
+
+def _accepts_include_pss(collector: Callable[..., object]) -> bool:
     try:
         parameters = inspect.signature(collector).parameters
     except (TypeError, ValueError):
@@ -193,6 +198,11 @@ class MemoryProfiler:
                 f"for RSS-only samples; {collector!r} does not"
             )
         self._collector = collector
+        # What reads a tree without its PSS: only ever called when PSS is read less often,
+        # in which case the collector was checked above to take include_pss.
+        self._rss_collector = (
+            _without_pss(collector) if _accepts_include_pss(collector) else collector
+        )
         self._host_collector = host_collector
         self._clock = clock
         self._peaks: dict[tuple[str, str], int] = {}
@@ -397,7 +407,7 @@ class MemoryProfiler:
                 if read_pss:
                     memory = self._collector(target.pid)
                 else:
-                    memory = self._collector(target.pid, include_pss=False)  # type: ignore[call-arg]
+                    memory = self._rss_collector(target.pid)
             except Exception:
                 warn_once(
                     _collector_warning_key(name),
@@ -429,17 +439,21 @@ class MemoryProfiler:
                     pss, read_at = carried
                     pss_age = max(0.0, now - read_at)
                 memory = ProcessTreeMemory(memory.rss_bytes, pss, memory.process_count)
-            peak_rss = raise_peak(self._peaks, (name, RSS), memory and memory.rss_bytes)
-            peak_pss = raise_peak(self._peaks, (name, PSS), memory and memory.pss_bytes)
+            peak_rss = raise_peak(
+                self._peaks, (name, RSS), None if memory is None else memory.rss_bytes
+            )
+            peak_pss = raise_peak(
+                self._peaks, (name, PSS), None if memory is None else memory.pss_bytes
+            )
             self._series.publish_server(target, memory, peak_rss, peak_pss, owner=self._owner)
         live = memory if status == LIVE else None
         return ServerMemorySample(
             target=target,
             status=status,
-            rss_bytes=live and live.rss_bytes,
-            pss_bytes=live and live.pss_bytes,
-            pss_age_seconds=pss_age if live and live.pss_bytes is not None else None,
-            process_count=live and live.process_count,
+            rss_bytes=None if live is None else live.rss_bytes,
+            pss_bytes=None if live is None else live.pss_bytes,
+            pss_age_seconds=None if live is None or live.pss_bytes is None else pss_age,
+            process_count=None if live is None else live.process_count,
             peak_rss_bytes=peak_rss,
             peak_pss_bytes=peak_pss,
         )

@@ -27,9 +27,10 @@ import weakref
 from collections import deque
 from collections.abc import Callable, Iterable
 from dataclasses import KW_ONLY, InitVar, dataclass, field
-from typing import Any
+from typing import TypeVar
 
-from opentelemetry.metrics import CallbackOptions, Observation
+from opentelemetry.metrics import CallbackOptions, Meter, Observation
+from opentelemetry.util.types import AttributeValue
 
 from raylens.lens import (
     OBSERVABLE_GAUGE,
@@ -133,7 +134,7 @@ _HOST_PEAK = RecordedMetric(
 @dataclass
 class _ServerPoints:
     target: ServerMemoryTarget
-    attributes: dict[str, Any]
+    attributes: dict[str, AttributeValue]
     rss: int | None = None
     pss: int | None = None
     processes: int | None = None
@@ -147,14 +148,17 @@ class _HostPoints:
     peak_used: int | None = None
 
 
-def raise_peak(peaks: dict[Any, int], key: Any, value: int | None) -> int | None:
+_Key = TypeVar("_Key")
+
+
+def raise_peak(peaks: dict[_Key, int], key: _Key, value: int | None) -> int | None:
     """Raise ``peaks[key]`` to ``value`` (None: unknown, left alone); return the peak."""
     if value is not None and value > peaks.get(key, -1):
         peaks[key] = value
     return peaks.get(key)
 
 
-def _server_attributes(target: ServerMemoryTarget) -> dict[str, Any]:
+def _server_attributes(target: ServerMemoryTarget) -> dict[str, AttributeValue]:
     return {
         "nemo.gym.server.name": target.name,
         "nemo.gym.server.type": target.server_type,
@@ -163,7 +167,7 @@ def _server_attributes(target: ServerMemoryTarget) -> dict[str, Any]:
 
 
 def _by_memory_type(
-    entries: list[tuple[dict[str, Any], int | None, int | None]],
+    entries: list[tuple[dict[str, AttributeValue], int | None, int | None]],
 ) -> list[Observation]:
     """One point per known value of ``(attributes, rss, pss)``, tagged with its memory.type."""
     points = []
@@ -214,7 +218,7 @@ class ProcessMemorySeries:
         # Keys of entries whose profiler is gone; the next entry of that name replaces them.
         self._orphans: set[tuple[int | None, str]] = set()
         # Meters this instance has set its gauges up on, with the gauges by registry key.
-        self._instruments: weakref.WeakKeyDictionary[Any, dict[str, RecordedMetric]] = (
+        self._instruments: weakref.WeakKeyDictionary[Meter, dict[str, RecordedMetric]] = (
             weakref.WeakKeyDictionary()
         )
         self._gauges: tuple[tuple[RecordedMetric, Callable[..., Iterable[Observation]]], ...] = (
@@ -290,7 +294,7 @@ class ProcessMemorySeries:
 
         return callback
 
-    def points(self, name: str) -> dict[frozenset[tuple[str, Any]], int | float]:
+    def points(self, name: str) -> dict[frozenset[tuple[str, AttributeValue]], int | float]:
         """``{frozenset(attribute items): value}`` that series ``name`` would export now.
 
         Raises ValueError for a name that is not one of this module's series.
@@ -311,7 +315,7 @@ class ProcessMemorySeries:
             register_observable_gauge(metric, callback)
         return {metric.key: metric for metric, _ in self._gauges}
 
-    def _get_instruments(self, meter: Any) -> dict[str, RecordedMetric]:
+    def _get_instruments(self, meter: Meter) -> dict[str, RecordedMetric]:
         """Make sure ``meter``'s pipeline exports this instance's gauges; return them by key.
 
         Registration with lens is idempotent and survives pipeline restarts; doing

@@ -14,13 +14,22 @@ import queue
 import threading
 import time
 from collections.abc import Callable, Hashable, Sequence
-from typing import Any
+from typing import Protocol, TypeVar
 
 from raylens.lens.safe_text import printable
 from raylens.telemetry._names import ERROR_INTERNAL, ERROR_PARSE, ERROR_TIMEOUT
 from raylens.telemetry._scrape_engine import BATCH_SLACK_S, NOT_ASKED_IN_FLIGHT, Outcome
 
 __all__ = ["ThreadedScrapes"]
+
+
+class _Keyed(Protocol):
+    @property
+    def key(self) -> Hashable: ...
+
+
+#: A node as the replaced ``_scrape`` takes it; the results are keyed by its ``key``.
+_Node = TypeVar("_Node", bound=_Keyed)
 
 Task = Callable[[], None]
 
@@ -39,7 +48,7 @@ class ThreadedScrapes:
         self._abort = threading.Event()
 
     def run(
-        self, scrape: Callable[[Any], dict[str, float]], nodes: Sequence[Any], timeout: float
+        self, scrape: Callable[[_Node], dict[str, float]], nodes: Sequence[_Node], timeout: float
     ) -> dict[Hashable, Outcome]:
         """``{node.key: Outcome}`` for the calls that returned within ``timeout``."""
         started = time.monotonic()
@@ -113,8 +122,8 @@ def _skipped(results: dict[Hashable, Outcome]) -> int:
 
 
 def _call(
-    scrape: Callable[[Any], dict[str, float]],
-    node: Any,
+    scrape: Callable[[_Node], dict[str, float]],
+    node: _Node,
     started: float,
     results: dict[Hashable, Outcome],
     done: threading.Condition,

@@ -12,8 +12,9 @@ import sys
 import threading
 import time
 import weakref
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, NamedTuple
+from typing import NamedTuple, Protocol
 
 from raylens import forking
 
@@ -136,13 +137,22 @@ class Snapshot:
         self.publish({}, {}, {})
 
 
+class Publisher(Protocol):
+    """What the gauges need of a monitor: its snapshot, its clock, and a way to stop it."""
+
+    snapshot: Snapshot
+    clock: Callable[[], float]
+
+    def stop(self) -> None: ...
+
+
 #: Monitors whose snapshot the gauges read.
-_PUBLISHERS: weakref.WeakSet[Any] = weakref.WeakSet()
+_PUBLISHERS: weakref.WeakSet[Publisher] = weakref.WeakSet()
 _PUBLISHERS_LOCK = threading.Lock()
 forking.renew_lock_in_child(sys.modules[__name__], "_PUBLISHERS_LOCK")
 
 
-def register_publisher(monitor: Any) -> None:
+def register_publisher(monitor: Publisher) -> None:
     """Have the gauges read ``monitor``'s snapshot (it needs ``snapshot`` and ``clock``)."""
     with _PUBLISHERS_LOCK:
         _PUBLISHERS.add(monitor)

@@ -51,7 +51,6 @@ import logging
 import sys
 import threading
 from collections.abc import Iterable
-from typing import Any
 
 from opentelemetry.metrics import CallbackOptions, Observation
 
@@ -323,7 +322,7 @@ def register_worker_group_nodes(name_prefix: str, node_ids: Iterable[str]) -> No
 
 def register_worker_group_placement(
     name_prefix: str,
-    bundles: Iterable[tuple[Any, int]],
+    bundles: Iterable[tuple[object, int]],
     *,
     cluster: ClusterView | None = None,
 ) -> None:

@@ -55,8 +55,9 @@ from __future__ import annotations
 import functools
 import math
 import re
-from collections.abc import Iterable
-from typing import NamedTuple
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from typing import Generic, TypeVar
 
 __all__ = ["SampleExtractor", "WantedLines", "clear_extractor_cache", "extract_samples"]
 
@@ -77,33 +78,41 @@ _LABELS = rf"\{{(?:{_LABEL}(?:,{_LABEL})*(?:,[ \t]*)?|[ \t]*)\}}"
 _HEAD = rf"(?:[ \t]*{_LABELS}[ \t]*|[ \t]+)({_NUMBER})"
 _BLANKS = r"[ \t]*"
 
+# A payload's type: the scan runs the same on bytes and on str.
+_Text = TypeVar("_Text", bytes, str)
 
-class _Flavour(NamedTuple):
-    """Everything the scan needs for one payload type (``bytes`` or ``str``)."""
 
-    needles: tuple[bytes, ...] | tuple[str, ...]
-    by_token: dict[bytes, str] | dict[str, str]
-    name_token: re.Pattern
-    head: re.Pattern
-    number: re.Pattern
-    blank_run: re.Pattern
-    blanks: tuple[int, int] | tuple[str, str]
+@dataclass(frozen=True, slots=True)
+class _Flavour(Generic[_Text]):
+    """Everything the scan needs for one payload type (``bytes`` or ``str``).
+
+    The characters are what indexing a payload of that type yields: ``int`` for ``bytes``,
+    a one-character ``str`` for ``str``.
+    """
+
+    needles: tuple[_Text, ...]
+    by_token: dict[_Text, str]
+    name_token: re.Pattern[_Text]
+    head: re.Pattern[_Text]
+    number: re.Pattern[_Text]
+    blank_run: re.Pattern[_Text]
+    blanks: tuple[int | str, int | str]
     newline: int | str
     carriage_return: int | str
     hash: int | str
     brace: int | str
 
 
-def _flavour(needles: tuple[str, ...], names: frozenset[str], as_bytes: bool) -> _Flavour:
-    """The search strings, patterns and characters for ``bytes`` or for ``str`` payloads."""
-
-    def text(value: str) -> bytes | str:
-        return value.encode("ascii") if as_bytes else value
+def _flavour(
+    needles: tuple[str, ...], names: frozenset[str], text: Callable[[str], _Text]
+) -> _Flavour[_Text]:
+    """The search strings, patterns and characters for payloads of the type ``text`` returns."""
 
     def char(value: str) -> int | str:
-        return ord(value) if as_bytes else value
+        converted = text(value)
+        return converted[0] if isinstance(converted, bytes) else converted
 
-    def pattern(source: str) -> re.Pattern:
+    def pattern(source: str) -> re.Pattern[_Text]:
         return re.compile(text(source))
 
     return _Flavour(
@@ -119,6 +128,14 @@ def _flavour(needles: tuple[str, ...], names: frozenset[str], as_bytes: bool) ->
         hash=char("#"),
         brace=char("{"),
     )
+
+
+def _ascii(value: str) -> bytes:
+    return value.encode("ascii")
+
+
+def _same(value: str) -> str:
+    return value
 
 
 def _validated_names(names: Iterable[str]) -> frozenset[str]:
@@ -178,8 +195,8 @@ class SampleExtractor:
         """
         self._names = _validated_names(names)
         needles = _needles(self._names)
-        self._str = _flavour(needles, self._names, as_bytes=False)
-        self._bytes = _flavour(needles, self._names, as_bytes=True)
+        self._str = _flavour(needles, self._names, _same)
+        self._bytes = _flavour(needles, self._names, _ascii)
 
     @property
     def names(self) -> frozenset[str]:
@@ -197,21 +214,18 @@ class SampleExtractor:
         ``str``.
         """
         if isinstance(payload, bytes):
-            flavour = self._bytes
-        elif isinstance(payload, str):
-            flavour = self._str
-        elif isinstance(payload, (bytearray, memoryview)):
-            payload = bytes(payload)
-            flavour = self._bytes
-        else:
-            raise TypeError(
-                f"payload must be bytes or str (bytearray and memoryview are accepted too), "
-                f"not {type(payload).__name__}"
-            )
-        return _scan(payload, flavour)
+            return _scan(payload, self._bytes)
+        if isinstance(payload, str):
+            return _scan(payload, self._str)
+        if isinstance(payload, (bytearray, memoryview)):
+            return _scan(bytes(payload), self._bytes)
+        raise TypeError(
+            f"payload must be bytes or str (bytearray and memoryview are accepted too), "
+            f"not {type(payload).__name__}"
+        )
 
 
-def _scan(data: bytes | str, flavour: _Flavour) -> dict[str, float]:
+def _scan(data: _Text, flavour: _Flavour[_Text]) -> dict[str, float]:
     found: dict[str, float] = {}
     find = data.find
     blanks = flavour.blanks
@@ -227,22 +241,28 @@ def _scan(data: bytes | str, flavour: _Flavour) -> dict[str, float]:
             start = pos
             while start and data[start - 1] in blanks:
                 start -= 1
-            if not start or data[start - 1] == newline:
-                token = name_token(data, pos)
-                name = by_token.get(token.group())
-                if name is not None:
-                    sample = head(data, token.end())
-                    if sample is not None and _ends_line(data, sample.end(), flavour):
-                        value = float(sample.group(1))
-                        if 0.0 <= value < inf:
-                            found[name] = value
+            token = name_token(data, pos) if not start or data[start - 1] == newline else None
+            # A hit that starts a line starts a metric name, so it always yields a token.
+            name = None if token is None else by_token.get(token.group())
+            if token is not None and name is not None:
+                sample = head(data, token.end())
+                if sample is not None and _ends_line(data, sample.end(), flavour):
+                    value = float(sample.group(1))
+                    if 0.0 <= value < inf:
+                        found[name] = value
             # A needle starts with a name character, so an occurrence overlapping this one
             # cannot start a line: skipping past the whole needle loses nothing.
             pos = find(needle, pos + step)
     return found
 
 
-def _at_line_end(data: bytes | str, pos: int, flavour: _Flavour) -> bool:
+def _after_blanks(data: _Text, pos: int, flavour: _Flavour[_Text]) -> int:
+    """Where the run of blanks starting at ``pos`` ends (``pos`` itself when there is none)."""
+    run = flavour.blank_run.match(data, pos)
+    return pos if run is None else run.end()
+
+
+def _at_line_end(data: _Text, pos: int, flavour: _Flavour[_Text]) -> bool:
     if pos == len(data) or data[pos] == flavour.newline:
         return True
     return data[pos] == flavour.carriage_return and (
@@ -250,14 +270,13 @@ def _at_line_end(data: bytes | str, pos: int, flavour: _Flavour) -> bool:
     )
 
 
-def _ends_line(data: bytes | str, pos: int, flavour: _Flavour) -> bool:
+def _ends_line(data: _Text, pos: int, flavour: _Flavour[_Text]) -> bool:
     """Whether what follows a sample's value, from ``pos``, is allowed to end its line.
 
     That is blanks, an optional timestamp, an optional exemplar and the line end. Each step
     moves forward only: every run is taken whole and the character after it decides.
     """
-    blank_run = flavour.blank_run.match
-    end = blank_run(data, pos).end()
+    end = _after_blanks(data, pos, flavour)
     if _at_line_end(data, end, flavour):
         return True
     if end == pos:
@@ -267,13 +286,13 @@ def _ends_line(data: bytes | str, pos: int, flavour: _Flavour) -> bool:
         if timestamp is None:
             return False
         pos = timestamp.end()
-        end = blank_run(data, pos).end()
+        end = _after_blanks(data, pos, flavour)
         if _at_line_end(data, end, flavour):
             return True
         if end == pos or data[end] != flavour.hash:
             return False
     # An exemplar: '#', blanks, then a brace; the rest of the line is not read.
-    brace = blank_run(data, end + 1).end()
+    brace = _after_blanks(data, end + 1, flavour)
     return brace > end + 1 and brace < len(data) and data[brace] == flavour.brace
 
 
