@@ -205,7 +205,9 @@ def test_ray_view_stores_under_the_raylens_namespace(monkeypatch: pytest.MonkeyP
     assert store == {}
 
 
-def test_ray_view_keys_that_are_not_utf8_reach_the_same_key(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_ray_view_keys_that_are_not_utf8_reach_the_same_key(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     _stub_ray(monkeypatch, initialized=True)
     store: dict[bytes, bytes] = {b"placement/\xff\xfe\x80": b"{}", b"placement/ok": b"[]"}
     kv = types.ModuleType("ray.experimental.internal_kv")

@@ -52,7 +52,7 @@ def test_bidi_controls_and_zero_width_characters_are_escaped() -> None:
 
 
 def test_letters_and_symbols_of_every_script_are_shown_as_written() -> None:
-    value = "policy-0 ünïcode 政策 سياسة 🚀 ‒—"
+    value = "policy-0 ünïcode 政策 سياسة 🚀 —"
     assert printable(value) is value
 
 
