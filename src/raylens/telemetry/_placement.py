@@ -418,40 +418,46 @@ def _read_entry(key: str, raw: object) -> dict[str, frozenset[str]]:
     if raw is None:
         return {}
     try:
-        if not isinstance(raw, bytes):
-            raise TypeError(f"a {type(raw).__name__}, not bytes")
-        refusal = _over_bounds(0, len(raw))
-        if refusal:
-            raise ValueError(refusal)
-        openings = raw.count(b"[") + raw.count(b"{")
-        if openings > _MAX_ENTRY_OPENINGS:
-            raise ValueError(
-                f"it holds {openings:,} '[' and '{{', more than the {_MAX_ENTRY_OPENINGS} an "
-                "entry may hold; so deep a nesting is not decoded"
-            )
-        document = json.loads(raw.decode("utf-8"))
-        if not isinstance(document, dict):
-            raise ValueError(f"a JSON {type(document).__name__}, not an object")
-        refusal = _over_bounds(len(document), len(raw))
-        if refusal:
-            raise ValueError(refusal)
-        entry: dict[str, frozenset[str]] = {}
-        for name, nodes in document.items():
-            checked = check_group_name(name)
-            if not isinstance(nodes, list) or not all(isinstance(n, str) for n in nodes):
-                raise ValueError(f"group {printable(repr(checked))[:80]} has no list of node ids")
-            entry[checked] = frozenset(encodable(n) for n in nodes if n)
-        return entry
+        return _decode_entry(raw)
     except (ValueError, TypeError, RecursionError) as exc:
         # ValueError covers UnicodeDecodeError and JSONDecodeError.
-        shown = printable(repr(key))[:120]
-        warn_once(
-            f"host_memory.placement.entry.{shown}",
-            f"ignored the worker-group placement published under key {shown}: "
-            f"{printable(exc)[:200]}",
-            logger=logger,
+        refusal = printable(exc)[:200]
+    # Warned outside the except block: a refused entry needs no traceback in the log.
+    shown = printable(repr(key))[:120]
+    warn_once(
+        f"host_memory.placement.entry.{shown}",
+        f"ignored the worker-group placement published under key {shown}: {refusal}",
+        logger=logger,
+    )
+    return {}
+
+
+def _decode_entry(raw: object) -> dict[str, frozenset[str]]:
+    """``raw`` decoded and checked, or ValueError, TypeError or RecursionError saying why not."""
+    if not isinstance(raw, bytes):
+        raise TypeError(f"a {type(raw).__name__}, not bytes")
+    refusal = _over_bounds(0, len(raw))
+    if refusal:
+        raise ValueError(refusal)
+    openings = raw.count(b"[") + raw.count(b"{")
+    if openings > _MAX_ENTRY_OPENINGS:
+        raise ValueError(
+            f"it holds {openings:,} '[' and '{{', more than the {_MAX_ENTRY_OPENINGS} an "
+            "entry may hold; so deep a nesting is not decoded"
         )
-        return {}
+    document = json.loads(raw.decode("utf-8"))
+    if not isinstance(document, dict):
+        raise ValueError(f"a JSON {type(document).__name__}, not an object")
+    refusal = _over_bounds(len(document), len(raw))
+    if refusal:
+        raise ValueError(refusal)
+    entry: dict[str, frozenset[str]] = {}
+    for name, nodes in document.items():
+        checked = check_group_name(name)
+        if not isinstance(nodes, list) or not all(isinstance(n, str) for n in nodes):
+            raise ValueError(f"group {printable(repr(checked))[:80]} has no list of node ids")
+        entry[checked] = frozenset(encodable(n) for n in nodes if n)
+    return entry
 
 
 def _resolve_bundles(bundles: Iterable[tuple[Any, int]], cluster: ClusterView) -> set[str]:
