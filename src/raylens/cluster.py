@@ -49,7 +49,9 @@ KV_NAMESPACE = "raylens"
 #: ``kv_put(key: str, value: bytes)``, ``kv_get(key) -> bytes | None``,
 #: ``kv_delete(key)``, ``kv_keys(prefix) -> list[str]``, ``job_id() -> str | None``
 #: (this process's job, hex) and ``live_job_ids() -> set[str]`` (jobs whose driver is
-#: alive). Keys are plain strings, all in raylens' own namespace.
+#: alive). Keys are plain strings, all in raylens' own namespace. Ray stores keys as bytes: a
+#: key that is not UTF-8 is listed with each undecodable byte as a lone surrogate
+#: (``surrogateescape``), and passing that string back reaches the same key, so it can be deleted.
 KEY_VALUE_METHODS = ("kv_put", "kv_get", "kv_delete", "kv_keys", "job_id", "live_job_ids")
 
 
@@ -147,23 +149,23 @@ class RayClusterView:
     def kv_put(self, key: str, value: bytes) -> None:
         from ray.experimental import internal_kv
 
-        internal_kv._internal_kv_put(key.encode(), value, True, namespace=KV_NAMESPACE)
+        internal_kv._internal_kv_put(_key_bytes(key), value, True, namespace=KV_NAMESPACE)
 
     def kv_get(self, key: str) -> bytes | None:
         from ray.experimental import internal_kv
 
-        return internal_kv._internal_kv_get(key.encode(), namespace=KV_NAMESPACE)
+        return internal_kv._internal_kv_get(_key_bytes(key), namespace=KV_NAMESPACE)
 
     def kv_delete(self, key: str) -> None:
         from ray.experimental import internal_kv
 
-        internal_kv._internal_kv_del(key.encode(), namespace=KV_NAMESPACE)
+        internal_kv._internal_kv_del(_key_bytes(key), namespace=KV_NAMESPACE)
 
     def kv_keys(self, prefix: str) -> list[str]:
         from ray.experimental import internal_kv
 
-        keys = internal_kv._internal_kv_list(prefix.encode(), namespace=KV_NAMESPACE)
-        return [key.decode("utf-8", "replace") for key in keys]
+        keys = internal_kv._internal_kv_list(_key_bytes(prefix), namespace=KV_NAMESPACE)
+        return [key.decode("utf-8", "surrogateescape") for key in keys]
 
     def job_id(self) -> str | None:
         """This process's job id (hex), or None when it has none."""
@@ -184,6 +186,11 @@ class RayClusterView:
 
     def __repr__(self) -> str:
         return "RayClusterView()"
+
+
+def _key_bytes(key: str) -> bytes:
+    """``key`` as Ray stores it: the inverse of how :meth:`RayClusterView.kv_keys` decodes."""
+    return key.encode("utf-8", "surrogateescape")
 
 
 _DEFAULT_VIEW = RayClusterView()

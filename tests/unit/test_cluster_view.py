@@ -203,3 +203,24 @@ def test_ray_view_stores_under_the_raylens_namespace(monkeypatch: pytest.MonkeyP
     assert view.kv_keys("placement/") == ["placement/01000000"]
     view.kv_delete("placement/01000000")
     assert store == {}
+
+
+def test_ray_view_keys_that_are_not_utf8_reach_the_same_key(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    _stub_ray(monkeypatch, initialized=True)
+    store: dict[bytes, bytes] = {b"placement/\xff\xfe\x80": b"{}", b"placement/ok": b"[]"}
+    kv = types.ModuleType("ray.experimental.internal_kv")
+    kv._internal_kv_get = lambda key, *, namespace: store.get(key)  # type: ignore[attr-defined]
+    kv._internal_kv_del = lambda key, *, namespace: store.pop(key, None) and 1  # type: ignore[attr-defined]
+    kv._internal_kv_list = lambda prefix, *, namespace: [k for k in store if k.startswith(prefix)]  # type: ignore[attr-defined]
+    experimental = types.ModuleType("ray.experimental")
+    experimental.internal_kv = kv  # type: ignore[attr-defined]
+    monkeypatch.setitem(sys.modules, "ray.experimental", experimental)
+    monkeypatch.setitem(sys.modules, "ray.experimental.internal_kv", kv)
+    view = RayClusterView()
+
+    odd = next(key for key in view.kv_keys("placement/") if key != "placement/ok")
+    assert view.kv_get(odd) == b"{}"
+    view.kv_delete(odd)
+    assert store == {b"placement/ok": b"[]"}

@@ -8,12 +8,18 @@ things can go wrong with such a ``str`` even though Python accepts it:
   not UTF-8), and every exporter that encodes to UTF-8 then fails, taking the other points of
   the export down with it: :func:`encodable` replaces them at the point where text enters;
 * it can hold terminal control sequences (``ESC ] 0 ; ... BEL`` retitles a terminal, ``ESC [ 2 J``
-  clears it): :func:`printable` escapes every control character before text is shown or logged.
+  clears it): :func:`printable` escapes every control character before text is shown or logged;
+  so too the invisible characters that change how a line reads without showing themselves:
+  bidi overrides and isolates (U+202E makes the rest of a line read right to left), zero-width
+  spaces and joiners, and the other Unicode format characters (category Cf), and the line and
+  paragraph separators U+2028 and U+2029.
 
 Both functions run in time linear in their input and never raise for any ``str``.
 """
 
 from __future__ import annotations
+
+import unicodedata
 
 __all__ = ["encodable", "printable"]
 
@@ -36,13 +42,22 @@ def _escaped(ch: str) -> str:
     code = ord(ch)
     if code <= 0xFF:
         return f"\\x{code:02x}"
-    return f"\\u{code:04x}"
+    if code <= 0xFFFF:
+        return f"\\u{code:04x}"
+    return f"\\U{code:08x}"
+
+
+# Unicode categories shown escaped: format characters (bidi controls, zero-width spaces and
+# joiners, the byte-order mark, soft hyphen) and the line and paragraph separators.
+_INVISIBLE_CATEGORIES = frozenset({"Cf", "Zl", "Zp"})
 
 
 def _is_control(ch: str) -> bool:
     code = ord(ch)
     # C0 controls, DEL, C1 controls, and the surrogate range (not printable as text).
-    return code < 0x20 or 0x7F <= code < 0xA0 or 0xD800 <= code <= 0xDFFF
+    if code < 0x20 or 0x7F <= code < 0xA0 or 0xD800 <= code <= 0xDFFF:
+        return True
+    return code > 0xA0 and unicodedata.category(ch) in _INVISIBLE_CATEGORIES
 
 
 def printable(value: object) -> str:
@@ -50,8 +65,13 @@ def printable(value: object) -> str:
 
     Tabs, newlines and escape sequences alike are escaped, so the result is one line that a
     terminal shows as it reads and that cannot move the cursor, retitle or clear the screen.
+    Bidi controls, zero-width and other format characters, and U+2028/U+2029 are written as
+    ``\\uNNNN``, so what is shown reads in the order it is stored, with nothing hidden.
     """
     text = value if isinstance(value, str) else str(value)
-    if not any(_is_control(ch) for ch in text):
+    if text.isascii():
+        if text.isprintable():
+            return text
+    elif not any(_is_control(ch) for ch in text):
         return text
     return "".join(_escaped(ch) if _is_control(ch) else ch for ch in text)

@@ -14,16 +14,38 @@ key-value store after every change, under ``placement/<job id>`` (Ray's internal
 namespace ``raylens``), and deletes the key once no group is left. A monitor reads
 every other job's entry each cycle (:meth:`PlacementRegistry.refresh_published`),
 ignores, and removes, the entries of jobs whose driver has exited, and merges the
-rest into the labels. Entries are untrusted JSON: a malformed one is skipped with
-one warning.
+rest into the labels.
+
+Any job connected to the cluster can write any key of the namespace, so entries are
+untrusted: a job can forge another job's labels, and nothing here can stop it. What raylens
+does guarantee is that one entry costs at most what these bounds allow, and that a bad
+entry costs only itself (skipped, with one warning naming its key):
+
+* :data:`MAX_ENTRY_BYTES` (8 MiB): a larger entry is refused before it is decoded. 32 groups
+  on 4,096 nodes each take under 8 MB.
+* :data:`MAX_GROUPS_PER_ENTRY` (256): worker groups one entry may name; a driver with more
+  publishes nothing and says so.
+* :data:`MAX_GROUP_NAME_CHARS` (256): characters in one group name, here or published.
+* an entry holding more than ``2 * MAX_GROUPS_PER_ENTRY`` ``[`` or ``{`` is refused before it
+  is decoded, which bounds how deeply it can nest (a valid one nests two deep).
+* :data:`MAX_LABEL_CHARS` (2,048): characters in one node's ``rl.worker_groups`` label. A
+  longer one keeps the first names, in sorted order, that fit with a last element
+  ``(+N more)`` counting the names left out (:func:`format_worker_groups`).
+
+A refresh decodes only the entries whose bytes changed since the last one (it keeps a
+digest of each, not the bytes), so its cost is that of fetching the entries plus decoding
+the changed ones. Group names are stored as published; code that prints them escapes
+control and format characters (:func:`raylens.lens.safe_text.printable`).
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import threading
 from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
 
 from raylens.cluster import ClusterView, default_cluster_view, supports_key_value
 from raylens.lens import reset_warn_once, warn_once
@@ -32,6 +54,10 @@ from raylens.telemetry._names import LOGGER_NAME, NO_WORKER_GROUPS, RL_WORKER_GR
 
 __all__ = [
     "DEFAULT_REGISTRY",
+    "MAX_ENTRY_BYTES",
+    "MAX_GROUPS_PER_ENTRY",
+    "MAX_GROUP_NAME_CHARS",
+    "MAX_LABEL_CHARS",
     "PLACEMENT_KEY_PREFIX",
     "PlacementRegistry",
     "check_group_name",
@@ -43,8 +69,17 @@ logger = logging.getLogger(LOGGER_NAME)
 _PLACED_STATES = frozenset({"CREATED", "RESCHEDULING"})
 #: Key of a job's published placement, followed by the job id.
 PLACEMENT_KEY_PREFIX = "placement/"
-#: A published entry larger than this is not read (a thousand groups on a thousand nodes fit).
-_MAX_ENTRY_BYTES = 64 * 1024 * 1024
+#: A published entry larger than this, in bytes, is refused before it is decoded.
+MAX_ENTRY_BYTES = 8 * 1024 * 1024
+#: Most worker groups one published entry may name.
+MAX_GROUPS_PER_ENTRY = 256
+#: Most characters in a worker-group name, registered here or read from an entry.
+MAX_GROUP_NAME_CHARS = 256
+#: Most characters in one node's ``rl.worker_groups`` label; see :func:`format_worker_groups`.
+MAX_LABEL_CHARS = 2048
+# Most '[' and '{' bytes in an entry. Nesting N deep takes N of them, so this bounds the
+# depth json decodes to, far below any recursion limit, before decoding starts.
+_MAX_ENTRY_OPENINGS = 2 * MAX_GROUPS_PER_ENTRY
 
 
 def check_group_name(name_prefix: object) -> str:
@@ -52,12 +87,18 @@ def check_group_name(name_prefix: object) -> str:
 
     Raises:
         TypeError: not a ``str``.
-        ValueError: empty, holds a comma, or is :data:`NO_WORKER_GROUPS`.
+        ValueError: empty, longer than :data:`MAX_GROUP_NAME_CHARS`, holds a comma, or
+            is :data:`NO_WORKER_GROUPS`.
     """
     if not isinstance(name_prefix, str):
         raise TypeError(
             f"worker group name must be a str, got {type(name_prefix).__name__} "
-            f"{printable(repr(name_prefix))}"
+            f"{printable(repr(name_prefix)[:80])}"
+        )
+    if len(name_prefix) > MAX_GROUP_NAME_CHARS:
+        raise ValueError(
+            f"worker group name {printable(repr(name_prefix[:40]))}... has "
+            f"{len(name_prefix):,} characters; a name may have at most {MAX_GROUP_NAME_CHARS}"
         )
     if not name_prefix:
         raise ValueError("worker group name must not be empty: it labels the nodes it runs on")
@@ -76,9 +117,35 @@ def check_group_name(name_prefix: object) -> str:
 
 
 def format_worker_groups(names: Iterable[str]) -> str:
-    """``names`` as :data:`RL_WORKER_GROUPS_ATTR` carries them: sorted, comma-joined, or ``none``."""
+    """``names`` as :data:`RL_WORKER_GROUPS_ATTR` carries them: sorted, comma-joined, or ``none``.
+
+    A label longer than :data:`MAX_LABEL_CHARS` is cut after the last sorted name that
+    fits, and ends with ``(+N more)``, N the number of names left out; the result depends
+    only on the set of names.
+    """
     unique = sorted(set(names))
-    return ",".join(unique) if unique else NO_WORKER_GROUPS
+    if not unique:
+        return NO_WORKER_GROUPS
+    label = ",".join(unique)
+    return label if len(label) <= MAX_LABEL_CHARS else _cut_label(unique)
+
+
+def _more(count: int) -> str:
+    return f"(+{count} more)"
+
+
+def _cut_label(names: list[str]) -> str:
+    """The most leading ``names`` that fit :data:`MAX_LABEL_CHARS` with a count of the rest."""
+    kept = 0
+    joined = 0  # length of ",".join(names[:count])
+    for count in range(len(names)):
+        if count:
+            joined += len(names[count - 1]) + (1 if count > 1 else 0)
+        if joined > MAX_LABEL_CHARS:
+            break
+        if joined + (1 if count else 0) + len(_more(len(names) - count)) <= MAX_LABEL_CHARS:
+            kept = count
+    return ",".join([*names[:kept], _more(len(names) - kept)])
 
 
 class PlacementRegistry:
@@ -99,6 +166,8 @@ class PlacementRegistry:
         self.nodes: dict[str, frozenset[str]] = {}
         #: ``{group name: node ids}`` published by other live jobs; read under :attr:`lock`.
         self.published: dict[str, frozenset[str]] = {}
+        # What the last refresh read under each other job's key; read under `lock`.
+        self._read: dict[str, _ReadEntry] = {}
         self._publish = publish
         # Held from reading the map to writing it, so writes land in the order of changes.
         self._publish_lock = threading.Lock()
@@ -207,6 +276,7 @@ class PlacementRegistry:
         with self.lock:
             self.nodes.clear()
             self.published.clear()
+            self._read = {}
 
     # Sharing through the cluster ------------------------------------------------------
 
@@ -224,8 +294,17 @@ class PlacementRegistry:
             with self.lock:
                 content = {name: sorted(nodes) for name, nodes in sorted(self.nodes.items())}
             key = f"{PLACEMENT_KEY_PREFIX}{job}"
-            if content:
-                view.kv_put(key, json.dumps(content).encode())
+            document = json.dumps(content).encode() if content else b""
+            refusal = _over_bounds(len(content), len(document))
+            if refusal:
+                warn_once(
+                    "host_memory.placement.publish.bounds",
+                    f"worker-group placement not published: {refusal}; other processes "
+                    "show this job's nodes without its worker groups",
+                    logger=logger,
+                )
+            if content and not refusal:
+                view.kv_put(key, document)
             else:
                 view.kv_delete(key)
         except Exception as exc:
@@ -241,8 +320,10 @@ class PlacementRegistry:
         """Replace :attr:`published` with the entries of every other live job. Never raises.
 
         Entries of jobs that have exited are skipped and deleted; this process's own
-        job is skipped, its registry being the truth. When the store cannot be read,
-        the last map is kept.
+        job is skipped, its registry being the truth. An entry whose bytes are those
+        read last time is not decoded again. A malformed or oversized entry is left
+        out, with one warning naming its key. When the store cannot be read, the last
+        map is kept.
         """
         if not supports_key_value(cluster):
             return
@@ -253,15 +334,16 @@ class PlacementRegistry:
             keys = cluster.kv_keys(PLACEMENT_KEY_PREFIX)
             others = [k for k in keys if k != f"{PLACEMENT_KEY_PREFIX}{own}"]
             live = cluster.live_job_ids() if others else set()
-            merged: dict[str, set[str]] = {}
+            with self.lock:
+                previous = self._read
+            current: dict[str, _ReadEntry] = {}
             for key in others:
                 job = key[len(PLACEMENT_KEY_PREFIX) :]
                 if job not in live:
                     cluster.kv_delete(key)
                     continue
                 raw = cluster.kv_get(key)
-                for name, nodes in _read_entry(job, raw).items():
-                    merged.setdefault(name, set()).update(nodes)
+                current[key] = _ReadEntry.of(key, raw, previous.get(key))
         except Exception as exc:
             warn_once(
                 "host_memory.placement.read",
@@ -270,35 +352,114 @@ class PlacementRegistry:
                 logger=logger,
             )
             return
+        changed = current.keys() != previous.keys() or any(
+            entry is not previous[key] for key, entry in current.items()
+        )
+        published = _merge(current) if changed else None
         with self.lock:
-            self.published = {name: frozenset(nodes) for name, nodes in merged.items()}
+            self._read = current
+            if published is not None:
+                self.published = published
 
 
-def _read_entry(job: str, raw: object) -> dict[str, frozenset[str]]:
-    """The map job ``job`` published, or ``{}`` (warned once) when it is malformed."""
+@dataclass(frozen=True)
+class _ReadEntry:
+    """One key's entry as last read: a fingerprint of its bytes and what they held."""
+
+    fingerprint: tuple[int, bytes] | None
+    groups: Mapping[str, frozenset[str]]
+
+    @classmethod
+    def of(cls, key: str, raw: object, last: _ReadEntry | None) -> _ReadEntry:
+        """The entry under ``key`` holding ``raw``; ``last`` itself when ``raw`` is unchanged."""
+        fingerprint = _fingerprint(raw)
+        if last is not None and fingerprint is not None and last.fingerprint == fingerprint:
+            return last
+        return cls(fingerprint, _read_entry(key, raw))
+
+
+def _fingerprint(raw: object) -> tuple[int, bytes] | None:
+    """Length and digest of an entry's bytes, so an unchanged entry is known without keeping it.
+
+    An entry over :data:`MAX_ENTRY_BYTES` is refused on its length alone, so it is not
+    hashed either. ``None`` (not bytes) means "always read again", which is cheap for those.
+    """
+    if not isinstance(raw, bytes):
+        return None
+    if len(raw) > MAX_ENTRY_BYTES:
+        return (len(raw), b"")
+    return (len(raw), hashlib.blake2b(raw, digest_size=16).digest())
+
+
+def _merge(entries: Mapping[str, _ReadEntry]) -> dict[str, frozenset[str]]:
+    merged: dict[str, set[str]] = {}
+    for entry in entries.values():
+        for name, nodes in entry.groups.items():
+            merged.setdefault(name, set()).update(nodes)
+    return {name: frozenset(nodes) for name, nodes in merged.items()}
+
+
+def _over_bounds(groups: int, size: int) -> str:
+    """Why an entry naming ``groups`` groups in ``size`` bytes is refused, or ``""``."""
+    if size > MAX_ENTRY_BYTES:
+        return f"it takes {size:,} bytes, more than the {MAX_ENTRY_BYTES:,} an entry may take"
+    if groups > MAX_GROUPS_PER_ENTRY:
+        return (
+            f"it names {groups:,} worker groups, more than the {MAX_GROUPS_PER_ENTRY} "
+            "an entry may name"
+        )
+    return ""
+
+
+def _read_entry(key: str, raw: object) -> dict[str, frozenset[str]]:
+    """The map published under ``key``, or ``{}`` (warned once) when it is malformed.
+
+    Never raises for any ``raw``: the size and the nesting are bounded before the JSON
+    is decoded, and a decoder that still runs out of stack costs only this entry.
+    """
     if raw is None:
         return {}
     try:
-        if not isinstance(raw, bytes) or len(raw) > _MAX_ENTRY_BYTES:
-            raise ValueError("not a JSON document of a sensible size")
-        document = json.loads(raw.decode("utf-8"))
-        if not isinstance(document, dict):
-            raise ValueError(f"a JSON {type(document).__name__}, not an object")
-        entry: dict[str, frozenset[str]] = {}
-        for name, nodes in document.items():
-            checked = check_group_name(name)
-            if not isinstance(nodes, list) or not all(isinstance(n, str) for n in nodes):
-                raise ValueError(f"group {printable(repr(checked))[:80]} has no list of node ids")
-            entry[checked] = frozenset(encodable(n) for n in nodes if n)
-        return entry
-    except (ValueError, TypeError) as exc:  # UnicodeDecodeError and JSONDecodeError included
-        warn_once(
-            f"host_memory.placement.entry.{printable(job)[:80]}",
-            f"ignored the worker-group placement published by job {printable(repr(job))[:80]}: "
-            f"{printable(exc)[:200]}",
-            logger=logger,
+        return _decode_entry(raw)
+    except (ValueError, TypeError, RecursionError) as exc:
+        # ValueError covers UnicodeDecodeError and JSONDecodeError.
+        refusal = printable(exc)[:200]
+    # Warned outside the except block: a refused entry needs no traceback in the log.
+    shown = printable(repr(key))[:120]
+    warn_once(
+        f"host_memory.placement.entry.{shown}",
+        f"ignored the worker-group placement published under key {shown}: {refusal}",
+        logger=logger,
+    )
+    return {}
+
+
+def _decode_entry(raw: object) -> dict[str, frozenset[str]]:
+    """``raw`` decoded and checked, or ValueError, TypeError or RecursionError saying why not."""
+    if not isinstance(raw, bytes):
+        raise TypeError(f"a {type(raw).__name__}, not bytes")
+    refusal = _over_bounds(0, len(raw))
+    if refusal:
+        raise ValueError(refusal)
+    openings = raw.count(b"[") + raw.count(b"{")
+    if openings > _MAX_ENTRY_OPENINGS:
+        raise ValueError(
+            f"it holds {openings:,} '[' and '{{', more than the {_MAX_ENTRY_OPENINGS} an "
+            "entry may hold; so deep a nesting is not decoded"
         )
-        return {}
+    document = json.loads(raw.decode("utf-8"))
+    if not isinstance(document, dict):
+        raise ValueError(f"a JSON {type(document).__name__}, not an object")
+    refusal = _over_bounds(len(document), len(raw))
+    if refusal:
+        raise ValueError(refusal)
+    entry: dict[str, frozenset[str]] = {}
+    for name, nodes in document.items():
+        checked = check_group_name(name)
+        if not isinstance(nodes, list) or not all(isinstance(n, str) for n in nodes):
+            raise ValueError(f"group {printable(repr(checked))[:80]} has no list of node ids")
+        entry[checked] = frozenset(encodable(n) for n in nodes if n)
+    return entry
 
 
 def _resolve_bundles(bundles: Iterable[tuple[object, int]], cluster: ClusterView) -> set[str]:

@@ -201,6 +201,14 @@ def test_control_characters_are_escaped_in_every_cell_and_the_title() -> None:
     assert "\x1b" not in process and "p\\x1b" in process
 
 
+def test_bidi_and_zero_width_characters_in_group_names_are_escaped() -> None:
+    names = "gpu\u202eloop,\u200bpolicy"
+    rows = [NodeRow("n" * 56, "h", 1, 2, names, None, group_rss={"rl\u2066x": 1024.0})]
+    text = _render(node_table(rows, title="t"))
+    assert not {"\u202e", "\u200b", "\u2066"} & set(text)
+    assert "gpu\\u202eloop" in text and "\\u200bpolicy" in text and "rl\\u2066x" in text
+
+
 def test_nodes_are_in_natural_order() -> None:
     rows = [NodeRow(f"id{i:02d}xxxxxx", f"sim-node-{i}", 1, 4, "none", 1.0) for i in (10, 2, 1, 11)]
     text = _render(node_table(rows))

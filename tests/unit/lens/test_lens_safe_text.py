@@ -40,3 +40,28 @@ def test_printable_output_holds_no_control_character(value: str) -> None:
 
 def test_non_str_values_are_converted() -> None:
     assert printable(42) == "42"
+
+
+def test_bidi_controls_and_zero_width_characters_are_escaped() -> None:
+    # Right-to-left override, isolates, marks, zero-width space/joiners, BOM, line separator.
+    hostile = "gpu\u202eloop\u2066x\u2069\u200e\u200f\u061c\u200b\u200c\u200d\ufeff\u2028\u2029"
+    assert printable(hostile) == (
+        "gpu\\u202eloop\\u2066x\\u2069\\u200e\\u200f\\u061c"
+        "\\u200b\\u200c\\u200d\\ufeff\\u2028\\u2029"
+    )
+
+
+def test_letters_and_symbols_of_every_script_are_shown_as_written() -> None:
+    value = "policy-0 ünïcode 政策 سياسة 🚀 —"
+    assert printable(value) is value
+
+
+@given(st.text())
+def test_printable_output_holds_no_format_or_separator_character(value: str) -> None:
+    import unicodedata
+
+    assert not any(unicodedata.category(ch) in {"Cf", "Zl", "Zp"} for ch in printable(value))
+
+
+def test_format_characters_beyond_the_basic_plane_are_escaped_as_python_writes_them() -> None:
+    assert printable("flag\U000e0067") == "flag\\U000e0067"
