@@ -47,6 +47,7 @@ import threading
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
+from raylens import forking
 from raylens.cluster import ClusterView, default_cluster_view, supports_key_value
 from raylens.lens import reset_warn_once, warn_once
 from raylens.lens.safe_text import encodable, printable
@@ -170,6 +171,12 @@ class PlacementRegistry:
         self._read: dict[str, _ReadEntry] = {}
         self._publish = publish
         # Held from reading the map to writing it, so writes land in the order of changes.
+        self._publish_lock = threading.Lock()
+        forking.reset_after_fork_in_child(self)
+
+    def reset_after_fork(self) -> None:
+        """In a forked child: fresh locks (the parent's refresh may have held them)."""
+        self.lock = threading.Lock()
         self._publish_lock = threading.Lock()
 
     def register_nodes(
