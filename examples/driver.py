@@ -30,6 +30,9 @@ from raylens.driver import init_telemetry_driver
 from raylens.lens import shutdown_telemetry
 
 HERE = Path(__file__).resolve().parent
+#: The longest run --duration may ask for: a year, well within what time.sleep accepts
+#: (it fails with OverflowError or EINVAL somewhat below 2**63 nanoseconds).
+MAX_DURATION_S = 365 * 24 * 3600
 
 
 def _parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -47,8 +50,12 @@ def _parse_args(argv: list[str] | None) -> argparse.Namespace:
     )
     parser.add_argument("--worker-megabytes", type=int, default=32, help="memory each worker holds")
     args = parser.parse_args(argv)
-    if not args.duration > 0:
-        parser.error(f"--duration {args.duration} must be a positive number of seconds")
+    # Checked here, before Ray or any group starts; NaN fails both comparisons.
+    if not 0 < args.duration <= MAX_DURATION_S:
+        parser.error(
+            f"--duration {args.duration} must be a positive number of seconds, finite and "
+            f"at most {MAX_DURATION_S} (a year)"
+        )
     if args.nodes < 1:
         parser.error(f"--nodes {args.nodes} must be at least 1")
     return args

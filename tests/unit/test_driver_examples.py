@@ -132,6 +132,20 @@ def test_the_driver_example_refuses_a_bad_duration_naming_it(
     assert "--duration 0.0 must be a positive number of seconds" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize("duration", ["inf", "-inf", "nan", "-1", "1e300"])
+def test_the_driver_example_refuses_a_duration_it_cannot_sleep_before_starting_anything(
+    driver: ModuleType, capsys: pytest.CaptureFixture[str], duration: str
+) -> None:
+    # The stand-in for Ray has no init: reaching Ray or any group would raise instead.
+    with pytest.raises(SystemExit) as exit_info:
+        driver.main([f"--duration={duration}"])
+
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err
+    assert f"--duration {float(duration)} must be a positive number of seconds" in err
+    assert "finite" in err
+
+
 def test_the_driver_example_joins_ray_address_or_starts_its_own(
     driver: ModuleType, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -14,7 +14,8 @@ deadline, and returns ``{node id: NodeGroupMemory | SamplerError}``. A sampler
 that is slow, wedged or dead costs only its own node's result: it is not asked
 again while its last request is open, and it is replaced as soon as it is found
 dead, or after ``max_missed`` cycles without an answer once it has answered at
-least once (before that it may still be starting).
+least once (before that it may still be starting, and is replaced only when it has
+given no first answer within ``start_timeout_s``).
 
 Ray is imported only when a manager first needs it, and any object with the few
 ``ray`` functions used here can stand in for it (the unit tests pass a fake).
@@ -23,12 +24,14 @@ Ray is imported only when a manager first needs it, and any object with the few
 from __future__ import annotations
 
 import contextlib
+import logging
 import threading
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from raylens.lens import warn_once
 from raylens.lens.safe_text import printable
 from raylens.telemetry.group_memory import (
     DEFAULT_MAX_PROCESSES,
@@ -47,6 +50,7 @@ from raylens.validation import positive_seconds
 __all__ = [
     "DEFAULT_MAX_MISSED",
     "DEFAULT_PSS_INTERVAL_SECONDS",
+    "DEFAULT_START_TIMEOUT_S",
     "DEFAULT_TIMEOUT_S",
     "DEFAULT_TREE_INTERVAL_SECONDS",
     "GroupMemorySamplerActor",
@@ -68,6 +72,16 @@ worker spawns in between is counted from the next walk (a new worker is walked a
 
 DEFAULT_MAX_MISSED = 3
 """Cycles a sampler may leave unanswered before it is replaced."""
+
+DEFAULT_START_TIMEOUT_S = 300.0
+"""How long a new sampler may take to give its first answer before it is replaced.
+
+Generous: a sampler's first answer waits for a worker process to start on its node,
+and for the job's runtime environment to be set up there if the node is new to it."""
+
+_LOGGER = logging.getLogger("raylens.distributed")
+#: Most group names one warning quotes.
+_NAMES_QUOTED = 5
 
 
 @dataclass(frozen=True)
@@ -109,10 +123,13 @@ class GroupMemorySamplerActor:
 @dataclass
 class _Sampler:
     actor: Any
+    # When it was started, on the manager's clock.
+    started_at: float
     pending: Any = None
     missed: int = 0
     # Until its first answer an actor may still be starting (a worker process, imports),
-    # which can take many cycles on a busy node: misses count only after that.
+    # which can take many cycles on a busy node: misses count only after that, and
+    # before it only the start timeout applies.
     answered: bool = False
 
 
@@ -134,6 +151,10 @@ class GroupMemorySamplers:
     ``kill``, ``util.scheduling_strategies.NodeAffinitySchedulingStrategy`` and
     ``exceptions.RayActorError``; default the real one, imported on first use.
     ``timeout_s`` bounds how long :meth:`sample` waits for all readings together.
+    A sampler that has answered is replaced after ``max_missed`` cycles in a row
+    without an answer; one that has not answered yet, after ``start_timeout_s``
+    seconds of ``clock`` (default :func:`time.monotonic`) since it was started,
+    with one warning for the process.
     ``pss_interval_seconds``, ``tree_interval_seconds``, ``max_processes`` and
     ``procfs_root`` configure each sampler's reader (see :class:`GroupMemoryReader`).
     Thread-safe: concurrent calls run one after the other.
@@ -149,9 +170,13 @@ class GroupMemorySamplers:
         max_processes: int = DEFAULT_MAX_PROCESSES,
         max_missed: int = DEFAULT_MAX_MISSED,
         procfs_root: str | None = None,
+        start_timeout_s: float = DEFAULT_START_TIMEOUT_S,
+        clock: Callable[[], float] | None = None,
     ) -> None:
         self._ray = ray
         self.timeout_s = positive_seconds("timeout_s", timeout_s)
+        self.start_timeout_s = positive_seconds("start_timeout_s", start_timeout_s)
+        self._clock = clock or time.monotonic
         for name, interval in (
             ("pss_interval_seconds", pss_interval_seconds),
             ("tree_interval_seconds", tree_interval_seconds),
@@ -171,9 +196,15 @@ class GroupMemorySamplers:
             "procfs_root": procfs_root,
         }
         self.max_missed = max_missed
+        self._max_processes = max_processes
         self._lock = threading.Lock()
         self._samplers: dict[str, _Sampler] = {}
         self._remote_class: Any = None
+
+    @property
+    def max_processes(self) -> int:
+        """Most processes each sampler's reading measures on its node."""
+        return self._max_processes
 
     @property
     def nodes(self) -> set[str]:
@@ -199,7 +230,7 @@ class GroupMemorySamplers:
         actor = self._remote_class.options(scheduling_strategy=strategy, max_restarts=0).remote(
             **self._actor_kwargs
         )
-        return _Sampler(actor)
+        return _Sampler(actor, started_at=self._clock())
 
     def _remove(self, node_id: str) -> None:
         sampler = self._samplers.pop(node_id, None)
@@ -305,11 +336,25 @@ class GroupMemorySamplers:
 
     def _missed(self, node_id: str, sampler: _Sampler, why: str) -> SamplerError:
         if not sampler.answered:
-            return SamplerError(
-                node_id,
-                f"no group-memory reading from node {node_id}: its sampler has not answered "
-                "yet (it may still be starting)",
+            waited = self._clock() - sampler.started_at
+            if waited < self.start_timeout_s:
+                return SamplerError(
+                    node_id,
+                    f"no group-memory reading from node {node_id}: its sampler has not "
+                    "answered yet (it may still be starting)",
+                )
+            self._remove(node_id)  # started afresh next cycle
+            message = (
+                f"no group-memory reading from node {node_id}: its sampler gave no first "
+                f"answer within the {self.start_timeout_s:g} s start timeout, so it was "
+                "replaced"
             )
+            warn_once(
+                "group_memory.sampler.start_timeout",
+                f"{message} (warned once; later replacements on any node are not logged)",
+                logger=_LOGGER,
+            )
+            return SamplerError(node_id, message)
         sampler.missed += 1
         if sampler.missed >= self.max_missed:
             self._remove(node_id)
@@ -340,7 +385,29 @@ def collect_group_memory(
     target = snapshot if snapshot is not None else DEFAULT_SNAPSHOT
     results = samplers.sample(source.workers_by_node())
     target.publish(results, max_age=max_age)
+    _warn_about_skipped_groups(results, samplers.max_processes)
     return results
+
+
+def _warn_about_skipped_groups(
+    results: Mapping[str, NodeGroupMemory | SamplerError], max_processes: int
+) -> None:
+    """Say once which groups a reading left out to stay within its process cap."""
+    for node_id, reading in results.items():
+        if not isinstance(reading, NodeGroupMemory) or not reading.skipped_groups:
+            continue
+        names = reading.skipped_groups
+        quoted = ", ".join(f"'{printable(name[:80])}'" for name in names[:_NAMES_QUOTED])
+        more = f" and {len(names) - _NAMES_QUOTED} more" if len(names) > _NAMES_QUOTED else ""
+        warn_once(
+            "group_memory.process_cap",
+            f"node {printable(node_id[:80])}: worker group(s) {quoted}{more} have no "
+            f"group-memory figures: measuring them would pass the cap of {max_processes} "
+            "processes per node, which goes to the smallest groups first (raise it with "
+            "GroupMemorySamplers(max_processes=...); warned once)",
+            logger=_LOGGER,
+        )
+        return
 
 
 def worker_identity(_actor: object = None) -> tuple[str, int, int | None]:

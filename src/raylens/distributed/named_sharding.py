@@ -223,9 +223,11 @@ class NamedSharding:
             extent = int(self._layout.shape[axis])
             value = self._integer_index(name, position, extent)
             if not -extent <= value < extent:
+                # Worded as NeMo-RL's, whose callers match the start of the message.
                 raise ShardingIndexError(
-                    f"index {name}={position!r} is out of bounds for axis {name!r} with size "
-                    f"{extent}; it takes 0..{extent - 1} (or -{extent}..-1 from the end)"
+                    f"Index {value} is out of bounds for axis '{name}' with size {extent}: "
+                    f"{name}={value} must be in 0..{extent - 1} (or -{extent}..-1 from "
+                    "the end)"
                 )
             index[axis] = value
         selected = self._layout[tuple(index)]

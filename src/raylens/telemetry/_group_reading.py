@@ -18,7 +18,7 @@ from raylens.telemetry.process_memory import PAGE_SIZE, ProcFS
 from raylens.validation import non_negative_seconds, positive_seconds
 
 DEFAULT_MAX_PROCESSES = 4096
-"""Most processes one reading measures on a node; groups past it are skipped whole."""
+"""Most processes one reading measures on a node; the largest groups past it are skipped whole."""
 
 
 # --------------------------------------------------------------------------- values
@@ -76,8 +76,9 @@ class NodeGroupMemory:
     """Everything one reading found on one node.
 
     ``groups`` holds one entry per group with at least one live worker, sorted by
-    name. ``gone`` lists registered workers that were not measured; ``skipped_groups``
-    the groups left out because the reading reached its process cap. ``cpu_seconds``
+    name. ``gone`` lists registered workers that were not measured (a zombie worker as
+    exited); ``skipped_groups`` the groups left out, whole and sorted by name, because
+    measuring them would have passed the process cap. ``cpu_seconds``
     and ``wall_seconds`` are what the reading cost the thread that took it.
     """
 
@@ -191,10 +192,15 @@ check_positive_seconds = positive_seconds
 # --------------------------------------------------------------------------- reader
 
 
+#: ``stat`` states of a process that has exited: zombie (not yet reaped) and dead.
+_NOT_RUNNING = frozenset({b"Z", b"X", b"x"})
+
+
 def _stat_reader(root: str) -> Callable[[int], tuple[int, int] | None]:
     """A lean ``pid -> (start time, resident pages)`` read of ``<root>/<pid>/stat``.
 
-    None when the process is gone. The start time is what :meth:`ProcFS.start_ticks`
+    None when the process is gone, a zombie included: it has exited and holds no
+    memory, and only waits for its parent to collect its exit status. The start time is what :meth:`ProcFS.start_ticks`
     returns; the resident pages (field 24) are the counter ``statm`` reports too, so
     one read serves both the pid-reuse guard and RSS. It is the one read every
     process pays at every reading, so it is kept to three system calls and a
@@ -216,6 +222,8 @@ def _stat_reader(root: str) -> Callable[[int], tuple[int, int] | None]:
         # The command name may hold spaces and parentheses; fields resume after the last ")".
         fields = data.rpartition(b")")[2].split(None, 22)
         try:
+            if fields[0] in _NOT_RUNNING:
+                return None
             return int(fields[19]), int(fields[21])
         except (IndexError, ValueError):
             return None
@@ -239,7 +247,11 @@ class GroupMemoryReader:
     ``clock`` (default :func:`time.monotonic`) times both intervals. ``host_name``
     defaults to this host's name. A reading measures at most ``max_processes``
     processes; a group that would go past it is skipped whole rather than
-    under-counted.
+    under-counted; the cap goes to the smallest groups first, so a big group cannot
+    crowd out the others, and those left out are listed in
+    :attr:`NodeGroupMemory.skipped_groups`. A zombie (a process that exited and
+    waits to be reaped) is not a process here: a zombie worker is listed in
+    :attr:`NodeGroupMemory.gone` as exited, and a zombie descendant is not counted.
 
     Not thread-safe: one reader per sampler, used by one thread at a time.
     """
@@ -287,10 +299,8 @@ class GroupMemoryReader:
         now = self._clock()
         round_ = _Round(self._procfs, self._read_stat)
         roots, gone = self._live_roots(entries, round_)
-        groups: list[GroupMemory] = []
-        skipped: list[str] = []
-        budget = self._max_processes
         trees: dict[tuple[int, int], tuple[float, dict[int, int]]] = {}
+        found: dict[str, tuple[bool, dict[int, int], frozenset[tuple[int, int]]]] = {}
         for group in sorted(roots):
             pss_due = self._pss_due(group, now)
             members: dict[int, int] = {}
@@ -302,13 +312,13 @@ class GroupMemoryReader:
                     alive.add(root)
                 else:
                     gone.append(GoneWorker(group, root[0], WorkerFate.EXITED))
-            if not members:
-                continue
-            if len(members) > budget:
-                skipped.append(group)
-                continue
-            budget -= len(members)
-            measured = self._measure(group, members, frozenset(alive), now, pss_due, round_)
+            if members:
+                found[group] = (pss_due, members, frozenset(alive))
+        measured_groups, skipped = self._within_cap(found)
+        groups: list[GroupMemory] = []
+        for group in measured_groups:
+            due, tree_members, live_roots = found[group]
+            measured = self._measure(group, tree_members, live_roots, now, due, round_)
             if measured is not None:
                 groups.append(measured)
         self._trees = trees
@@ -323,6 +333,29 @@ class GroupMemoryReader:
             cpu_seconds=max(0.0, time.thread_time() - cpu_started),
             wall_seconds=max(0.0, time.perf_counter() - wall_started),
         )
+
+    def _within_cap(
+        self, found: Mapping[str, tuple[bool, dict[int, int], frozenset[tuple[int, int]]]]
+    ) -> tuple[list[str], list[str]]:
+        """``(groups to measure, groups skipped)``, each in name order.
+
+        A group is measured whole or not at all, and the cap goes to the smallest
+        groups first (ties by name): that measures as many groups as the cap allows,
+        and one group with hundreds of processes cannot crowd out a small one,
+        whatever their names. What is left out is a group that would take more than
+        remains after every smaller one.
+        """
+        budget = self._max_processes
+        measured: list[str] = []
+        skipped: list[str] = []
+        for group in sorted(found, key=lambda name: (len(found[name][1]), name)):
+            size = len(found[group][1])
+            if size > budget:
+                skipped.append(group)
+            else:
+                budget -= size
+                measured.append(group)
+        return sorted(measured), sorted(skipped)
 
     def _live_roots(
         self, entries: list[GroupWorker], round_: _Round

@@ -20,6 +20,8 @@ import time
 import weakref
 from collections.abc import Callable
 from dataclasses import dataclass
+from types import ModuleType
+from typing import Any
 
 from raylens.lens import reset_warn_once, warn_once
 from raylens.telemetry._procfs import (
@@ -37,10 +39,36 @@ from raylens.telemetry._profiler_series import (
     ProcessMemorySeries,
     ServerMemoryTarget,
     raise_peak,
+    record_host_memory,
+    record_server_memory,
 )
 from raylens.validation import positive_seconds
 
 logger = logging.getLogger("raylens.telemetry.process_memory")
+
+# The module a profiler publishing to DEFAULT_SERIES looks record_server_memory and
+# record_host_memory up on at each sample; the public facade names itself here when it
+# is imported (see record_through), so no private module imports the facade.
+_recording_module: ModuleType | None = None
+
+
+def record_through(module: ModuleType) -> None:
+    """Have profilers look their two recording functions up on ``module`` at each sample.
+
+    ``raylens.telemetry.process_memory`` calls this with itself, so a test that replaces
+    ``record_server_memory`` or ``record_host_memory`` there with ``monkeypatch.setattr``
+    reaches every profiler on :data:`DEFAULT_SERIES`, as it does on NeMo-Gym.
+    """
+    global _recording_module
+    _recording_module = module
+
+
+def _replaced(name: str, original: Callable[..., None]) -> Callable[..., None] | None:
+    """The function now bound to ``name`` on the recording module, if it is not ``original``."""
+    module = _recording_module
+    current = getattr(module, name, original) if module is not None else original
+    return None if current is original else current
+
 
 THREAD_NAME = "raylens-memory-profiler"
 STOP_TIMEOUT_SECONDS = 10.0
@@ -377,7 +405,11 @@ class MemoryProfiler:
             peak = raise_peak(
                 self._host_peaks, HOST_USED, None if host is None else host.used_bytes
             )
-            self._series.publish_host(host, peak)
+            replacement = self._replacement("record_host_memory", record_host_memory)
+            if replacement is None:
+                self._series.publish_host(host, peak)
+            elif host is not None:
+                self._call_replacement(replacement, "record_host_memory", host, self._host_peaks)
             with self._state_lock:
                 targets = list(self._targets.values())
             sampled = (self._sample_target(target, now) for target in targets)
@@ -445,7 +477,12 @@ class MemoryProfiler:
             peak_pss = raise_peak(
                 self._peaks, (name, PSS), None if memory is None else memory.pss_bytes
             )
-            self._series.publish_server(target, memory, peak_rss, peak_pss, owner=self._owner)
+            replacement = self._replacement("record_server_memory", record_server_memory)
+            if replacement is None:
+                self._series.publish_server(target, memory, peak_rss, peak_pss, owner=self._owner)
+        # Outside the state lock: a replacement is the caller's code and may call back in.
+        if replacement is not None and memory is not None:
+            self._call_replacement(replacement, "record_server_memory", target, memory, self._peaks)
         live = memory if status == LIVE else None
         return ServerMemorySample(
             target=target,
@@ -457,6 +494,31 @@ class MemoryProfiler:
             peak_rss_bytes=peak_rss,
             peak_pss_bytes=peak_pss,
         )
+
+    def _replacement(self, name: str, original: Callable[..., None]) -> Callable[..., None] | None:
+        """A replaced recording function to call instead of publishing, or None.
+
+        Only a profiler on :data:`DEFAULT_SERIES`, the series the module-level
+        functions write, hands its samples to them; the original functions are not
+        called but stood in for by publishing straight into the series, so that each
+        profiler's servers stay apart from another's of the same name.
+        """
+        return _replaced(name, original) if self._series is DEFAULT_SERIES else None
+
+    def _call_replacement(self, function: Callable[..., None], name: str, *args: Any) -> None:
+        """Call a replaced recording function the way NeMo-Gym's profiler does; never raises.
+
+        The peaks passed are the profiler's own, already raised to this sample, so a
+        replacement that raises them again changes nothing.
+        """
+        try:
+            function(*args)
+        except Exception:
+            warn_once(
+                f"process_memory.replaced.{name}",
+                f"the replaced {name} failed; this sample's values are kept but not recorded",
+                logger=logger,
+            )
 
     def _pss_due(self, name: str, now: float) -> bool:
         if self._pss_interval is None:

@@ -8,7 +8,9 @@ name, type and pid) is one point, from whichever sampled it last. The points of 
 profiler that was garbage-collected stay, as its last word, until a server of the
 same name is published again; so what is held stays bounded by the names in use
 however many profilers come and go. The gauges are declared with lens the first time a
-sample is published with telemetry on, never at import. Publishing never raises:
+sample is published with telemetry on, never at import; when the installed telemetry handle
+is not lens' own but any object with a ``meter`` (as NeMo-Gym's tests install), they are
+created on that meter instead, once per meter. Publishing never raises:
 a meter or exporter that fails costs that sample its points and one warning.
 
 State: each :class:`ProcessMemorySeries` holds its own snapshot and the meters
@@ -35,6 +37,7 @@ from opentelemetry.util.types import AttributeValue
 from raylens.lens import (
     OBSERVABLE_GAUGE,
     RecordedMetric,
+    TelemetryHandle,
     get_telemetry_handle,
     register_observable_gauge,
     unregister_observable_gauge,
@@ -179,6 +182,25 @@ def _by_memory_type(
     return points
 
 
+def _never_raising(
+    name: str, callback: Callable[..., Iterable[Observation]]
+) -> Callable[[CallbackOptions], list[Observation]]:
+    """``callback`` for a meter outside lens: a failure costs that collection its points."""
+
+    def observe(options: CallbackOptions) -> list[Observation]:
+        try:
+            return list(callback(options))
+        except Exception:
+            warn_once(
+                f"process_memory.callback.{name}",
+                f"reading the points of {name!r} failed; no points this collection",
+                logger=logger,
+            )
+            return []
+
+    return observe
+
+
 _HOST_PICKS: tuple[tuple[RecordedMetric, Callable[[_HostPoints], int | None]], ...] = (
     (_HOST_USAGE, lambda h: h.memory.used_bytes if h.memory else None),
     (_HOST_AVAILABLE, lambda h: h.memory.available_bytes if h.memory else None),
@@ -221,6 +243,8 @@ class ProcessMemorySeries:
         self._instruments: weakref.WeakKeyDictionary[Meter, dict[str, RecordedMetric]] = (
             weakref.WeakKeyDictionary()
         )
+        # The same, for meters outside lens that cannot be weakly referenced.
+        self._unreferenceable: list[tuple[Meter, dict[str, RecordedMetric]]] = []
         self._gauges: tuple[tuple[RecordedMetric, Callable[..., Iterable[Observation]]], ...] = (
             (_SERVER_MEMORY, self._observe_server_usage),
             (_SERVER_PEAK, self._observe_server_peak),
@@ -315,26 +339,53 @@ class ProcessMemorySeries:
             register_observable_gauge(metric, callback)
         return {metric.key: metric for metric, _ in self._gauges}
 
-    def _get_instruments(self, meter: Meter) -> dict[str, RecordedMetric]:
+    def _create_on(self, meter: Meter) -> dict[str, RecordedMetric]:
+        """Create this instance's gauges on ``meter`` itself, outside lens' declarations.
+
+        For a telemetry handle that is not lens' own: an object with just a ``meter``
+        (as NeMo-Gym's tests install) has none of the pipeline state lens registers
+        gauges through. The callbacks never raise into the SDK's collection.
+        """
+        for metric, callback in self._gauges:
+            meter.create_observable_gauge(
+                metric.name,
+                callbacks=[_never_raising(metric.name, callback)],
+                unit=metric.unit,
+                description=metric.description,
+            )
+        return {metric.key: metric for metric, _ in self._gauges}
+
+    def _get_instruments(
+        self, meter: Meter, *, lens_pipeline: bool = True
+    ) -> dict[str, RecordedMetric]:
         """Make sure ``meter``'s pipeline exports this instance's gauges; return them by key.
 
-        Registration with lens is idempotent and survives pipeline restarts; doing
-        it again the first time each meter is seen also restores the gauges if the
-        lens declarations were cleared in between. A meter is remembered only once
-        its gauges were set up, so a failed attempt is tried again at the next sample.
+        On lens' own pipeline (``lens_pipeline``) the gauges are registered with lens:
+        that is idempotent and survives pipeline restarts, and doing it again the first
+        time each meter is seen also restores the gauges if the lens declarations were
+        cleared in between. Otherwise they are created on ``meter`` directly, once per
+        meter. A meter is remembered only once its gauges were set up, so a failed
+        attempt is tried again at the next sample.
         """
+        set_up = self._register_gauges if lens_pipeline else lambda: self._create_on(meter)
         try:
             cached = self._instruments.get(meter)
-        except TypeError:  # a meter that cannot be weakly referenced is simply not cached
-            return self._register_gauges()
+        except TypeError:  # a meter that cannot be weakly referenced is remembered by identity
+            for known, gauges in self._unreferenceable:
+                if known is meter:
+                    return gauges
+            gauges = set_up()
+            if not lens_pipeline:  # lens' registration is idempotent; direct creation is not
+                self._unreferenceable.append((meter, gauges))
+            return gauges
         if cached is None:
-            cached = self._register_gauges()
+            cached = set_up()
             self._instruments[meter] = cached
         return cached
 
     def exported_meters(self) -> int:
         """How many meters this instance has set its gauges up on."""
-        return len(self._instruments)
+        return len(self._instruments) + len(self._unreferenceable)
 
     def _ensure_exported(self) -> None:
         """Set up the gauges on the running pipeline, if this instance exports. Never raises.
@@ -347,7 +398,8 @@ class ProcessMemorySeries:
         try:
             handle = get_telemetry_handle()
             if handle is not None:
-                self._get_instruments(handle.meter)
+                lens_pipeline = isinstance(handle, TelemetryHandle)
+                self._get_instruments(handle.meter, lens_pipeline=lens_pipeline)
         except Exception:
             warn_once(
                 "process_memory.export",
@@ -440,6 +492,7 @@ class ProcessMemorySeries:
             self._host = _HostPoints()
         if self._export:
             self._instruments.clear()
+            self._unreferenceable.clear()
             for metric, _callback in self._gauges:
                 unregister_observable_gauge(metric.name)
 

@@ -38,6 +38,11 @@ Recording never reaches the profiled server or the caller: a meter or exporter
 that fails costs that sample its points and one warning. With telemetry off (no
 lens handle) :func:`record_server_memory` and :func:`record_host_memory` do
 nothing; a profiler still keeps its own peaks for :meth:`MemoryProfiler.latest`.
+A profiler on :data:`DEFAULT_SERIES` looks both functions up on this module at each
+sample: a replacement set here (``monkeypatch.setattr``) is called with each measured
+server's tree and the host's memory, and the profiler's own peaks, instead of the
+profiler publishing them itself. An exception it raises is logged once and costs only
+that sample's points.
 The gauges are declared with lens at the first sample recorded with telemetry
 on; importing this module creates no instrument.
 
@@ -54,6 +59,7 @@ from __future__ import annotations
 
 import logging
 import os
+import sys
 
 import psutil as psutil  # the reader's psutil, reachable here as on NeMo-Gym
 
@@ -78,6 +84,7 @@ from raylens.telemetry._profiler import (
     MemoryProfileSnapshot,
     SampleStatus,
     ServerMemorySample,
+    record_through,
 )
 from raylens.telemetry._profiler_series import (
     DEFAULT_SERIES,
@@ -92,6 +99,10 @@ from raylens.telemetry._profiler_series import (
 )
 
 logger = logging.getLogger(__name__)  # the logger of every process-memory module
+
+# Profilers look record_server_memory and record_host_memory up here at each sample, so
+# replacing either on this module (as NeMo-Gym's tests do) reaches them.
+record_through(sys.modules[__name__])
 
 _DEFAULT_PROCFS = ProcFS()
 

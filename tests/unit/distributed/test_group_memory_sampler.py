@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import os
 from collections.abc import Iterator
 from pathlib import Path
@@ -160,6 +161,85 @@ def test_a_sampler_that_has_not_answered_yet_is_left_to_start(fake_ray: FakeRay,
     assert [name for name, *_ in starting.calls] == ["read"]
 
 
+class Clock:
+    """A monotonic clock the test moves by hand."""
+
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def test_a_sampler_that_never_answers_its_first_call_is_replaced_after_the_start_timeout(
+    fake_ray: FakeRay, nodes, caplog
+):
+    a, b = nodes[NODE_A], nodes[NODE_B]
+    workers = {NODE_A: [_worker(a, "policy", 200, MB)], NODE_B: [_worker(b, "policy", 300, MB)]}
+    fake_ray.hang_actors_on(NODE_B)
+    clock = Clock()
+    manager = _manager(fake_ray, clock=clock, start_timeout_s=120.0)
+
+    with caplog.at_level(logging.WARNING, logger="raylens"):
+        manager.sample(workers)
+        clock.now += 119.0
+        waiting = manager.sample(workers)[NODE_B]
+        (first,) = [actor for actor in fake_ray.actors if actor.node_id == NODE_B]
+        assert not first.killed
+        assert "not answered yet" in waiting.message
+
+        clock.now += 1.0
+        given_up = manager.sample(workers)
+        assert first.killed
+        assert isinstance(given_up[NODE_A], NodeGroupMemory)  # costs only its own node
+        assert "replaced" in given_up[NODE_B].message
+        assert "120" in given_up[NODE_B].message
+
+        manager.sample(workers)  # a new sampler starts, and hangs as well
+        second = [actor for actor in fake_ray.actors if actor.node_id == NODE_B][-1]
+        assert second is not first and not second.killed
+        clock.now += 120.0
+        manager.sample(workers)
+        assert second.killed
+
+    warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert len(warnings) == 1, warnings
+    assert NODE_B in warnings[0] and "120" in warnings[0]
+
+
+def test_a_sampler_that_answers_late_in_its_start_timeout_is_kept(fake_ray: FakeRay, nodes):
+    b = nodes[NODE_B]
+    workers = {NODE_B: [_worker(b, "policy", 300, MB)]}
+    fake_ray.hang_actors_on(NODE_B)
+    asked: list[Any] = []
+    real_wait = fake_ray.wait
+
+    def wait(refs: list[Any], **options: Any) -> Any:
+        asked.extend(refs)
+        return real_wait(refs, **options)
+
+    fake_ray.wait = wait  # type: ignore[method-assign]
+    clock = Clock()
+    manager = _manager(fake_ray, clock=clock, start_timeout_s=120.0)
+    manager.sample(workers)
+    (starting,) = fake_ray.actors
+    clock.now += 100.0
+    starting.hung = False
+    for ref in asked:  # the first reading comes back, late but within the start timeout
+        ref.release()
+
+    assert isinstance(manager.sample(workers)[NODE_B], NodeGroupMemory)
+    clock.now += 500.0
+    assert isinstance(manager.sample(workers)[NODE_B], NodeGroupMemory)
+    assert not starting.killed
+
+
+def test_the_start_timeout_is_checked(fake_ray: FakeRay):
+    for bad in (0, -1.0, float("inf"), float("nan"), True):
+        with pytest.raises(ValueError, match="start_timeout_s"):
+            GroupMemorySamplers(ray=fake_ray, start_timeout_s=bad)
+
+
 def test_a_dead_sampler_is_replaced_at_the_next_cycle(fake_ray: FakeRay, nodes):
     a, b = nodes[NODE_A], nodes[NODE_B]
     workers = {NODE_A: [_worker(a, "policy", 200, MB)], NODE_B: [_worker(b, "policy", 300, MB)]}
@@ -294,6 +374,31 @@ def test_one_cycle_samples_the_registry_and_publishes(fake_ray: FakeRay, nodes):
     collect_group_memory(manager, registry=registry, snapshot=snapshot)
     assert manager.nodes == {NODE_A}
     assert {dict(o.attributes)["ray.node.id"] for o in snapshot.observe_processes()} == {NODE_A}
+
+
+def test_groups_left_out_by_the_process_cap_are_named_in_one_warning(
+    fake_ray: FakeRay, nodes, caplog
+):
+    a = nodes[NODE_A]
+    a.add_process(400, rss_bytes=MB)
+    for pid in range(401, 405):
+        a.add_process(pid, parent=400, rss_bytes=MB)
+    registry = GroupWorkerRegistry()
+    registry.register("policy", [(NODE_A, 200, _worker(a, "policy", 200, MB)[2])])
+    registry.register("a-big\x1b[2J", [(NODE_A, 400, a.start_ticks(400))])
+    manager = _manager(fake_ray, max_processes=3)
+    snapshot = GroupMemorySnapshot(clock=lambda: 0.0)
+
+    with caplog.at_level(logging.WARNING, logger="raylens"):
+        for _ in range(3):
+            results = collect_group_memory(manager, registry=registry, snapshot=snapshot)
+
+    assert [g.group for g in results[NODE_A].groups] == ["policy"]
+    assert results[NODE_A].skipped_groups == ("a-big\x1b[2J",)
+    warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert len(warnings) == 1, warnings
+    assert "a-big\\x1b[2J" in warnings[0] and NODE_A in warnings[0] and "3" in warnings[0]
+    assert "\x1b" not in warnings[0]
 
 
 def test_worker_identity_reports_node_pid_and_start(monkeypatch):

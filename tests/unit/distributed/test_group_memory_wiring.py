@@ -187,7 +187,9 @@ class StubBuilder:
 
 
 @pytest.fixture
-def ray(tmp_path: Path) -> ClusterRay:
+def ray(tmp_path: Path, fake_default_cluster: FakeCluster) -> ClusterRay:
+    # The groups register their placement through raylens' default cluster view: a fake
+    # one, so that no test reaches (or starts) a real Ray.
     return ClusterRay({node: FakeProcFS(tmp_path / node[:1]) for node in NODES})
 
 

@@ -163,10 +163,19 @@ def test_get_ranks_without_index_is_the_whole_sharding(grid: NamedSharding) -> N
 
 
 def test_get_ranks_out_of_range_is_an_index_error(cube: NamedSharding) -> None:
-    with pytest.raises(IndexError, match=r"pp=2.*size 2"):
+    with pytest.raises(IndexError, match=r"size 2.*pp=2"):
         cube.get_ranks(pp=2)
     with pytest.raises(ValueError):  # raylens' own callers catch ValueError
         cube.get_ranks(pp=2)
+
+
+def test_get_ranks_out_of_range_starts_as_nemo_rl_words_it(cube: NamedSharding) -> None:
+    with pytest.raises(IndexError) as raised:
+        cube.get_ranks(pp=2)
+    assert str(raised.value).startswith("Index 2 is out of bounds for axis 'pp'")
+    with pytest.raises(IndexError) as raised:
+        cube.get_ranks(dp=0, tp=np.int64(-5))
+    assert str(raised.value).startswith("Index -5 is out of bounds for axis 'tp'")
 
 
 def test_get_ranks_counts_negative_indices_from_the_end(grid: NamedSharding) -> None:

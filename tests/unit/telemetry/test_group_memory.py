@@ -11,6 +11,7 @@ import pytest
 from raylens.telemetry.group_memory import (
     GROUP_MEMORY_USAGE_METRIC,
     GROUP_PROCESSES_METRIC,
+    GoneWorker,
     GroupMemory,
     GroupMemoryReader,
     GroupMemorySnapshot,
@@ -374,6 +375,91 @@ def test_process_cap_skips_whole_groups_not_parts(fake_procfs: FakeProcFS, clock
 
     assert [g.group for g in reading.groups] == ["a-group"]
     assert reading.skipped_groups == ("b-group",)
+
+
+def test_the_process_cap_is_spent_on_small_groups_before_one_big_group(
+    fake_procfs: FakeProcFS, clock: Clock
+):
+    # Name order would measure "a-big" (591) first and leave 9 of 600 for policy's 10.
+    fake = fake_procfs
+    fake.add_process(1000, rss_bytes=1 * MB)
+    for pid in range(1001, 1591):
+        fake.add_process(pid, parent=1000, rss_bytes=1 * MB)
+    fake.add_process(200, rss_bytes=2 * MB)
+    for pid in range(201, 210):
+        fake.add_process(pid, parent=200, rss_bytes=1 * MB)
+    workers = [_worker(fake, "a-big", 1000), _worker(fake, "policy", 200)]
+
+    reading = _reader(fake, clock, max_processes=600).read(workers)
+
+    assert [(g.group, g.process_count) for g in reading.groups] == [("policy", 10)]
+    assert reading.skipped_groups == ("a-big",)
+
+
+def test_the_process_cap_measures_as_many_groups_as_fit_ties_by_name(
+    fake_procfs: FakeProcFS, clock: Clock
+):
+    fake = fake_procfs
+    # Name order would spend all 6 on a-group; smallest first measures b and d.
+    sizes = {"c-group": 3, "a-group": 6, "b-group": 3, "d-group": 1}
+    workers = []
+    for index, (group, size) in enumerate(sizes.items()):
+        root = 100 * (index + 1)
+        fake.add_process(root, rss_bytes=MB)
+        for child in range(1, size):
+            fake.add_process(root + child, parent=root, rss_bytes=MB)
+        workers.append(_worker(fake, group, root))
+
+    reading = _reader(fake, clock, max_processes=6).read(workers)
+
+    assert [g.group for g in reading.groups] == ["b-group", "d-group"]
+    assert reading.skipped_groups == ("a-group", "c-group")
+
+
+def test_a_zombie_worker_is_gone_not_a_live_process_of_0_bytes(
+    fake_procfs: FakeProcFS, clock: Clock
+):
+    fake = fake_procfs
+    fake.add_process(200, rss_bytes=10 * MB)
+    fake.add_process(300, rss_bytes=5 * MB)
+    workers = [_worker(fake, "policy", 200), _worker(fake, "policy", 300)]
+    fake.make_zombie(300)
+
+    for pss_interval in (None, 60.0):  # the RSS-only path and the PSS path
+        reading = _reader(fake, clock, pss_interval_seconds=pss_interval).read(workers)
+        policy = _group(reading, "policy")
+        assert (policy.rss_bytes, policy.process_count, policy.workers) == (10 * MB, 1, 1)
+        assert reading.gone == (GoneWorker("policy", 300, WorkerFate.EXITED),)
+
+
+def test_a_zombie_child_is_not_counted_in_its_workers_tree(fake_procfs: FakeProcFS, clock: Clock):
+    fake = fake_procfs
+    fake.add_process(200, rss_bytes=10 * MB)
+    fake.add_process(201, parent=200, rss_bytes=3 * MB)
+    fake.add_process(202, parent=200, rss_bytes=3 * MB)
+    fake.make_zombie(202)
+    reader = _reader(fake, clock, pss_interval_seconds=60.0, tree_interval_seconds=30.0)
+    workers = [_worker(fake, "policy", 200)]
+
+    first = _group(reader.read(workers), "policy")
+    clock.advance(5)
+    fake.make_zombie(201)  # dies between two walks: the next reading drops it too
+    second = _group(reader.read(workers), "policy")
+
+    assert (first.rss_bytes, first.process_count) == (13 * MB, 2)
+    assert (second.rss_bytes, second.process_count) == (10 * MB, 1)
+
+
+def test_a_group_whose_only_worker_is_a_zombie_has_no_entry(fake_procfs: FakeProcFS, clock: Clock):
+    fake = fake_procfs
+    fake.add_process(200, rss_bytes=10 * MB)
+    workers = [_worker(fake, "policy", 200)]
+    fake.make_zombie(200)
+
+    reading = _reader(fake, clock).read(workers)
+
+    assert reading.groups == ()
+    assert reading.gone == (GoneWorker("policy", 200, WorkerFate.EXITED),)
 
 
 def test_reading_measures_its_own_cost(fake_procfs: FakeProcFS, clock: Clock):
