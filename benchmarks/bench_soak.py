@@ -252,8 +252,11 @@ def _run_host(distinct: int, live: int, checkpoints: int, out: Connection) -> No
     )
     from raylens.lens.warnings import remembered_warning_count
     from raylens.telemetry import host_memory as hm
-    from raylens.telemetry._names import TOTAL_KEY, USED_KEY
     from raylens.telemetry._placement import DEFAULT_REGISTRY
+    from raylens.telemetry.raylet_payload import (
+        TOTAL_KEY,
+        USED_KEY,
+    )
     from raylens_fakes import FakeCluster
 
     logging.getLogger("raylens").setLevel(logging.ERROR)  # one warning per failing node

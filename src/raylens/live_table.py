@@ -6,7 +6,7 @@ without a terminal, a cluster or a clock.
 
 Titles, node ids, host names, group names, commands and errors come from users,
 raylets and the GCS. They always enter a table as :class:`rich.text.Text` built
-from :func:`~raylens.lens.safe_text.printable`: never parsed as markup, and with
+from :func:`~raylens.safe_text.printable`: never parsed as markup, and with
 control characters shown as escapes instead of acted on by the terminal.
 """
 
@@ -24,7 +24,7 @@ from rich.measure import Measurement
 from rich.table import Table
 from rich.text import Text
 
-from raylens.lens.safe_text import printable
+from raylens.safe_text import printable
 
 _SPARK = "▁▂▃▄▅▆▇█"
 _UNITS = ("B", "KiB", "MiB", "GiB", "TiB", "PiB")

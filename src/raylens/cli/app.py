@@ -14,7 +14,7 @@ from raylens.cli.parser import CliError, build_parser
 from raylens.cli.profile import run_profile
 from raylens.cli.supervision import Terminated, raise_on_sigterm
 from raylens.lens import shutdown_telemetry
-from raylens.lens.safe_text import printable
+from raylens.safe_text import printable
 
 _HANDLERS: dict[str, Callable[[argparse.Namespace, threading.Event], int]] = {
     "demo": run_demo,

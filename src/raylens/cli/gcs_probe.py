@@ -11,7 +11,7 @@ import threading
 from collections.abc import Callable
 
 from raylens.cli.parser import CliError
-from raylens.lens.safe_text import printable
+from raylens.safe_text import printable
 
 # A client's HTTP/2 greeting, then an empty SETTINGS frame; a gRPC server answers with
 # a SETTINGS frame of its own, whose 9-byte header has type 0x04 at index 3.

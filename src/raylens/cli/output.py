@@ -22,7 +22,7 @@ from rich.console import Console, RenderableType
 from rich.live import Live
 from rich.text import Text
 
-from raylens.lens.safe_text import printable
+from raylens.safe_text import printable
 
 # What a shell reports for a writer killed by SIGPIPE: the reader of stdout went away.
 PIPE_CLOSED_STATUS = 141

@@ -14,7 +14,7 @@ from raylens.lens import (
     init_telemetry,
     shutdown_telemetry,
 )
-from raylens.lens.safe_text import printable
+from raylens.safe_text import printable
 
 if TYPE_CHECKING:
     from raylens.telemetry.host_memory import HostMemoryMonitor

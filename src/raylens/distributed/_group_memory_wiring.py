@@ -35,7 +35,7 @@ from raylens.distributed.group_memory_sampler import (
     worker_identity,
 )
 from raylens.lens import warn_once
-from raylens.lens.safe_text import printable
+from raylens.safe_text import printable
 from raylens.telemetry.group_memory import (
     DEFAULT_REGISTRY,
     DEFAULT_SNAPSHOT,

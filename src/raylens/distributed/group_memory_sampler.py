@@ -32,7 +32,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from raylens.lens import warn_once
-from raylens.lens.safe_text import printable
+from raylens.safe_text import printable
 from raylens.telemetry.group_memory import (
     DEFAULT_MAX_PROCESSES,
     DEFAULT_REGISTRY,

@@ -8,7 +8,7 @@ the last ``idle_collections`` collections, however many have come and gone befor
 
 Before the count, every observation is made exportable: a ``str`` key or value
 holding a lone surrogate would make an exporter refuse the whole batch, so it is
-replaced by one whose text encodes (see :mod:`raylens.lens.safe_text`).
+replaced by one whose text encodes (see :mod:`raylens.safe_text`).
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from collections.abc import Hashable, Iterable, Mapping
 from opentelemetry.metrics import Observation
 from opentelemetry.util.types import AttributeValue
 
-from raylens.lens.safe_text import encodable
+from raylens.safe_text import encodable
 
 __all__ = ["LiveAttributeSets", "exportable"]
 

@@ -40,7 +40,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from urllib.parse import urlsplit
 
-from raylens.lens.safe_text import encodable
+from raylens.safe_text import encodable
 
 EXPORTERS = ("console", "otlp", "prometheus", "none")
 

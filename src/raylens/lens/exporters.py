@@ -24,8 +24,8 @@ from opentelemetry.sdk.metrics.export import (
 )
 
 from raylens.lens.config import TelemetryConfig
-from raylens.lens.safe_text import encodable
 from raylens.lens.warnings import warn_once
+from raylens.safe_text import encodable
 
 
 def _escape(value: object) -> str:

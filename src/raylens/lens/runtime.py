@@ -49,8 +49,8 @@ from raylens.lens._live_sets import LiveAttributeSets, exportable
 from raylens.lens.config import TelemetryConfig
 from raylens.lens.exporters import PrometheusEndpoint, build_exporter_reader
 from raylens.lens.metrics import OBSERVABLE_GAUGE, RecordedMetric, register_recorded_metrics
-from raylens.lens.safe_text import encodable
 from raylens.lens.warnings import warn_once
+from raylens.safe_text import encodable
 
 logger = logging.getLogger("raylens.lens")
 

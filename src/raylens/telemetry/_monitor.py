@@ -28,15 +28,10 @@ from collections.abc import Callable, Hashable
 from raylens import forking
 from raylens.cluster import ClusterView, default_cluster_view
 from raylens.lens import get_telemetry_handle, reset_warn_once, warn_once
-from raylens.lens.safe_text import printable
+from raylens.safe_text import printable
 from raylens.telemetry._engine_protocol import PrestartingEngine, ScrapeEngine
 from raylens.telemetry._names import (
-    ERROR_INTERNAL,
-    ERROR_NO_METRICS_PORT,
-    ERROR_TIMEOUT,
     LOGGER_NAME,
-    TOTAL_KEY,
-    USED_KEY,
 )
 from raylens.telemetry._nodes import RayNode, ray_nodes
 from raylens.telemetry._placement import DEFAULT_REGISTRY, format_worker_groups
@@ -51,6 +46,13 @@ from raylens.telemetry._scrape_engine import (
 from raylens.telemetry._scrape_helper import HelperEngine
 from raylens.telemetry._scrape_threads import ThreadedScrapes
 from raylens.telemetry._snapshot import NodeSample, ScrapeHealth, Snapshot, register_publisher
+from raylens.telemetry.raylet_payload import (
+    ERROR_INTERNAL,
+    ERROR_NO_METRICS_PORT,
+    ERROR_TIMEOUT,
+    TOTAL_KEY,
+    USED_KEY,
+)
 from raylens.validation import positive_seconds
 
 __all__ = [

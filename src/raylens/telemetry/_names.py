@@ -6,7 +6,8 @@ without importing :mod:`raylens.telemetry.host_memory`, which imports them.
 
 from __future__ import annotations
 
-from raylens.lens import registry_key
+# The raylet's series, their keys and the error types live with the payload parser, which
+# the helper process imports without lens; they are named here too for the facade's modules.
 
 #: Ray's own figure for the node: in a container, the cgroup's usage and limit (what
 #: Ray's memory monitor compares against its kill threshold); elsewhere, the machine's.
@@ -30,47 +31,6 @@ RAY_NODE_ID_ATTR = "ray.node.id"
 #: Why a scrape failed, one of :data:`SCRAPE_ERROR_TYPES`; absent on a success.
 ERROR_TYPE_ATTR = "error.type"
 NO_WORKER_GROUPS = "none"
-
-RAY_NODE_MEM_USED = "ray_node_mem_used"
-RAY_NODE_MEM_TOTAL = "ray_node_mem_total"
-RAY_NODE_MEM_USED_HOST = "ray_node_mem_used_host"
-RAY_NODE_MEM_TOTAL_HOST = "ray_node_mem_total_host"
-
-USED_KEY = registry_key(RL_HOST_MEMORY_USED_METRIC)
-TOTAL_KEY = registry_key(RL_HOST_MEMORY_TOTAL_METRIC)
-MACHINE_USED_KEY = registry_key(RL_HOST_MACHINE_MEMORY_USED_METRIC)
-MACHINE_TOTAL_KEY = registry_key(RL_HOST_MACHINE_MEMORY_TOTAL_METRIC)
-
-#: The raylet series read from each payload, and the registry key each is filed under.
-SERIES_BY_RAY_NAME: dict[str, str] = {
-    RAY_NODE_MEM_USED: USED_KEY,
-    RAY_NODE_MEM_TOTAL: TOTAL_KEY,
-    RAY_NODE_MEM_USED_HOST: MACHINE_USED_KEY,
-    RAY_NODE_MEM_TOTAL_HOST: MACHINE_TOTAL_KEY,
-}
-
-#: Every value ``error.type`` may take: a fixed set, so the label's cardinality is bounded.
-ERROR_TIMEOUT = "timeout"
-ERROR_CONNECTION = "connection"
-ERROR_HTTP_STATUS = "http_status"
-ERROR_TOO_LARGE = "too_large"
-ERROR_ENCODING = "encoding"
-ERROR_PARSE = "parse"
-ERROR_NO_METRICS_PORT = "no_metrics_port"
-#: The scraper itself failed (the helper process died, a replaced ``_scrape`` raised).
-ERROR_INTERNAL = "internal"
-SCRAPE_ERROR_TYPES = frozenset(
-    {
-        ERROR_TIMEOUT,
-        ERROR_CONNECTION,
-        ERROR_HTTP_STATUS,
-        ERROR_TOO_LARGE,
-        ERROR_ENCODING,
-        ERROR_PARSE,
-        ERROR_NO_METRICS_PORT,
-        ERROR_INTERNAL,
-    }
-)
 
 #: Name of the logger every host-memory module writes to, so that one logger
 #: configuration (and one ``caplog`` filter) covers them all.

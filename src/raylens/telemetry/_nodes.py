@@ -26,11 +26,10 @@ from dataclasses import dataclass
 
 from raylens.cluster import ClusterView, default_cluster_view
 from raylens.lens import reset_warn_once, warn_once
-from raylens.lens.safe_text import encodable, printable
-from raylens.telemetry._names import LOGGER_NAME, SERIES_BY_RAY_NAME
-from raylens.telemetry.prometheus_text import extract_samples
+from raylens.safe_text import encodable, printable
+from raylens.telemetry._names import LOGGER_NAME
 
-__all__ = ["MalformedRecord", "RayNode", "parse_memory_samples", "ray_nodes"]
+__all__ = ["MalformedRecord", "RayNode", "ray_nodes"]
 
 logger = logging.getLogger(LOGGER_NAME)
 
@@ -270,19 +269,3 @@ def _record_identity(entry: object) -> str:
     if isinstance(node_id, Hashable):
         return excerpt(node_id, 80)
     return type(entry).__name__
-
-
-def parse_memory_samples(metrics_text: str | bytes) -> dict[str, float]:
-    """``{registry key: bytes}`` for the memory series found in one raylet payload.
-
-    Four series are read, by exact name, in one pass: Ray's own figure
-    (``ray_node_mem_used``/``ray_node_mem_total``: the cgroup's usage and limit
-    when the raylet runs in a container, which is what Ray's memory monitor acts
-    on) and the physical machine's (``ray_node_mem_used_host``/
-    ``ray_node_mem_total_host``, which only recent raylets publish). Everything
-    else in the payload is skipped without being parsed. A series that is missing or has no usable
-    value (NaN, infinite, negative) is absent from the result. Pure: no state,
-    no telemetry.
-    """
-    samples = extract_samples(metrics_text, SERIES_BY_RAY_NAME)
-    return {key: samples[name] for name, key in SERIES_BY_RAY_NAME.items() if name in samples}

@@ -35,7 +35,7 @@ entry costs only itself (skipped, with one warning naming its key):
 A refresh decodes only the entries whose bytes changed since the last one (it keeps a
 digest of each, not the bytes), so its cost is that of fetching the entries plus decoding
 the changed ones. Group names are stored as published; code that prints them escapes
-control and format characters (:func:`raylens.lens.safe_text.printable`).
+control and format characters (:func:`raylens.safe_text.printable`).
 """
 
 from __future__ import annotations
@@ -50,7 +50,7 @@ from dataclasses import dataclass
 from raylens import forking
 from raylens.cluster import ClusterView, default_cluster_view, supports_key_value
 from raylens.lens import reset_warn_once, warn_once
-from raylens.lens.safe_text import encodable, printable
+from raylens.safe_text import encodable, printable
 from raylens.telemetry._names import LOGGER_NAME, NO_WORKER_GROUPS, RL_WORKER_GROUPS_ATTR
 
 __all__ = [

@@ -43,7 +43,7 @@ from raylens.lens import (
     unregister_observable_gauge,
     warn_once,
 )
-from raylens.lens.safe_text import encodable
+from raylens.safe_text import encodable
 from raylens.telemetry._procfs import HostMemory, ProcessTreeMemory, ProcFS, as_procfs, check_pid
 
 logger = logging.getLogger("raylens.telemetry.process_memory")

@@ -39,8 +39,9 @@ import aiohttp
 import aiohttp.abc
 
 from raylens import forking
-from raylens.lens.safe_text import printable
-from raylens.telemetry._names import (
+from raylens.safe_text import printable
+from raylens.telemetry.prometheus_text import WantedLines
+from raylens.telemetry.raylet_payload import (
     ERROR_CONNECTION,
     ERROR_ENCODING,
     ERROR_HTTP_STATUS,
@@ -53,9 +54,8 @@ from raylens.telemetry._names import (
     SERIES_BY_RAY_NAME,
     TOTAL_KEY,
     USED_KEY,
+    parse_memory_samples,
 )
-from raylens.telemetry._nodes import parse_memory_samples
-from raylens.telemetry.prometheus_text import WantedLines
 from raylens.validation import positive_seconds
 
 __all__ = [

@@ -31,8 +31,13 @@ from pathlib import Path
 from raylens import forking
 from raylens.lens import warn_once
 from raylens.telemetry._helper_channel import ChannelBroken, DriverChannel
-from raylens.telemetry._names import ERROR_INTERNAL, LOGGER_NAME
+from raylens.telemetry._names import (
+    LOGGER_NAME,
+)
 from raylens.telemetry._scrape_engine import BATCH_SLACK_S, Job, Outcome, ScrapeLimits
+from raylens.telemetry.raylet_payload import (
+    ERROR_INTERNAL,
+)
 
 __all__ = ["HELPER_GONE", "STALLED_CYCLES", "HelperEngine"]
 

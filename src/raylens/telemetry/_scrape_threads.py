@@ -16,9 +16,13 @@ import time
 from collections.abc import Callable, Hashable, Sequence
 from typing import Protocol, TypeVar
 
-from raylens.lens.safe_text import printable
-from raylens.telemetry._names import ERROR_INTERNAL, ERROR_PARSE, ERROR_TIMEOUT
+from raylens.safe_text import printable
 from raylens.telemetry._scrape_engine import BATCH_SLACK_S, NOT_ASKED_IN_FLIGHT, Outcome
+from raylens.telemetry.raylet_payload import (
+    ERROR_INTERNAL,
+    ERROR_PARSE,
+    ERROR_TIMEOUT,
+)
 
 __all__ = ["ThreadedScrapes"]
 

@@ -53,7 +53,7 @@ from dataclasses import dataclass
 from opentelemetry.metrics import CallbackOptions, Observation
 
 from raylens.lens import OBSERVABLE_GAUGE, RecordedMetric, register_observable_gauge
-from raylens.lens.safe_text import encodable
+from raylens.safe_text import encodable
 from raylens.telemetry._group_reading import (
     DEFAULT_MAX_PROCESSES,
     GoneWorker,

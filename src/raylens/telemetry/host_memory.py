@@ -73,14 +73,8 @@ from raylens.telemetry._names import (
     ERROR_TYPE_ATTR,
     HOST_NAME_ATTR,
     LOGGER_NAME,
-    MACHINE_TOTAL_KEY,
-    MACHINE_USED_KEY,
     NO_WORKER_GROUPS,
     RAY_NODE_ID_ATTR,
-    RAY_NODE_MEM_TOTAL,
-    RAY_NODE_MEM_TOTAL_HOST,
-    RAY_NODE_MEM_USED,
-    RAY_NODE_MEM_USED_HOST,
     RL_HOST_MACHINE_MEMORY_TOTAL_METRIC,
     RL_HOST_MACHINE_MEMORY_USED_METRIC,
     RL_HOST_MEMORY_TOTAL_METRIC,
@@ -88,12 +82,8 @@ from raylens.telemetry._names import (
     RL_HOST_SCRAPE_DURATION_METRIC,
     RL_HOST_SCRAPE_UP_METRIC,
     RL_WORKER_GROUPS_ATTR,
-    SCRAPE_ERROR_TYPES,
-    SERIES_BY_RAY_NAME,
-    TOTAL_KEY,
-    USED_KEY,
 )
-from raylens.telemetry._nodes import RayNode, parse_memory_samples, ray_nodes
+from raylens.telemetry._nodes import RayNode, ray_nodes
 from raylens.telemetry._placement import DEFAULT_REGISTRY, PlacementRegistry, format_worker_groups
 from raylens.telemetry._snapshot import (
     NodeSample,
@@ -101,6 +91,19 @@ from raylens.telemetry._snapshot import (
     forget_all_monitors,
     fresh_health,
     fresh_samples,
+)
+from raylens.telemetry.raylet_payload import (
+    MACHINE_TOTAL_KEY,
+    MACHINE_USED_KEY,
+    RAY_NODE_MEM_TOTAL,
+    RAY_NODE_MEM_TOTAL_HOST,
+    RAY_NODE_MEM_USED,
+    RAY_NODE_MEM_USED_HOST,
+    SCRAPE_ERROR_TYPES,
+    SERIES_BY_RAY_NAME,
+    TOTAL_KEY,
+    USED_KEY,
+    parse_memory_samples,
 )
 from raylens.validation import positive_seconds
 

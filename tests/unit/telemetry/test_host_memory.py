@@ -384,3 +384,13 @@ def test_reset_clears_the_placement_map_and_snapshot() -> None:
     assert hm._WORKER_GROUP_NODES == {}
     assert hm._SNAPSHOT == {}
     assert hm._MONITOR is None
+
+
+def test_the_payload_keys_are_the_registry_keys_of_the_exported_series() -> None:
+    from raylens.lens import registry_key
+    from raylens.telemetry import raylet_payload
+
+    assert raylet_payload.USED_KEY == registry_key(hm.RL_HOST_MEMORY_USED_METRIC)
+    assert raylet_payload.TOTAL_KEY == registry_key(hm.RL_HOST_MEMORY_TOTAL_METRIC)
+    assert raylet_payload.MACHINE_USED_KEY == registry_key(hm.RL_HOST_MACHINE_MEMORY_USED_METRIC)
+    assert raylet_payload.MACHINE_TOTAL_KEY == registry_key(hm.RL_HOST_MACHINE_MEMORY_TOTAL_METRIC)

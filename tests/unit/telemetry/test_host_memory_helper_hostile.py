@@ -285,3 +285,12 @@ def test_ctrl_c_in_the_drivers_terminal_leaves_the_helper_quiet_and_running(
         finally:
             engine.close(1.0)
     assert "KeyboardInterrupt" not in capfd.readouterr().err
+
+
+def test_the_helper_program_imports_neither_lens_nor_opentelemetry() -> None:
+    probe = (
+        "import sys; from raylens.telemetry._helper_process import main; "
+        "print(sorted(m for m in sys.modules if m.startswith(('raylens.lens', 'opentelemetry'))))"
+    )
+    run = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=60)
+    assert run.stdout.strip() == "[]", run.stdout + run.stderr

@@ -23,8 +23,11 @@ from raylens.lens import IDLE_COLLECTIONS, get_telemetry_handle, unregister_obse
 from raylens.lens.warnings import remembered_warning_count
 from raylens.telemetry import _nodes
 from raylens.telemetry import host_memory as hm
-from raylens.telemetry._names import TOTAL_KEY, USED_KEY
 from raylens.telemetry._placement import DEFAULT_REGISTRY
+from raylens.telemetry.raylet_payload import (
+    TOTAL_KEY,
+    USED_KEY,
+)
 from raylens_fakes import FakeCluster, MetricsProbe
 from raylens_fakes.otel import Snapshot
 

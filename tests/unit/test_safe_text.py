@@ -5,7 +5,7 @@ from __future__ import annotations
 from hypothesis import given
 from hypothesis import strategies as st
 
-from raylens.lens.safe_text import encodable, printable
+from raylens.safe_text import encodable, printable
 
 
 def test_lone_surrogate_becomes_the_replacement_character() -> None:

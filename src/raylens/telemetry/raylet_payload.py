@@ -1,0 +1,91 @@
+"""What raylens reads from one raylet payload: the memory series, by exact name.
+
+Pure and light: it imports only :mod:`raylens.telemetry.prometheus_text`, so the
+scrape helper process parses payloads without importing lens or OpenTelemetry.
+The keys it files values under are lens' registry keys of the exported series
+(``rl.host.memory.used`` is filed as ``host_memory_used``); the error types are
+the fixed set ``error.type`` may take.
+"""
+
+from __future__ import annotations
+
+from raylens.telemetry.prometheus_text import extract_samples
+
+__all__ = [
+    "ERROR_CONNECTION",
+    "ERROR_ENCODING",
+    "ERROR_HTTP_STATUS",
+    "ERROR_INTERNAL",
+    "ERROR_NO_METRICS_PORT",
+    "ERROR_PARSE",
+    "ERROR_TIMEOUT",
+    "ERROR_TOO_LARGE",
+    "MACHINE_TOTAL_KEY",
+    "MACHINE_USED_KEY",
+    "RAY_NODE_MEM_TOTAL",
+    "RAY_NODE_MEM_TOTAL_HOST",
+    "RAY_NODE_MEM_USED",
+    "RAY_NODE_MEM_USED_HOST",
+    "SCRAPE_ERROR_TYPES",
+    "SERIES_BY_RAY_NAME",
+    "TOTAL_KEY",
+    "USED_KEY",
+    "parse_memory_samples",
+]
+
+RAY_NODE_MEM_USED = "ray_node_mem_used"
+RAY_NODE_MEM_TOTAL = "ray_node_mem_total"
+RAY_NODE_MEM_USED_HOST = "ray_node_mem_used_host"
+RAY_NODE_MEM_TOTAL_HOST = "ray_node_mem_total_host"
+
+#: Registry keys of ``rl.host.memory.used``/``.total`` and ``rl.host.machine.memory.*``.
+USED_KEY = "host_memory_used"
+TOTAL_KEY = "host_memory_total"
+MACHINE_USED_KEY = "host_machine_memory_used"
+MACHINE_TOTAL_KEY = "host_machine_memory_total"
+
+#: The raylet series read from each payload, and the key each is filed under.
+SERIES_BY_RAY_NAME: dict[str, str] = {
+    RAY_NODE_MEM_USED: USED_KEY,
+    RAY_NODE_MEM_TOTAL: TOTAL_KEY,
+    RAY_NODE_MEM_USED_HOST: MACHINE_USED_KEY,
+    RAY_NODE_MEM_TOTAL_HOST: MACHINE_TOTAL_KEY,
+}
+
+#: Every value ``error.type`` may take: a fixed set, so the label's cardinality is bounded.
+ERROR_TIMEOUT = "timeout"
+ERROR_CONNECTION = "connection"
+ERROR_HTTP_STATUS = "http_status"
+ERROR_TOO_LARGE = "too_large"
+ERROR_ENCODING = "encoding"
+ERROR_PARSE = "parse"
+ERROR_NO_METRICS_PORT = "no_metrics_port"
+#: The scraper itself failed (the helper process died, a replaced ``_scrape`` raised).
+ERROR_INTERNAL = "internal"
+SCRAPE_ERROR_TYPES = frozenset(
+    {
+        ERROR_TIMEOUT,
+        ERROR_CONNECTION,
+        ERROR_HTTP_STATUS,
+        ERROR_TOO_LARGE,
+        ERROR_ENCODING,
+        ERROR_PARSE,
+        ERROR_NO_METRICS_PORT,
+        ERROR_INTERNAL,
+    }
+)
+
+
+def parse_memory_samples(metrics_text: str | bytes) -> dict[str, float]:
+    """``{key: bytes}`` for the memory series found in one raylet payload.
+
+    Four series are read by exact name in one pass: Ray's own figure
+    (``ray_node_mem_used``/``ray_node_mem_total``: the cgroup's usage and limit
+    when the raylet runs in a container, which is what Ray's memory monitor acts
+    on) and the physical machine's (``ray_node_mem_used_host``/
+    ``ray_node_mem_total_host``, which only recent raylets publish). Nothing else
+    in the payload is parsed. A series that is missing or has no usable value
+    (NaN, infinite, negative) is absent from the result.
+    """
+    samples = extract_samples(metrics_text, SERIES_BY_RAY_NAME)
+    return {key: samples[name] for name, key in SERIES_BY_RAY_NAME.items() if name in samples}
