@@ -20,12 +20,21 @@ __all__ = [
     "ERROR_PARSE",
     "ERROR_TIMEOUT",
     "ERROR_TOO_LARGE",
+    "GROUP_LABEL",
+    "GROUP_MEMORY_GAUGE",
+    "GROUP_PROCESSES_GAUGE",
     "MACHINE_TOTAL_KEY",
     "MACHINE_USED_KEY",
+    "MEMORY_TYPE_LABEL",
+    "RAY_GROUP_MEMORY",
+    "RAY_GROUP_PROCESSES",
     "RAY_NODE_MEM_TOTAL",
     "RAY_NODE_MEM_TOTAL_HOST",
     "RAY_NODE_MEM_USED",
     "RAY_NODE_MEM_USED_HOST",
+    "RAY_SAMPLER_SAMPLED_AT",
+    "RAY_WORKER_ID_LABEL",
+    "SAMPLER_SAMPLED_AT_GAUGE",
     "SCRAPE_ERROR_TYPES",
     "SERIES_BY_RAY_NAME",
     "TOTAL_KEY",
@@ -51,6 +60,22 @@ SERIES_BY_RAY_NAME: dict[str, str] = {
     RAY_NODE_MEM_USED_HOST: MACHINE_USED_KEY,
     RAY_NODE_MEM_TOTAL_HOST: MACHINE_TOTAL_KEY,
 }
+
+# Per-group memory, published by each node's sampler through Ray's own metrics pipeline
+# (``ray.util.metrics`` in the sampler actor; the node's metrics agent serves the series on
+# the endpoint scraped above, with Ray's ``ray_`` prefix and its own labels added).
+#: The name a sampler gives its gauges; Ray serves them with the ``ray_`` prefix.
+GROUP_MEMORY_GAUGE = "raylens_worker_group_memory_bytes"
+GROUP_PROCESSES_GAUGE = "raylens_worker_group_processes"
+SAMPLER_SAMPLED_AT_GAUGE = "raylens_sampler_sampled_at_seconds"
+RAY_GROUP_MEMORY = f"ray_{GROUP_MEMORY_GAUGE}"
+RAY_GROUP_PROCESSES = f"ray_{GROUP_PROCESSES_GAUGE}"
+RAY_SAMPLER_SAMPLED_AT = f"ray_{SAMPLER_SAMPLED_AT_GAUGE}"
+#: Label keys on the group series: the group's name and ``rss`` or ``pss``.
+GROUP_LABEL = "rl_worker_group"
+MEMORY_TYPE_LABEL = "memory_type"
+#: Ray's label telling apart the processes that report to one node's agent.
+RAY_WORKER_ID_LABEL = "WorkerId"
 
 #: Every value ``error.type`` may take: a fixed set, so the label's cardinality is bounded.
 ERROR_TIMEOUT = "timeout"
