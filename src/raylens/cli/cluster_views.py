@@ -12,10 +12,10 @@ from typing import Any
 
 from raylens.cli.gcs_probe import GcsProbe, check_reachable, confirm_gcs
 from raylens.cli.output import Output, sample_loop
-from raylens.cli.parser import CliError
+from raylens.cli.parser import CliError, cluster_address
 from raylens.cli.pipeline import scrape_timeout_for, start_telemetry, stop_monitoring
 from raylens.demo import keep_sigterm_handler
-from raylens.live_table import NodeRow, node_summary, node_table
+from raylens.live_table import NodeRow, counted, node_summary, node_table
 
 # How many samples of each node's trend the table keeps.
 _HISTORY = 24
@@ -155,6 +155,11 @@ def simulated_scrape_timeout(nodes: int, interval: float) -> float:
     return scrape_timeout_for(max(interval, _SECONDS_PER_SIMULATED_NODE * nodes))
 
 
+def simulate_title(nodes: int, hung: int) -> str:
+    """The title of ``raylens simulate``'s table."""
+    return f"Simulated cluster: {counted(nodes, 'node')}, {hung} hung"
+
+
 def run_simulate(args: argparse.Namespace, stop: threading.Event) -> int:
     if args.hung > args.nodes:
         raise CliError(f"--hung {args.hung} is more than --nodes {args.nodes}")
@@ -183,7 +188,7 @@ def run_simulate(args: argparse.Namespace, stop: threading.Event) -> int:
                 monitor,
                 args,
                 output=output,
-                title=f"Simulated cluster: {args.nodes} nodes, {args.hung} hung",
+                title=simulate_title(args.nodes, args.hung),
                 stop=stop,
             )
         finally:
@@ -207,8 +212,13 @@ def run_watch(
     args: argparse.Namespace, stop: threading.Event, *, probe: GcsProbe | None = None
 ) -> int:
     """Watch the cluster at ``--address``, once it is known to be a Ray GCS (see ``probe``)."""
+    address = args.address
+    if address is None:
+        try:
+            address = cluster_address(os.environ.get("RAY_ADDRESS") or "auto", source="RAY_ADDRESS")
+        except ValueError as error:
+            raise CliError(str(error)) from None
     ray = import_ray()
-    address = args.address or os.environ.get("RAY_ADDRESS") or "auto"
     from raylens.telemetry import host_memory
 
     check_reachable(address)
