@@ -21,7 +21,9 @@ __all__ = [
     "forget_all_monitors",
     "fresh_health",
     "fresh_samples",
+    "hold_publisher",
     "register_publisher",
+    "release_publisher",
 ]
 
 NodeKey = tuple[str, str]
@@ -133,8 +135,11 @@ class Snapshot:
         self.publish({}, {}, {})
 
 
-#: Monitors whose snapshot the gauges read.
+#: Monitors whose snapshot the gauges read. Held weakly: a monitor nobody uses goes.
 _PUBLISHERS: weakref.WeakSet[Any] = weakref.WeakSet()
+#: Monitors in use (started, or collected once) and not stopped, held strongly, so that
+#: ``HostMemoryMonitor(...).collect_once()`` exports although nobody keeps the monitor.
+_IN_USE: set[Any] = set()
 _PUBLISHERS_LOCK = threading.Lock()
 
 
@@ -142,6 +147,19 @@ def register_publisher(monitor: Any) -> None:
     """Have the gauges read ``monitor``'s snapshot (it needs ``snapshot`` and ``clock``)."""
     with _PUBLISHERS_LOCK:
         _PUBLISHERS.add(monitor)
+
+
+def hold_publisher(monitor: Any) -> None:
+    """Keep ``monitor`` alive, and its snapshot read, until :func:`release_publisher`."""
+    with _PUBLISHERS_LOCK:
+        _PUBLISHERS.add(monitor)
+        _IN_USE.add(monitor)
+
+
+def release_publisher(monitor: Any) -> None:
+    """Stop keeping ``monitor`` alive; it goes once nobody else holds it."""
+    with _PUBLISHERS_LOCK:
+        _IN_USE.discard(monitor)
 
 
 def fresh_samples(key: str) -> dict[NodeKey, float]:
