@@ -87,6 +87,11 @@ class RayClusterView:
     Stateless: every call goes to Ray. ``is_initialized`` answers False without
     importing Ray when nothing else has imported it yet, since a process that has
     never imported Ray cannot have called ``ray.init``.
+
+    raylens never starts Ray: while this process is not connected, every call but
+    ``is_initialized`` raises RuntimeError instead of reaching Ray, whose calls would
+    start a local instance. A test that forgot to point raylens at its fake cluster
+    fails at once, saying so, instead of starting Ray.
     """
 
     def is_initialized(self) -> bool:
@@ -98,12 +103,22 @@ class RayClusterView:
         except AttributeError:  # a partially imported or stub module
             return False
 
+    def _connected(self, call: str) -> None:
+        if not self.is_initialized():
+            raise RuntimeError(
+                f"cannot {call}: this process is not connected to Ray, and raylens never "
+                "starts it; call ray.init first, or pass a cluster view (cluster=...), or "
+                "make one the default with raylens.cluster.use_cluster_view(view)"
+            )
+
     def nodes(self) -> list[dict[str, Any]]:
+        self._connected("list the cluster's nodes")
         import ray
 
         return list(ray.nodes())
 
     def placement_group_table(self, placement_group: Any) -> dict[str, Any]:
+        self._connected("read a placement group")
         from ray.util import placement_group_table
 
         return dict(placement_group_table(placement_group))
@@ -111,21 +126,25 @@ class RayClusterView:
     # The shared key-value store: Ray's internal KV, namespace KV_NAMESPACE.
 
     def kv_put(self, key: str, value: bytes) -> None:
+        self._connected("write to the cluster's key-value store")
         from ray.experimental import internal_kv
 
         internal_kv._internal_kv_put(key.encode(), value, True, namespace=KV_NAMESPACE)
 
     def kv_get(self, key: str) -> bytes | None:
+        self._connected("read the cluster's key-value store")
         from ray.experimental import internal_kv
 
         return internal_kv._internal_kv_get(key.encode(), namespace=KV_NAMESPACE)
 
     def kv_delete(self, key: str) -> None:
+        self._connected("delete from the cluster's key-value store")
         from ray.experimental import internal_kv
 
         internal_kv._internal_kv_del(key.encode(), namespace=KV_NAMESPACE)
 
     def kv_keys(self, prefix: str) -> list[str]:
+        self._connected("list the cluster's key-value store")
         from ray.experimental import internal_kv
 
         keys = internal_kv._internal_kv_list(prefix.encode(), namespace=KV_NAMESPACE)
@@ -133,6 +152,7 @@ class RayClusterView:
 
     def job_id(self) -> str | None:
         """This process's job id (hex), or None when it has none."""
+        self._connected("read this process's job id")
         import ray
 
         job = ray.get_runtime_context().get_job_id()
@@ -140,6 +160,7 @@ class RayClusterView:
 
     def live_job_ids(self) -> set[str]:
         """Ids of the jobs the GCS lists whose driver has not exited."""
+        self._connected("list the cluster's jobs")
         from ray._private import state
 
         return {
