@@ -70,8 +70,14 @@ def watch_nodes(
     output: Output,
     title: str,
     stop: threading.Event,
+    deadline: float | None = None,
+    clock: Callable[[], float] = time.monotonic,
 ) -> None:
-    """Sample and show the node table every ``args.interval`` until --once, --duration or stop."""
+    """Sample and show the node table every ``args.interval`` until --once, the end or stop.
+
+    The end is ``deadline`` (a reading of ``clock``) when given, else ``args.duration``
+    seconds from the first table.
+    """
     from raylens.distributed._group_memory_wiring import attach_group_memory
 
     monitor.declare_consumer()  # the table reads every cycle, so every cycle scrapes
@@ -95,7 +101,15 @@ def watch_nodes(
             stop.set()
 
     with output.session(live=not once):
-        sample_loop(sample, interval=interval, once=once, duration=duration, stop=stop)
+        sample_loop(
+            sample,
+            interval=interval,
+            once=once,
+            duration=duration,
+            deadline=deadline,
+            stop=stop,
+            clock=clock,
+        )
 
 
 _GIB = 1024**3
@@ -250,13 +264,30 @@ def run_watch(
     return output.exit_status()
 
 
-def run_demo(args: argparse.Namespace, stop: threading.Event) -> int:
+# What the demo says while its cluster starts: three nodes and two worker groups take
+# 15 s on an idle machine, and twice that or more on a loaded one.
+_DEMO_START_NOTE = (
+    "Starting a local Ray cluster of {nodes} (15 s or more, longer on a busy machine)"
+)
+
+
+def run_demo(
+    args: argparse.Namespace,
+    stop: threading.Event,
+    *,
+    clock: Callable[[], float] = time.monotonic,
+) -> int:
+    """Start the demo cluster and show its table; ``--duration`` counts from this call."""
     import_ray()
     from raylens import demo
 
+    deadline = None if args.duration is None else clock() + args.duration
     start_telemetry(args.exporter)
     output = Output(as_json=False)
-    output.note(f"Starting a local Ray cluster of {args.nodes} nodes (about 15 s)...")
+    note = _DEMO_START_NOTE.format(nodes=counted(args.nodes, "node"))
+    if args.duration is not None:
+        note += "; --duration counts from now, start-up included"
+    output.note(note + "...")
     with demo.DemoCluster(args.nodes) as cluster:
         output.note(cluster.describe())
         from raylens.telemetry import host_memory
@@ -271,6 +302,8 @@ def run_demo(args: argparse.Namespace, stop: threading.Event) -> int:
                 output=output,
                 title=f"raylens demo: {args.nodes} Ray nodes, worker groups policy and rollout",
                 stop=stop,
+                deadline=deadline,
+                clock=clock,
             )
         finally:
             stop_monitoring(monitor)
