@@ -1,7 +1,8 @@
 """Make sure ``raylens watch --address`` points at a Ray GCS before Ray is asked to connect.
 
-``ray.init`` retries an address that is wrong for minutes, or hangs on a gRPC server
-that is not a GCS; the checks here answer in seconds with one line.
+``ray.init`` retries an address that is wrong for minutes, hangs on a gRPC server that
+is not a GCS, and retries a GCS that wants an authentication token for many seconds,
+logging every refusal; the checks here answer in seconds with one line.
 """
 
 from __future__ import annotations

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import sys
 import types
 from typing import Any
@@ -71,6 +72,7 @@ def test_the_real_view_refuses_to_start_ray(call: Any, monkeypatch: pytest.Monke
 def test_a_placement_registered_without_ray_is_a_warning_not_a_ray_start(
     monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
+    caplog.set_level(logging.WARNING, logger="raylens")
     reached = _ray_that_would_start(monkeypatch)
     hm.register_worker_group_placement("trainer", [(object(), 0)])
     assert reached == []
