@@ -39,8 +39,10 @@ project with raylens installed can ask for these fixtures by name:
     A factory: ``simulated_cluster(n_nodes, **options)`` starts a
     :class:`raylens_fakes.simulated.SimulatedCluster` (real fake raylets on
     127.0.0.1 behind a FakeCluster, options as in its constructor) and returns it.
-    Call it as often as the test needs; every cluster it made is closed after the
-    test, hung requests included. Typical use::
+    The latest cluster made is raylens' default cluster view until the test ends, so
+    code that takes no ``cluster=`` (a worker group's ``register_worker_group_placement``)
+    reads it too. Call it as often as the test needs; every cluster it made is closed
+    after the test, hung requests included. Typical use::
 
         def test_hung_node(simulated_cluster, metrics_probe):
             sim = simulated_cluster(3)
@@ -101,19 +103,27 @@ def fake_default_cluster() -> Iterator[FakeCluster]:
 
 @contextlib.contextmanager
 def simulated_clusters() -> Iterator[Callable[..., SimulatedCluster]]:
-    """The ``simulated_cluster`` factory outside pytest: every cluster it made closes on exit."""
+    """The ``simulated_cluster`` factory outside pytest.
+
+    The latest cluster made is raylens' default cluster view until the block ends;
+    then the view in effect before comes back and every cluster made closes.
+    """
+    from raylens.cluster import use_cluster_view
+
     started: list[SimulatedCluster] = []
+    with contextlib.ExitStack() as views:
 
-    def start(n_nodes: int = 3, **options: Any) -> SimulatedCluster:
-        cluster = SimulatedCluster(n_nodes, **options)
-        started.append(cluster)
-        return cluster
+        def start(n_nodes: int = 3, **options: Any) -> SimulatedCluster:
+            cluster = SimulatedCluster(n_nodes, **options)
+            started.append(cluster)
+            views.enter_context(use_cluster_view(cluster.cluster))
+            return cluster
 
-    try:
-        yield start
-    finally:
-        for cluster in started:
-            cluster.close()
+        try:
+            yield start
+        finally:
+            for cluster in started:
+                cluster.close()
 
 
 @pytest.fixture

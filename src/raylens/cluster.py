@@ -123,6 +123,11 @@ class RayClusterView:
     Stateless: every call goes to Ray. ``is_initialized`` answers False without
     importing Ray when nothing else has imported it yet, since a process that has
     never imported Ray cannot have called ``ray.init``.
+
+    raylens never starts Ray: while this process is not connected, every call but
+    ``is_initialized`` raises RuntimeError instead of reaching Ray, whose calls would
+    start a local instance. A test that forgot to point raylens at its fake cluster
+    fails at once, saying so, instead of starting Ray.
     """
 
     def is_initialized(self) -> bool:
@@ -134,12 +139,22 @@ class RayClusterView:
         except AttributeError:  # a partially imported or stub module
             return False
 
+    def _connected(self, call: str) -> None:
+        if not self.is_initialized():
+            raise RuntimeError(
+                f"cannot {call}: this process is not connected to Ray, and raylens never "
+                "starts it; call ray.init first, or pass a cluster view (cluster=...), or "
+                "make one the default with raylens.cluster.use_cluster_view(view)"
+            )
+
     def nodes(self) -> list[dict[str, object]]:
+        self._connected("list the cluster's nodes")
         import ray
 
         return list(ray.nodes())
 
     def placement_group_table(self, placement_group: object) -> dict[str, object]:
+        self._connected("read a placement group")
         from ray.util import placement_group_table
 
         return dict(placement_group_table(placement_group))
@@ -147,21 +162,25 @@ class RayClusterView:
     # The shared key-value store: Ray's internal KV, namespace KV_NAMESPACE.
 
     def kv_put(self, key: str, value: bytes) -> None:
+        self._connected("write to the cluster's key-value store")
         from ray.experimental import internal_kv
 
         internal_kv._internal_kv_put(_key_bytes(key), value, True, namespace=KV_NAMESPACE)
 
     def kv_get(self, key: str) -> bytes | None:
+        self._connected("read the cluster's key-value store")
         from ray.experimental import internal_kv
 
         return internal_kv._internal_kv_get(_key_bytes(key), namespace=KV_NAMESPACE)
 
     def kv_delete(self, key: str) -> None:
+        self._connected("delete from the cluster's key-value store")
         from ray.experimental import internal_kv
 
         internal_kv._internal_kv_del(_key_bytes(key), namespace=KV_NAMESPACE)
 
     def kv_keys(self, prefix: str) -> list[str]:
+        self._connected("list the cluster's key-value store")
         from ray.experimental import internal_kv
 
         keys = internal_kv._internal_kv_list(_key_bytes(prefix), namespace=KV_NAMESPACE)
@@ -169,6 +188,7 @@ class RayClusterView:
 
     def job_id(self) -> str | None:
         """This process's job id (hex), or None when it has none."""
+        self._connected("read this process's job id")
         import ray
 
         job = ray.get_runtime_context().get_job_id()
@@ -176,6 +196,7 @@ class RayClusterView:
 
     def live_job_ids(self) -> set[str]:
         """Ids of the jobs the GCS lists whose driver has not exited."""
+        self._connected("list the cluster's jobs")
         from ray._private import state
 
         return {

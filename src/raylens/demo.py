@@ -191,9 +191,11 @@ class DemoCluster:
         """One line per worker group: how many workers and how much each holds."""
         lines = []
         for name, group in self.groups.items():
+            count = len(group.workers)
+            each = "" if count == 1 else " each"
             lines.append(
-                f"worker group {name!r}: {len(group.workers)} workers holding "
-                f"{self.worker_megabytes} MiB each"
+                f"worker group {name!r}: {count} worker{'' if count == 1 else 's'} holding "
+                f"{self.worker_megabytes} MiB{each}"
             )
         return "\n".join(lines)
 

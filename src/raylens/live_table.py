@@ -42,6 +42,18 @@ def format_bytes(value: float | None) -> str:
     return f"{amount:.1f} {_UNITS[-1]}"  # pragma: no cover - loop always returns
 
 
+def counted(count: int, noun: str) -> str:
+    """``1 node``, ``3 nodes``: a count with its noun in the right number (nouns taking -s)."""
+    return f"{count} {noun}" if count == 1 else f"{count} {noun}s"
+
+
+def whole_bytes(value: float | None) -> int | None:
+    """A byte count as JSON carries it: a whole number, or None when unknown or not finite."""
+    if value is None or not math.isfinite(value):
+        return None
+    return round(value)
+
+
 def format_age(seconds: float | None) -> str:
     """Age of a sample: ``0.4s``, ``12s``, ``3m05s``; None -> ``-``."""
     if seconds is None:
@@ -101,13 +113,15 @@ class NodeRow:
         return {
             "node_id": self.node_id,
             "host": self.host,
-            "used_bytes": self.used,
-            "total_bytes": self.total,
+            "used_bytes": whole_bytes(self.used),
+            "total_bytes": whole_bytes(self.total),
             "used_percent": None if self.used_percent is None else round(self.used_percent, 2),
             "worker_groups": self.worker_groups,
             "age_seconds": None if self.age_s is None else round(self.age_s, 3),
             "error": self.error,
-            "worker_group_rss_bytes": dict(self.group_rss),
+            "worker_group_rss_bytes": {
+                group: whole_bytes(value) for group, value in self.group_rss.items()
+            },
         }
 
 
@@ -242,12 +256,20 @@ def natural_key(text: str) -> tuple[tuple[int, int, str], ...]:
 
 @dataclass(frozen=True)
 class NodeSummary:
-    """The line under the node table: how many nodes, how many failing, memory in all."""
+    """The line under the node table: nodes, the hosts they run on, failing nodes, memory.
+
+    ``used`` and ``total`` count each host once, however many nodes share it
+    (``ray.cluster_utils.Cluster`` starts several on one machine, each reporting the
+    machine's figure): per host, the largest figure any of its answering nodes
+    reported, summed over hosts. That is the sum the dashboards take
+    (``sum(max by (host_name) (...))``).
+    """
 
     nodes: int
     failing: int
     used: float | None
     total: float | None
+    hosts: int = 0
 
     @property
     def used_percent(self) -> float | None:
@@ -259,14 +281,18 @@ class NodeSummary:
         percent = self.used_percent
         return {
             "nodes": self.nodes,
+            "hosts": self.hosts,
             "failing": self.failing,
-            "used_bytes": self.used,
-            "total_bytes": self.total,
+            "used_bytes": whole_bytes(self.used),
+            "total_bytes": whole_bytes(self.total),
             "used_percent": None if percent is None else round(percent, 2),
         }
 
     def __str__(self) -> str:
-        line = f"{self.nodes} nodes, {self.failing} failing"
+        line = counted(self.nodes, "node")
+        if self.nodes:
+            line += f" on {counted(self.hosts, 'host')}"
+        line += f", {self.failing} failing"
         percent = self.used_percent
         if self.used is not None and self.total is not None and percent is not None:
             line += (
@@ -276,19 +302,27 @@ class NodeSummary:
 
 
 def node_summary(rows: Iterable[NodeRow]) -> NodeSummary:
-    """Count the nodes and the failing ones; add up memory over nodes that reported both figures."""
+    """Count nodes, hosts and failing nodes; add up memory once per host (see :class:`NodeSummary`).
+
+    A node without a host name counts as a host of its own.
+    """
     nodes = failing = 0
-    used = total = 0.0
-    reported = False
+    hosts: set[tuple[bool, str]] = set()
+    per_host: dict[tuple[bool, str], tuple[float, float]] = {}
     for row in rows:
         nodes += 1
+        host = (True, row.host) if row.host else (False, row.node_id)
+        hosts.add(host)
         if row.error is not None:
             failing += 1
         elif row.used is not None and row.total is not None:
-            used += row.used
-            total += row.total
-            reported = True
-    return NodeSummary(nodes, failing, used if reported else None, total if reported else None)
+            used, total = per_host.get(host, (row.used, row.total))
+            per_host[host] = (max(used, row.used), max(total, row.total))
+    if not per_host:
+        return NodeSummary(nodes, failing, None, None, len(hosts))
+    used = sum(figures[0] for figures in per_host.values())
+    total = sum(figures[1] for figures in per_host.values())
+    return NodeSummary(nodes, failing, used, total, len(hosts))
 
 
 def node_table(rows: Iterable[NodeRow], *, title: str = "Ray host memory") -> RenderableType:
@@ -345,13 +379,13 @@ class ProcessTreeRow:
             "name": self.name,
             "pid": self.pid,
             "processes": self.processes,
-            "rss_bytes": self.rss,
-            "pss_bytes": None if self.pss_stale else self.pss,
+            "rss_bytes": whole_bytes(self.rss),
+            "pss_bytes": None if self.pss_stale else whole_bytes(self.pss),
             "pss_age_seconds": None if self.pss_age_s is None else round(self.pss_age_s, 3),
             "pss_stale": self.pss_stale,
-            "rss_peak_bytes": self.rss_peak,
-            "pss_peak_bytes": self.pss_peak,
-            "kernel_peak_rss_bytes": self.kernel_peak,
+            "rss_peak_bytes": whole_bytes(self.rss_peak),
+            "pss_peak_bytes": whole_bytes(self.pss_peak),
+            "kernel_peak_rss_bytes": whole_bytes(self.kernel_peak),
             "kernel_peak_rss_source": self.kernel_peak_source,
         }
 

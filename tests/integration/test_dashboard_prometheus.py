@@ -267,7 +267,7 @@ def _substitute(expr: str, values: dict[str, str]) -> str:
 
 
 def _wanted_queries() -> tuple[list[tuple[str, str]], list[tuple[str, str, str]]]:
-    """Queries to run and ``(variable, selector, label)`` to list, pending series left out."""
+    """Queries to run and ``(variable, query, regex)`` to list, pending series left out."""
     dashboard = checks.load_dashboard()
     variables = [v for v in dashboard["templating"]["list"] if v["type"] == "query"]
     values = {v["name"]: v["allValue"] for v in variables}
@@ -279,8 +279,20 @@ def _wanted_queries() -> tuple[list[tuple[str, str]], list[tuple[str, str, str]]
         (f"docs/dashboards.md example {number}", expr)
         for number, expr in enumerate(checks.guide_queries(), 1)
     ]
-    listings = [(v["name"], *checks.label_values_args(v["query"]["query"])) for v in variables]
+    listings = [(v["name"], v["query"]["query"], v.get("regex", "")) for v in variables]
     return queries, listings
+
+
+def _variable_values(api: str, query: str, regex: str) -> list[str]:
+    """What Grafana lists for a variable: label_values(...) or query_result(...) and its regex."""
+    if query.startswith("query_result("):
+        texts = [
+            checks.query_result_text(series["metric"], float(series["value"][1]))
+            for series in _query(api, checks.variable_promql(query))
+        ]
+        return checks.grafana_variable_values(regex, texts) if regex else texts
+    selector, label = checks.label_values_args(query)
+    return _get(f"{api}/label/{label}/values", {"match[]": selector}) or []
 
 
 def _evaluated_rules(api: str) -> list[dict[str, Any]]:
@@ -313,10 +325,9 @@ def test_every_dashboard_alert_and_guide_query_returns_series(prometheus: str) -
         f"  {where}: {expr}" for where, expr in empty.items()
     )
 
-    # Every variable lists values, as Grafana's label_values(selector, label) would.
-    for name, selector, label in listings:
-        values = _get(f"{prometheus}/label/{label}/values", {"match[]": selector})
-        assert values, f"variable {name}: no {label} values for {selector}"
+    # Every variable lists values, as Grafana would from its query and regex.
+    for name, query, regex in listings:
+        assert _variable_values(prometheus, query, regex), f"variable {name}: no values"
 
     # Prometheus loaded both alert rules, evaluates them without error, and both match. A rule
     # first evaluated before its series arrived reads inactive until its next evaluation.

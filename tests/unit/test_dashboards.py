@@ -60,6 +60,15 @@ def label_values_args(query: str) -> tuple[str, str]:
     return match.group(1), match.group(2)
 
 
+def variable_promql(query: str) -> str:
+    """The PromQL a variable query runs: the selector of ``label_values(selector, label)``,
+    or the expression of ``query_result(expression)``."""
+    text = query.strip()
+    if text.startswith("query_result(") and text.endswith(")"):
+        return text[len("query_result(") : -1]
+    return label_values_args(text)[0]
+
+
 def variables(text: str) -> set[str]:
     """Grafana variables (``$name``, ``${name}``, ``${name:format}``) used in ``text``."""
     return {a or b for a, b in _VARIABLE.findall(text)}
@@ -235,7 +244,7 @@ def test_dashboard_queries_use_only_exported_series() -> None:
     allowed = exported_names()
     queries = dashboard_queries(dashboard)
     queries += [
-        (f"variable {v['name']}", label_values_args(v["query"]["query"])[0])
+        (f"variable {v['name']}", variable_promql(v["query"]["query"]))
         for v in dashboard["templating"]["list"]
         if v["type"] == "query"
     ]
@@ -307,3 +316,78 @@ def test_guide_examples_use_only_exported_series() -> None:
 
 def test_readme_links_the_guide() -> None:
     assert "docs/dashboards.md" in README.read_text(encoding="utf-8")
+
+
+# ------------------------------------------------------------------------- importing, variables
+
+
+def test_the_import_asks_for_the_prometheus_data_source() -> None:
+    dashboard = load_dashboard()
+    (source,) = dashboard["__inputs"]
+    assert source["type"] == "datasource" and source["pluginId"] == "prometheus"
+    placeholder = "${" + source["name"] + "}"
+    variable = {v["name"]: v for v in dashboard["templating"]["list"]}["datasource"]
+    # Grafana replaces the placeholder with the data source picked at import.
+    assert variable["current"]["value"] == placeholder
+    required = {(item["type"], item["id"]) for item in dashboard["__requires"]}
+    assert ("datasource", "prometheus") in required and ("grafana", "grafana") in required
+    panel_types = {panel["type"] for panel in query_panels(dashboard)}
+    assert panel_types <= {
+        item["id"] for item in dashboard["__requires"] if item["type"] == "panel"
+    }
+
+
+def grafana_variable_values(regex: str, results: list[str]) -> list[str]:
+    """The values Grafana lists for a query variable: every match of its /regex/g, in order.
+
+    A regex with the ``g`` flag yields one value per match of its first group, and
+    values repeat only once, as Grafana's variable editor does.
+    """
+    match = re.fullmatch(r"/(.*)/(\w*)", regex)
+    assert match, f"variable regex {regex!r} is not /pattern/flags"
+    pattern, flags = match.groups()
+    found: list[str] = []
+    for text in results:
+        matches = re.findall(pattern, text)
+        for value in matches if "g" in flags else matches[:1]:
+            if value not in found:
+                found.append(value)
+    return found
+
+
+def query_result_text(labels: dict[str, str], value: float = 1.0) -> str:
+    """One result of a ``query_result()`` variable as Grafana writes it for the regex."""
+    inner = ",".join(f'{key}="{label}"' for key, label in labels.items())
+    return f"{{{inner}}} {value:g} 1700000000000"
+
+
+def test_the_worker_group_variable_lists_groups_known_only_from_node_labels() -> None:
+    variable = {v["name"]: v for v in load_dashboard()["templating"]["list"]}["worker_group"]
+    query = variable["query"]["query"]
+    assert query.startswith("query_result(") and query.endswith(")")
+    names = metric_names(variable_promql(query))
+    # Groups labelled on nodes (rl_worker_groups) and groups with measured processes.
+    assert names == {"rl_host_memory_total_bytes", "rl_worker_group_processes"}
+    # What Prometheus answers: one series per distinct label, node lists comma-joined.
+    answer = [
+        query_result_text({"rl_worker_groups": "policy,rollout"}, 2),
+        query_result_text({"rl_worker_groups": "none"}, 1),
+        query_result_text({"rl_worker_groups": "samplers"}, 1),
+        query_result_text({"rl_worker_groups": "trainer"}, 3),
+    ]
+    assert grafana_variable_values(variable["regex"], answer) == [
+        "policy",
+        "rollout",
+        "samplers",
+        "trainer",
+    ]
+
+
+def test_node_memory_outside_groups_keeps_every_node_and_its_host() -> None:
+    (panel,) = [p for p in query_panels(load_dashboard()) if p["title"].startswith("Node memory")]
+    (target,) = panel["targets"]
+    expr = target["expr"]
+    # Nodes without a group's PSS are kept (as the whole of their memory)...
+    assert re.search(r"\bor\b", expr), expr
+    # ...and the result keeps the left side's host_name, which the legend shows.
+    assert "group_left" in expr and "{{host_name}}" in target["legendFormat"]

@@ -6,6 +6,7 @@ import ast
 import builtins
 import re
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -99,3 +100,102 @@ def test_the_readme_own_group_labels_its_nodes_until_it_shuts_down(
 
     assert while_up == ["trainer", "trainer", "none"]
     assert after == ["none", "none", "none"]
+
+
+# ------------------------------------------------------------------ what the README says
+
+
+def _table_after(heading: str, header: str) -> list[list[str]]:
+    """The rows of the first table under ``heading`` whose header line starts with ``header``."""
+    section = _README[_README.index(heading) :]
+    lines = section[section.index(header) :].splitlines()
+    rows = []
+    for line in lines[2:]:
+        if not line.startswith("|"):
+            break
+        rows.append([cell.strip() for cell in line.strip().strip("|").split(" | ")])
+    return rows
+
+
+def _subcommands() -> dict[str, Any]:
+    import argparse
+
+    from raylens.cli.parser import build_parser
+
+    (commands,) = [
+        action
+        for action in build_parser()._actions
+        if isinstance(action, argparse._SubParsersAction)
+    ]
+    return dict(commands.choices)
+
+
+def test_the_commands_table_lists_every_command_and_every_flag_of_its_help() -> None:
+    rows = _table_after("## The commands", "| command | what it does |")
+    usages = {}
+    for usage, _what in rows:
+        match = re.fullmatch(r"`raylens (\w+)(.*)`", usage)
+        assert match, f"not a command usage: {usage}"
+        usages[match.group(1)] = match.group(2)
+    commands = _subcommands()
+    assert set(usages) == set(commands)
+    for name, usage in usages.items():
+        parser = commands[name]
+        documented = set(re.findall(r"\[(-{1,2}[a-z][a-z-]*)", usage))
+        flags = [a for a in parser._actions if a.option_strings and a.dest != "help"]
+        missing = [a.option_strings for a in flags if not documented & set(a.option_strings)]
+        assert not missing, f"raylens {name}: the README leaves out {missing}"
+        known = {option for action in flags for option in action.option_strings}
+        assert documented <= known, f"raylens {name}: no such flags {documented - known}"
+        # A default shown in the README is the one the command has.
+        for flag, value in re.findall(r"\[(--[a-z-]+) (\d+(?:\.\d+)?)\]", usage):
+            (action,) = [a for a in parser._actions if flag in a.option_strings]
+            assert float(value) == action.default, f"raylens {name} {flag}: default"
+        help_text = parser.format_help()
+        assert all(flag in help_text for flag in documented), name
+
+
+def test_the_performance_table_quotes_docs_performance() -> None:
+    performance = (_ROOT / "docs" / "performance.md").read_text(encoding="utf-8")
+    rows = _table_after("## Performance", "| benchmark |")
+    assert rows
+    for benchmark, *figures, _ratio in rows:
+        for number in re.findall(r"\d[\d,]*(?:\.\d+)?", " ".join([benchmark, *figures])):
+            assert re.search(rf"(?<![\d.,]){re.escape(number)}(?![\d,])", performance), (
+                f"{number} (README performance row {benchmark!r}) is not in docs/performance.md"
+            )
+
+
+def _plain_code_blocks() -> list[str]:
+    """The README's fenced blocks that name no language."""
+    blocks: list[str] = []
+    current: list[str] | None = None
+    plain = False
+    for line in _README.splitlines():
+        if line.startswith("```"):
+            if current is None:
+                current, plain = [], line == "```"
+            else:
+                if plain:
+                    blocks.append("\n".join(current))
+                current = None
+        elif current is not None:
+            current.append(line)
+    return blocks
+
+
+def test_the_table_samples_show_the_columns_and_summary_of_todays_table() -> None:
+    from raylens.live_table import _NODE_COLUMNS
+
+    samples = [block for block in _plain_code_blocks() if "┃ node" in block]
+    assert len(samples) == 2
+    for sample in samples:
+        lines = sample.strip().splitlines()
+        header = [cell.strip() for cell in lines[2].strip("┃").split("┃")]
+        columns = [name for name, _options in _NODE_COLUMNS]
+        assert header == [name for name in columns if name in header]
+        assert {"node", "used", "total", "used %", "worker groups"} <= set(header)
+        assert re.fullmatch(
+            r"\d+ nodes? on \d+ hosts?, \d+ failing, [\d.]+ \w+ of [\d.]+ \w+ used \([\d.]+%\)",
+            lines[-1],
+        ), lines[-1]

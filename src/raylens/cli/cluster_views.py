@@ -13,10 +13,10 @@ from typing import TYPE_CHECKING
 
 from raylens.cli.gcs_probe import GcsProbe, check_reachable, confirm_gcs
 from raylens.cli.output import Output, sample_loop
-from raylens.cli.parser import CliError
+from raylens.cli.parser import CliError, cluster_address
 from raylens.cli.pipeline import scrape_timeout_for, start_telemetry, stop_monitoring
 from raylens.demo import keep_sigterm_handler
-from raylens.live_table import NodeRow, node_summary, node_table
+from raylens.live_table import NodeRow, counted, node_summary, node_table
 
 if TYPE_CHECKING:
     from raylens.telemetry.host_memory import HostMemoryMonitor
@@ -76,8 +76,14 @@ def watch_nodes(
     output: Output,
     title: str,
     stop: threading.Event,
+    deadline: float | None = None,
+    clock: Callable[[], float] = time.monotonic,
 ) -> None:
-    """Sample and show the node table every ``args.interval`` until --once, --duration or stop."""
+    """Sample and show the node table every ``args.interval`` until --once, the end or stop.
+
+    The end is ``deadline`` (a reading of ``clock``) when given, else ``args.duration``
+    seconds from the first table.
+    """
     from raylens.distributed._group_memory_wiring import attach_group_memory
 
     monitor.declare_consumer()  # the table reads every cycle, so every cycle scrapes
@@ -101,7 +107,15 @@ def watch_nodes(
             stop.set()
 
     with output.session(live=not once):
-        sample_loop(sample, interval=interval, once=once, duration=duration, stop=stop)
+        sample_loop(
+            sample,
+            interval=interval,
+            once=once,
+            duration=duration,
+            deadline=deadline,
+            stop=stop,
+            clock=clock,
+        )
 
 
 _GIB = 1024**3
@@ -161,6 +175,11 @@ def simulated_scrape_timeout(nodes: int, interval: float) -> float:
     return scrape_timeout_for(max(interval, _SECONDS_PER_SIMULATED_NODE * nodes))
 
 
+def simulate_title(nodes: int, hung: int) -> str:
+    """The title of ``raylens simulate``'s table."""
+    return f"Simulated cluster: {counted(nodes, 'node')}, {hung} hung"
+
+
 def run_simulate(args: argparse.Namespace, stop: threading.Event) -> int:
     if args.hung > args.nodes:
         raise CliError(f"--hung {args.hung} is more than --nodes {args.nodes}")
@@ -189,7 +208,7 @@ def run_simulate(args: argparse.Namespace, stop: threading.Event) -> int:
                 monitor,
                 args,
                 output=output,
-                title=f"Simulated cluster: {args.nodes} nodes, {args.hung} hung",
+                title=simulate_title(args.nodes, args.hung),
                 stop=stop,
             )
         finally:
@@ -213,8 +232,13 @@ def run_watch(
     args: argparse.Namespace, stop: threading.Event, *, probe: GcsProbe | None = None
 ) -> int:
     """Watch the cluster at ``--address``, once it is known to be a Ray GCS (see ``probe``)."""
+    address = args.address
+    if address is None:
+        try:
+            address = cluster_address(os.environ.get("RAY_ADDRESS") or "auto", source="RAY_ADDRESS")
+        except ValueError as error:
+            raise CliError(str(error)) from None
     ray = import_ray()
-    address = args.address or os.environ.get("RAY_ADDRESS") or "auto"
     from raylens.telemetry import host_memory
 
     check_reachable(address)
@@ -246,13 +270,30 @@ def run_watch(
     return output.exit_status()
 
 
-def run_demo(args: argparse.Namespace, stop: threading.Event) -> int:
+# What the demo says while its cluster starts: three nodes and two worker groups take
+# 15 s on an idle machine, and twice that or more on a loaded one.
+_DEMO_START_NOTE = (
+    "Starting a local Ray cluster of {nodes} (15 s or more, longer on a busy machine)"
+)
+
+
+def run_demo(
+    args: argparse.Namespace,
+    stop: threading.Event,
+    *,
+    clock: Callable[[], float] = time.monotonic,
+) -> int:
+    """Start the demo cluster and show its table; ``--duration`` counts from this call."""
     import_ray()
     from raylens import demo
 
+    deadline = None if args.duration is None else clock() + args.duration
     start_telemetry(args.exporter)
     output = Output(as_json=False)
-    output.note(f"Starting a local Ray cluster of {args.nodes} nodes (about 15 s)...")
+    note = _DEMO_START_NOTE.format(nodes=counted(args.nodes, "node"))
+    if args.duration is not None:
+        note += "; --duration counts from now, start-up included"
+    output.note(note + "...")
     with demo.DemoCluster(args.nodes) as cluster:
         output.note(cluster.describe())
         from raylens.telemetry import host_memory
@@ -267,6 +308,8 @@ def run_demo(args: argparse.Namespace, stop: threading.Event) -> int:
                 output=output,
                 title=f"raylens demo: {args.nodes} Ray nodes, worker groups policy and rollout",
                 stop=stop,
+                deadline=deadline,
+                clock=clock,
             )
         finally:
             stop_monitoring(monitor)

@@ -1,16 +1,18 @@
 """Make sure ``raylens watch --address`` points at a Ray GCS before Ray is asked to connect.
 
-``ray.init`` retries an address that is wrong for minutes, or hangs on a gRPC server
-that is not a GCS; the checks here answer in seconds with one line.
+``ray.init`` retries an address that is wrong for minutes, hangs on a gRPC server that
+is not a GCS, and retries a GCS that wants an authentication token for many seconds,
+logging every refusal; the checks here answer in seconds with one line.
 """
 
 from __future__ import annotations
 
 import os
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
+from typing import Any
 
-from raylens.cli.parser import CliError
+from raylens.cli.parser import CliError, cluster_address, split_host_port
 from raylens.safe_text import printable
 
 # A client's HTTP/2 greeting, then an empty SETTINGS frame; a gRPC server answers with
@@ -28,19 +30,19 @@ def check_reachable(address: str, timeout: float = 5.0) -> None:
     or one that speaks something else (the dashboard's HTTP, say) is refused
     here. With ``RAY_USE_TLS`` the greeting would have to be encrypted, so only
     the connection is checked. ``auto`` is left to Ray, which resolves it quickly,
-    and a ``ray://`` address to :func:`confirm_gcs`, which refuses it. A gRPC server
-    that is not a GCS passes here; :func:`confirm_gcs` tells it apart.
+    and a ``ray://`` address to :func:`confirm_gcs`, which refuses it; any other
+    scheme is refused here. A gRPC server that is not a GCS passes here;
+    :func:`confirm_gcs` tells it apart.
     """
     import socket
 
-    from raylens.lens.config import parse_host_port
-
-    if address == "auto" or "://" in address:
-        return
     try:
-        host, port = parse_host_port(address, source="--address")
+        address = cluster_address(address, source="--address")
     except ValueError as error:
         raise CliError(str(error)) from None
+    if address == "auto" or address.startswith("ray://"):
+        return
+    host, port = split_host_port(address)
     tls = os.environ.get("RAY_USE_TLS", "0").strip().lower() in ("1", "true")
     answer = b""
     try:
@@ -78,33 +80,77 @@ GcsProbe = Callable[[str, float], str]
 
 PROBE_TIMEOUT_S = 5.0
 
-# Answers that prove a GCS is there: it answered, or it wants credentials that
-# ray.init, not raylens, deals with.
-_GCS_ANSWERS = frozenset({"OK", "UNAUTHENTICATED", "PERMISSION_DENIED"})
+# Answers that prove a GCS is there and would talk to this process as it is.
+_GCS_ANSWERS = frozenset({"OK"})
+# Answers of a GCS that wants credentials this process did not send, or sent wrong.
+_CREDENTIALS_REFUSED = frozenset({"UNAUTHENTICATED", "PERMISSION_DENIED"})
+
+# The one GCS question: the cluster's id, which every Ray GCS answers and nothing else does.
+_GET_CLUSTER_ID = "/ray.rpc.NodeInfoGcsService/GetClusterId"
+
+
+def ask_gcs(channel: Any, timeout: float) -> str:
+    """Ask ``GetClusterId`` over a gRPC ``channel``; returns the gRPC status code's name.
+
+    The request is the empty ``GetClusterIdRequest`` (zero bytes on the wire) and the
+    reply is not decoded: only whether, and how, the server answered matters.
+    """
+    import grpc
+
+    call = channel.unary_unary(
+        _GET_CLUSTER_ID,
+        request_serializer=lambda _request: b"",
+        response_deserializer=lambda reply: reply,
+    )
+    try:
+        call(b"", timeout=timeout)
+    except grpc.RpcError as error:
+        code = error.code() if callable(getattr(error, "code", None)) else None
+        return getattr(code, "name", None) or "UNKNOWN"
+    return "OK"
 
 
 def ray_gcs_probe(address: str, timeout: float) -> str:
     """Call the GCS's ``GetClusterId`` at ``address``; returns the gRPC status code's name.
 
-    The channel is made the way Ray makes its own (TLS from ``RAY_USE_TLS``, token
-    authentication when enabled), so a GCS that Ray can talk to answers ``OK``. Any
-    other gRPC server (the Ray Client server, a raylet, an OTLP collector) answers
-    ``UNIMPLEMENTED``.
+    The channel is made the way Ray makes its own (TLS from ``RAY_USE_TLS``, the
+    token when ``RAY_AUTH_MODE=token``), so a GCS that Ray can talk to answers
+    ``OK`` and one whose token authentication this process does not satisfy
+    answers ``UNAUTHENTICATED``. Any other gRPC server (the Ray Client server, a
+    raylet, an OTLP collector) answers ``UNIMPLEMENTED``.
     """
-    import grpc
     from ray._private.grpc_utils import init_grpc_channel
-    from ray.core.generated import gcs_service_pb2, gcs_service_pb2_grpc
 
     channel = init_grpc_channel(address)
     try:
-        stub = gcs_service_pb2_grpc.NodeInfoGcsServiceStub(channel)
-        stub.GetClusterId(gcs_service_pb2.GetClusterIdRequest(), timeout=timeout)
-    except grpc.RpcError as error:
-        code = error.code() if callable(getattr(error, "code", None)) else None
-        return getattr(code, "name", None) or "UNKNOWN"
+        return ask_gcs(channel, timeout)
     finally:
         channel.close()
-    return "OK"
+
+
+# Where Ray 2.60 reads a token from, in its order (ray._private.authentication).
+_TOKEN_SOURCES = "RAY_AUTH_TOKEN, a file named by RAY_AUTH_TOKEN_PATH, or ~/.ray/auth_token"
+
+
+def _token_advice(address: str, environ: Mapping[str, str]) -> str:
+    """One line on a GCS that refused this process for want of the right token.
+
+    Ray sends a token only with ``RAY_AUTH_MODE=token`` (and, for an address given
+    explicitly, never turns that on by itself), so without it the token is missing;
+    with it, the token found was not the cluster's. The token itself is never shown.
+    """
+    where = f"the Ray cluster at {address!r}"
+    how = (
+        f"give the cluster's token in {_TOKEN_SOURCES} "
+        "(`ray get-auth-token` on the head node prints it); see "
+        "https://docs.ray.io/en/latest/ray-security/token-auth.html"
+    )
+    if environ.get("RAY_AUTH_MODE", "").strip().lower() == "token":
+        return f"{where} refused the authentication token given (RAY_AUTH_MODE=token): {how}"
+    return (
+        f"{where} asks for an authentication token (Ray's token authentication is on): "
+        f"set RAY_AUTH_MODE=token and {how}"
+    )
 
 
 def _ray_client_advice(address: str) -> str:
@@ -125,8 +171,11 @@ def confirm_gcs(
     A gRPC server that is not a GCS passes :func:`check_reachable`, and ``ray.init``
     then waits on it without end; this asks first. The question runs on a daemon
     thread and this waits for it with a deadline of its own, so a probe that never
-    returns is bounded and a Ctrl-C ends the wait at once. ``ray://`` addresses are
-    refused with the address to pass instead; ``auto`` is left to Ray.
+    returns is bounded and a Ctrl-C ends the wait at once. A GCS that refuses the
+    question for want of a token (Ray's token authentication) is refused in one line
+    saying how to give one, since ``ray.init`` would retry it for many seconds and log
+    every refusal. ``ray://`` addresses are refused with the address to pass instead;
+    ``auto`` is left to Ray.
     """
     if address.startswith("ray://"):
         raise CliError(printable(_ray_client_advice(address)))
@@ -155,6 +204,8 @@ def confirm_gcs(
     code = answer[0] if finished and answer else "DEADLINE_EXCEEDED"
     if code in _GCS_ANSWERS:
         return
+    if code in _CREDENTIALS_REFUSED:
+        raise CliError(printable(_token_advice(address, os.environ)))
     if code == "DEADLINE_EXCEEDED":
         reason = f"no answer to a GCS request within {timeout:g} s"
     elif code == "UNIMPLEMENTED":

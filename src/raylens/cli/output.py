@@ -154,22 +154,29 @@ def sample_loop(
     *,
     interval: float,
     once: bool,
-    duration: float | None,
     stop: threading.Event,
+    duration: float | None = None,
+    deadline: float | None = None,
+    clock: Callable[[], float] = time.monotonic,
 ) -> None:
-    """Call ``sample`` now and then every ``interval`` until ``once``, ``duration`` or ``stop``."""
-    deadline = None if duration is None else time.monotonic() + duration
+    """Call ``sample`` now and then every ``interval`` until ``once``, the deadline or ``stop``.
+
+    The deadline is ``deadline`` (a reading of ``clock``) or else ``duration`` seconds
+    from now. The first sample is always taken, even past the deadline.
+    """
+    if deadline is None and duration is not None:
+        deadline = clock() + duration
     while True:
-        started = time.monotonic()
+        started = clock()
         sample()
         if once:
             return
         wake = started + interval
         if deadline is not None:
-            if time.monotonic() >= deadline:
+            if clock() >= deadline:
                 return
             wake = min(wake, deadline)
-        if stop.wait(max(0.0, wake - time.monotonic())):
+        if stop.wait(max(0.0, wake - clock())):
             return
 
 

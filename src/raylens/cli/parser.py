@@ -1,6 +1,6 @@
 """The ``raylens`` command's flags, and the one validator each kind of flag value goes through.
 
-Every bad value is refused by argparse with a message naming the flag and what is
+Every bad value is refused with one line on stderr naming the flag and what is
 allowed, and exit status 2, before anything starts.
 """
 
@@ -8,11 +8,12 @@ from __future__ import annotations
 
 import argparse
 import math
-import threading
 from collections.abc import Callable
+from typing import NoReturn
 
 import raylens
 from raylens.lens.config import EXPORTERS
+from raylens.safe_text import printable
 
 
 class CliError(Exception):
@@ -28,14 +29,13 @@ class CliError(Exception):
 MIN_INTERVAL_S = 0.05
 # The shortest deadline or run time a flag may give.
 MIN_SECONDS = 0.001
+# The longest interval, deadline or run time a flag may give: 365 days. A longer one
+# is a typo, and every timer this waits on holds it.
+MAX_SECONDS = 365 * 24 * 3600
 
 
 def seconds(minimum: float) -> Callable[[str], float]:
-    """The one validator of every flag given in seconds: finite, at least ``minimum``.
-
-    The upper bound is ``threading.TIMEOUT_MAX``: longer waits overflow the platform's
-    timers.
-    """
+    """The one validator of every flag given in seconds: at least ``minimum``, at most 365 days."""
 
     def parse(text: str) -> float:
         try:
@@ -44,9 +44,9 @@ def seconds(minimum: float) -> Callable[[str], float]:
             raise argparse.ArgumentTypeError(
                 f"expected a number of seconds, got {text!r}"
             ) from None
-        if not math.isfinite(value) or not minimum <= value <= threading.TIMEOUT_MAX:
+        if not math.isfinite(value) or not minimum <= value <= MAX_SECONDS:
             raise argparse.ArgumentTypeError(
-                f"must be at least {minimum:g} s and at most {threading.TIMEOUT_MAX:.0f} s, "
+                f"must be at least {minimum:g} s and at most {MAX_SECONDS} s (365 days), "
                 f"got {text!r}"
             )
         return value
@@ -67,7 +67,85 @@ def _count(minimum: int) -> Callable[[str], int]:
     return parse
 
 
+# What --address (or RAY_ADDRESS) may be, said in every refusal of one.
+ADDRESS_FORMS = (
+    "give the cluster's GCS address as HOST:PORT (port 6379 unless the head was started "
+    "with another --port), or auto; ray://HOST:PORT is the only scheme taken, to say "
+    "which address to pass instead"
+)
+
+
+def cluster_address(text: str, *, source: str | None = None) -> str:
+    """Check a Ray cluster address: ``auto``, ``HOST:PORT`` or ``ray://...``; returns it stripped.
+
+    Anything else is refused before Ray sees it: ``ray.init`` imports the module a
+    scheme names (``this://`` prints the Zen of Python), and an empty address attaches
+    to whatever cluster runs on this machine. The ValueError names the value, and
+    ``source`` (an environment variable, say) when given.
+    """
+    address = text.strip()
+    shown = printable(repr(text)) if source is None else f"{source}={printable(repr(text))}"
+    if not address:
+        raise ValueError(f"{shown} is empty: {ADDRESS_FORMS}")
+    if address == "auto" or address.startswith("ray://"):
+        return address
+    if "://" in address:
+        scheme = address.split("://", 1)[0]
+        raise ValueError(
+            f"{shown} has the scheme {printable(repr(scheme))}, which Ray does not "
+            f"connect with here: {ADDRESS_FORMS}"
+        )
+    try:
+        split_host_port(address)
+    except ValueError as error:
+        raise ValueError(f"{shown} {error}: {ADDRESS_FORMS}") from None
+    return address
+
+
+def split_host_port(address: str) -> tuple[str, int]:
+    """``HOST:PORT`` (``[v6]:PORT``) as ``(host, port)``; ValueError says what is wrong."""
+    host, sep, port_text = address.rpartition(":")
+    if not sep or not host:
+        raise ValueError("is not HOST:PORT")
+    if not (port_text.isascii() and port_text.isdigit()) or not 1 <= int(port_text) <= 65535:
+        raise ValueError("has no port from 1 to 65535 after its last ':'")
+    if host.startswith("[") and host.endswith("]"):
+        host = host[1:-1]
+    if not host.isprintable() or any(c.isspace() for c in host):
+        raise ValueError("has spaces or control characters in its host")
+    return host, int(port_text)
+
+
+def _address_flag(text: str) -> str:
+    try:
+        return cluster_address(text)
+    except ValueError as error:
+        raise argparse.ArgumentTypeError(str(error)) from None
+
+
+class _Parser(argparse.ArgumentParser):
+    """An argument parser whose every refusal is one line: the error, and where help is."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(
+            2,
+            printable(f"{self.prog}: error: {message} (see '{self.prog} --help')") + "\n",
+        )
+
+
+def _add_verbose(parser: argparse.ArgumentParser, *, default: object) -> None:
+    parser.add_argument(
+        "-v",
+        "--verbose",
+        action="store_true",
+        default=default,
+        help="log raylens' warnings (a node that cannot be scraped...) to stderr",
+    )
+
+
 def _add_common(parser: argparse.ArgumentParser, *, interval: float, duration: bool = True) -> None:
+    # Also after the command (raylens simulate -v); left unset there, the main flag's value stands.
+    _add_verbose(parser, default=argparse.SUPPRESS)
     if duration:
         parser.add_argument(
             "--duration",
@@ -99,17 +177,12 @@ def _add_script_flags(
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = _Parser(
         prog="raylens",
         description="See where host memory goes on a Ray cluster, and export it via OpenTelemetry.",
     )
     parser.add_argument("--version", action="version", version=f"raylens {raylens.__version__}")
-    parser.add_argument(
-        "-v",
-        "--verbose",
-        action="store_true",
-        help="log raylens' warnings (a node that cannot be scraped...) to stderr",
-    )
+    _add_verbose(parser, default=False)
     commands = parser.add_subparsers(dest="command", metavar="COMMAND")
 
     demo = commands.add_parser(
@@ -122,8 +195,9 @@ def build_parser() -> argparse.ArgumentParser:
     watch = commands.add_parser("watch", help="watch the memory of a running Ray cluster")
     watch.add_argument(
         "--address",
+        type=_address_flag,
         default=None,
-        help="Ray cluster address (default: RAY_ADDRESS, else auto)",
+        help="the cluster's GCS, HOST:PORT (default: RAY_ADDRESS, else auto)",
     )
     _add_common(watch, interval=5.0)
     _add_script_flags(watch)

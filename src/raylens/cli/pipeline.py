@@ -61,6 +61,11 @@ def scrape_timeout_for(interval: float) -> float:
 
 
 def stop_monitoring(monitor: HostMemoryMonitor) -> None:
-    """Stop sampling, then flush telemetry while the cluster and its labels still exist."""
-    monitor.stop()
-    shutdown_telemetry()
+    """Flush telemetry, then stop sampling, while the cluster and its labels still exist.
+
+    In that order the last export still reads the monitor's latest samples.
+    """
+    try:
+        shutdown_telemetry()
+    finally:
+        monitor.stop()

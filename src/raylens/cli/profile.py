@@ -124,7 +124,7 @@ class ProcessTable:
             stale = age is not None and self.pss_max_age_s is not None and age > self.pss_max_age_s
             found.append(
                 ProcessTreeRow(
-                    name=self.label[:48],
+                    name=self.label,
                     pid=self.pid,
                     processes=server.process_count or 0,
                     rss=server.rss_bytes,

@@ -18,7 +18,8 @@ sets live at once.
 
 Shutdown: :func:`add_shutdown_hook` lets layers above lens (the driver's
 host-memory monitor, for one) stop their own work when the pipeline stops,
-without lens knowing them.
+without lens knowing them. The hooks run after the pipeline's final export, so
+that export still carries what that work published.
 
 State: the current handle, the gauge declarations and the shutdown hooks.
 :func:`shutdown_telemetry` clears the handle and runs the hooks;
@@ -302,10 +303,11 @@ _SHUTDOWN_HOOKS: list[Callable[[], None]] = []
 
 
 def add_shutdown_hook(hook: Callable[[], None]) -> None:
-    """Call ``hook`` at the next :func:`shutdown_telemetry`, before the final flush.
+    """Call ``hook`` at the next :func:`shutdown_telemetry`, after the final export.
 
     For work started alongside the pipeline (a monitor whose gauges it exports)
-    that must stop with it. Hooks run newest first, once each, and are then
+    that must stop with it: the last export still reads what that work published,
+    and the work stops right after it. Hooks run newest first, once each, and are then
     forgotten; adding the same hook twice before a shutdown runs it once. A hook
     that raises is logged and does not keep the others or the flush from running.
     """
@@ -336,17 +338,25 @@ def _run_shutdown_hooks() -> None:
 
 
 def shutdown_telemetry(timeout_ms: int = 5000) -> None:
-    """Run the shutdown hooks, then flush and stop the pipeline.
+    """Export one last time, stop the pipeline, then run the shutdown hooks.
 
-    Never raises; always leaves lens uninitialised.
+    The final export comes first, while the work the hooks stop (the host-memory
+    monitor) still publishes: stopping that work first would leave the last export
+    without its points. Never raises; always leaves lens uninitialised.
     """
     global _HANDLE
-    _run_shutdown_hooks()
     with _HANDLE_LOCK:
         handle, _HANDLE = _HANDLE, None
         _CREATED_ON.clear()
-    if handle is None:
-        return
+    try:
+        if handle is not None:
+            _stop_pipeline(handle, timeout_ms)
+    finally:
+        _run_shutdown_hooks()
+
+
+def _stop_pipeline(handle: TelemetryHandle, timeout_ms: int) -> None:
+    """Shut the provider down (its readers' final collection and export), then the endpoints."""
     if handle.meter_provider is not None:
         try:
             handle.meter_provider.shutdown(timeout_millis=timeout_ms)

@@ -1,7 +1,8 @@
 """FakeRaylet: a real HTTP server on 127.0.0.1 that answers like a raylet's metrics endpoint.
 
 The body is a real Ray 2.60 worker capture (``payloads/worker.prom``) with the two
-host-memory samples set to whatever the test asks for. At run time a raylet can be
+host-memory samples set to whatever the test asks for, and the machine's pair
+(``*_host``) raised to match where the capture's machine would be smaller. At run time a raylet can be
 switched to misbehave in the ways a scraper has to survive: answer late, never
 answer, trickle its body one byte at a time, answer with any status, reset the
 connection, send garbage, send an enormous body, or leave the memory series out.
@@ -46,6 +47,8 @@ __all__ = [
 _POLL_S = 0.1
 _USED_SERIES = b"ray_node_mem_used"
 _TOTAL_SERIES = b"ray_node_mem_total"
+_MACHINE_USED_SERIES = b"ray_node_mem_used_host"
+_MACHINE_TOTAL_SERIES = b"ray_node_mem_total_host"
 _CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 
 MemorySource = Callable[[], tuple[float, float]]
@@ -105,31 +108,46 @@ def _sample_line_bounds(payload: bytes, series: bytes) -> tuple[int, int]:
 
 
 class _Template:
-    """A payload split around the two memory values, so rendering is one join."""
+    """A payload split around its memory values, so rendering is one join.
+
+    The node's pair (``ray_node_mem_used``, ``ray_node_mem_total``) must be there.
+    The machine's pair (``*_host``), where the payload has it, is rendered as the
+    recorded figure raised to the node's own when that is larger: a raylet's machine
+    is never smaller than the container it reports, nor uses less than it.
+    """
 
     def __init__(self, payload: bytes) -> None:
-        used_start, used_end = _sample_line_bounds(payload, _USED_SERIES)
-        total_start, total_end = _sample_line_bounds(payload, _TOTAL_SERIES)
-        if used_start > total_start:
+        used = _sample_line_bounds(payload, _USED_SERIES)
+        total = _sample_line_bounds(payload, _TOTAL_SERIES)
+        if used[0] > total[0]:
             raise ValueError("expected ray_node_mem_used before ray_node_mem_total")
-        self._parts = (
-            payload[:used_start],
-            payload[used_end:total_start],
-            payload[total_end:],
-        )
+        # (start, end, which node figure it follows, the recorded value or None)
+        slots: list[tuple[int, int, int, float | None]] = [(*used, 0, None), (*total, 1, None)]
+        for index, series in ((0, _MACHINE_USED_SERIES), (1, _MACHINE_TOTAL_SERIES)):
+            try:
+                start, end = _sample_line_bounds(payload, series)
+                recorded = float(payload[start:end])
+            except ValueError:  # a payload of the caller's own without the machine's pair
+                continue
+            slots.append((start, end, index, recorded))
+        slots.sort()
+        self._parts: list[bytes] = []
+        self._slots = [(index, recorded) for _start, _end, index, recorded in slots]
+        position = 0
+        for start, end, _index, _recorded in slots:
+            self._parts.append(payload[position:start])
+            position = end
+        self._parts.append(payload[position:])
         self.without_memory = _drop_series(payload, (_USED_SERIES, _TOTAL_SERIES))
 
     def render(self, used: float, total: float) -> bytes:
-        head, middle, tail = self._parts
-        return b"".join(
-            (
-                head,
-                format_sample_value(used).encode(),
-                middle,
-                format_sample_value(total).encode(),
-                tail,
-            )
-        )
+        node = (used, total)
+        pieces = [self._parts[0]]
+        for (index, recorded), part in zip(self._slots, self._parts[1:]):
+            value = node[index] if recorded is None else max(recorded, node[index])
+            pieces.append(format_sample_value(value).encode())
+            pieces.append(part)
+        return b"".join(pieces)
 
 
 def _drop_series(payload: bytes, names: tuple[bytes, ...]) -> bytes:

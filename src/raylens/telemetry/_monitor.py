@@ -45,7 +45,14 @@ from raylens.telemetry._scrape_engine import (
 )
 from raylens.telemetry._scrape_helper import HelperEngine
 from raylens.telemetry._scrape_threads import ThreadedScrapes
-from raylens.telemetry._snapshot import NodeSample, ScrapeHealth, Snapshot, register_publisher
+from raylens.telemetry._snapshot import (
+    NodeSample,
+    ScrapeHealth,
+    Snapshot,
+    hold_publisher,
+    register_publisher,
+    release_publisher,
+)
 from raylens.telemetry.raylet_payload import (
     ERROR_INTERNAL,
     ERROR_NO_METRICS_PORT,
@@ -139,6 +146,10 @@ class HostMemoryMonitor:
     someone consumes the result: lens exporting, a ``consumer=True`` monitor, a
     :meth:`declare_consumer` call, or a :meth:`latest` reader. Otherwise it lists
     the nodes and sends nothing.
+
+    Lifetime: once started or collected, a monitor is kept alive (and its samples
+    exported) until :meth:`stop`, whether or not its creator keeps a reference, so
+    stop every monitor you use.
 
     Args:
         collection_interval: Seconds between cycles (positive).
@@ -288,6 +299,7 @@ class HostMemoryMonitor:
         from raylens.telemetry.host_memory import _declare_gauges
 
         _declare_gauges()
+        hold_publisher(self)
         with self._lock:
             if self._thread is not None:
                 return
@@ -335,6 +347,7 @@ class HostMemoryMonitor:
         if thread is not None and thread is not threading.current_thread():
             thread.join(max(0.0, deadline - time.monotonic()))
         self._run_cycle_hooks(stopping=True)
+        release_publisher(self)
 
     def _collection_loop(self, stop: threading.Event) -> None:
         """Run a cycle every :attr:`collection_interval` seconds until ``stop`` is set."""
@@ -350,8 +363,10 @@ class HostMemoryMonitor:
 
         Returns within ``scrape_timeout`` plus a fraction of a second (plus, in
         helper mode, the helper's start-up on the first cycle). A node whose
-        previous request is still open is not asked again.
+        previous request is still open is not asked again. From here on the monitor
+        is kept alive until :meth:`stop`.
         """
+        hold_publisher(self)
         self._guarded_cycle(None)
 
     def _guarded_cycle(self, stop: threading.Event | None) -> None:

@@ -25,7 +25,9 @@ __all__ = [
     "forget_all_monitors",
     "fresh_health",
     "fresh_samples",
+    "hold_publisher",
     "register_publisher",
+    "release_publisher",
 ]
 
 NodeKey = tuple[str, str]
@@ -146,8 +148,11 @@ class Publisher(Protocol):
     def stop(self) -> None: ...
 
 
-#: Monitors whose snapshot the gauges read.
+#: Monitors whose snapshot the gauges read. Held weakly: a monitor nobody uses goes.
 _PUBLISHERS: weakref.WeakSet[Publisher] = weakref.WeakSet()
+#: Monitors in use (started, or collected once) and not stopped, held strongly, so that
+#: ``HostMemoryMonitor(...).collect_once()`` exports although nobody keeps the monitor.
+_IN_USE: set[Publisher] = set()
 _PUBLISHERS_LOCK = threading.Lock()
 forking.renew_lock_in_child(sys.modules[__name__], "_PUBLISHERS_LOCK")
 
@@ -156,6 +161,19 @@ def register_publisher(monitor: Publisher) -> None:
     """Have the gauges read ``monitor``'s snapshot (it needs ``snapshot`` and ``clock``)."""
     with _PUBLISHERS_LOCK:
         _PUBLISHERS.add(monitor)
+
+
+def hold_publisher(monitor: Publisher) -> None:
+    """Keep ``monitor`` alive, and its snapshot read, until :func:`release_publisher`."""
+    with _PUBLISHERS_LOCK:
+        _PUBLISHERS.add(monitor)
+        _IN_USE.add(monitor)
+
+
+def release_publisher(monitor: Publisher) -> None:
+    """Stop keeping ``monitor`` alive; it goes once nobody else holds it."""
+    with _PUBLISHERS_LOCK:
+        _IN_USE.discard(monitor)
 
 
 def fresh_samples(key: str) -> dict[NodeKey, float]:

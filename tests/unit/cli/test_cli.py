@@ -235,7 +235,7 @@ def test_auto_passes_the_reachability_check_and_silence_does_not() -> None:
         address = f"127.0.0.1:{sock.getsockname()[1]}"
         with pytest.raises(CliError, match=rf"at '{address}': no answer within 0.3 s"):
             check_reachable(address, timeout=0.3)
-    with pytest.raises(CliError, match=r"--address='head' is not host:port"):
+    with pytest.raises(CliError, match=r"--address='head' is not HOST:PORT"):
         check_reachable("head")
 
 
@@ -408,7 +408,7 @@ def test_simulate_json_carries_the_summary_and_the_table_shows_it(
     assert (totals["nodes"], totals["failing"]) == (3, 1)
     assert totals["total_bytes"] == 2 * 64 * 1024**3
     assert main(argv) == 0
-    assert "3 nodes, 1 failing, " in capsys.readouterr().out
+    assert "3 nodes on 3 hosts, 1 failing, " in capsys.readouterr().out
 
 
 def test_simulate_lists_nodes_in_natural_order(capsys: pytest.CaptureFixture[str]) -> None:

@@ -72,8 +72,8 @@ def test_node_row_json() -> None:
     assert row.to_json() == {
         "node_id": "n1",
         "host": "h",
-        "used_bytes": 1.0,
-        "total_bytes": 4.0,
+        "used_bytes": 1,
+        "total_bytes": 4,
         "used_percent": 25.0,
         "worker_groups": "none",
         "age_seconds": 0.123,
@@ -228,12 +228,13 @@ def test_a_summary_line_counts_nodes_failures_and_memory() -> None:
     summary = node_summary(rows)
     assert summary.to_json() == {
         "nodes": 3,
+        "hosts": 3,
         "failing": 1,
         "used_bytes": 64 * gib,
         "total_bytes": 128 * gib,
         "used_percent": 50.0,
     }
-    assert str(summary) == "3 nodes, 1 failing, 64.0 GiB of 128.0 GiB used (50.0%)"
+    assert str(summary) == "3 nodes on 3 hosts, 1 failing, 64.0 GiB of 128.0 GiB used (50.0%)"
     assert str(summary) in _render(node_table(rows))
     assert str(node_summary([])) == "0 nodes, 0 failing"
 

@@ -390,7 +390,7 @@ def test_the_payload_keys_are_the_registry_keys_of_the_exported_series() -> None
     from raylens.lens import registry_key
     from raylens.telemetry import raylet_payload
 
-    assert raylet_payload.USED_KEY == registry_key(hm.RL_HOST_MEMORY_USED_METRIC)
-    assert raylet_payload.TOTAL_KEY == registry_key(hm.RL_HOST_MEMORY_TOTAL_METRIC)
-    assert raylet_payload.MACHINE_USED_KEY == registry_key(hm.RL_HOST_MACHINE_MEMORY_USED_METRIC)
-    assert raylet_payload.MACHINE_TOTAL_KEY == registry_key(hm.RL_HOST_MACHINE_MEMORY_TOTAL_METRIC)
+    assert registry_key(hm.RL_HOST_MEMORY_USED_METRIC) == raylet_payload.USED_KEY
+    assert registry_key(hm.RL_HOST_MEMORY_TOTAL_METRIC) == raylet_payload.TOTAL_KEY
+    assert registry_key(hm.RL_HOST_MACHINE_MEMORY_USED_METRIC) == raylet_payload.MACHINE_USED_KEY
+    assert registry_key(hm.RL_HOST_MACHINE_MEMORY_TOTAL_METRIC) == raylet_payload.MACHINE_TOTAL_KEY

@@ -1,0 +1,84 @@
+"""The dashboard's subtler queries give the right answer, checked by Prometheus' own evaluator.
+
+``promtool test rules`` evaluates PromQL over series written out here, with no server and no
+network; where the Prometheus tools are not installed these tests are skipped, saying so.
+"""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from test_dashboards import load_dashboard, query_panels, variable_promql
+
+PROMTOOL = shutil.which("promtool")
+pytestmark = pytest.mark.skipif(PROMTOOL is None, reason="promtool (Debian: prometheus) is absent")
+
+# One machine "vm" with two Ray nodes: "a" runs policy and rollout, "b" runs no group.
+_SERIES = {
+    'rl_host_memory_used_bytes{host_name="vm",ray_node_id="a",rl_worker_groups="policy,rollout"}': 100,
+    'rl_host_memory_used_bytes{host_name="vm",ray_node_id="b",rl_worker_groups="none"}': 80,
+    'rl_host_memory_total_bytes{host_name="vm",ray_node_id="a",rl_worker_groups="policy,rollout"}': 1000,
+    'rl_host_memory_total_bytes{host_name="vm",ray_node_id="b",rl_worker_groups="none"}': 1000,
+    'rl_worker_group_memory_usage_bytes{host_name="vm",ray_node_id="a",rl_worker_group="policy",memory_type="pss"}': 30,
+    'rl_worker_group_memory_usage_bytes{host_name="vm",ray_node_id="a",rl_worker_group="rollout",memory_type="pss"}': 20,
+    # A group whose processes are measured but whose nodes carry no label of it.
+    'rl_worker_group_processes{host_name="vm",ray_node_id="b",rl_worker_group="samplers"}': 2,
+}
+
+
+def _all(expr: str) -> str:
+    """``expr`` as the dashboard runs it with every variable at "All"."""
+    return expr.replace("${worker_group}", ".*").replace("$host", ".*")
+
+
+def _evaluate(tmp_path: Path, expr: str, expected: list[tuple[str, float]]) -> None:
+    test: dict[str, Any] = {
+        "rule_files": [],
+        "evaluation_interval": "1m",
+        "tests": [
+            {
+                "interval": "1m",
+                "input_series": [
+                    {"series": series, "values": f"{value} {value}"}
+                    for series, value in _SERIES.items()
+                ],
+                "promql_expr_test": [
+                    {
+                        "expr": expr,
+                        "eval_time": "1m",
+                        "exp_samples": [
+                            {"labels": labels, "value": value} for labels, value in expected
+                        ],
+                    }
+                ],
+            }
+        ],
+    }
+    path = tmp_path / "dashboard_test.yml"
+    path.write_text(yaml.safe_dump(test), encoding="utf-8")
+    result = subprocess.run(
+        [str(PROMTOOL), "test", "rules", str(path)], capture_output=True, text=True, timeout=60
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_memory_outside_groups_keeps_nodes_without_groups_and_their_host(tmp_path: Path) -> None:
+    (panel,) = [p for p in query_panels(load_dashboard()) if p["title"].startswith("Node memory")]
+    expected = [('{host_name="vm",ray_node_id="a"}', 50), ('{host_name="vm",ray_node_id="b"}', 80)]
+    _evaluate(tmp_path, _all(panel["targets"][0]["expr"]), expected)
+
+
+def test_the_worker_group_variable_sees_node_labels_and_group_series(tmp_path: Path) -> None:
+    variables = {v["name"]: v for v in load_dashboard()["templating"]["list"]}
+    expr = variable_promql(variables["worker_group"]["query"]["query"])
+    expected = [
+        ('{rl_worker_groups="policy,rollout"}', 1),
+        ('{rl_worker_groups="none"}', 1),
+        ('{rl_worker_groups="samplers"}', 1),
+    ]
+    _evaluate(tmp_path, expr, expected)
