@@ -47,7 +47,7 @@ def test_the_tree_keeps_every_import_contract() -> None:
     result = _lint_imports(_repo_root())
 
     assert result.returncode == 0, result.stdout + result.stderr
-    assert "Contracts: 3 kept, 0 broken." in result.stdout
+    assert "Contracts: 4 kept, 0 broken." in result.stdout
 
 
 def _copy_tree(root: Path, dest: Path) -> Path:
@@ -62,7 +62,7 @@ def _append_import(module: Path, line: str) -> None:
     module.write_text(module.read_text(encoding="utf-8") + f"\n{line}\n", encoding="utf-8")
 
 
-def test_the_contracts_fail_on_an_upward_import_a_fake_or_a_synchronous_http_client(
+def test_the_contracts_fail_on_an_upward_import_a_fake_a_synchronous_http_client_or_a_heavy_helper(
     tmp_path: Path,
 ) -> None:
     copy = _copy_tree(_repo_root(), tmp_path)
@@ -72,11 +72,14 @@ def test_the_contracts_fail_on_an_upward_import_a_fake_or_a_synchronous_http_cli
     _append_import(simulation, "import raylens_fakes.otel  # noqa")
     cluster = copy / "src" / "raylens" / "cluster.py"
     _append_import(cluster, "import requests  # noqa")
+    engine = copy / "src" / "raylens" / "telemetry" / "_scrape_engine.py"
+    _append_import(engine, "import raylens.lens  # noqa")
 
     result = _lint_imports(copy)
 
     assert result.returncode == 1, result.stdout + result.stderr
-    assert "Contracts: 0 kept, 3 broken." in result.stdout
+    assert "Contracts: 0 kept, 4 broken." in result.stdout
+    assert "raylens.telemetry._scrape_engine -> raylens.lens" in result.stdout
     assert "raylens.telemetry is not allowed to import raylens.distributed" in result.stdout
     assert "raylens.simulation -> raylens_fakes.otel" in result.stdout
     assert "raylens.cluster -> requests" in result.stdout
