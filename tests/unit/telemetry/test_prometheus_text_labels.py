@@ -308,6 +308,14 @@ def test_a_label_name_longer_than_the_value_bound_drops_its_line() -> None:
     assert [(s.labels[0][0], s.value) for s in got] == [("n" * 256, 2.0)]
 
 
+def test_a_quoted_label_name_is_measured_after_unescaping() -> None:
+    payload = b'm{"a\\"b"="v"} 1\nm{"a\\"bc"="v"} 2\nm{"\xff\xff\xff\xff"="v"} 3\n'
+
+    got = extract_labelled_samples(payload, ["m"], max_label_value_chars=3)
+
+    assert [(s.labels[0][0], s.value) for s in got] == [('a"b', 1.0)]
+
+
 # --- arguments ------------------------------------------------------------------------------
 
 
