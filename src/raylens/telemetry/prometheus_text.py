@@ -100,15 +100,18 @@ _LABEL = rf"[ \t]*(?:[a-zA-Z_][a-zA-Z0-9_]*|{_QUOTED})[ \t]*=[ \t]*{_QUOTED}[ \t
 # An empty label set's blanks have a branch of their own: were they matched by a run before
 # the first label, each blank could go to that run or to the label's leading one.
 _LABELS = rf"\{{(?:{_LABEL}(?:,{_LABEL})*(?:,[ \t]*)?|[ \t]*)\}}"
-# From the end of the metric name to the end of the value, which is group 1.
-_HEAD = rf"(?:[ \t]*{_LABELS}[ \t]*|[ \t]+)({_NUMBER})"
-# The same, with the label set (braces included) as group 1 and the value as group 2.
-_LABELLED_HEAD = rf"(?:[ \t]*({_LABELS})[ \t]*|[ \t]+)({_NUMBER})"
+# From the end of the metric name to the end of the value, which is group 2; group 1 is the
+# label set, braces included.
+_HEAD = rf"(?:[ \t]*({_LABELS})[ \t]*|[ \t]+)({_NUMBER})"
 # One label inside a label set that _LABELS has matched: group 1 a plain name, group 2 the body
 # of a quoted name, group 3 the body of the value. It can start only at a name character or a
 # quote, never at the blanks and commas between labels, so a search moves from one label to the
 # next; every run it repeats is followed by a character the run cannot hold, as above.
 _LABEL_PARTS = rf'(?:([a-zA-Z_][a-zA-Z0-9_]*)|"({_QUOTED_BODY})")[ \t]*=[ \t]*"({_QUOTED_BODY})"'
+# A label set up to this long is decoded whole and split by one call; a longer one is read label
+# by label, decoding only the start of each name and value.
+_WHOLE_SET_MAX = 4096
+_SPLIT_LABELS = re.compile(_LABEL_PARTS)
 # The escapes of the exposition formats, in label values and quoted label names.
 _ESCAPE = re.compile(r'\\[\\n"]')
 _UNESCAPED = {"\\\\": "\\", "\\n": "\n", '\\"': '"'}
@@ -130,7 +133,6 @@ class _Flavour(Generic[_Text]):
     by_token: dict[_Text, str]
     name_token: re.Pattern[_Text]
     head: re.Pattern[_Text]
-    labelled_head: re.Pattern[_Text]
     label_parts: re.Pattern[_Text]
     number: re.Pattern[_Text]
     blank_run: re.Pattern[_Text]
@@ -139,7 +141,6 @@ class _Flavour(Generic[_Text]):
     carriage_return: int | str
     hash: int | str
     brace: int | str
-    comma: int | str
     decode: Callable[[_Text], str]
 
 
@@ -163,7 +164,6 @@ def _flavour(
         by_token={text(name): name for name in names},
         name_token=pattern(_METRIC_NAME.pattern),
         head=pattern(_HEAD),
-        labelled_head=pattern(_LABELLED_HEAD),
         label_parts=pattern(_LABEL_PARTS),
         number=pattern(_NUMBER),
         blank_run=pattern(_BLANKS),
@@ -172,7 +172,6 @@ def _flavour(
         carriage_return=char("\r"),
         hash=char("#"),
         brace=char("{"),
-        comma=char(","),
         decode=decode,
     )
 
@@ -324,28 +323,13 @@ def _payload_type_error(payload: object) -> TypeError:
 def _scan(data: _Text, flavour: _Flavour[_Text]) -> dict[str, float]:
     found: dict[str, float] = {}
     find = data.find
-    blanks = flavour.blanks
-    newline = flavour.newline
-    by_token = flavour.by_token
-    name_token = flavour.name_token.match
-    head = flavour.head.match
-    inf = math.inf
     for needle in flavour.needles:
         step = len(needle)
         pos = find(needle)
         while pos != -1:
-            start = pos
-            while start and data[start - 1] in blanks:
-                start -= 1
-            token = name_token(data, pos) if not start or data[start - 1] == newline else None
-            # A hit that starts a line starts a metric name, so it always yields a token.
-            name = None if token is None else by_token.get(token.group())
-            if token is not None and name is not None:
-                sample = head(data, token.end())
-                if sample is not None and _ends_line(data, sample.end(), flavour):
-                    value = float(sample.group(1))
-                    if 0.0 <= value < inf:
-                        found[name] = value
+            sample = _sample_at(data, pos, flavour)
+            if sample is not None:
+                found[sample[0]] = sample[2]
             # A needle starts with a name character, so an occurrence overlapping this one
             # cannot start a line: skipping past the whole needle loses nothing.
             pos = find(needle, pos + step)
@@ -357,12 +341,6 @@ def _labelled_scan(
 ) -> list[LabelledSample]:
     found: list[LabelledSample] = []
     find = data.find
-    blanks = flavour.blanks
-    newline = flavour.newline
-    by_token = flavour.by_token
-    name_token = flavour.name_token.match
-    head = flavour.labelled_head.match
-    inf = math.inf
     # The next hit of each needle, taken lowest first so that samples come in payload order.
     hits = [
         (at, index) for index, needle in enumerate(flavour.needles) if (at := find(needle)) >= 0
@@ -370,19 +348,11 @@ def _labelled_scan(
     heapq.heapify(hits)
     while hits and len(found) < max_samples:
         pos, index = hits[0]
-        start = pos
-        while start and data[start - 1] in blanks:
-            start -= 1
-        token = name_token(data, pos) if not start or data[start - 1] == newline else None
-        name = None if token is None else by_token.get(token.group())
-        if token is not None and name is not None:
-            sample = head(data, token.end())
-            if sample is not None and _ends_line(data, sample.end(), flavour):
-                value = float(sample.group(2))
-                if 0.0 <= value < inf:
-                    labels = _labels(data, sample.span(1), flavour, limit)
-                    if labels is not None:
-                        found.append(LabelledSample(name, labels, value))
+        sample = _sample_at(data, pos, flavour)
+        if sample is not None:
+            labels = _labels(data, sample[1].span(1), flavour, limit)
+            if labels is not None:
+                found.append(LabelledSample(sample[0], labels, sample[2]))
         needle = flavour.needles[index]
         pos = find(needle, pos + len(needle))
         if pos == -1:
@@ -390,6 +360,27 @@ def _labelled_scan(
         else:
             heapq.heapreplace(hits, (pos, index))
     return found
+
+
+def _sample_at(
+    data: _Text, pos: int, flavour: _Flavour[_Text]
+) -> tuple[str, re.Match[_Text], float] | None:
+    """The wanted name, match and kept value of the sample on the line a hit at ``pos`` starts."""
+    start = pos
+    while start and data[start - 1] in flavour.blanks:
+        start -= 1
+    if start and data[start - 1] != flavour.newline:
+        return None
+    # A hit that starts a line starts a metric name, so it always yields a token.
+    token = flavour.name_token.match(data, pos)
+    name = None if token is None else flavour.by_token.get(token.group())
+    if token is None or name is None:
+        return None
+    sample = flavour.head.match(data, token.end())
+    if sample is None or not _ends_line(data, sample.end(), flavour):
+        return None
+    value = float(sample.group(2))
+    return (name, sample, value) if 0.0 <= value < math.inf else None
 
 
 def _labels(
@@ -402,36 +393,46 @@ def _labels(
     start, end = span
     if start == -1:
         return ()
-    labels: list[tuple[str, str]] = []
-    for part in flavour.label_parts.finditer(data, start + 1, end - 1):
-        if len(labels) == MAX_LABELS:
+    if end - start <= _WHOLE_SET_MAX:
+        # Splitting the decoded set is splitting then decoding: every delimiter is ASCII, and
+        # decoding never takes an ASCII byte into an undecodable run.
+        text = flavour.decode(data[start + 1 : end - 1])
+        parts = _SPLIT_LABELS.findall(text)
+        if len(parts) > MAX_LABELS:
             return None
-        plain_start, plain_end = part.span(1)
-        if plain_start != -1:
-            if plain_end - plain_start > limit:
+        if "\\" in text:
+            parts = [(plain, _unescaped(quoted), _unescaped(val)) for plain, quoted, val in parts]
+    else:
+        parts = []
+        for part in flavour.label_parts.finditer(data, start + 1, end - 1):
+            if len(parts) == MAX_LABELS:
                 return None
-            name = flavour.decode(data[plain_start:plain_end])
-        else:
-            name = _label_text(data, part.span(2), flavour, limit)
-            if len(name) > limit:
-                return None
-        labels.append((name, _label_text(data, part.span(3), flavour, limit)[:limit]))
+            spans = part.span(1), part.span(2), part.span(3)
+            plain, quoted, val = (_label_text(data, span, flavour, limit) for span in spans)
+            parts.append((plain, quoted, val))
+    labels = [(plain or quoted, val[:limit]) for plain, quoted, val in parts]
+    if labels and max(len(name) for name, _ in labels) > limit:
+        return None
     if len({name for name, _ in labels}) != len(labels):
         return None
     return tuple(sorted(labels))
 
 
 def _label_text(data: _Text, span: tuple[int, int], flavour: _Flavour[_Text], limit: int) -> str:
-    """The first ``limit + 1`` characters of a quoted body, unescaped and decoded.
+    """The first ``limit + 1`` characters of a group's text, unescaped and decoded.
 
     Each character comes from at most four raw ones (a UTF-8 sequence, an undecodable run, an
     escape), so the first ``4 * limit + 8`` hold them whole, ahead of anything the cut splits.
+    A group that did not match has the span ``(-1, -1)``, which slices to nothing.
     """
     start, end = span
-    text = flavour.decode(data[start : min(end, start + 4 * limit + 8)])
-    if "\\" in text:
-        text = _ESCAPE.sub(lambda escape: _UNESCAPED[escape.group()], text)
-    return text[: limit + 1]
+    return _unescaped(flavour.decode(data[start : min(end, start + 4 * limit + 8)]))[: limit + 1]
+
+
+def _unescaped(text: str) -> str:
+    if "\\" not in text:
+        return text
+    return _ESCAPE.sub(lambda escape: _UNESCAPED[escape.group()], text)
 
 
 def _after_blanks(data: _Text, pos: int, flavour: _Flavour[_Text]) -> int:
@@ -544,10 +545,10 @@ class WantedLines:
     """Keeps, from a payload that arrives in chunks, only the lines that may hold a wanted sample.
 
     A scrape then holds a chunk, one unfinished line and the few wanted lines, never the
-    whole body, and :func:`extract_samples` over :meth:`payload` finds what it would have
-    found over the whole body. A line is kept when a wanted name (or the prefix all wanted
-    names share) occurs anywhere in it, which every line that starts with one does; the
-    extraction then applies the exact rule. Lines longer than ``max_line_bytes`` are
+    whole body, and :func:`extract_samples` (or :func:`extract_labelled_samples`) over
+    :meth:`payload` finds what it would have found over the whole body. A line is kept when
+    a wanted name (or the prefix all wanted names share) occurs anywhere in it, which every
+    line that starts with one does; the extraction then applies the exact rule. Lines longer than ``max_line_bytes`` are
     skipped unread, wanted or not: no raylet writes a memory sample that long. Once
     ``max_kept_bytes`` are kept, later lines are not; :attr:`overflowed` says so.
     """

@@ -6,11 +6,13 @@ Both are checked on generated exposition text, as bytes (UTF-8 or not) and as ``
 from __future__ import annotations
 
 import math
+from unittest import mock
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from prometheus_client.parser import text_string_to_metric_families
 
+from raylens.telemetry import prometheus_text
 from raylens.telemetry.prometheus_text import (
     LabelledSample,
     WantedLines,
@@ -199,7 +201,8 @@ def test_matches_prometheus_client(text: str, wanted: frozenset[str], form: str)
 
 
 # Small bounds are drawn as often as the defaults, so that cuts fall inside escapes, inside
-# multi-byte characters and between samples.
+# multi-byte characters and between samples. Label sets are read whole or label by label
+# depending on their length; a threshold of 0 sends these short ones the long way.
 @settings(max_examples=150, deadline=None)
 @given(
     text=expositions(),
@@ -207,15 +210,22 @@ def test_matches_prometheus_client(text: str, wanted: frozenset[str], form: str)
     form=st.sampled_from(["utf-8", "not-utf-8", "str"]),
     max_samples=st.one_of(st.just(10_000), st.integers(min_value=1, max_value=6)),
     limit=st.one_of(st.just(256), st.integers(min_value=1, max_value=12)),
+    whole_set_max=st.sampled_from([prometheus_text._WHOLE_SET_MAX, 0]),
 )
 def test_labelled_samples_match_prometheus_client(
-    text: str, wanted: frozenset[str], form: str, max_samples: int, limit: int
+    text: str,
+    wanted: frozenset[str],
+    form: str,
+    max_samples: int,
+    limit: int,
+    whole_set_max: int,
 ) -> None:
     expected = _labelled_reference(text, wanted, form, limit)[:max_samples]
 
-    got = extract_labelled_samples(
-        _payload_in(form, text), wanted, max_samples=max_samples, max_label_value_chars=limit
-    )
+    with mock.patch.object(prometheus_text, "_WHOLE_SET_MAX", whole_set_max):
+        got = extract_labelled_samples(
+            _payload_in(form, text), wanted, max_samples=max_samples, max_label_value_chars=limit
+        )
 
     assert got == expected
 
