@@ -31,8 +31,8 @@ stops at the value; what may follow it is checked by steps that only move forwar
 
 What a caller may rely on:
 
-* The payload is handled as raw bytes and never decoded, so bytes that are not UTF-8 anywhere
-  (even in the wanted lines' label values) do no harm. ``str`` payloads are searched as they are.
+* The payload is handled as raw bytes and never decoded (but for the labels asked for, below),
+  so bytes that are not UTF-8 anywhere do no harm. ``str`` payloads are searched as they are.
 * Both the Prometheus text format 0.0.4 and OpenMetrics are read; comments (``# EOF`` included)
   are skipped like any other line that does not start with a wanted name, and ``\\r\\n`` line ends
   are accepted.
@@ -53,14 +53,15 @@ With labels: :func:`extract_labelled_samples` keeps the samples above and return
 in payload order, with their labels, read by a forward search inside the already matched label
 set. Label values and quoted label names are unescaped (``\\\\``, ``\\"``, ``\\n``; another
 backslash pair stays as written, as in ``prometheus_client``) and, from bytes, decoded as UTF-8
-with undecodable bytes read as U+FFFD: the only bytes ever decoded. For hostile payloads, what
-comes back is bounded: at most ``max_samples`` samples (default 10,000), the first in payload
-order; label values cut to ``max_label_value_chars`` characters (default 256) after unescaping,
-only that much being decoded; a line is dropped when it has more than :data:`MAX_LABELS` (32)
-labels, a label name longer than ``max_label_value_chars`` (a cut name would name another
-label) or a label named twice (ambiguous; ``prometheus_client`` rejects it too). A Ray 2.60
-user gauge arrives as ``ray_<name>`` with its tags plus ``Component``, ``NodeAddress``,
-``SessionName``, ``Version``, ``WorkerId`` and three ``otel_scope_*`` labels.
+with undecodable bytes read as U+FFFD. The label sets of valid wanted lines are the only bytes
+ever decoded, and of a set longer than 4 KiB only the start of each name and value. For hostile
+payloads, what comes back is bounded: at most ``max_samples`` samples (default 10,000), the
+first in payload order; label values cut to ``max_label_value_chars`` characters (default 256)
+after unescaping; a line is dropped when it has more than :data:`MAX_LABELS` (32) labels, a
+label name longer than ``max_label_value_chars`` (a cut name would name another label) or a
+label named twice (ambiguous; ``prometheus_client`` rejects it too). A Ray 2.60 user gauge
+arrives as ``ray_<name>`` with its tags plus ``Component``, ``NodeAddress``, ``SessionName``,
+``Version``, ``WorkerId`` and three ``otel_scope_*`` labels.
 """
 
 from __future__ import annotations
