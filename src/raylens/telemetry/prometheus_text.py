@@ -247,8 +247,9 @@ def _needles(names: frozenset[str]) -> tuple[str, ...]:
 class SampleExtractor:
     """Extracts the samples of a fixed set of metric names; build once, call many times.
 
-    Construction validates the names and works out what to search for; :meth:`extract` is then
-    a pure function of the payload, safe to call from several threads at once.
+    Construction validates the names and works out what to search for; :meth:`extract` and
+    :meth:`extract_labelled` are then pure functions of the payload, safe to call from several
+    threads at once.
     """
 
     __slots__ = ("_bytes", "_names", "_str")
