@@ -27,6 +27,7 @@ Run: ``.venv/bin/python benchmarks/bench_parse.py [--repeat 7]``
 from __future__ import annotations
 
 import argparse
+import functools
 import statistics
 import sys
 import timeit
@@ -158,8 +159,8 @@ def main(argv: list[str] | None = None) -> int:
 
         ours, theirs = paired_per_call_seconds(
             [
-                lambda p=payload: extract_samples(p, WANTED),
-                lambda p=payload, f=full_parser: full_parse(p, f),
+                functools.partial(extract_samples, payload, WANTED),
+                functools.partial(full_parse, payload, full_parser),
             ],
             args.repeat,
         )
