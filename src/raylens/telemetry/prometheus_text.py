@@ -31,8 +31,8 @@ stops at the value; what may follow it is checked by steps that only move forwar
 
 What a caller may rely on:
 
-* The payload is handled as raw bytes and never decoded, so bytes that are not UTF-8 anywhere
-  (even in the wanted lines' label values) do no harm. ``str`` payloads are searched as they are.
+* The payload is handled as raw bytes and never decoded (but for the labels asked for, below),
+  so bytes that are not UTF-8 anywhere do no harm. ``str`` payloads are searched as they are.
 * Both the Prometheus text format 0.0.4 and OpenMetrics are read; comments (``# EOF`` included)
   are skipped like any other line that does not start with a wanted name, and ``\\r\\n`` line ends
   are accepted.
@@ -48,18 +48,44 @@ What a caller may rely on:
   values written other than in plain decimal or scientific notation (``1_000``, ``0x1p4``).
 * Not recognised: a metric name given only inside the braces (``{__name__="x"}`` or the quoted
   ``{"x"}`` form of UTF-8 names). Raylets do not write them.
+
+With labels: :func:`extract_labelled_samples` keeps the samples above and returns all of them,
+in payload order, with their labels, read by a forward search inside the already matched label
+set. Label values and quoted label names are unescaped (``\\\\``, ``\\"``, ``\\n``; another
+backslash pair stays as written, as in ``prometheus_client``) and, from bytes, decoded as UTF-8
+with undecodable bytes read as U+FFFD. The label sets of valid wanted lines are the only bytes
+ever decoded, and of a set longer than 4 KiB only the start of each name and value. For hostile
+payloads, what comes back is bounded: at most ``max_samples`` samples (default 10,000), the
+first in payload order; label values cut to ``max_label_value_chars`` characters (default 256)
+after unescaping; a line is dropped when it has more than :data:`MAX_LABELS` (32) labels, a
+label name longer than ``max_label_value_chars`` (a cut name would name another label) or a
+label named twice (ambiguous; ``prometheus_client`` rejects it too). A Ray 2.60 user gauge
+arrives as ``ray_<name>`` with its tags plus ``Component``, ``NodeAddress``, ``SessionName``,
+``Version``, ``WorkerId`` and three ``otel_scope_*`` labels.
 """
 
 from __future__ import annotations
 
 import functools
+import heapq
 import math
 import re
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from typing import Generic, TypeVar
+from typing import Generic, NamedTuple, TypeVar
 
-__all__ = ["SampleExtractor", "WantedLines", "clear_extractor_cache", "extract_samples"]
+__all__ = [
+    "MAX_LABELS",
+    "LabelledSample",
+    "SampleExtractor",
+    "WantedLines",
+    "clear_extractor_cache",
+    "extract_labelled_samples",
+    "extract_samples",
+]
+
+MAX_LABELS = 32
+"""The most labels a sample may have for :func:`extract_labelled_samples`; more drops the line."""
 
 _METRIC_NAME = re.compile(r"[a-zA-Z_:][a-zA-Z0-9_:]*")
 
@@ -69,13 +95,27 @@ _METRIC_NAME = re.compile(r"[a-zA-Z_:][a-zA-Z0-9_:]*")
 _SHARED_PREFIX_MIN = 8
 
 _NUMBER = r"[+-]?(?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+)(?:[eE][+-]?[0-9]+)?"
-_QUOTED = r'"[^"\\\n]*(?:\\.[^"\\\n]*)*"'
+_QUOTED_BODY = r'[^"\\\n]*(?:\\.[^"\\\n]*)*'
+_QUOTED = f'"{_QUOTED_BODY}"'
 _LABEL = rf"[ \t]*(?:[a-zA-Z_][a-zA-Z0-9_]*|{_QUOTED})[ \t]*=[ \t]*{_QUOTED}[ \t]*"
 # An empty label set's blanks have a branch of their own: were they matched by a run before
 # the first label, each blank could go to that run or to the label's leading one.
 _LABELS = rf"\{{(?:{_LABEL}(?:,{_LABEL})*(?:,[ \t]*)?|[ \t]*)\}}"
-# From the end of the metric name to the end of the value, which is group 1.
-_HEAD = rf"(?:[ \t]*{_LABELS}[ \t]*|[ \t]+)({_NUMBER})"
+# From the end of the metric name to the end of the value, which is group 2; group 1 is the
+# label set, braces included.
+_HEAD = rf"(?:[ \t]*({_LABELS})[ \t]*|[ \t]+)({_NUMBER})"
+# One label inside a label set that _LABELS has matched: group 1 a plain name, group 2 the body
+# of a quoted name, group 3 the body of the value. It can start only at a name character or a
+# quote, never at the blanks and commas between labels, so a search moves from one label to the
+# next; every run it repeats is followed by a character the run cannot hold, as above.
+_LABEL_PARTS = rf'(?:([a-zA-Z_][a-zA-Z0-9_]*)|"({_QUOTED_BODY})")[ \t]*=[ \t]*"({_QUOTED_BODY})"'
+# A label set up to this long is decoded whole and split by one call; a longer one is read label
+# by label, decoding only the start of each name and value.
+_WHOLE_SET_MAX = 4096
+_SPLIT_LABELS = re.compile(_LABEL_PARTS)
+# The escapes of the exposition formats, in label values and quoted label names.
+_ESCAPE = re.compile(r'\\[\\n"]')
+_UNESCAPED = {"\\\\": "\\", "\\n": "\n", '\\"': '"'}
 _BLANKS = r"[ \t]*"
 
 # A payload's type: the scan runs the same on bytes and on str.
@@ -94,6 +134,7 @@ class _Flavour(Generic[_Text]):
     by_token: dict[_Text, str]
     name_token: re.Pattern[_Text]
     head: re.Pattern[_Text]
+    label_parts: re.Pattern[_Text]
     number: re.Pattern[_Text]
     blank_run: re.Pattern[_Text]
     blanks: tuple[int | str, int | str]
@@ -101,10 +142,14 @@ class _Flavour(Generic[_Text]):
     carriage_return: int | str
     hash: int | str
     brace: int | str
+    decode: Callable[[_Text], str]
 
 
 def _flavour(
-    needles: tuple[str, ...], names: frozenset[str], text: Callable[[str], _Text]
+    needles: tuple[str, ...],
+    names: frozenset[str],
+    text: Callable[[str], _Text],
+    decode: Callable[[_Text], str],
 ) -> _Flavour[_Text]:
     """The search strings, patterns and characters for payloads of the type ``text`` returns."""
 
@@ -120,6 +165,7 @@ def _flavour(
         by_token={text(name): name for name in names},
         name_token=pattern(_METRIC_NAME.pattern),
         head=pattern(_HEAD),
+        label_parts=pattern(_LABEL_PARTS),
         number=pattern(_NUMBER),
         blank_run=pattern(_BLANKS),
         blanks=(char(" "), char("\t")),
@@ -127,7 +173,16 @@ def _flavour(
         carriage_return=char("\r"),
         hash=char("#"),
         brace=char("{"),
+        decode=decode,
     )
+
+
+class LabelledSample(NamedTuple):
+    """One sample: the wanted metric name, its labels sorted by name, and its value."""
+
+    name: str
+    labels: tuple[tuple[str, str], ...]
+    value: float
 
 
 def _ascii(value: str) -> bytes:
@@ -136,6 +191,10 @@ def _ascii(value: str) -> bytes:
 
 def _same(value: str) -> str:
     return value
+
+
+def _utf8(value: bytes) -> str:
+    return value.decode("utf-8", "replace")
 
 
 def _validated_names(names: Iterable[str]) -> frozenset[str]:
@@ -155,6 +214,14 @@ def _validated_names(names: Iterable[str]) -> frozenset[str]:
             )
         checked.add(name)
     return frozenset(checked)
+
+
+def _validated_bound(keyword: str, value: object) -> int:
+    if not isinstance(value, int) or isinstance(value, bool):
+        raise TypeError(f"{keyword} must be a positive int, got {value!r}")
+    if value < 1:
+        raise ValueError(f"{keyword} must be a positive int (1 or more), got {value!r}")
+    return value
 
 
 def _needles(names: frozenset[str]) -> tuple[str, ...]:
@@ -180,8 +247,9 @@ def _needles(names: frozenset[str]) -> tuple[str, ...]:
 class SampleExtractor:
     """Extracts the samples of a fixed set of metric names; build once, call many times.
 
-    Construction validates the names and works out what to search for; :meth:`extract` is then
-    a pure function of the payload, safe to call from several threads at once.
+    Construction validates the names and works out what to search for; :meth:`extract` and
+    :meth:`extract_labelled` are then pure functions of the payload, safe to call from several
+    threads at once.
     """
 
     __slots__ = ("_bytes", "_names", "_str")
@@ -195,8 +263,8 @@ class SampleExtractor:
         """
         self._names = _validated_names(names)
         needles = _needles(self._names)
-        self._str = _flavour(needles, self._names, _same)
-        self._bytes = _flavour(needles, self._names, _ascii)
+        self._str = _flavour(needles, self._names, _same, _same)
+        self._bytes = _flavour(needles, self._names, _ascii, _utf8)
 
     @property
     def names(self) -> frozenset[str]:
@@ -219,41 +287,154 @@ class SampleExtractor:
             return _scan(payload, self._str)
         if isinstance(payload, (bytearray, memoryview)):
             return _scan(bytes(payload), self._bytes)
-        raise TypeError(
-            f"payload must be bytes or str (bytearray and memoryview are accepted too), "
-            f"not {type(payload).__name__}"
-        )
+        raise _payload_type_error(payload)
+
+    def extract_labelled(
+        self,
+        payload: bytes | bytearray | memoryview | str,
+        *,
+        max_samples: int = 10_000,
+        max_label_value_chars: int = 256,
+    ) -> list[LabelledSample]:
+        """Return every valid sample of the wanted names in ``payload``, in payload order.
+
+        See :func:`extract_labelled_samples`. Never raises on malformed text.
+
+        Raises:
+            TypeError: ``payload`` is not bytes-like or ``str``, or a bound is not an int.
+            ValueError: a bound is less than 1.
+        """
+        max_samples = _validated_bound("max_samples", max_samples)
+        limit = _validated_bound("max_label_value_chars", max_label_value_chars)
+        if isinstance(payload, bytes):
+            return _labelled_scan(payload, self._bytes, max_samples, limit)
+        if isinstance(payload, str):
+            return _labelled_scan(payload, self._str, max_samples, limit)
+        if isinstance(payload, (bytearray, memoryview)):
+            return _labelled_scan(bytes(payload), self._bytes, max_samples, limit)
+        raise _payload_type_error(payload)
+
+
+def _payload_type_error(payload: object) -> TypeError:
+    return TypeError(
+        f"payload must be bytes or str (bytearray and memoryview are accepted too), "
+        f"not {type(payload).__name__}"
+    )
 
 
 def _scan(data: _Text, flavour: _Flavour[_Text]) -> dict[str, float]:
     found: dict[str, float] = {}
     find = data.find
-    blanks = flavour.blanks
-    newline = flavour.newline
-    by_token = flavour.by_token
-    name_token = flavour.name_token.match
-    head = flavour.head.match
-    inf = math.inf
     for needle in flavour.needles:
         step = len(needle)
         pos = find(needle)
         while pos != -1:
-            start = pos
-            while start and data[start - 1] in blanks:
-                start -= 1
-            token = name_token(data, pos) if not start or data[start - 1] == newline else None
-            # A hit that starts a line starts a metric name, so it always yields a token.
-            name = None if token is None else by_token.get(token.group())
-            if token is not None and name is not None:
-                sample = head(data, token.end())
-                if sample is not None and _ends_line(data, sample.end(), flavour):
-                    value = float(sample.group(1))
-                    if 0.0 <= value < inf:
-                        found[name] = value
+            sample = _sample_at(data, pos, flavour)
+            if sample is not None:
+                found[sample[0]] = sample[2]
             # A needle starts with a name character, so an occurrence overlapping this one
             # cannot start a line: skipping past the whole needle loses nothing.
             pos = find(needle, pos + step)
     return found
+
+
+def _labelled_scan(
+    data: _Text, flavour: _Flavour[_Text], max_samples: int, limit: int
+) -> list[LabelledSample]:
+    found: list[LabelledSample] = []
+    find = data.find
+    # The next hit of each needle, taken lowest first so that samples come in payload order.
+    hits = [
+        (at, index) for index, needle in enumerate(flavour.needles) if (at := find(needle)) >= 0
+    ]
+    heapq.heapify(hits)
+    while hits and len(found) < max_samples:
+        pos, index = hits[0]
+        sample = _sample_at(data, pos, flavour)
+        if sample is not None:
+            labels = _labels(data, sample[1].span(1), flavour, limit)
+            if labels is not None:
+                found.append(LabelledSample(sample[0], labels, sample[2]))
+        needle = flavour.needles[index]
+        pos = find(needle, pos + len(needle))
+        if pos == -1:
+            heapq.heappop(hits)
+        else:
+            heapq.heapreplace(hits, (pos, index))
+    return found
+
+
+def _sample_at(
+    data: _Text, pos: int, flavour: _Flavour[_Text]
+) -> tuple[str, re.Match[_Text], float] | None:
+    """The wanted name, match and kept value of the sample on the line a hit at ``pos`` starts."""
+    start = pos
+    while start and data[start - 1] in flavour.blanks:
+        start -= 1
+    if start and data[start - 1] != flavour.newline:
+        return None
+    # A hit that starts a line starts a metric name, so it always yields a token.
+    token = flavour.name_token.match(data, pos)
+    name = None if token is None else flavour.by_token.get(token.group())
+    if token is None or name is None:
+        return None
+    sample = flavour.head.match(data, token.end())
+    if sample is None or not _ends_line(data, sample.end(), flavour):
+        return None
+    value = float(sample.group(2))
+    return (name, sample, value) if 0.0 <= value < math.inf else None
+
+
+def _labels(
+    data: _Text, span: tuple[int, int], flavour: _Flavour[_Text], limit: int
+) -> tuple[tuple[str, str], ...] | None:
+    """The labels of a label set that ``_LABELS`` matched at ``span``; None to drop the line.
+
+    ``span`` is ``(-1, -1)`` for a sample written without braces.
+    """
+    start, end = span
+    if start == -1:
+        return ()
+    if end - start <= _WHOLE_SET_MAX:
+        # Splitting the decoded set is splitting then decoding: every delimiter is ASCII, and
+        # decoding never takes an ASCII byte into an undecodable run.
+        text = flavour.decode(data[start + 1 : end - 1])
+        parts = _SPLIT_LABELS.findall(text)
+        if len(parts) > MAX_LABELS:
+            return None
+        if "\\" in text:
+            parts = [(plain, _unescaped(quoted), _unescaped(val)) for plain, quoted, val in parts]
+    else:
+        parts = []
+        for part in flavour.label_parts.finditer(data, start + 1, end - 1):
+            if len(parts) == MAX_LABELS:
+                return None
+            spans = part.span(1), part.span(2), part.span(3)
+            plain, quoted, val = (_label_text(data, span, flavour, limit) for span in spans)
+            parts.append((plain, quoted, val))
+    labels = [(plain or quoted, val[:limit]) for plain, quoted, val in parts]
+    if labels and max(len(name) for name, _ in labels) > limit:
+        return None
+    if len({name for name, _ in labels}) != len(labels):
+        return None
+    return tuple(sorted(labels))
+
+
+def _label_text(data: _Text, span: tuple[int, int], flavour: _Flavour[_Text], limit: int) -> str:
+    """The first ``limit + 1`` characters of a group's text, unescaped and decoded.
+
+    Each character comes from at most four raw ones (a UTF-8 sequence, an undecodable run, an
+    escape), so the first ``4 * limit + 8`` hold them whole, ahead of anything the cut splits.
+    A group that did not match has the span ``(-1, -1)``, which slices to nothing.
+    """
+    start, end = span
+    return _unescaped(flavour.decode(data[start : min(end, start + 4 * limit + 8)]))[: limit + 1]
+
+
+def _unescaped(text: str) -> str:
+    if "\\" not in text:
+        return text
+    return _ESCAPE.sub(lambda escape: _UNESCAPED[escape.group()], text)
 
 
 def _after_blanks(data: _Text, pos: int, flavour: _Flavour[_Text]) -> int:
@@ -306,6 +487,42 @@ def clear_extractor_cache() -> None:
     _extractor_for.cache_clear()
 
 
+def extract_labelled_samples(
+    payload: bytes | bytearray | memoryview | str,
+    names: Iterable[str],
+    *,
+    max_samples: int = 10_000,
+    max_label_value_chars: int = 256,
+) -> list[LabelledSample]:
+    """Return every valid sample of ``names`` in ``payload``, with its labels, in payload order.
+
+    The samples counted are those :func:`extract_samples` counts, so the last one of a name is
+    the value it returns. Labels come sorted by name, unescaped and decoded; the module
+    documentation gives the bounds on what comes back. Extractors are cached as for
+    :func:`extract_samples`.
+
+    Raises:
+        TypeError: ``names`` is a single string or holds non-strings, ``payload`` is neither
+            bytes-like nor ``str``, or a bound is not an int.
+        ValueError: a name is not a valid Prometheus metric name, or a bound is less than 1.
+    """
+    return _cached_extractor(names).extract_labelled(
+        payload, max_samples=max_samples, max_label_value_chars=max_label_value_chars
+    )
+
+
+def _cached_extractor(names: Iterable[str]) -> SampleExtractor:
+    if isinstance(names, (str, bytes, bytearray)):
+        _validated_names(names)  # raises, with a message saying how to pass one name
+    try:
+        key = frozenset(names)
+    except TypeError as exc:
+        raise TypeError(
+            f"names must be an iterable of metric names (str), got {names!r}: {exc}"
+        ) from None
+    return _extractor_for(key)
+
+
 def extract_samples(
     payload: bytes | bytearray | memoryview | str, names: Iterable[str]
 ) -> dict[str, float]:
@@ -323,25 +540,17 @@ def extract_samples(
             bytes-like nor ``str``.
         ValueError: a name is not a valid Prometheus metric name.
     """
-    if isinstance(names, (str, bytes, bytearray)):
-        _validated_names(names)  # raises, with a message saying how to pass one name
-    try:
-        key = frozenset(names)
-    except TypeError as exc:
-        raise TypeError(
-            f"names must be an iterable of metric names (str), got {names!r}: {exc}"
-        ) from None
-    return _extractor_for(key).extract(payload)
+    return _cached_extractor(names).extract(payload)
 
 
 class WantedLines:
     """Keeps, from a payload that arrives in chunks, only the lines that may hold a wanted sample.
 
     A scrape then holds a chunk, one unfinished line and the few wanted lines, never the
-    whole body, and :func:`extract_samples` over :meth:`payload` finds what it would have
-    found over the whole body. A line is kept when a wanted name (or the prefix all wanted
-    names share) occurs anywhere in it, which every line that starts with one does; the
-    extraction then applies the exact rule. Lines longer than ``max_line_bytes`` are
+    whole body, and :func:`extract_samples` (or :func:`extract_labelled_samples`) over
+    :meth:`payload` finds what it would have found over the whole body. A line is kept when
+    a wanted name (or the prefix all wanted names share) occurs anywhere in it, which every
+    line that starts with one does; the extraction then applies the exact rule. Lines longer than ``max_line_bytes`` are
     skipped unread, wanted or not: no raylet writes a memory sample that long. Once
     ``max_kept_bytes`` are kept, later lines are not; :attr:`overflowed` says so.
     """

@@ -1,4 +1,4 @@
-"""extract_samples costs time in proportion to the payload, whatever a wanted line holds.
+"""Extraction costs time in proportion to the payload, whatever a wanted line holds.
 
 Each example builds one hostile line of about ``LINE_BYTES`` for a wanted name (long runs of
 blanks where a label, a value or a line end is expected, unterminated quotes, backslash runs,
@@ -9,6 +9,10 @@ busy machine slows both sides alike; the bound is a ratio, never a wall-clock fi
 Linear extraction stays within a few hundred plain passes on the worst of these lines; the
 quadratic matcher this guards against needed about a million plain passes at 64 KiB, and its
 ratio grows with the line, so lines of 256 KiB keep it hundreds of times past the bound.
+
+``extract_labelled_samples`` is held to the same bound on the same lines, and on valid lines
+built to make reading the labels costly: endless label sets, huge names and values made of
+escapes or undecodable bytes, and payloads of nothing but short wanted lines.
 """
 
 from __future__ import annotations
@@ -20,7 +24,11 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from raylens.telemetry.prometheus_text import extract_samples
+from raylens.telemetry.prometheus_text import (
+    LabelledSample,
+    extract_labelled_samples,
+    extract_samples,
+)
 
 USED = "ray_node_mem_used"
 TOTAL = "ray_node_mem_total"
@@ -179,3 +187,67 @@ def test_known_hostile_shapes_cost_linear_time(
 def test_blank_run_after_brace_from_the_report() -> None:
     # 16k blanks after the brace took over a second before extraction was made linear.
     _check(USED + "{" + " " * (1 << 14), blanks_before=False, as_text=False)
+
+
+# --- with labels ----------------------------------------------------------------------------
+
+
+def _check_labelled(line: bytes, blanks_before: bool, as_text: bool) -> None:
+    indent = b" " * LINE_BYTES if blanks_before else b""
+    raw = b"# TYPE %s gauge\n%s 5\n%s%s\n# EOF\n" % (TOTAL.encode(), TOTAL.encode(), indent, line)
+    payload: bytes | str = raw.decode("utf-8", "replace") if as_text else raw
+
+    got = extract_labelled_samples(payload, WANTED)
+
+    assert got[0] == LabelledSample(TOTAL, (), 5.0)
+    _assert_linear(raw, lambda: extract_labelled_samples(payload, WANTED))
+
+
+@settings(max_examples=30, deadline=None, derandomize=True)
+@given(line=hostile_lines(), blanks_before=st.booleans(), as_text=st.booleans())
+def test_hostile_wanted_line_costs_linear_time_with_labels(
+    line: str, blanks_before: bool, as_text: bool
+) -> None:
+    _check_labelled(line.encode("ascii"), blanks_before, as_text)
+
+
+def _repeat(unit: bytes) -> bytes:
+    return unit * (LINE_BYTES // len(unit))
+
+
+@pytest.mark.parametrize(
+    "line",
+    [
+        b"{" + _repeat(b'a="b",') + b"} 1",
+        b"{" + _repeat(b' a = "b" ,') + b"} 1",
+        b"{" + _repeat(b'"a"="b",') + b"} 1",
+        b'{a="b",' + _repeat(b" ") + b"} 1",
+        b'{a="' + _repeat(b"\\\\") + b'"} 1',
+        b'{a="' + _repeat(b'\\"') + b'"} 1',
+        b'{a="' + _repeat(b"\\n\\q") + b'"} 1',
+        b'{a="' + _repeat(b"\xff") + b'"} 1',
+        b'{a="' + _repeat("\u2603".encode()) + b'"} 1',
+        b"{" + _repeat(b"a") + b'="b"} 1',
+        b'{"' + _repeat(b'\\"') + b'"="b"} 1',
+        b'{a="b",' + _repeat(b"c") + b'="d"} 1',
+    ],
+    ids=lambda line: repr(line[:12]),
+)
+@pytest.mark.parametrize("as_text", [False, True])
+def test_costly_valid_label_sets_cost_linear_time(line: bytes, as_text: bool) -> None:
+    _check_labelled(USED.encode() + line, blanks_before=False, as_text=as_text)
+
+
+@pytest.mark.parametrize(
+    "line",
+    [
+        b'{a="b"} 1',  # a sample on every line, until the sample bound
+        b'{a="b"} NaN',  # a dropped sample on every line
+        b'{a="b",a="c"} 1',  # a repeated label on every line
+        b' 1 # {a="b"} 1',  # an exemplar on every line
+        b"_host 1",  # a near miss on every line
+    ],
+)
+def test_payload_of_short_wanted_lines_costs_linear_time(line: bytes) -> None:
+    many = (USED.encode() + line + b"\n") * (LINE_BYTES // (len(USED) + len(line) + 1))
+    _check_labelled(many, blanks_before=False, as_text=False)

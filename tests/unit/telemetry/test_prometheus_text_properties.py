@@ -1,14 +1,24 @@
-"""extract_samples agrees with prometheus_client's full parser on generated exposition text."""
+"""extract_samples and extract_labelled_samples agree with prometheus_client's full parser.
+
+Both are checked on generated exposition text, as bytes (UTF-8 or not) and as ``str``.
+"""
 
 from __future__ import annotations
 
 import math
+from unittest import mock
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from prometheus_client.parser import text_string_to_metric_families
 
-from raylens.telemetry.prometheus_text import WantedLines, extract_samples
+from raylens.telemetry import prometheus_text
+from raylens.telemetry.prometheus_text import (
+    LabelledSample,
+    WantedLines,
+    extract_labelled_samples,
+    extract_samples,
+)
 
 WANTED = ("ray_node_mem_used", "ray_node_mem_total")
 # Wanted names, names that share a prefix with them on either side, and unrelated ones.
@@ -140,6 +150,36 @@ def _reference(text: str, wanted: frozenset[str]) -> dict[str, float]:
     return out
 
 
+def _labelled_reference(
+    text: str, wanted: frozenset[str], form: str, limit: int
+) -> list[LabelledSample]:
+    """Every sample prometheus_client reads, kept, decoded and bounded as documented."""
+    out = []
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            value = float(sample.value)
+            if sample.name not in wanted or not math.isfinite(value) or value < 0:
+                continue
+            if any(len(name) > limit for name in sample.labels):
+                continue
+            labels = {
+                name: (raw.replace("é", "\ufffd") if form == "not-utf-8" else raw)[:limit]
+                for name, raw in sample.labels.items()
+            }
+            out.append(LabelledSample(sample.name, tuple(sorted(labels.items())), value))
+    return out
+
+
+def _payload_in(form: str, text: str) -> bytes | str:
+    if form == "str":
+        return text
+    payload = text.encode("utf-8")
+    if form == "not-utf-8":
+        # A lone Latin-1 byte where the UTF-8 pair for 'é' was: invalid UTF-8, same meaning.
+        payload = payload.replace("é".encode(), b"\xe9")
+    return payload
+
+
 wanted_names = st.one_of(
     st.just(frozenset(WANTED)),
     st.frozensets(st.sampled_from(FAMILY_NAMES), min_size=1),
@@ -156,15 +196,38 @@ wanted_names = st.one_of(
 )
 def test_matches_prometheus_client(text: str, wanted: frozenset[str], form: str) -> None:
     expected = _reference(text, wanted)
-    if form == "str":
-        payload: bytes | str = text
-    else:
-        payload = text.encode("utf-8")
-        if form == "not-utf-8":
-            # A lone Latin-1 byte where the UTF-8 pair for 'é' was: invalid UTF-8, same meaning.
-            payload = payload.replace("é".encode(), b"\xe9")
 
-    assert extract_samples(payload, wanted) == expected
+    assert extract_samples(_payload_in(form, text), wanted) == expected
+
+
+# Small bounds are drawn as often as the defaults, so that cuts fall inside escapes, inside
+# multi-byte characters and between samples. Label sets are read whole or label by label
+# depending on their length; a threshold of 0 sends these short ones the long way.
+@settings(max_examples=150, deadline=None)
+@given(
+    text=expositions(),
+    wanted=wanted_names,
+    form=st.sampled_from(["utf-8", "not-utf-8", "str"]),
+    max_samples=st.one_of(st.just(10_000), st.integers(min_value=1, max_value=6)),
+    limit=st.one_of(st.just(256), st.integers(min_value=1, max_value=12)),
+    whole_set_max=st.sampled_from([prometheus_text._WHOLE_SET_MAX, 0]),
+)
+def test_labelled_samples_match_prometheus_client(
+    text: str,
+    wanted: frozenset[str],
+    form: str,
+    max_samples: int,
+    limit: int,
+    whole_set_max: int,
+) -> None:
+    expected = _labelled_reference(text, wanted, form, limit)[:max_samples]
+
+    with mock.patch.object(prometheus_text, "_WHOLE_SET_MAX", whole_set_max):
+        got = extract_labelled_samples(
+            _payload_in(form, text), wanted, max_samples=max_samples, max_label_value_chars=limit
+        )
+
+    assert got == expected
 
 
 @settings(max_examples=100, deadline=None)
@@ -185,6 +248,9 @@ def test_keeping_only_wanted_lines_from_any_chunking_finds_the_same_samples(
     lines.feed(payload[start:])
 
     assert extract_samples(lines.payload(), wanted) == extract_samples(payload, wanted)
+    assert extract_labelled_samples(lines.payload(), wanted) == extract_labelled_samples(
+        payload, wanted
+    )
     assert len(lines.payload()) <= len(payload)
 
 
