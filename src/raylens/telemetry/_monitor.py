@@ -59,6 +59,7 @@ from raylens.telemetry.raylet_payload import (
     ERROR_TIMEOUT,
     TOTAL_KEY,
     USED_KEY,
+    NodeGroupFigures,
 )
 from raylens.validation import positive_seconds
 
@@ -210,6 +211,7 @@ class HostMemoryMonitor:
         self._cycles = 0
         #: Per node: ``(node, used, total, sampled_at, error)``; rows are built on reading.
         self._latest: dict[NodeKey, _Row] = {}
+        self._groups: dict[NodeKey, tuple[NodeGroupFigures, float]] = {}
         self._standing: dict[NodeKey, tuple[_Standing, int]] = {}
         self._warned: set[NodeKey] = set()
         self._cycle_hooks: list[tuple[CycleHook, Callable[[], None] | None]] = []
@@ -550,7 +552,26 @@ class HostMemoryMonitor:
                 else (node, None, None, None, error)
             )
         self._latest = latest
+        groups: dict[NodeKey, tuple[NodeGroupFigures, float]] = {}
+        for key in samples:
+            figures = results[key].groups if key in results else None
+            if figures is not None:
+                groups[key] = (figures, sampled[key])
+        self._groups = groups
         self.snapshot.publish(samples, expiry, sampled, health)
+
+    def group_figures(self) -> dict[str, tuple[str, NodeGroupFigures, float]]:
+        """Per node id: host name, the per-group figures its payload carried, and when read.
+
+        Only nodes whose latest scrape answered and carried a sampler's series; the
+        time is on this monitor's clock.
+        """
+        latest = self._latest
+        return {
+            key[0]: (latest[key][0].host, figures, read_at)
+            for key, (figures, read_at) in self._groups.items()
+            if key in latest
+        }
 
     def _health(self, outcome: Outcome, started: float) -> ScrapeHealth:
         """The scrape-health entry for one node's ``outcome`` in a cycle begun at ``started``."""

@@ -49,11 +49,14 @@ from raylens.telemetry.raylet_payload import (
     ERROR_PARSE,
     ERROR_TIMEOUT,
     ERROR_TOO_LARGE,
+    GROUP_SERIES,
     RAY_NODE_MEM_TOTAL,
     RAY_NODE_MEM_USED,
     SERIES_BY_RAY_NAME,
     TOTAL_KEY,
     USED_KEY,
+    NodeGroupFigures,
+    parse_group_samples,
     parse_memory_samples,
 )
 from raylens.validation import positive_seconds
@@ -77,7 +80,8 @@ NOT_ASKED_IN_FLIGHT = "not asked: its previous scrape is still running"
 #: :data:`_MAX_KEPT_BYTES`), so a request holds a few chunks' worth whatever the body's
 #: size, and all requests together a bounded amount (see :class:`AsyncScrapeEngine`).
 _READ_CHUNK = 64 * 1024
-_MAX_KEPT_BYTES = 64 * 1024
+_MAX_KEPT_BYTES = 256 * 1024
+_WANTED_SERIES = (*SERIES_BY_RAY_NAME, *GROUP_SERIES)
 _HEADERS = {"Accept-Encoding": "identity", "Connection": "close"}
 
 #: One node to scrape: ``(key, url, wedged)``; wedged nodes are asked in their own lane.
@@ -104,6 +108,8 @@ class Outcome(NamedTuple):
     elapsed: float = 0.0
     error_type: str | None = None
     duration: float | None = None
+    #: The per-group figures the node's sampler last published there, if any.
+    groups: NodeGroupFigures | None = None
 
 
 class ScrapeLimits(NamedTuple):
@@ -170,7 +176,7 @@ async def _fetch(
                     f"payload of {announced} bytes exceeds the {limits.max_body_bytes}-byte cap",
                     error_type=ERROR_TOO_LARGE,
                 )
-            lines = WantedLines(SERIES_BY_RAY_NAME, max_kept_bytes=_MAX_KEPT_BYTES)
+            lines = WantedLines(_WANTED_SERIES, max_kept_bytes=_MAX_KEPT_BYTES)
             while True:
                 chunk = await response.content.read(_READ_CHUNK)
                 if not chunk:
@@ -199,7 +205,8 @@ async def _fetch(
         )
     except (aiohttp.ClientError, OSError, ValueError) as exc:
         return Outcome(None, _describe(exc), error_type=ERROR_CONNECTION)
-    values = parse_memory_samples(lines.payload())
+    kept = lines.payload()
+    values = parse_memory_samples(kept)
     if USED_KEY not in values and TOTAL_KEY not in values:  # the machine pair alone is no sample
         return Outcome(
             None,
@@ -207,7 +214,7 @@ async def _fetch(
             f"in the {received}-byte payload",
             error_type=ERROR_PARSE,
         )
-    return Outcome(values, None)
+    return Outcome(values, None, groups=parse_group_samples(kept))
 
 
 class _PerNameResolver(aiohttp.abc.AbstractResolver):

@@ -9,7 +9,9 @@ the fixed set ``error.type`` may take.
 
 from __future__ import annotations
 
-from raylens.telemetry.prometheus_text import extract_samples
+from typing import NamedTuple
+
+from raylens.telemetry.prometheus_text import extract_labelled_samples, extract_samples
 
 __all__ = [
     "ERROR_CONNECTION",
@@ -23,8 +25,10 @@ __all__ = [
     "GROUP_LABEL",
     "GROUP_MEMORY_GAUGE",
     "GROUP_PROCESSES_GAUGE",
+    "GROUP_SERIES",
     "MACHINE_TOTAL_KEY",
     "MACHINE_USED_KEY",
+    "MAX_GROUPS_PER_NODE",
     "MEMORY_TYPE_LABEL",
     "RAY_GROUP_MEMORY",
     "RAY_GROUP_PROCESSES",
@@ -39,6 +43,9 @@ __all__ = [
     "SERIES_BY_RAY_NAME",
     "TOTAL_KEY",
     "USED_KEY",
+    "GroupFigure",
+    "NodeGroupFigures",
+    "parse_group_samples",
     "parse_memory_samples",
 ]
 
@@ -114,3 +121,65 @@ def parse_memory_samples(metrics_text: str | bytes) -> dict[str, float]:
     """
     samples = extract_samples(metrics_text, SERIES_BY_RAY_NAME)
     return {key: samples[name] for name, key in SERIES_BY_RAY_NAME.items() if name in samples}
+
+
+#: The per-group series a scrape keeps, besides :data:`SERIES_BY_RAY_NAME`.
+GROUP_SERIES = (RAY_GROUP_MEMORY, RAY_GROUP_PROCESSES, RAY_SAMPLER_SAMPLED_AT)
+#: Most groups read from one node's payload; the rest are dropped, in name order.
+MAX_GROUPS_PER_NODE = 256
+
+
+class GroupFigure(NamedTuple):
+    """One worker group's memory on one node, as its sampler last published it."""
+
+    group: str
+    rss_bytes: float
+    pss_bytes: float | None
+    process_count: float | None
+
+
+class NodeGroupFigures(NamedTuple):
+    """What one node's sampler last published: when (its wall clock) and per group, by name."""
+
+    sampled_at: float
+    groups: tuple[GroupFigure, ...]
+
+
+def parse_group_samples(metrics_text: str | bytes) -> NodeGroupFigures | None:
+    """The per-group figures one node's payload carries, or None when it carries none.
+
+    Several samplers may have published on one node (Ray serves a replaced sampler's
+    series until they age out, each with its own ``WorkerId``): only the series of the
+    one whose ``sampled_at`` is the latest count. A group whose value is NaN (what a
+    sampler publishes for a group that left) is absent, as is a group without an RSS
+    figure. Group names are taken as they come; the caller bounds and cleans them.
+    """
+    samples = extract_labelled_samples(metrics_text, GROUP_SERIES)
+    latest: dict[str, float] = {}
+    for sample in samples:
+        if sample.name == RAY_SAMPLER_SAMPLED_AT:
+            latest[dict(sample.labels).get(RAY_WORKER_ID_LABEL, "")] = sample.value
+    if not latest:
+        return None
+    worker, sampled_at = max(latest.items(), key=lambda item: item[1])
+    rss: dict[str, float] = {}
+    pss: dict[str, float] = {}
+    processes: dict[str, float] = {}
+    for sample in samples:
+        labels = dict(sample.labels)
+        group = labels.get(GROUP_LABEL)
+        if group is None or labels.get(RAY_WORKER_ID_LABEL, "") != worker:
+            continue
+        if sample.name == RAY_GROUP_PROCESSES:
+            processes[group] = sample.value
+        elif sample.name == RAY_GROUP_MEMORY:
+            kind = labels.get(MEMORY_TYPE_LABEL)
+            if kind == "rss":
+                rss[group] = sample.value
+            elif kind == "pss":
+                pss[group] = sample.value
+    groups = tuple(
+        GroupFigure(name, rss[name], pss.get(name), processes.get(name))
+        for name in sorted(rss)[:MAX_GROUPS_PER_NODE]
+    )
+    return NodeGroupFigures(sampled_at, groups)
