@@ -1,0 +1,267 @@
+"""The samples of one memory series: the last window at full resolution, older ones in buckets.
+
+Memory is bounded per series whatever the run's length: the full-resolution part holds only
+samples newer than the window, and the downsampled part a fixed number of buckets (min, max
+and mean of the samples that fell in each) reaching back to the horizon.
+
+Samples are stored as float32 offsets from a float64 anchor kept per series (one for time,
+one for bytes), which halves the memory of float64 pairs. An offset is exact to 2**-24 of its
+size: about 1 KiB for a value 16 GiB away from the anchor and 4 ms for a time 18 hours away.
+The anchors move forward when offsets grow past those sizes, so the precision holds for runs
+of any length and any host size.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import NamedTuple
+
+import numpy as np
+import numpy.typing as npt
+
+__all__ = ["Bucket", "SeriesBuffer"]
+
+FloatArray = npt.NDArray[np.float64]
+
+_TIME_REBASE_S = float(1 << 16)
+_VALUE_REBASE = float(1 << 34)
+_MIN_CAPACITY = 16
+#: Scalar appends wait in lists until this many, or until the window is read.
+_PENDING = 64
+#: Spare room over the live samples when the buffer is resized; a fuller buffer is compacted
+#: (the oldest moved out) every ``_SLACK * window`` samples.
+_SLACK = 0.1
+
+
+class Bucket(NamedTuple):
+    """The samples of one downsampled slice of time: ``[start, start + width)``."""
+
+    start: float
+    width: float
+    count: int
+    minimum: float
+    maximum: float
+    mean: float
+
+
+class SeriesBuffer:
+    """Samples of one series, appended in time order.
+
+    A sample older than the newest one already held is ignored (a late or repeated reading
+    would otherwise make time run backwards). Non-finite values are ignored too.
+    """
+
+    __slots__ = (
+        "_b_count",
+        "_b_id",
+        "_b_max",
+        "_b_mean",
+        "_b_min",
+        "_bucket_s",
+        "_hi",
+        "_lo",
+        "_pending_t",
+        "_pending_v",
+        "_t",
+        "_t0",
+        "_v",
+        "_v0",
+        "window_s",
+    )
+
+    def __init__(self, window_s: float, bucket_s: float, buckets: int) -> None:
+        self.window_s = window_s
+        self._bucket_s = bucket_s
+        self._t = np.empty(_MIN_CAPACITY, dtype=np.float32)
+        self._v = np.empty(_MIN_CAPACITY, dtype=np.float32)
+        self._lo = 0
+        self._hi = 0
+        self._t0 = math.nan
+        self._v0 = 0.0
+        self._pending_t: list[float] = []
+        self._pending_v: list[float] = []
+        self._b_id = np.full(buckets, -1, dtype=np.int64)
+        self._b_count = np.zeros(buckets, dtype=np.int32)
+        self._b_min = np.zeros(buckets, dtype=np.float32)
+        self._b_max = np.zeros(buckets, dtype=np.float32)
+        self._b_mean = np.zeros(buckets, dtype=np.float32)
+
+    def __len__(self) -> int:
+        return self._hi - self._lo + len(self._pending_t)
+
+    @property
+    def last_time(self) -> float | None:
+        """Time of the newest sample, or None before the first."""
+        if self._pending_t:
+            return self._pending_t[-1]
+        return None if self._hi == self._lo else self._t0 + float(self._t[self._hi - 1])
+
+    @property
+    def last_value(self) -> float | None:
+        """The newest sample's bytes, or None before the first."""
+        if self._pending_v:
+            return self._pending_v[-1]
+        return None if self._hi == self._lo else self._v0 + float(self._v[self._hi - 1])
+
+    def nbytes(self) -> int:
+        """Bytes held by this series' arrays (numpy buffers, not the Python objects)."""
+        self._flush()
+        arrays = (self._t, self._v, self._b_id, self._b_count, self._b_min, self._b_max, self._b_mean)
+        return sum(a.nbytes for a in arrays)
+
+    def append(self, t: float, value: float) -> None:
+        """Add one sample (seconds, bytes); cheap, as a monitor calls it for every series every cycle."""
+        if not (math.isfinite(t) and math.isfinite(value)):
+            return
+        last = self.last_time
+        if last is not None and t <= last:
+            return
+        self._pending_t.append(float(t))
+        self._pending_v.append(float(value))
+        if len(self._pending_t) >= _PENDING:
+            self._flush()
+
+    def _flush(self) -> None:
+        if self._pending_t:
+            times = np.array(self._pending_t, dtype=np.float64)
+            values = np.array(self._pending_v, dtype=np.float64)
+            self._pending_t.clear()
+            self._pending_v.clear()
+            self._store(times, values)
+
+    def extend(self, times: FloatArray, values: FloatArray) -> None:
+        """Add samples in time order; any not after the newest held (or not finite) are skipped."""
+        self._flush()
+        times = np.asarray(times, dtype=np.float64)
+        values = np.asarray(values, dtype=np.float64)
+        keep = np.isfinite(times) & np.isfinite(values)
+        if not keep.all():
+            times, values = times[keep], values[keep]
+        if len(times) == 0:
+            return
+        last = self.last_time
+        if len(times) > 1 and bool(np.any(np.diff(times) <= 0)):
+            ordered = np.maximum.accumulate(times)
+            fresh = np.ones(len(times), dtype=bool)
+            fresh[1:] = times[1:] > ordered[:-1]
+            times, values = times[fresh], values[fresh]
+        if last is not None and times[0] <= last:
+            start = int(np.searchsorted(times, last, side="right"))
+            times, values = times[start:], values[start:]
+            if len(times) == 0:
+                return
+        self._store(times, values)
+
+    def _store(self, times: FloatArray, values: FloatArray) -> None:
+        """Append samples already checked to be finite and newer than those held."""
+        if math.isnan(self._t0):
+            self._t0 = float(times[0])
+            self._v0 = float(values[0])
+        self._rebase(float(times[-1]), values)
+        self._make_room(len(times), float(times[-1]))
+        end = self._hi + len(times)
+        self._t[self._hi : end] = times - self._t0
+        self._v[self._hi : end] = values - self._v0
+        self._hi = end
+
+    def window(self, now: float | None = None) -> tuple[FloatArray, FloatArray]:
+        """The samples of the last window (ending at ``now``, default the newest), as float64."""
+        self._flush()
+        if self._hi == self._lo:
+            return np.empty(0), np.empty(0)
+        end = self.last_time if now is None else now
+        assert end is not None
+        t = self._t[self._lo : self._hi]
+        first = int(np.searchsorted(t, np.float32(end - self.window_s - self._t0), side="left"))
+        return (
+            t[first:].astype(np.float64) + self._t0,
+            self._v[self._lo + first : self._hi].astype(np.float64) + self._v0,
+        )
+
+    def buckets(self) -> list[Bucket]:
+        """The downsampled history, oldest first (samples that have left the window)."""
+        self._flush()
+        filled = np.flatnonzero(self._b_id >= 0)
+        order = filled[np.argsort(self._b_id[filled])]
+        width = self._bucket_s
+        return [
+            Bucket(
+                start=float(self._b_id[k]) * width,
+                width=width,
+                count=int(self._b_count[k]),
+                minimum=self._v0 + float(self._b_min[k]),
+                maximum=self._v0 + float(self._b_max[k]),
+                mean=self._v0 + float(self._b_mean[k]),
+            )
+            for k in order
+        ]
+
+    # internals --------------------------------------------------------------------
+
+    def _rebase(self, newest_t: float, values: FloatArray) -> None:
+        shift_t = 0.0
+        if newest_t - self._t0 > _TIME_REBASE_S:
+            oldest = self._t0 + float(self._t[self._lo]) if self._hi > self._lo else newest_t
+            shift_t = min(oldest, newest_t) - self._t0
+        shift_v = 0.0
+        if float(np.max(np.abs(values - self._v0))) > _VALUE_REBASE:
+            shift_v = float(values[-1]) - self._v0
+        if shift_t:
+            self._t[self._lo : self._hi] -= np.float32(shift_t)
+            self._t0 += shift_t
+        if shift_v:
+            self._v[self._lo : self._hi] -= np.float32(shift_v)
+            for array in (self._b_min, self._b_max, self._b_mean):
+                array -= np.float32(shift_v)
+            self._v0 += shift_v
+
+    def _make_room(self, incoming: int, newest_t: float) -> None:
+        if self._hi + incoming <= len(self._t):
+            return
+        t = self._t[self._lo : self._hi]
+        keep_from = int(np.searchsorted(t, np.float32(newest_t - self.window_s - self._t0), side="left"))
+        if keep_from:
+            self._fold(self._lo, self._lo + keep_from)
+        live = self._hi - self._lo - keep_from
+        needed = live + incoming
+        capacity = len(self._t)
+        if needed > capacity * (1 - _SLACK / 2) or needed > capacity:
+            capacity = max(_MIN_CAPACITY, int(needed * (1 + _SLACK)) + 1)
+        if capacity != len(self._t):
+            new_t = np.empty(capacity, dtype=np.float32)
+            new_v = np.empty(capacity, dtype=np.float32)
+        else:
+            new_t, new_v = self._t, self._v
+        new_t[:live] = self._t[self._lo + keep_from : self._hi]
+        new_v[:live] = self._v[self._lo + keep_from : self._hi]
+        self._t, self._v = new_t, new_v
+        self._lo, self._hi = 0, live
+
+    def _fold(self, start: int, stop: int) -> None:
+        """Move samples ``[start, stop)`` of the buffer into the buckets."""
+        times = self._t[start:stop].astype(np.float64) + self._t0
+        values = self._v[start:stop]
+        ids = np.floor(times / self._bucket_s).astype(np.int64)
+        edges = np.flatnonzero(np.diff(ids)) + 1
+        starts = np.concatenate([[0], edges])
+        mins = np.minimum.reduceat(values, starts)
+        maxs = np.maximum.reduceat(values, starts)
+        sums = np.add.reduceat(values.astype(np.float64), starts)
+        counts = np.diff(np.concatenate([starts, [len(values)]]))
+        slots = len(self._b_id)
+        for k, first in enumerate(starts):
+            bucket = int(ids[first])
+            slot = bucket % slots
+            if self._b_id[slot] != bucket:
+                self._b_id[slot] = bucket
+                self._b_count[slot] = 0
+                self._b_min[slot] = np.inf
+                self._b_max[slot] = -np.inf
+                self._b_mean[slot] = 0.0
+            count = int(self._b_count[slot])
+            total = float(self._b_mean[slot]) * count + float(sums[k])
+            count += int(counts[k])
+            self._b_count[slot] = count
+            self._b_min[slot] = min(float(self._b_min[slot]), float(mins[k]))
+            self._b_max[slot] = max(float(self._b_max[slot]), float(maxs[k]))
+            self._b_mean[slot] = total / count
