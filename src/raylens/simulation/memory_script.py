@@ -29,7 +29,6 @@ import math
 import zlib
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Union
 
 import numpy as np
 import numpy.typing as npt
@@ -82,7 +81,9 @@ class Leak:
         _check("rate", self.rate, low=-math.inf)
         _check("start", self.start, low=-math.inf)
         if self.stop is not None and _check("stop", self.stop, low=-math.inf) < self.start:
-            raise ValueError(f"stop must not be before start, got start={self.start!r}, stop={self.stop!r}")
+            raise ValueError(
+                f"stop must not be before start, got start={self.start!r}, stop={self.stop!r}"
+            )
 
 
 @dataclass(frozen=True)
@@ -153,7 +154,7 @@ class Jitter:
         _check("amplitude", self.amplitude)
 
 
-Component = Union[Leak, Sawtooth, Steps, Spikes, Jitter]
+Component = Leak | Sawtooth | Steps | Spikes | Jitter
 
 
 class _Timeline:
@@ -186,7 +187,9 @@ class _Timeline:
         if t_max < self.until:
             return
         target = (math.floor(t_max / _BLOCK_S) + 1) * _BLOCK_S
-        for steps, rng, times, heights in zip(self.steps, self.step_rngs, self.step_times, self.step_heights):
+        for steps, rng, times, heights in zip(
+            self.steps, self.step_rngs, self.step_times, self.step_heights
+        ):
             while times[-1] <= target:
                 raised = len(heights) % 2 == 0
                 size = steps.height * rng.uniform(1 - steps.spread, 1 + steps.spread)
@@ -206,7 +209,9 @@ class _Timeline:
             at = events[-1][0] if events else 0.0
             while spikes.rate > 0 and at <= target:
                 at += float(rng.exponential(1.0 / spikes.rate))
-                events.append((at, float(rng.uniform(*spikes.duration)), float(rng.uniform(*spikes.height))))
+                events.append(
+                    (at, float(rng.uniform(*spikes.duration)), float(rng.uniform(*spikes.height)))
+                )
         self.until = target
 
     def values(self, t: FloatArray) -> FloatArray:
@@ -282,10 +287,14 @@ class MemoryScript:
     container with a lower limit) is what the node reports as its total memory.
     """
 
-    def __init__(self, *, seed: int = 0, total: float = 64 * GIB, cgroup_total: float | None = None) -> None:
+    def __init__(
+        self, *, seed: int = 0, total: float = 64 * GIB, cgroup_total: float | None = None
+    ) -> None:
         self.seed = int(seed)
         self.total = _check("total", total, strict=True)
-        self.cgroup_total = None if cgroup_total is None else _check("cgroup_total", cgroup_total, strict=True)
+        self.cgroup_total = (
+            None if cgroup_total is None else _check("cgroup_total", cgroup_total, strict=True)
+        )
         self._parts: dict[tuple[int, str | None], tuple[float, _Timeline]] = {}
 
     def set_group(self, node: int, group: str, *components: Component, base: float = 0.0) -> None:
@@ -296,7 +305,9 @@ class MemoryScript:
         """Script what node ``node`` holds outside its worker groups."""
         self._set(node, None, components, base)
 
-    def _set(self, node: int, group: str | None, components: Iterable[Component], base: float) -> None:
+    def _set(
+        self, node: int, group: str | None, components: Iterable[Component], base: float
+    ) -> None:
         if isinstance(node, bool) or not isinstance(node, int) or node < 0:
             raise ValueError(f"node must be a non-negative int, got {node!r:.80}")
         items = tuple(components)
@@ -323,7 +334,9 @@ class MemoryScript:
         base, timeline = part
         return base + timeline.values(t)
 
-    def node_values(self, node: int, times: npt.ArrayLike) -> tuple[FloatArray, dict[str, FloatArray]]:
+    def node_values(
+        self, node: int, times: npt.ArrayLike
+    ) -> tuple[FloatArray, dict[str, FloatArray]]:
         """The node's used bytes at each time, and each group's bytes."""
         groups = {g: self.group_values(node, g, times) for g in self.group_names(node)}
         used = self.group_values(node, None, times)

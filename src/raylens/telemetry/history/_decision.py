@@ -5,17 +5,20 @@ allocator release (see :mod:`._estimator`). So a series is called *growing* only
 confirmed evidence:
 
 - **fast**: two fits in a row, each confirmed, at least ``grow_fast`` with at least three
-  quarters of their pairs agreeing; or
+  quarters of their pairs agreeing, the second within a quarter of the first (a rate still
+  climbing into the window is not yet the rate); or
 - **slow**: over the last three windows, at least fifteen confirmed rates (one kept per
   tenth of a window) whose median reaches ``grow_slow``, nine in ten of them positive.
 
 An unconfirmed, rising fit over troughs counts as confirmed when another one from the last
 window, resting on entirely different cuts, gives a rate within 30 % of it: one misread
-step cannot produce both. A fit over a series without troughs that has cuts is never
-confirmed: rises between steps may be a cycle that each step releases.
+step cannot produce both. Two fits that may each read a cycle restarted by a step as growth
+(``Fit.restart``) can agree for that very reason, so they do not confirm anything; nor does
+a fit over a series without troughs that has cuts (rises between steps may be a cycle that
+each step releases).
 
-It stops growing when the median of the confirmed rates of the last window falls below
-``calm`` (at least three of them). A fit that cannot be made keeps the last growth figure
+It stops growing when the median of the confirmed rates of the last window, counting only
+those since it started growing, falls below ``calm`` (at least five of them: half a window). A fit that cannot be made keeps the last growth figure
 for one window, then the figure is dropped.
 
 Memory per series is fixed from the start: the confirmed rates live in a preallocated ring.
@@ -34,11 +37,12 @@ __all__ = ["GrowthTracker"]
 
 _FAST_STREAK = 2
 _FAST_AGREEMENT = 0.75
+_FAST_STEADY = 0.25
 _SLOW_WINDOWS = 3
 _RATES_PER_WINDOW = 10
 _SLOW_MIN_RATES = 15
 _SLOW_POSITIVE = 0.9
-_CALM_MIN_RATES = 3
+_CALM_MIN_RATES = 5
 _TWIN_TOLERANCE = 0.3
 _RING = _SLOW_WINDOWS * _RATES_PER_WINDOW
 
@@ -58,11 +62,12 @@ class GrowthTracker:
     be made, None before the first fit. ``confirmed`` says whether it is. ``trusted`` is
     the latest confirmed rate of the last window (None when there was none), the figure to
     add up when several series make a whole. ``growing_since`` is when the current growing
-    spell began (None while not growing).
+    spell began (None while not growing), ``spells`` how many have begun.
     """
 
     __slots__ = (
         "_fast",
+        "_last_strong",
         "_rate_t",
         "_rate_v",
         "_rates",
@@ -72,6 +77,7 @@ class GrowthTracker:
         "growing_since",
         "growth",
         "growth_at",
+        "spells",
     )
 
     def __init__(self, settings: GrowthSettings) -> None:
@@ -80,7 +86,9 @@ class GrowthTracker:
         self.growth_at: float | None = None
         self.confirmed = False
         self.growing_since: float | None = None
+        self.spells = 0
         self._fast = 0
+        self._last_strong = math.nan
         self._rate_t = np.full(_RING, -math.inf)
         self._rate_v = np.zeros(_RING)
         self._rates = 0
@@ -114,8 +122,14 @@ class GrowthTracker:
         self.growth, self.growth_at, self.confirmed = fit.slope, now, confirmed
         if confirmed:
             self._keep_rate(now, fit.slope)
-        strong = fit.slope >= settings.grow_fast and fit.agreement >= _FAST_AGREEMENT
-        self._fast = self._fast + 1 if confirmed and strong else 0
+        strong = confirmed and fit.slope >= settings.grow_fast and fit.agreement >= _FAST_AGREEMENT
+        if not strong:
+            self._fast = 0
+        elif self._fast and abs(fit.slope - self._last_strong) <= _FAST_STEADY * self._last_strong:
+            self._fast += 1
+        else:
+            self._fast = 1
+        self._last_strong = fit.slope if strong else math.nan
         self._judge(now)
 
     def _twin(self, now: float, fit: Fit) -> bool:
@@ -123,7 +137,7 @@ class GrowthTracker:
         window = self._settings.window_s
         if self._twins:
             self._twins = [twin for twin in self._twins if now - twin[0] <= window]
-        if not fit.troughs or not fit.cuts or fit.slope <= 0:
+        if not fit.troughs or fit.restart or not fit.cuts or fit.slope <= 0:
             return False
         mine = set(fit.cuts)
         found = any(
@@ -154,6 +168,7 @@ class GrowthTracker:
         if self.growing_since is None:
             if self._fast >= _FAST_STREAK:
                 self.growing_since = now
+                self.spells += 1
                 return
             if self._rates < _SLOW_MIN_RATES:
                 return
@@ -164,7 +179,8 @@ class GrowthTracker:
                 and np.count_nonzero(recent > 0) >= _SLOW_POSITIVE * len(recent)
             ):
                 self.growing_since = now
+                self.spells += 1
             return
-        latest = self._recent(now, window)
+        latest = self._recent(now, min(window, now - self.growing_since))
         if len(latest) >= _CALM_MIN_RATES and _median(latest) < settings.calm:
             self.growing_since = None

@@ -130,7 +130,9 @@ def resolve_kill_line_config(
     if refresh is not None:
         value = _integer(refresh[0])
         if value is None or value < 0:
-            ignored.append(f"memory_monitor_refresh_ms={printable(repr(refresh[0]))[:80]} from {refresh[1]}")
+            ignored.append(
+                f"memory_monitor_refresh_ms={printable(repr(refresh[0]))[:80]} from {refresh[1]}"
+            )
         else:
             monitor = value > 0
 
@@ -149,7 +151,9 @@ def resolve_kill_line_config(
             raise ValueError(
                 f"threshold must be a number above 0 and at most 1, got {threshold!r:.80}"
             )
-        return KillLineConfig(chosen, min_free, monitor, "the threshold raylens was given", tuple(ignored))
+        return KillLineConfig(
+            chosen, min_free, monitor, "the threshold raylens was given", tuple(ignored)
+        )
     raw = environ.get(THRESHOLD_ENV, "")
     if raw.strip():
         chosen = _fraction(raw.strip())
@@ -158,13 +162,21 @@ def resolve_kill_line_config(
                 f"{THRESHOLD_ENV}={raw!r:.80} is not allowed; allowed: a number above 0 and at most 1"
             )
         return KillLineConfig(chosen, min_free, monitor, THRESHOLD_ENV, tuple(ignored))
-    found = cluster_or_env("memory_usage_threshold", RAY_THRESHOLD_ENV)
-    if found is not None:
-        chosen = _fraction(found[0])
+    candidates: list[tuple[object, str]] = []
+    if "memory_usage_threshold" in config:
+        candidates.append((config["memory_usage_threshold"], "the cluster's system config"))
+    if environ.get(RAY_THRESHOLD_ENV, "").strip():
+        candidates.append(
+            (environ[RAY_THRESHOLD_ENV], f"{RAY_THRESHOLD_ENV} in the driver's environment")
+        )
+    for candidate, source in candidates:
+        chosen = _fraction(candidate)
         if chosen is not None:
-            return KillLineConfig(chosen, min_free, monitor, found[1], tuple(ignored))
-        ignored.append(f"memory_usage_threshold={printable(repr(found[0]))[:80]} from {found[1]}")
-    return KillLineConfig(DEFAULT_MEMORY_USAGE_THRESHOLD, min_free, monitor, "Ray's default", tuple(ignored))
+            return KillLineConfig(chosen, min_free, monitor, source, tuple(ignored))
+        ignored.append(f"memory_usage_threshold={printable(repr(candidate))[:80]} from {source}")
+    return KillLineConfig(
+        DEFAULT_MEMORY_USAGE_THRESHOLD, min_free, monitor, "Ray's default", tuple(ignored)
+    )
 
 
 def _positive(value: float | None) -> float | None:

@@ -30,7 +30,7 @@ _MIN_CAPACITY = 16
 _PENDING = 64
 #: Spare room over the live samples when the buffer is resized; a fuller buffer is compacted
 #: (the oldest moved out) every ``_SLACK * window`` samples.
-_SLACK = 0.1
+_SLACK = 0.2
 
 
 class Bucket(NamedTuple):
@@ -38,7 +38,7 @@ class Bucket(NamedTuple):
 
     start: float
     width: float
-    count: int
+    samples: int
     minimum: float
     maximum: float
     mean: float
@@ -66,11 +66,14 @@ class SeriesBuffer:
         "_t0",
         "_v",
         "_v0",
+        "hold_from",
         "window_s",
     )
 
     def __init__(self, window_s: float, bucket_s: float, buckets: int) -> None:
         self.window_s = window_s
+        #: While set, samples from a window before this time are kept (a fit still due needs them).
+        self.hold_from: float | None = None
         self._bucket_s = bucket_s
         self._t = np.empty(_MIN_CAPACITY, dtype=np.float32)
         self._v = np.empty(_MIN_CAPACITY, dtype=np.float32)
@@ -100,13 +103,25 @@ class SeriesBuffer:
     def last_value(self) -> float | None:
         """The newest sample's bytes, or None before the first."""
         if self._pending_v:
-            return self._pending_v[-1]
+            value = self._pending_v[-1]
+            if math.isnan(self._t0):
+                return value
+            # As it will read once stored, so a figure never depends on when it was stored.
+            return self._v0 + float(np.float32(value - self._v0))
         return None if self._hi == self._lo else self._v0 + float(self._v[self._hi - 1])
 
     def nbytes(self) -> int:
         """Bytes held by this series' arrays (numpy buffers, not the Python objects)."""
         self._flush()
-        arrays = (self._t, self._v, self._b_id, self._b_count, self._b_min, self._b_max, self._b_mean)
+        arrays = (
+            self._t,
+            self._v,
+            self._b_id,
+            self._b_count,
+            self._b_min,
+            self._b_max,
+            self._b_mean,
+        )
         return sum(a.nbytes for a in arrays)
 
     def append(self, t: float, value: float) -> None:
@@ -134,17 +149,25 @@ class SeriesBuffer:
         self._flush()
         times = np.asarray(times, dtype=np.float64)
         values = np.asarray(values, dtype=np.float64)
-        keep = np.isfinite(times) & np.isfinite(values)
-        if not keep.all():
-            times, values = times[keep], values[keep]
         if len(times) == 0:
             return
         last = self.last_time
-        if len(times) > 1 and bool(np.any(np.diff(times) <= 0)):
-            ordered = np.maximum.accumulate(times)
-            fresh = np.ones(len(times), dtype=bool)
-            fresh[1:] = times[1:] > ordered[:-1]
-            times, values = times[fresh], values[fresh]
+        clean = (
+            bool(np.isfinite(values).all())
+            and math.isfinite(float(times[0]))
+            and math.isfinite(float(times[-1]))
+            and (len(times) == 1 or bool((times[1:] > times[:-1]).all()))
+        )
+        if not clean:
+            keep = np.isfinite(times) & np.isfinite(values)
+            times, values = times[keep], values[keep]
+            if len(times) > 1:
+                ordered = np.maximum.accumulate(times)
+                fresh = np.ones(len(times), dtype=bool)
+                fresh[1:] = times[1:] > ordered[:-1]
+                times, values = times[fresh], values[fresh]
+            if len(times) == 0:
+                return
         if last is not None and times[0] <= last:
             start = int(np.searchsorted(times, last, side="right"))
             times, values = times[start:], values[start:]
@@ -157,25 +180,65 @@ class SeriesBuffer:
         if math.isnan(self._t0):
             self._t0 = float(times[0])
             self._v0 = float(values[0])
-        self._rebase(float(times[-1]), values)
-        self._make_room(len(times), float(times[-1]))
+        newest = float(times[-1])
+        self._rebase(newest, values)
+        cutoff = self._cutoff(newest)
+        if times[0] < cutoff:
+            # Samples already older than the window go straight to the buckets.
+            old = int(np.searchsorted(times, cutoff, side="left"))
+            self._fold(times[:old], (values[:old] - self._v0).astype(np.float32))
+            times, values = times[old:], values[old:]
+        self._make_room(len(times), newest)
         end = self._hi + len(times)
         self._t[self._hi : end] = times - self._t0
         self._v[self._hi : end] = values - self._v0
         self._hi = end
 
-    def window(self, now: float | None = None) -> tuple[FloatArray, FloatArray]:
-        """The samples of the last window (ending at ``now``, default the newest), as float64."""
+    def trim(self) -> None:
+        """Move samples that have left the window to the buckets, and shrink spare room.
+
+        Called when a fit that held older samples is done, so that a bulk load does not
+        keep its whole length.
+        """
+        self._flush()
+        newest = self.last_time
+        if newest is None:
+            return
+        t = self._t[self._lo : self._hi]
+        keep_from = int(
+            np.searchsorted(t, np.float32(self._cutoff(newest) - self._t0), side="left")
+        )
+        if keep_from:
+            start, stop = self._lo, self._lo + keep_from
+            self._fold(self._t[start:stop].astype(np.float64) + self._t0, self._v[start:stop])
+            self._lo = stop
+        live = self._hi - self._lo
+        if len(self._t) > 2 * max(live, _MIN_CAPACITY):
+            capacity = max(_MIN_CAPACITY, int(live * (1 + _SLACK)) + 1)
+            new_t = np.empty(capacity, dtype=np.float32)
+            new_v = np.empty(capacity, dtype=np.float32)
+            new_t[:live] = self._t[self._lo : self._hi]
+            new_v[:live] = self._v[self._lo : self._hi]
+            self._t, self._v, self._lo, self._hi = new_t, new_v, 0, live
+
+    def _cutoff(self, newest: float) -> float:
+        """Samples before this time have left the window (and no fit still needs them)."""
+        return (newest if self.hold_from is None else min(newest, self.hold_from)) - self.window_s
+
+    def window(self, end: float | None = None) -> tuple[FloatArray, FloatArray]:
+        """The samples of the window ending at ``end`` (default: the newest sample), as float64."""
         self._flush()
         if self._hi == self._lo:
             return np.empty(0), np.empty(0)
-        end = self.last_time if now is None else now
-        assert end is not None
+        if end is None:
+            end = self.last_time
+            assert end is not None
         t = self._t[self._lo : self._hi]
         first = int(np.searchsorted(t, np.float32(end - self.window_s - self._t0), side="left"))
+        stop = int(np.searchsorted(t, np.float32(end - self._t0), side="right"))
         return (
-            t[first:].astype(np.float64) + self._t0,
-            self._v[self._lo + first : self._hi].astype(np.float64) + self._v0,
+            t[first:stop].astype(np.float64) + self._t0,
+            self._v[self._lo + first : self._lo + stop].astype(np.float64) + self._v0,
         )
 
     def buckets(self) -> list[Bucket]:
@@ -188,7 +251,7 @@ class SeriesBuffer:
             Bucket(
                 start=float(self._b_id[k]) * width,
                 width=width,
-                count=int(self._b_count[k]),
+                samples=int(self._b_count[k]),
                 minimum=self._v0 + float(self._b_min[k]),
                 maximum=self._v0 + float(self._b_max[k]),
                 mean=self._v0 + float(self._b_mean[k]),
@@ -204,7 +267,7 @@ class SeriesBuffer:
             oldest = self._t0 + float(self._t[self._lo]) if self._hi > self._lo else newest_t
             shift_t = min(oldest, newest_t) - self._t0
         shift_v = 0.0
-        if float(np.max(np.abs(values - self._v0))) > _VALUE_REBASE:
+        if max(float(values.max()) - self._v0, self._v0 - float(values.min())) > _VALUE_REBASE:
             shift_v = float(values[-1]) - self._v0
         if shift_t:
             self._t[self._lo : self._hi] -= np.float32(shift_t)
@@ -219,9 +282,12 @@ class SeriesBuffer:
         if self._hi + incoming <= len(self._t):
             return
         t = self._t[self._lo : self._hi]
-        keep_from = int(np.searchsorted(t, np.float32(newest_t - self.window_s - self._t0), side="left"))
+        keep_from = int(
+            np.searchsorted(t, np.float32(self._cutoff(newest_t) - self._t0), side="left")
+        )
         if keep_from:
-            self._fold(self._lo, self._lo + keep_from)
+            start, stop = self._lo, self._lo + keep_from
+            self._fold(self._t[start:stop].astype(np.float64) + self._t0, self._v[start:stop])
         live = self._hi - self._lo - keep_from
         needed = live + incoming
         capacity = len(self._t)
@@ -237,10 +303,10 @@ class SeriesBuffer:
         self._t, self._v = new_t, new_v
         self._lo, self._hi = 0, live
 
-    def _fold(self, start: int, stop: int) -> None:
-        """Move samples ``[start, stop)`` of the buffer into the buckets."""
-        times = self._t[start:stop].astype(np.float64) + self._t0
-        values = self._v[start:stop]
+    def _fold(self, times: FloatArray, values: npt.NDArray[np.float32]) -> None:
+        """Add samples (absolute times, values as offsets from the anchor) to the buckets."""
+        if not len(times):
+            return
         ids = np.floor(times / self._bucket_s).astype(np.int64)
         edges = np.flatnonzero(np.diff(ids)) + 1
         starts = np.concatenate([[0], edges])
@@ -249,19 +315,19 @@ class SeriesBuffer:
         sums = np.add.reduceat(values.astype(np.float64), starts)
         counts = np.diff(np.concatenate([starts, [len(values)]]))
         slots = len(self._b_id)
-        for k, first in enumerate(starts):
-            bucket = int(ids[first])
+        for bucket, low, high, total, count in zip(
+            ids[starts].tolist(), mins.tolist(), maxs.tolist(), sums.tolist(), counts.tolist()
+        ):
             slot = bucket % slots
-            if self._b_id[slot] != bucket:
+            if int(self._b_id[slot]) != bucket:
                 self._b_id[slot] = bucket
-                self._b_count[slot] = 0
-                self._b_min[slot] = np.inf
-                self._b_max[slot] = -np.inf
-                self._b_mean[slot] = 0.0
-            count = int(self._b_count[slot])
-            total = float(self._b_mean[slot]) * count + float(sums[k])
-            count += int(counts[k])
-            self._b_count[slot] = count
-            self._b_min[slot] = min(float(self._b_min[slot]), float(mins[k]))
-            self._b_max[slot] = max(float(self._b_max[slot]), float(maxs[k]))
-            self._b_mean[slot] = total / count
+                self._b_count[slot] = count
+                self._b_min[slot] = low
+                self._b_max[slot] = high
+                self._b_mean[slot] = total / count
+                continue
+            held = int(self._b_count[slot])
+            self._b_mean[slot] = (float(self._b_mean[slot]) * held + total) / (held + count)
+            self._b_count[slot] = held + count
+            self._b_min[slot] = min(float(self._b_min[slot]), low)
+            self._b_max[slot] = max(float(self._b_max[slot]), high)

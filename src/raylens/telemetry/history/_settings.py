@@ -37,10 +37,14 @@ _MIB_PER_MIN = (1 << 20) / 60.0
 
 def _finite(name: str, value: object, *, low: float, high: float, unit: str) -> float:
     if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise ValueError(f"{name} must be a number of {unit} from {low:g} to {high:g}, got {value!r:.80}")
+        raise ValueError(
+            f"{name} must be a number of {unit} from {low:g} to {high:g}, got {value!r:.80}"
+        )
     number = float(value)
     if not math.isfinite(number) or not low <= number <= high:
-        raise ValueError(f"{name} must be a number of {unit} from {low:g} to {high:g}, got {value!r:.80}")
+        raise ValueError(
+            f"{name} must be a number of {unit} from {low:g} to {high:g}, got {value!r:.80}"
+        )
     return number
 
 
@@ -115,7 +119,11 @@ class GrowthSettings:
             "horizon_s", self.horizon_s, low=window, high=30 * MAX_GROWTH_WINDOW_S, unit="seconds"
         )
         object.__setattr__(self, "horizon_s", horizon)
-        if isinstance(self.buckets, bool) or not isinstance(self.buckets, int) or not 1 <= self.buckets <= 10_000:
+        if (
+            isinstance(self.buckets, bool)
+            or not isinstance(self.buckets, int)
+            or not 1 <= self.buckets <= 10_000
+        ):
             raise ValueError(f"buckets must be an int from 1 to 10000, got {self.buckets!r:.80}")
         if self.refit_every_s is None:
             object.__setattr__(self, "refit_every_s", window / 10.0)
@@ -123,7 +131,13 @@ class GrowthSettings:
             object.__setattr__(
                 self,
                 "refit_every_s",
-                _finite("refit_every_s", self.refit_every_s, low=window / 100, high=horizon, unit="seconds"),
+                _finite(
+                    "refit_every_s",
+                    self.refit_every_s,
+                    low=window / 100,
+                    high=horizon,
+                    unit="seconds",
+                ),
             )
         for name in ("step_bytes", "grow_fast", "grow_slow", "calm"):
             object.__setattr__(

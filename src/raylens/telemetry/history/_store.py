@@ -6,8 +6,10 @@ its own series, ``(node, None)``; the node's growth is then the sum of its parts
 because each part's allocator cycle is fitted on its own while the sum of several cycles
 has no clean floor to follow. A node recorded without groups is fitted as one series.
 
-A series is fitted every tenth of a window of its own time, when a sample arrives past
-that point, so figures depend on the samples only, not on when they are read.
+A series is fitted every tenth of a window of its own time, over the window ending at the
+first sample past that point, so figures depend on the samples only, not on when they are
+read. Fits wait until the next read (or until a few are due for one series) and then run
+together, all series at once: a batch of many series costs little more than one.
 
 Thread safety: one lock guards every call, so a monitor thread may record while another
 reads.
@@ -19,13 +21,12 @@ import math
 import threading
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Union
 
 import numpy as np
 import numpy.typing as npt
 
 from raylens.telemetry.history._decision import GrowthTracker
-from raylens.telemetry.history._estimator import fit_growth
+from raylens.telemetry.history._estimator import fit_growth_batch
 from raylens.telemetry.history._limit import time_to_limit
 from raylens.telemetry.history._series import Bucket, SeriesBuffer
 from raylens.telemetry.history._settings import GrowthSettings
@@ -33,11 +34,13 @@ from raylens.telemetry.history._settings import GrowthSettings
 __all__ = ["Key", "MemoryHistory", "NodeGrowth", "SeriesGrowth"]
 
 #: A node id, or ``(node id, group)``; group None is the node's memory outside its groups.
-Key = Union[str, tuple[str, Union[str, None]]]
+Key = str | tuple[str, str | None]
 FloatArray = npt.NDArray[np.float64]
 
 #: A window must span this share of the window setting before it is fitted.
 _FULL_WINDOW = 0.9
+#: Fits one series may have waiting before every waiting fit is run (a window's worth).
+_MAX_DUE = 10
 
 
 @dataclass(frozen=True)
@@ -49,7 +52,7 @@ class SeriesGrowth:
     whole window). ``confirmed`` says whether that figure rests on more than one step's jump
     (see :mod:`._estimator`); ``trusted`` is the latest confirmed figure of the last window.
     ``growing`` is the hysteresis decision of :mod:`._decision`, ``growing_since`` when it
-    last became true.
+    last became true, ``spells`` how many times it has become true.
     """
 
     used: float | None
@@ -59,6 +62,7 @@ class SeriesGrowth:
     growing: bool
     trusted: float | None = None
     growing_since: float | None = None
+    spells: int = 0
 
 
 @dataclass(frozen=True)
@@ -94,12 +98,13 @@ def _steady(part: SeriesGrowth) -> float:
 
 
 class _Entry:
-    __slots__ = ("buffer", "next_fit", "tracker")
+    __slots__ = ("buffer", "due", "next_fit", "tracker")
 
     def __init__(self, settings: GrowthSettings) -> None:
         self.buffer = SeriesBuffer(settings.window_s, settings.bucket_s, settings.buckets)
         self.tracker = GrowthTracker(settings)
         self.next_fit = -math.inf
+        self.due: list[float] = []
 
 
 class _Node:
@@ -123,6 +128,7 @@ class MemoryHistory:
         self._lock = threading.Lock()
         self._series: dict[Key, _Entry] = {}
         self._nodes: dict[str, _Node] = {}
+        self._due: dict[Key, _Entry] = {}
 
     # recording -----------------------------------------------------------------
 
@@ -136,7 +142,9 @@ class MemoryHistory:
         t = np.asarray(times, dtype=np.float64)
         v = np.asarray(values, dtype=np.float64)
         if t.shape != v.shape or t.ndim != 1:
-            raise ValueError(f"times and values must be 1-D and of one length, got {t.shape} and {v.shape}")
+            raise ValueError(
+                f"times and values must be 1-D and of one length, got {t.shape} and {v.shape}"
+            )
         with self._lock:
             self._add(key, t, v)
 
@@ -179,10 +187,16 @@ class MemoryHistory:
         """:meth:`record_node` for many instants at once (arrays of one length, time order)."""
         t = np.asarray(times, dtype=np.float64)
         u = np.asarray(used, dtype=np.float64)
-        parts = None if groups is None else {g: np.asarray(v, dtype=np.float64) for g, v in groups.items()}
+        parts = (
+            None
+            if groups is None
+            else {g: np.asarray(v, dtype=np.float64) for g, v in groups.items()}
+        )
         for array in (u, *(parts or {}).values()):
             if array.shape != t.shape or t.ndim != 1:
-                raise ValueError(f"times, used and every group must be 1-D and of one length, got {t.shape} and {array.shape}")
+                raise ValueError(
+                    f"times, used and every group must be 1-D and of one length, got {t.shape} and {array.shape}"
+                )
         with self._lock:
             self._add_node(node, t, u, parts)
 
@@ -209,24 +223,30 @@ class MemoryHistory:
         """Drop a node, its groups and the memory outside them."""
         with self._lock:
             self._nodes.pop(node, None)
-            for key in [k for k in self._series if k == node or (isinstance(k, tuple) and k[0] == node)]:
+            for key in [
+                k for k in self._series if k == node or (isinstance(k, tuple) and k[0] == node)
+            ]:
                 del self._series[key]
+                self._due.pop(key, None)
 
     # reading -------------------------------------------------------------------
 
     def keys(self) -> list[Key]:
         """Every key with history."""
         with self._lock:
+            self._settle()
             return list(self._series)
 
     def series(self, key: Key) -> SeriesGrowth | None:
         """The latest state of ``key``, or None if it has no samples."""
         with self._lock:
+            self._settle()
             return self._view(key)
 
     def node(self, node: str) -> NodeGrowth | None:
         """The latest state of ``node`` with its groups, or None if it was never recorded."""
         with self._lock:
+            self._settle()
             own = self._view(node)
             state = self._nodes.get(node)
             if own is None:
@@ -244,25 +264,32 @@ class MemoryHistory:
                 and growth >= self.settings.grow_slow
                 and any(p.growing for p in parts)
             )
-            rated = [(view.growth, name) for name, view in groups.items() if view.growth is not None]
+            rated = [
+                (view.growth, name) for name, view in groups.items() if view.growth is not None
+            ]
             fastest = max(rated)[1] if rated else None
-            return NodeGrowth(node, own.used, own.sampled_at, growth, growing, groups, other, fastest)
+            return NodeGrowth(
+                node, own.used, own.sampled_at, growth, growing, groups, other, fastest
+            )
 
     def window(self, key: Key) -> tuple[FloatArray, FloatArray]:
         """Copies of the full-resolution samples of ``key``'s last window (times, bytes)."""
         with self._lock:
+            self._settle()
             entry = self._series.get(key)
             return entry.buffer.window() if entry else (np.empty(0), np.empty(0))
 
     def buckets(self, key: Key) -> list[Bucket]:
         """The downsampled history of ``key`` before its window, oldest first."""
         with self._lock:
+            self._settle()
             entry = self._series.get(key)
             return entry.buffer.buckets() if entry else []
 
     def nbytes(self) -> int:
         """Bytes held in sample and bucket arrays, over every series."""
         with self._lock:
+            self._settle()
             return sum(entry.buffer.nbytes() for entry in self._series.values())
 
     # internals -----------------------------------------------------------------
@@ -280,49 +307,86 @@ class MemoryHistory:
             tracker.growing,
             tracker.trusted,
             tracker.growing_since,
+            tracker.spells,
         )
 
-    def _add_one(self, key: Key, t: float, value: float, *, fit: bool = True) -> None:
+    def _entry(self, key: Key) -> _Entry:
         entry = self._series.get(key)
         if entry is None:
             entry = self._series[key] = _Entry(self.settings)
+        return entry
+
+    def _mark_due(self, key: Key, entry: _Entry, t: float, *, settle: bool = True) -> None:
+        entry.due.append(t)
+        entry.buffer.hold_from = entry.due[0]
+        self._due[key] = entry
+        every = self.settings.fit_interval_s
+        entry.next_fit = max(entry.next_fit + every, t + every / 2)
+        if settle and len(entry.due) >= _MAX_DUE:
+            self._settle()
+
+    def _add_one(self, key: Key, t: float, value: float, *, fit: bool = True) -> None:
+        entry = self._entry(key)
         entry.buffer.append(t, value)
         if not fit or not math.isfinite(t):
             return
         if entry.next_fit == -math.inf:
             entry.next_fit = t + self.settings.fit_interval_s
         elif t >= entry.next_fit:
-            self._fit(entry, t)
-            every = self.settings.fit_interval_s
-            entry.next_fit = max(entry.next_fit + every, t + every / 2)
+            self._mark_due(key, entry, t)
 
     def _add(self, key: Key, times: FloatArray, values: FloatArray, *, fit: bool = True) -> None:
-        entry = self._series.get(key)
-        if entry is None:
-            entry = self._series[key] = _Entry(self.settings)
-        buffer = entry.buffer
-        if not fit:
-            buffer.extend(times, values)
+        entry = self._entry(key)
+        if not fit or not len(times):
+            entry.buffer.extend(times, values)
             return
-        every = self.settings.fit_interval_s
-        start = 0
-        while start < len(times):
-            if entry.next_fit == -math.inf:
-                entry.next_fit = float(times[start]) + every
-            stop = int(np.searchsorted(times, entry.next_fit, side="left"))
-            if stop >= len(times):
-                buffer.extend(times[start:], values[start:])
+        finite = np.isfinite(times)
+        if not finite.all():
+            times, values = times[finite], values[finite]
+            if not len(times):
                 return
-            buffer.extend(times[start : stop + 1], values[start : stop + 1])
-            now = float(times[stop])
-            self._fit(entry, now)
-            entry.next_fit = max(entry.next_fit + every, now + every / 2)
-            start = stop + 1
+        every = self.settings.fit_interval_s
+        upcoming = entry.next_fit if entry.next_fit != -math.inf else float(times[0]) + every
+        entry.next_fit = upcoming
+        due = []
+        while True:
+            at = int(np.searchsorted(times, upcoming, side="left"))
+            if at >= len(times):
+                break
+            due.append(float(times[at]))
+            upcoming = max(upcoming + every, due[-1] + every / 2)
+        if due and not entry.due:
+            # Keep the samples the first of these fits needs while the rest arrive.
+            entry.buffer.hold_from = due[0]
+        entry.buffer.extend(times, values)
+        for when in due:
+            self._mark_due(key, entry, when, settle=False)
+        if len(entry.due) >= _MAX_DUE:
+            self._settle()
 
-    def _fit(self, entry: _Entry, now: float) -> None:
+    def _settle(self) -> None:
+        """Run every fit that is due, oldest first for each series, many series per batch."""
         settings = self.settings
-        t, x = entry.buffer.window(now)
-        if len(t) < 2 or t[-1] - t[0] < _FULL_WINDOW * settings.window_s:
-            return
-        fit = fit_growth(t, x, step_bytes=settings.step_bytes, radius_s=settings.trough_radius_s)
-        entry.tracker.update(now, fit)
+        while self._due:
+            rounds: dict[int, list[tuple[_Entry, float, FloatArray, FloatArray]]] = {}
+            for key, entry in list(self._due.items()):
+                when = entry.due.pop(0)
+                t, x = entry.buffer.window(when)
+                if entry.due:
+                    entry.buffer.hold_from = entry.due[0]
+                else:
+                    del self._due[key]
+                    entry.buffer.hold_from = None
+                    entry.buffer.trim()
+                if len(t) < 2 or t[-1] - t[0] < _FULL_WINDOW * settings.window_s:
+                    continue
+                rounds.setdefault(len(t), []).append((entry, when, t, x))
+            for rows in rounds.values():
+                fits = fit_growth_batch(
+                    np.stack([row[2] for row in rows]),
+                    np.stack([row[3] for row in rows]),
+                    step_bytes=settings.step_bytes,
+                    radius_s=settings.trough_radius_s,
+                )
+                for (entry, when, _, _), fit in zip(rows, fits):
+                    entry.tracker.update(when, fit)
