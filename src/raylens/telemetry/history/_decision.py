@@ -8,7 +8,9 @@ confirmed evidence:
   quarters of their pairs agreeing, the second within a quarter of the first (a rate still
   climbing into the window is not yet the rate); or
 - **slow**: over the last three windows, at least fifteen confirmed rates (one kept per
-  tenth of a window) whose median reaches ``grow_slow``, nine in ten of them positive.
+  tenth of a window) whose median reaches ``grow_slow``, nine in ten of them positive, and
+  the median of the last window's reaching it too. Rates from before the end of the last
+  growing spell do not count, so a spell that has just calmed cannot start again at once.
 
 An unconfirmed, rising fit over troughs counts as confirmed when another one from the last
 window, resting on entirely different cuts, gives a rate within 30 % of it: one misread
@@ -66,6 +68,7 @@ class GrowthTracker:
     """
 
     __slots__ = (
+        "_calm_at",
         "_fast",
         "_last_strong",
         "_rate_t",
@@ -88,6 +91,7 @@ class GrowthTracker:
         self.growing_since: float | None = None
         self.spells = 0
         self._fast = 0
+        self._calm_at = -math.inf
         self._last_strong = math.nan
         self._rate_t = np.full(_RING, -math.inf)
         self._rate_v = np.zeros(_RING)
@@ -160,7 +164,7 @@ class GrowthTracker:
         self._rates += 1
 
     def _recent(self, now: float, span: float) -> np.ndarray:
-        return self._rate_v[now - self._rate_t <= span]
+        return self._rate_v[now - self._rate_t < span]
 
     def _judge(self, now: float) -> None:
         settings = self._settings
@@ -172,11 +176,13 @@ class GrowthTracker:
                 return
             if self._rates < _SLOW_MIN_RATES:
                 return
-            recent = self._recent(now, _SLOW_WINDOWS * window)
+            span = min(_SLOW_WINDOWS * window, now - self._calm_at)
+            recent = self._recent(now, span)
             if (
                 len(recent) >= _SLOW_MIN_RATES
                 and _median(recent) >= settings.grow_slow
                 and np.count_nonzero(recent > 0) >= _SLOW_POSITIVE * len(recent)
+                and _median(self._recent(now, min(window, span))) >= settings.grow_slow
             ):
                 self.growing_since = now
                 self.spells += 1
@@ -184,3 +190,4 @@ class GrowthTracker:
         latest = self._recent(now, min(window, now - self.growing_since))
         if len(latest) >= _CALM_MIN_RATES and _median(latest) < settings.calm:
             self.growing_since = None
+            self._calm_at = now

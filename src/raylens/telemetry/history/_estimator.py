@@ -11,12 +11,11 @@ the memory returns to:
    are ignored; every other one splits the window into segments.
 2. **Troughs.** Points that are the lowest within ``radius`` on both sides, with that whole
    neighbourhood inside one segment. After every release the series passes through one.
-3. **Levels.** Segments are put back on one level before fitting: where troughs inside one
-   segment give a slope, by lining up the troughs on either side of each cut with it;
-   otherwise by taking each cut's own jump as the step.
-4. **Slope.** Theil-Sen (the median of pairwise slopes) over the troughs (the lowest in
-   each of :data:`MAX_POINTS` equal slices of the window), using pairs at least a sixth of
-   the window apart.
+3. **Slope.** Theil-Sen (the median of pairwise slopes) over the troughs (the lowest in
+   each of :data:`MAX_POINTS` equal slices of the window). Where some segment holds
+   troughs a quarter of the window apart, only such same-segment pairs count, so no
+   cut's size matters. Otherwise every pair at least a sixth of the window apart counts,
+   after taking each cut's own jump out as a step.
 
 A series without releases (a smooth rise, a constant) has no troughs; it is fitted over its
 samples instead. A series with releases but fewer than two troughs a quarter of the window
@@ -354,52 +353,55 @@ def _fit_troughs(
         marks[r, row_cuts] = 1
     seg = np.take_along_axis(np.cumsum(marks, axis=1), idx, 1)
 
-    # Pairs a quarter of the window apart lie at least this many slices apart, less one.
+    # Where troughs a quarter of the window apart share a segment, the slope is theirs
+    # alone: the median over such pairs, which no cut's size can bias.
     i, j = _pairs(MAX_POINTS, MAX_POINTS // 4 - 1)
     gaps = tp[:, j] - tp[:, i]
     inside = ok[:, i] & ok[:, j] & (seg[:, i] == seg[:, j]) & (gaps >= span[:, None] / 4)
     confirmed = inside.any(axis=1)
-    within = np.zeros(k)
+    slope = np.full(k, np.nan)
+    total = np.zeros(k, dtype=np.intp)
+    rising = np.zeros(k, dtype=np.intp)
+    falling = np.zeros(k, dtype=np.intp)
+    deviation = np.zeros(k)
     some = np.flatnonzero(confirmed)
     if len(some):
         part = inside[some]
         rise = (xp[some][:, j] - xp[some][:, i]) / np.where(part, gaps[some], 1.0)
-        within[some] = _masked_median(rise, part)
+        slope[some] = _masked_median(rise, part)
+        total[some] = part.sum(axis=1)
+        rising[some] = (part & (rise > 0)).sum(axis=1)
+        falling[some] = (part & (rise < 0)).sum(axis=1)
 
-    # Levels where some segment gives a slope: line the troughs up across each cut with it.
-    order = np.where(ok, np.arange(MAX_POINTS), -1)
-    previous = np.maximum.accumulate(
-        np.concatenate([np.full((k, 1), -1), order[:, :-1]], axis=1), axis=1
-    )
-    before = np.maximum(previous, 0)
-    crossing = ok & (previous >= 0) & (seg != np.take_along_axis(seg, before, 1))
-    jump = (xp - np.take_along_axis(xp, before, 1)) - within[:, None] * (
-        tp - np.take_along_axis(tp, before, 1)
-    )
-    yp = xp - np.cumsum(np.where(crossing, jump, 0.0), axis=1)
-    # Elsewhere, each cut's own step; or, where a step may have restarted a cycle, the
-    # floor across it, if that lines the troughs up better.
-    restarted: list[int] = []
+    # Elsewhere every cut is crossed: by its own step, or, where a step may have restarted
+    # a cycle, by the floor across it if that lines the troughs up better.
+    rest = np.flatnonzero(~confirmed)
     ambiguous: set[int] = set()
-    other = yp.copy()
-    for r in np.flatnonzero(~confirmed).tolist():
-        if cuts[r]:
-            yp[r] = xp[r] - np.concatenate([[0.0], np.cumsum(raw[r])])[seg[r]]
+    if len(rest):
+        yp = xp[rest].copy()
+        other = yp.copy()
+        restarted: list[int] = []
+        for n_row, r in enumerate(rest.tolist()):
+            if not cuts[r]:
+                continue
+            yp[n_row] = xp[r] - np.concatenate([[0.0], np.cumsum(raw[r])])[seg[r]]
             keep = ok[r]
             steps = _restarted_steps(
                 cuts[r], raw[r], x[r], idx[r][keep].tolist(), seg[r][keep].tolist(), step_bytes / 32
             )
             if steps != raw[r]:
-                other[r] = xp[r] - np.concatenate([[0.0], np.cumsum(steps)])[seg[r]]
-                restarted.append(r)
+                other[n_row] = xp[r] - np.concatenate([[0.0], np.cumsum(steps)])[seg[r]]
+                restarted.append(n_row)
                 ambiguous.add(r)
-    slope, total, rising, falling, deviation = _line(tp, yp, ok, span)
-    if restarted:
-        rows = np.array(restarted)
-        alt = _line(tp[rows], other[rows], ok[rows], span[rows])
-        better = alt[4] < deviation[rows]
-        for target, values in zip((slope, total, rising, falling, deviation), alt):
-            target[rows[better]] = values[better]
+        line = _line(tp[rest], yp, ok[rest], span[rest])
+        if restarted:
+            rows = np.array(restarted)
+            alt = _line(tp[rest][rows], other[rows], ok[rest][rows], span[rest][rows])
+            better = alt[4] < line[4][rows]
+            for target, values in zip(line, alt):
+                target[rows[better]] = values[better]
+        for target, values in zip((slope, total, rising, falling, deviation), line):
+            target[rest] = values
     points = ok.sum(axis=1)
 
     first = np.take_along_axis(idx, np.argmax(ok, axis=1)[:, None], 1)[:, 0].tolist()

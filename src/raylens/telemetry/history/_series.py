@@ -195,11 +195,29 @@ class SeriesBuffer:
         self._hi = end
 
     def trim(self) -> None:
-        """Move samples that have left the window to the buckets, and shrink spare room.
+        """Shrink the buffer back to about one window when a bulk load left it much larger.
 
-        Called when a fit that held older samples is done, so that a bulk load does not
-        keep its whole length.
+        Called when the fits that held older samples are done. Cheap when there is nothing
+        to shrink.
         """
+        self._flush()
+        newest = self.last_time
+        if newest is None:
+            return
+        oldest = self._t0 + float(self._t[self._lo])
+        if oldest < self._cutoff(newest) - _SLACK * self.window_s:
+            self._evict()
+        live = self._hi - self._lo
+        if len(self._t) > 2 * max(live, _MIN_CAPACITY):
+            capacity = max(_MIN_CAPACITY, int(live * (1 + _SLACK)) + 1)
+            new_t = np.empty(capacity, dtype=np.float32)
+            new_v = np.empty(capacity, dtype=np.float32)
+            new_t[:live] = self._t[self._lo : self._hi]
+            new_v[:live] = self._v[self._lo : self._hi]
+            self._t, self._v, self._lo, self._hi = new_t, new_v, 0, live
+
+    def _evict(self) -> None:
+        """Move samples that have left the window (and that no fit holds) to the buckets."""
         self._flush()
         newest = self.last_time
         if newest is None:
@@ -212,14 +230,6 @@ class SeriesBuffer:
             start, stop = self._lo, self._lo + keep_from
             self._fold(self._t[start:stop].astype(np.float64) + self._t0, self._v[start:stop])
             self._lo = stop
-        live = self._hi - self._lo
-        if len(self._t) > 2 * max(live, _MIN_CAPACITY):
-            capacity = max(_MIN_CAPACITY, int(live * (1 + _SLACK)) + 1)
-            new_t = np.empty(capacity, dtype=np.float32)
-            new_v = np.empty(capacity, dtype=np.float32)
-            new_t[:live] = self._t[self._lo : self._hi]
-            new_v[:live] = self._v[self._lo : self._hi]
-            self._t, self._v, self._lo, self._hi = new_t, new_v, 0, live
 
     def _cutoff(self, newest: float) -> float:
         """Samples before this time have left the window (and no fit still needs them)."""
@@ -241,9 +251,20 @@ class SeriesBuffer:
             self._v[self._lo + first : self._lo + stop].astype(np.float64) + self._v0,
         )
 
+    def window_parts(
+        self, end: float
+    ) -> tuple[npt.NDArray[np.float32], npt.NDArray[np.float32], float, float]:
+        """The window ending at ``end`` as stored: float32 time and byte offsets (views, valid
+        until the next sample is added) and the two anchors they are offsets from."""
+        self._flush()
+        t = self._t[self._lo : self._hi]
+        first = int(np.searchsorted(t, np.float32(end - self.window_s - self._t0), side="left"))
+        stop = int(np.searchsorted(t, np.float32(end - self._t0), side="right"))
+        return t[first:stop], self._v[self._lo + first : self._lo + stop], self._t0, self._v0
+
     def buckets(self) -> list[Bucket]:
         """The downsampled history, oldest first (samples that have left the window)."""
-        self._flush()
+        self._evict()
         filled = np.flatnonzero(self._b_id >= 0)
         order = filled[np.argsort(self._b_id[filled])]
         width = self._bucket_s

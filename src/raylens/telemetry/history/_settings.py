@@ -102,7 +102,7 @@ class GrowthSettings:
     buckets: int = 60
     step_bytes: float = DEFAULT_STEP_BYTES
     refit_every_s: float | None = None
-    grow_fast: float = 10 * _MIB_PER_MIN
+    grow_fast: float = 20 * _MIB_PER_MIN
     grow_slow: float = 3.5 * _MIB_PER_MIN
     calm: float = 1.0 * _MIB_PER_MIN
 

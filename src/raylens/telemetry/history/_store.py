@@ -339,6 +339,7 @@ class MemoryHistory:
         entry = self._entry(key)
         if not fit or not len(times):
             entry.buffer.extend(times, values)
+            entry.buffer.trim()
             return
         finite = np.isfinite(times)
         if not finite.all():
@@ -367,26 +368,27 @@ class MemoryHistory:
     def _settle(self) -> None:
         """Run every fit that is due, oldest first for each series, many series per batch."""
         settings = self.settings
+        needed = _FULL_WINDOW * settings.window_s
         while self._due:
-            rounds: dict[int, list[tuple[_Entry, float, FloatArray, FloatArray]]] = {}
+            rounds: dict[int, list[tuple[_Entry, float, np.ndarray, np.ndarray, float, float]]] = {}
             for key, entry in list(self._due.items()):
                 when = entry.due.pop(0)
-                t, x = entry.buffer.window(when)
+                t, x, t0, v0 = entry.buffer.window_parts(when)
                 if entry.due:
                     entry.buffer.hold_from = entry.due[0]
                 else:
                     del self._due[key]
                     entry.buffer.hold_from = None
                     entry.buffer.trim()
-                if len(t) < 2 or t[-1] - t[0] < _FULL_WINDOW * settings.window_s:
+                if len(t) < 2 or float(t[-1]) - float(t[0]) < needed:
                     continue
-                rounds.setdefault(len(t), []).append((entry, when, t, x))
+                rounds.setdefault(len(t), []).append((entry, when, t, x, t0, v0))
             for rows in rounds.values():
+                anchors = np.array([(row[4], row[5]) for row in rows])
+                times = np.stack([row[2] for row in rows]).astype(np.float64) + anchors[:, :1]
+                values = np.stack([row[3] for row in rows]).astype(np.float64) + anchors[:, 1:]
                 fits = fit_growth_batch(
-                    np.stack([row[2] for row in rows]),
-                    np.stack([row[3] for row in rows]),
-                    step_bytes=settings.step_bytes,
-                    radius_s=settings.trough_radius_s,
+                    times, values, step_bytes=settings.step_bytes, radius_s=settings.trough_radius_s
                 )
-                for (entry, when, _, _), fit in zip(rows, fits):
-                    entry.tracker.update(when, fit)
+                for row, fit in zip(rows, fits):
+                    row[0].tracker.update(row[1], fit)

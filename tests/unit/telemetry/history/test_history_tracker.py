@@ -80,6 +80,12 @@ def test_a_slow_rate_starts_growing_after_enough_confirmed_evidence() -> None:
     assert tracker.growing
 
 
+def test_a_slow_rate_that_has_flattened_lately_does_not() -> None:
+    tracker = GrowthTracker(SETTINGS)
+    feed(tracker, [fit(8)] * 9 + [fit(0.5)] * 11)
+    assert not tracker.growing and tracker.spells == 0
+
+
 def test_a_slow_rate_below_the_threshold_or_of_mixed_sign_does_not() -> None:
     low = GrowthTracker(SETTINGS)
     feed(low, [fit(3)] * 40)
@@ -93,10 +99,12 @@ def test_growing_stops_when_the_recent_median_calms_and_not_before() -> None:
     tracker = GrowthTracker(SETTINGS)
     now = feed(tracker, [fit(50), fit(50)])
     assert tracker.growing
-    now = feed(tracker, [fit(0.5)] * 3, start=now)
+    now = feed(tracker, [fit(0.5)] * 4, start=now)
     assert tracker.growing  # fewer than half a window of rates since it began: not yet
-    feed(tracker, [fit(0.5)], start=now)
+    now = feed(tracker, [fit(0.5)], start=now)
     assert not tracker.growing and tracker.growing_since is None
+    feed(tracker, [fit(5)] * 20, start=now)
+    assert tracker.spells == 2  # a new spell needs new evidence, then starts again
 
 
 def test_a_figure_is_kept_for_one_window_when_fits_fail() -> None:
