@@ -1,6 +1,6 @@
 """A simulated Ray cluster that raylens can scrape without Ray: the engine behind ``raylens simulate``.
 
-Three pieces, each in its own module:
+Four pieces, each in its own module:
 
 * :mod:`raylens.simulation.raylet` - :class:`FakeRaylet`, a real HTTP server on
   127.0.0.1 that serves a recorded Ray raylet metrics page (bundled under
@@ -10,6 +10,9 @@ Three pieces, each in its own module:
   records the caller edits.
 * :mod:`raylens.simulation.simulated_cluster` - :class:`SimulatedCluster`, N fake
   raylets behind one scripted cluster, with memory that follows a schedule.
+* :mod:`raylens.simulation.memory_script` - :class:`~raylens.simulation.memory_script.MemoryScript`,
+  memory per worker group per node over simulated time: leaks, allocator sawtooth, phase
+  steps, spikes; its ``schedule`` and ``groups`` drive a :class:`SimulatedCluster`.
 
 The test helpers in ``raylens_fakes`` re-export these names at their old paths.
 """

@@ -15,14 +15,22 @@ cluster would not fit under it.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 
 from raylens.simulation.raylet import FakeRaylet
 from raylens.simulation.scripted_cluster import FakeCluster
 
-__all__ = ["Schedule", "SimulatedCluster", "constant_schedule", "ensure_open_file_limit"]
+__all__ = [
+    "GroupSchedule",
+    "Schedule",
+    "SimulatedCluster",
+    "constant_schedule",
+    "ensure_open_file_limit",
+]
 
 Schedule = Callable[[int, float], tuple[float, float]]
+#: ``(node_index, t) -> {group: bytes}``: what each worker group holds on a node.
+GroupSchedule = Callable[[int, float], Mapping[str, float]]
 
 GIB = 1024**3
 _FDS_PER_NODE = 4  # listening socket, plus headroom for a connection's two ends
@@ -63,6 +71,11 @@ class SimulatedCluster:
     nodes of ``ray.cluster_utils.Cluster`` do; otherwise node ``i`` is
     ``sim-node-<i>``.
 
+    ``groups(node_index, t) -> {group: bytes}`` scripts what each worker group holds
+    (default: no groups); :meth:`expected_groups` evaluates it on the same clock, for
+    whatever stands in for the group samplers. A
+    :class:`~raylens.simulation.memory_script.MemoryScript` provides both callables.
+
     Reach a node's raylet with :meth:`raylet` (to make it hang, trickle, ...) and
     its Ray node id with :meth:`node_id`. Close with :meth:`close` or use it as a
     context manager.
@@ -76,10 +89,12 @@ class SimulatedCluster:
         clock: Callable[[], float] = time.monotonic,
         same_host: bool = False,
         template: str | bytes = "worker",
+        groups: GroupSchedule | None = None,
     ) -> None:
         if not isinstance(n_nodes, int) or isinstance(n_nodes, bool) or n_nodes < 0:
             raise ValueError(f"n_nodes must be a non-negative int, got {n_nodes!r}")
         self.schedule: Schedule = schedule or constant_schedule
+        self.groups: GroupSchedule | None = groups
         self.clock = clock
         self.same_host = same_host
         self._template = template
@@ -106,6 +121,12 @@ class SimulatedCluster:
     def expected(self, node_index: int) -> tuple[float, float]:
         """What node ``node_index`` reports right now: ``(used_bytes, total_bytes)``."""
         return self.schedule(node_index, self.elapsed())
+
+    def expected_groups(self, node_index: int) -> dict[str, float]:
+        """What each worker group on node ``node_index`` holds right now (empty without ``groups``)."""
+        if self.groups is None:
+            return {}
+        return dict(self.groups(node_index, self.elapsed()))
 
     def hostname(self, node_index: int) -> str:
         """The host name node ``node_index`` is listed under."""

@@ -1,0 +1,193 @@
+"""Whether one series is growing: the fits of successive windows, judged with hysteresis.
+
+One window can mislead: a fit that rests on a single cut's jump may be off by a whole
+allocator release (see :mod:`._estimator`). So a series is called *growing* only on
+confirmed evidence:
+
+- **fast**: two fits in a row, each confirmed, at least ``grow_fast`` with at least three
+  quarters of their pairs agreeing, the second within a quarter of the first (a rate still
+  climbing into the window is not yet the rate); or
+- **slow**: over the last three windows, at least fifteen confirmed rates (one kept per
+  tenth of a window) whose median reaches ``grow_slow``, nine in ten of them positive, and
+  the median of the last window's reaching it too. Rates from before the end of the last
+  growing spell do not count, so a spell that has just calmed cannot start again at once.
+
+An unconfirmed, rising fit over troughs counts as confirmed when another one from the last
+window, resting on entirely different cuts, gives a rate within 30 % of it: one misread
+step cannot produce both. Two fits that may each read a cycle restarted by a step as growth
+(``Fit.restart``) can agree for that very reason, so they do not confirm anything; nor does
+a fit over a series without troughs that has cuts (rises between steps may be a cycle that
+each step releases).
+
+It stops growing when the median of the confirmed rates of the last window, counting only
+those since it started growing, falls below ``calm`` (at least five of them: half a window). A fit that cannot be made keeps the last growth figure
+for one window, then the figure is dropped.
+
+Memory per series is fixed from the start: the confirmed rates live in a preallocated ring.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from raylens.telemetry.history._estimator import Fit
+from raylens.telemetry.history._settings import GrowthSettings
+
+__all__ = ["GrowthTracker"]
+
+_FAST_STREAK = 2
+_FAST_AGREEMENT = 0.75
+_FAST_STEADY = 0.25
+_SLOW_WINDOWS = 3
+_RATES_PER_WINDOW = 10
+_SLOW_MIN_RATES = 15
+_SLOW_POSITIVE = 0.9
+_CALM_MIN_RATES = 5
+_TWIN_TOLERANCE = 0.3
+_RING = _SLOW_WINDOWS * _RATES_PER_WINDOW
+
+
+def _median(values: np.ndarray) -> float:
+    ordered = np.sort(values)
+    middle = len(ordered) // 2
+    if len(ordered) % 2:
+        return float(ordered[middle])
+    return float(ordered[middle - 1] + ordered[middle]) / 2
+
+
+class GrowthTracker:
+    """The growth figure and the growing decision of one series, fed one fit at a time.
+
+    ``growth`` (bytes/s) is the latest fit's slope, kept for one window when a fit cannot
+    be made, None before the first fit. ``confirmed`` says whether it is. ``trusted`` is
+    the latest confirmed rate of the last window (None when there was none), the figure to
+    add up when several series make a whole. ``growing_since`` is when the current growing
+    spell began (None while not growing), ``spells`` how many have begun.
+    """
+
+    __slots__ = (
+        "_calm_at",
+        "_fast",
+        "_last_strong",
+        "_rate_t",
+        "_rate_v",
+        "_rates",
+        "_settings",
+        "_twins",
+        "confirmed",
+        "growing_since",
+        "growth",
+        "growth_at",
+        "spells",
+    )
+
+    def __init__(self, settings: GrowthSettings) -> None:
+        self._settings = settings
+        self.growth: float | None = None
+        self.growth_at: float | None = None
+        self.confirmed = False
+        self.growing_since: float | None = None
+        self.spells = 0
+        self._fast = 0
+        self._calm_at = -math.inf
+        self._last_strong = math.nan
+        self._rate_t = np.full(_RING, -math.inf)
+        self._rate_v = np.zeros(_RING)
+        self._rates = 0
+        self._twins: list[tuple[float, float, tuple[float, ...]]] = []
+
+    @property
+    def growing(self) -> bool:
+        """Whether the series is growing now."""
+        return self.growing_since is not None
+
+    @property
+    def trusted(self) -> float | None:
+        """The latest confirmed rate, if one was seen within the last window."""
+        if not self._rates or self.growth_at is None:
+            return None
+        k = (self._rates - 1) % _RING
+        if self.growth_at - self._rate_t[k] > self._settings.window_s:
+            return None
+        return float(self._rate_v[k])
+
+    def update(self, now: float, fit: Fit | None) -> None:
+        """Take the fit of the window ending at ``now`` (None when none could be made)."""
+        settings = self._settings
+        if fit is None:
+            if self.growth_at is not None and now - self.growth_at > settings.window_s:
+                self.growth, self.growth_at, self.confirmed = None, None, False
+            self._fast = 0
+            self._judge(now)
+            return
+        confirmed = fit.confirmed or self._twin(now, fit)
+        self.growth, self.growth_at, self.confirmed = fit.slope, now, confirmed
+        if confirmed:
+            self._keep_rate(now, fit.slope)
+        strong = confirmed and fit.slope >= settings.grow_fast and fit.agreement >= _FAST_AGREEMENT
+        if not strong:
+            self._fast = 0
+        elif self._fast and abs(fit.slope - self._last_strong) <= _FAST_STEADY * self._last_strong:
+            self._fast += 1
+        else:
+            self._fast = 1
+        self._last_strong = fit.slope if strong else math.nan
+        self._judge(now)
+
+    def _twin(self, now: float, fit: Fit) -> bool:
+        """Whether a recent unconfirmed fit over other cuts gives nearly the same rate."""
+        window = self._settings.window_s
+        if self._twins:
+            self._twins = [twin for twin in self._twins if now - twin[0] <= window]
+        if not fit.troughs or fit.restart or not fit.cuts or fit.slope <= 0:
+            return False
+        mine = set(fit.cuts)
+        found = any(
+            not mine.intersection(cuts)
+            and abs(slope - fit.slope) <= _TWIN_TOLERANCE * max(slope, fit.slope)
+            for _, slope, cuts in self._twins
+        )
+        self._twins.append((now, fit.slope, fit.cuts))
+        return found
+
+    def _keep_rate(self, now: float, slope: float) -> None:
+        spacing = self._settings.window_s / _RATES_PER_WINDOW
+        if self._rates:
+            k = (self._rates - 1) % _RING
+            if self._rate_t[k] // spacing == now // spacing:
+                self._rate_t[k], self._rate_v[k] = now, slope
+                return
+        k = self._rates % _RING
+        self._rate_t[k], self._rate_v[k] = now, slope
+        self._rates += 1
+
+    def _recent(self, now: float, span: float) -> np.ndarray:
+        return self._rate_v[now - self._rate_t < span]
+
+    def _judge(self, now: float) -> None:
+        settings = self._settings
+        window = settings.window_s
+        if self.growing_since is None:
+            if self._fast >= _FAST_STREAK:
+                self.growing_since = now
+                self.spells += 1
+                return
+            if self._rates < _SLOW_MIN_RATES:
+                return
+            span = min(_SLOW_WINDOWS * window, now - self._calm_at)
+            recent = self._recent(now, span)
+            if (
+                len(recent) >= _SLOW_MIN_RATES
+                and _median(recent) >= settings.grow_slow
+                and np.count_nonzero(recent > 0) >= _SLOW_POSITIVE * len(recent)
+                and _median(self._recent(now, min(window, span))) >= settings.grow_slow
+            ):
+                self.growing_since = now
+                self.spells += 1
+            return
+        latest = self._recent(now, min(window, now - self.growing_since))
+        if len(latest) >= _CALM_MIN_RATES and _median(latest) < settings.calm:
+            self.growing_since = None
+            self._calm_at = now

@@ -1,0 +1,229 @@
+"""The growth fit: exact on lines, steady through allocator sawtooth, phase steps and spikes."""
+
+from __future__ import annotations
+
+import itertools
+
+import numpy as np
+import pytest
+from hypothesis import assume, given, settings
+from hypothesis import strategies as st
+
+from raylens.telemetry.history import fit_growth
+from raylens.telemetry.history._estimator import fit_growth_batch
+
+MIB = float(1 << 20)
+GIB = float(1 << 30)
+WINDOW = 600
+STEP = GIB
+RADIUS = 10.0
+
+
+def fit(t: np.ndarray, x: np.ndarray):  # type: ignore[no-untyped-def]
+    return fit_growth(t, x, step_bytes=STEP, radius_s=RADIUS)
+
+
+def sawtooth(t: np.ndarray, amplitude: float, period: float, phase: float) -> np.ndarray:
+    return amplitude * (2 * (((t + phase) / period) % 1.0) - 1)
+
+
+def trough_jitter(amplitude: float, period: float, interval: float = 1.0) -> float:
+    """How far above its floor a sawtooth's lowest sample can sit: one interval of its rise."""
+    return 2 * amplitude / period * interval
+
+
+@given(
+    base=st.floats(1e8, 1e12),
+    slope=st.floats(-5e7, 5e7),
+    gaps=st.lists(st.floats(0.5, 5.0), min_size=130, max_size=130),
+    start=st.floats(0, 1e6),
+)
+def test_the_slope_of_a_line_is_exact(
+    base: float, slope: float, gaps: list[float], start: float
+) -> None:
+    t = start + np.concatenate([[0.0], np.cumsum(gaps)])
+    x = base + slope * (t - start)
+    result = fit(t, x)
+    assert result is not None
+    assert result.slope == pytest.approx(slope, rel=1e-9, abs=1e-6 * base / (t[-1] - t[0]))
+    assert result.confirmed
+
+
+@given(
+    slope=st.floats(-2e6, 2e6),
+    at=st.lists(st.integers(30, 570), min_size=1, max_size=3, unique=True),
+    heights=st.lists(st.floats(1.5 * GIB, 4 * GIB), min_size=3, max_size=3),
+    signs=st.lists(st.sampled_from([-1.0, 1.0]), min_size=3, max_size=3),
+)
+def test_phase_steps_on_a_line_are_not_growth(
+    slope: float, at: list[int], heights: list[float], signs: list[float]
+) -> None:
+    spots = sorted(at)
+    assume(all(b - a > 2 * RADIUS for a, b in itertools.pairwise(spots)))  # steps, not spikes
+    t = np.arange(0.0, WINDOW + 1)
+    x = 20 * GIB + slope * t
+    for k, position in enumerate(spots):
+        x[position:] += signs[k] * heights[k]
+    result = fit(t, x)
+    assert result is not None
+    assert result.slope == pytest.approx(slope, rel=1e-6, abs=1.0)
+
+
+@given(
+    amplitude=st.floats(10 * MIB, 300 * MIB),
+    period=st.floats(30.0, 280.0),
+    phase=st.floats(0.0, 300.0),
+)
+def test_a_sawtooth_without_trend_gives_a_small_slope(
+    amplitude: float, period: float, phase: float
+) -> None:
+    t = np.arange(0.0, WINDOW + 1)
+    result = fit(t, 8 * GIB + sawtooth(t, amplitude, period, phase))
+    if result is None:
+        return  # fewer than two troughs a quarter of the window apart: no fit
+    assert abs(result.slope) <= trough_jitter(amplitude, period) / (WINDOW / 6) + 1e-6
+
+
+def test_a_sawtooth_whose_period_divides_the_sampling_gives_zero() -> None:
+    t = np.arange(0.0, WINDOW + 1)
+    result = fit(t, 8 * GIB + sawtooth(t, 300 * MIB, 60.0, 7.0))
+    assert result is not None
+    assert result.slope == pytest.approx(0.0, abs=1e-9)
+    assert result.troughs and result.confirmed
+
+
+@given(
+    amplitude=st.floats(50 * MIB, 300 * MIB),
+    period=st.floats(30.0, 150.0),
+    phase=st.floats(0.0, 300.0),
+    leak=st.floats(0.0, 1.0),
+)
+def test_a_leak_under_a_sawtooth_is_found(
+    amplitude: float, period: float, phase: float, leak: float
+) -> None:
+    rise = 2 * amplitude / period
+    rate = leak * rise / 4
+    t = np.arange(0.0, WINDOW + 1)
+    result = fit(t, 8 * GIB + sawtooth(t, amplitude, period, phase) + rate * t)
+    assert result is not None
+    assert abs(result.slope - rate) <= trough_jitter(amplitude, period) / (WINDOW / 6) + 1e-6
+
+
+@settings(max_examples=60)
+@given(
+    amplitude=st.floats(50 * MIB, 300 * MIB),
+    period=st.floats(30.0, 150.0),
+    phase=st.floats(0.0, 300.0),
+    rates=st.lists(st.floats(0.0, 1.0), min_size=2, max_size=2, unique=True),
+)
+def test_the_fit_rises_with_the_leak_rate(
+    amplitude: float, period: float, phase: float, rates: list[float]
+) -> None:
+    low, high = sorted(rates)
+    rise = 2 * amplitude / period
+    t = np.arange(0.0, WINDOW + 1)
+    x = 8 * GIB + sawtooth(t, amplitude, period, phase)
+    slow = fit(t, x + low * rise / 4 * t)
+    fast = fit(t, x + high * rise / 4 * t)
+    assert slow is not None and fast is not None
+    assert fast.slope >= slow.slope - 1e-9
+
+
+@given(
+    phase=st.floats(0.0, 300.0),
+    starts=st.lists(st.integers(20, 570), min_size=1, max_size=4, unique=True),
+    lengths=st.lists(st.integers(1, 5), min_size=4, max_size=4),
+    heights=st.lists(st.floats(0.5 * GIB, 4 * GIB), min_size=4, max_size=4),
+)
+def test_spikes_do_not_move_the_fit(
+    phase: float, starts: list[int], lengths: list[int], heights: list[float]
+) -> None:
+    t = np.arange(0.0, WINDOW + 1)
+    amplitude, period = 200 * MIB, 45.0
+    clean = 8 * GIB + sawtooth(t, amplitude, period, phase) + 0.5 * MIB * t
+    spiky = clean.copy()
+    for k, start in enumerate(starts):
+        spiky[start : start + lengths[k]] += heights[k]
+    base, result = fit(t, clean), fit(t, spiky)
+    assert base is not None and result is not None
+    assert abs(result.slope - base.slope) <= trough_jitter(amplitude, period) / (WINDOW / 6)
+
+
+@given(
+    phase=st.floats(0.0, 300.0),
+    period=st.floats(30.0, 100.0),
+    first=st.integers(40, 250),
+    length=st.integers(120, 300),
+    height=st.floats(1.6 * GIB, 2.4 * GIB),
+)
+def test_confirmed_fits_are_not_fooled_by_phase_steps(
+    phase: float, period: float, first: int, length: int, height: float
+) -> None:
+    t = np.arange(0.0, WINDOW + 1)
+    amplitude = 300 * MIB
+    x = 8 * GIB + sawtooth(t, amplitude, period, phase)
+    x[first : first + length] += height
+    result = fit(t, x)
+    assume(result is not None and result.confirmed)
+    assert result is not None
+    assert abs(result.slope) <= 2 * trough_jitter(amplitude, period) / (WINDOW / 6)
+
+
+def test_a_release_landing_on_a_step_is_not_confirmed() -> None:
+    # One trough either side of the step: the fit rests on the step's jump alone.
+    t = np.arange(0.0, WINDOW + 1)
+    x = 8 * GIB + sawtooth(t, 300 * MIB, 280.0, 0.0)
+    x[280:] += 2 * GIB
+    result = fit(t, x)
+    assert result is None or not result.confirmed
+
+
+def test_a_cycle_restarted_at_each_step_is_not_read_as_growth() -> None:
+    t = np.arange(0.0, WINDOW + 1)
+    x = np.empty_like(t)
+    for start, stop, level in ((0, 200, 0.0), (200, 420, 2 * GIB), (420, 601, 0.0)):
+        span = t[start:stop] - start
+        x[start:stop] = 8 * GIB + level + sawtooth(span, 300 * MIB, 90.0, 0.0) + 300 * MIB
+    result = fit(t, x)
+    assert result is not None
+    assert result.slope <= 0.05 * MIB
+
+
+def test_too_little_to_fit_gives_none() -> None:
+    t = np.arange(0.0, 5.0)
+    assert fit(t, t) is None
+    assert fit(np.zeros(20), np.arange(20.0)) is None
+    values = np.arange(20.0)
+    values[3] = np.nan
+    assert fit(np.arange(20.0), values) is None
+
+
+def test_releases_without_enough_troughs_give_none() -> None:
+    t = np.arange(0.0, WINDOW + 1)
+    x = 8 * GIB + 2 * MIB * t
+    x[300:] -= 600 * MIB  # one release in the middle: a single trough
+    assert fit(t, x) is None
+
+
+@settings(max_examples=30)
+@given(seed=st.integers(0, 2**32 - 1), rows=st.integers(1, 6))
+def test_a_batch_gives_each_row_what_it_would_get_alone(seed: int, rows: int) -> None:
+    rng = np.random.default_rng(seed)
+    t = np.tile(np.arange(0.0, WINDOW + 1), (rows, 1)) + rng.uniform(0, 1e4, size=(rows, 1))
+    x = np.empty_like(t)
+    for r in range(rows):
+        x[r] = (
+            8 * GIB
+            + sawtooth(t[r], rng.uniform(0, 300) * MIB, rng.uniform(30, 300), rng.uniform(0, 300))
+            + rng.uniform(-1, 1) * MIB * (t[r] - t[r, 0])
+            + (t[r] > t[r, 0] + rng.uniform(0, WINDOW)) * rng.choice([-2.0, 2.0]) * GIB
+            + rng.normal(0, 4 * MIB, size=t.shape[1])
+        )
+    together = fit_growth_batch(t, x, step_bytes=STEP, radius_s=RADIUS)
+    alone = [fit(t[r], x[r]) for r in range(rows)]
+    assert together == alone
+
+
+def test_batch_shapes_are_checked() -> None:
+    with pytest.raises(ValueError, match="2-D of one shape"):
+        fit_growth_batch(np.zeros(5), np.zeros(5), step_bytes=STEP, radius_s=RADIUS)

@@ -1,0 +1,166 @@
+"""MemoryHistory: per node and per group, on simulated time, bounded, and the same in bulk."""
+
+from __future__ import annotations
+
+import threading
+
+import numpy as np
+import pytest
+
+from raylens.simulation.memory_script import Jitter, Leak, MemoryScript, Sawtooth
+from raylens.telemetry.history import GrowthSettings, MemoryHistory, kill_line
+
+MIB = float(1 << 20)
+GIB = float(1 << 30)
+MIB_MIN = MIB / 60
+
+
+def cluster(leak_rate: float = 0.0) -> MemoryScript:
+    """One node, two groups with allocator cycles; ``policy`` leaks from the start."""
+    script = MemoryScript(seed=7)
+    script.set_other(0, Jitter(8 * MIB), base=4 * GIB)
+    script.set_group(
+        0, "policy", Sawtooth(200 * MIB, 45.0), Leak(leak_rate), Jitter(2 * MIB), base=6 * GIB
+    )
+    script.set_group(0, "rollout", Sawtooth(300 * MIB, 70.0), Jitter(2 * MIB), base=3 * GIB)
+    return script
+
+
+def replay(history: MemoryHistory, script: MemoryScript, seconds: int, *, bulk: bool) -> None:
+    t = np.arange(0.0, float(seconds))
+    used, groups = script.node_values(0, t)
+    if bulk:
+        history.record_node_many("n0", t, used, groups)
+        return
+    for k in range(seconds):
+        history.record_node(
+            "n0", float(t[k]), float(used[k]), {g: float(v[k]) for g, v in groups.items()}
+        )
+
+
+def test_growth_is_absent_until_a_window_has_been_seen() -> None:
+    history = MemoryHistory()
+    replay(history, cluster(), 500, bulk=False)
+    view = history.node("n0")
+    assert view is not None
+    assert view.growth is None and not view.growing
+    assert set(view.groups) == {"policy", "rollout"}
+    assert all(g.growth is None for g in view.groups.values())
+    assert view.used == pytest.approx(view.other.used + sum(g.used for g in view.groups.values()))  # type: ignore[union-attr,misc]
+
+
+def test_a_leaking_group_is_found_and_named_and_the_node_gets_a_time_to_limit() -> None:
+    history = MemoryHistory()
+    replay(history, cluster(leak_rate=50 * MIB_MIN), 900, bulk=False)
+    view = history.node("n0")
+    assert view is not None
+    policy, rollout = view.groups["policy"], view.groups["rollout"]
+    assert policy.growing and policy.growth == pytest.approx(50 * MIB_MIN, rel=0.1)
+    assert not rollout.growing and abs(rollout.growth or 0) < 2 * MIB_MIN
+    assert view.fastest_group == "policy"
+    assert view.growing and view.growth == pytest.approx(50 * MIB_MIN, rel=0.15)
+    line = kill_line(64 * GIB)
+    seconds = view.time_to_limit(line)
+    assert seconds == pytest.approx((line - view.used) / view.growth)  # type: ignore[operator]
+
+
+def test_no_leak_no_flag() -> None:
+    history = MemoryHistory()
+    replay(history, cluster(), 3600, bulk=True)
+    view = history.node("n0")
+    assert view is not None and not view.growing and view.growth is not None
+    assert abs(view.growth) < 2 * MIB_MIN
+    assert view.time_to_limit(kill_line(64 * GIB)) is None
+    assert all(g.spells == 0 for g in view.groups.values())
+
+
+def test_bulk_and_one_by_one_give_the_same_figures() -> None:
+    script = cluster(leak_rate=20 * MIB_MIN)
+    one, many = MemoryHistory(), MemoryHistory()
+    replay(one, script, 1500, bulk=False)
+    replay(many, script, 1500, bulk=True)
+    assert one.node("n0") == many.node("n0")
+
+
+def test_figures_do_not_depend_on_when_they_are_read() -> None:
+    script = cluster(leak_rate=20 * MIB_MIN)
+    read_often, read_once = MemoryHistory(), MemoryHistory()
+    t = np.arange(0.0, 1500.0)
+    used, groups = script.node_values(0, t)
+    for start in range(0, 1500, 100):
+        part = slice(start, start + 100)
+        read_often.record_node_many(
+            "n0", t[part], used[part], {g: v[part] for g, v in groups.items()}
+        )
+        read_often.node("n0")
+    read_once.record_node_many("n0", t, used, groups)
+    assert read_often.node("n0") == read_once.node("n0")
+
+
+def test_a_node_without_groups_is_fitted_on_its_own() -> None:
+    history = MemoryHistory()
+    t = np.arange(0.0, 900.0)
+    for k in range(900):
+        history.record_node("solo", float(t[k]), 10 * GIB + 2 * MIB * t[k])
+    view = history.node("solo")
+    assert view is not None and view.groups == {} and view.other is None
+    assert view.growth == pytest.approx(2 * MIB)
+    assert view.growing
+
+
+def test_plain_keys_and_windows() -> None:
+    history = MemoryHistory(GrowthSettings(window_s=60.0, horizon_s=600.0))
+    history.record_many("k", np.arange(0.0, 300.0), np.arange(0.0, 300.0) * 1000)
+    history.record("k", 300.0, 300_000.0)
+    t, _x = history.window("k")
+    assert t[0] == 240.0 and t[-1] == 300.0
+    assert history.buckets("k")
+    assert history.series("k").growth == pytest.approx(1000.0)  # type: ignore[union-attr]
+    assert history.series("missing") is None
+    assert history.node("missing") is None
+    assert history.window("missing")[0].size == 0
+    with pytest.raises(ValueError, match="1-D and of one length"):
+        history.record_many("k", [1.0, 2.0], [1.0])
+
+
+def test_forget_drops_the_node_and_its_groups() -> None:
+    history = MemoryHistory()
+    replay(history, cluster(), 120, bulk=True)
+    assert len(history.keys()) == 4
+    history.forget("n0")
+    assert history.keys() == [] and history.node("n0") is None
+
+
+def test_memory_does_not_grow_with_time() -> None:
+    history = MemoryHistory()
+    script = cluster()
+    t = np.arange(0.0, 3600.0)
+    used, groups = script.node_values(0, t)
+    history.record_node_many("n0", t, used, groups)
+    size = history.nbytes()
+    for hour in range(1, 6):
+        later = t + hour * 3600.0
+        used, groups = script.node_values(0, later)
+        history.record_node_many("n0", later, used, groups)
+    assert history.nbytes() <= size
+
+
+def test_recording_and_reading_from_two_threads() -> None:
+    history = MemoryHistory(GrowthSettings(window_s=30.0))
+    done = threading.Event()
+
+    def read() -> None:
+        while not done.is_set():
+            history.node("n0")
+
+    reader = threading.Thread(target=read, name="raylens-test-reader", daemon=True)
+    reader.start()
+    try:
+        for k in range(2000):
+            history.record_node("n0", float(k), 1e9 + k, {"a": 1e8 + k})
+    finally:
+        done.set()
+        reader.join(timeout=10)
+    assert not reader.is_alive()
+    view = history.node("n0")
+    assert view is not None and view.growth == pytest.approx(1.0, abs=1e-3)

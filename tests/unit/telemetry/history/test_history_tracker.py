@@ -1,0 +1,117 @@
+"""Growing needs confirmed evidence, fast or slow, and stops with hysteresis."""
+
+from __future__ import annotations
+
+from raylens.telemetry.history import Fit, GrowthSettings, GrowthTracker
+
+MIB_MIN = (1 << 20) / 60.0
+SETTINGS = GrowthSettings()  # 600 s window, fast 10, slow 3.5, calm 1 MiB/min
+
+
+def fit(
+    rate: float, *, confirmed: bool = True, cuts: tuple[float, ...] = (), troughs: bool = True
+) -> Fit:
+    return Fit(rate * MIB_MIN, confirmed, 1.0, 12, cuts, troughs)
+
+
+def feed(tracker: GrowthTracker, fits: list[Fit | None], start: float = 0.0) -> float:
+    now = start
+    for item in fits:
+        now += SETTINGS.fit_interval_s
+        tracker.update(now, item)
+    return now
+
+
+def test_two_steady_confirmed_fast_fits_start_growing() -> None:
+    tracker = GrowthTracker(SETTINGS)
+    feed(tracker, [fit(50)])
+    assert not tracker.growing
+    now = feed(tracker, [fit(55)], start=60.0)
+    assert tracker.growing and tracker.growing_since == now and tracker.spells == 1
+    assert tracker.growth == 55 * MIB_MIN and tracker.confirmed
+
+
+def test_a_climbing_rate_waits_until_it_settles() -> None:
+    tracker = GrowthTracker(SETTINGS)
+    feed(tracker, [fit(20), fit(30), fit(42)])
+    assert not tracker.growing
+    feed(tracker, [fit(48)], start=180.0)
+    assert tracker.growing
+
+
+def test_unconfirmed_fits_never_start_growing_on_their_own() -> None:
+    tracker = GrowthTracker(SETTINGS)
+    feed(tracker, [fit(80, confirmed=False, cuts=(1.0,))] * 40)
+    assert not tracker.growing
+    assert tracker.growth == 80 * MIB_MIN and not tracker.confirmed
+
+
+def test_fits_over_different_cuts_that_agree_confirm_each_other() -> None:
+    tracker = GrowthTracker(SETTINGS)
+    feed(tracker, [fit(50, confirmed=False, cuts=(100.0,))])
+    assert not tracker.confirmed
+    feed(tracker, [fit(52, confirmed=False, cuts=(300.0,))], start=60.0)
+    assert tracker.confirmed
+
+
+def test_fits_sharing_a_cut_or_without_troughs_do_not_confirm_each_other() -> None:
+    tracker = GrowthTracker(SETTINGS)
+    feed(
+        tracker,
+        [fit(50, confirmed=False, cuts=(100.0,)), fit(50, confirmed=False, cuts=(100.0, 300.0))],
+    )
+    assert not tracker.confirmed
+    smooth = GrowthTracker(SETTINGS)
+    feed(
+        smooth,
+        [
+            fit(50, confirmed=False, cuts=(1.0,), troughs=False),
+            fit(50, confirmed=False, cuts=(2.0,), troughs=False),
+        ],
+    )
+    assert not smooth.confirmed
+
+
+def test_a_slow_rate_starts_growing_after_enough_confirmed_evidence() -> None:
+    tracker = GrowthTracker(SETTINGS)
+    now = feed(tracker, [fit(5)] * 14)
+    assert not tracker.growing
+    feed(tracker, [fit(5)], start=now)
+    assert tracker.growing
+
+
+def test_a_slow_rate_that_has_flattened_lately_does_not() -> None:
+    tracker = GrowthTracker(SETTINGS)
+    feed(tracker, [fit(8)] * 9 + [fit(0.5)] * 11)
+    assert not tracker.growing and tracker.spells == 0
+
+
+def test_a_slow_rate_below_the_threshold_or_of_mixed_sign_does_not() -> None:
+    low = GrowthTracker(SETTINGS)
+    feed(low, [fit(3)] * 40)
+    assert not low.growing
+    mixed = GrowthTracker(SETTINGS)
+    feed(mixed, [fit(8), fit(8), fit(-1)] * 12)
+    assert not mixed.growing
+
+
+def test_growing_stops_when_the_recent_median_calms_and_not_before() -> None:
+    tracker = GrowthTracker(SETTINGS)
+    now = feed(tracker, [fit(50), fit(50)])
+    assert tracker.growing
+    now = feed(tracker, [fit(0.5)] * 4, start=now)
+    assert tracker.growing  # fewer than half a window of rates since it began: not yet
+    now = feed(tracker, [fit(0.5)], start=now)
+    assert not tracker.growing and tracker.growing_since is None
+    feed(tracker, [fit(5)] * 20, start=now)
+    assert tracker.spells == 2  # a new spell needs new evidence, then starts again
+
+
+def test_a_figure_is_kept_for_one_window_when_fits_fail() -> None:
+    tracker = GrowthTracker(SETTINGS)
+    now = feed(tracker, [fit(5)])
+    assert tracker.trusted == 5 * MIB_MIN
+    now = feed(tracker, [None] * 10, start=now)
+    assert tracker.growth == 5 * MIB_MIN
+    feed(tracker, [None], start=now)
+    assert tracker.growth is None and tracker.trusted is None
