@@ -28,7 +28,7 @@ import os
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from raylens.lens.safe_text import printable
+from raylens.safe_text import printable
 
 __all__ = [
     "DEFAULT_MEMORY_USAGE_THRESHOLD",

@@ -1,0 +1,258 @@
+"""Where memory is going: growth per node and per worker group, the kill line, the time to it.
+
+:class:`GrowthCycle` is a host-memory monitor cycle hook. After every cycle it records
+each node's used memory and each worker group's RSS there (the figures the node's
+sampler published, read back from the same scrape) into a bounded
+:class:`~raylens.telemetry.history.MemoryHistory`, and publishes what the history makes
+of them into a :class:`GrowthSnapshot` that the gauges and the tables read:
+
+- ``rl.host.memory.growth`` and ``rl.worker_group.memory.growth`` (``By/s``): a robust
+  slope over the growth window, absent until the window holds enough samples;
+- ``rl.host.memory.limit`` (``By``): the node's kill line, its total (Ray's
+  container-aware figure) times Ray's memory-monitor threshold;
+- ``rl.host.memory.time_to_limit`` (``s``): only while the node is growing.
+
+The history lives in the process that runs the monitor (the driver, or ``raylens
+watch``); nothing is asked of the nodes beyond the scrape already made. Gauges are
+declared by :func:`register_growth_gauges`, never at import.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import Protocol
+
+from opentelemetry.metrics import CallbackOptions, Observation
+
+from raylens.lens import OBSERVABLE_GAUGE, RecordedMetric, register_observable_gauge
+from raylens.telemetry._names import HOST_NAME_ATTR, RAY_NODE_ID_ATTR, RL_WORKER_GROUPS_ATTR
+from raylens.telemetry._snapshot import NodeSample
+from raylens.telemetry.history import (
+    GrowthSettings,
+    KillLineConfig,
+    MemoryHistory,
+    NodeGrowth,
+    resolve_kill_line_config,
+)
+from raylens.telemetry.raylet_payload import NodeGroupFigures
+
+__all__ = [
+    "RL_HOST_MEMORY_GROWTH_METRIC",
+    "RL_HOST_MEMORY_LIMIT_METRIC",
+    "RL_HOST_MEMORY_TIME_TO_LIMIT_METRIC",
+    "RL_WORKER_GROUP_MEMORY_GROWTH_METRIC",
+    "FigureSource",
+    "GrowthCycle",
+    "GrowthSnapshot",
+    "NodeOutlook",
+    "register_growth_gauges",
+]
+
+RL_HOST_MEMORY_GROWTH_METRIC = "rl.host.memory.growth"
+RL_WORKER_GROUP_MEMORY_GROWTH_METRIC = "rl.worker_group.memory.growth"
+RL_HOST_MEMORY_LIMIT_METRIC = "rl.host.memory.limit"
+RL_HOST_MEMORY_TIME_TO_LIMIT_METRIC = "rl.host.memory.time_to_limit"
+RL_WORKER_GROUP_ATTR = "rl.worker_group"
+
+_METRICS = (
+    RecordedMetric(
+        RL_HOST_MEMORY_GROWTH_METRIC,
+        OBSERVABLE_GAUGE,
+        "By/s",
+        "Growth of the node's used memory: a robust slope over the growth window",
+    ),
+    RecordedMetric(
+        RL_WORKER_GROUP_MEMORY_GROWTH_METRIC,
+        OBSERVABLE_GAUGE,
+        "By/s",
+        "Growth of a worker group's RSS on the node: a robust slope over the growth window",
+    ),
+    RecordedMetric(
+        RL_HOST_MEMORY_LIMIT_METRIC,
+        OBSERVABLE_GAUGE,
+        "By",
+        "The node's kill line: its total memory times Ray's memory-monitor threshold",
+    ),
+    RecordedMetric(
+        RL_HOST_MEMORY_TIME_TO_LIMIT_METRIC,
+        OBSERVABLE_GAUGE,
+        "s",
+        "Seconds until the node reaches its kill line at the current growth, while growing",
+    ),
+)
+
+
+@dataclass(frozen=True)
+class NodeOutlook:
+    """One node's growth, its groups' growth, its kill line and the time left to it."""
+
+    node_id: str
+    host: str
+    worker_groups: str
+    used: float | None
+    growth: float | None
+    growing: bool
+    limit: float | None
+    time_to_limit: float | None
+    fastest_group: str | None
+    group_growth: dict[str, float] = field(default_factory=dict)
+
+
+class GrowthSnapshot:
+    """The latest outlook of every live node; what the gauges and the tables read."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._nodes: dict[str, NodeOutlook] = {}
+
+    def publish(self, outlooks: Iterable[NodeOutlook]) -> None:
+        nodes = {outlook.node_id: outlook for outlook in outlooks}
+        with self._lock:
+            self._nodes = nodes
+
+    def latest(self) -> dict[str, NodeOutlook]:
+        with self._lock:
+            return dict(self._nodes)
+
+    def clear(self) -> None:
+        self.publish(())
+
+    def _node_attributes(self, outlook: NodeOutlook) -> dict[str, str]:
+        return {
+            HOST_NAME_ATTR: outlook.host,
+            RL_WORKER_GROUPS_ATTR: outlook.worker_groups,
+            RAY_NODE_ID_ATTR: outlook.node_id,
+        }
+
+    def observe_growth(self, _options: CallbackOptions | None = None) -> list[Observation]:
+        return [
+            Observation(o.growth, self._node_attributes(o))
+            for o in self.latest().values()
+            if o.growth is not None
+        ]
+
+    def observe_group_growth(self, _options: CallbackOptions | None = None) -> list[Observation]:
+        return [
+            Observation(
+                rate,
+                {RL_WORKER_GROUP_ATTR: group, RAY_NODE_ID_ATTR: o.node_id, HOST_NAME_ATTR: o.host},
+            )
+            for o in self.latest().values()
+            for group, rate in sorted(o.group_growth.items())
+        ]
+
+    def observe_limit(self, _options: CallbackOptions | None = None) -> list[Observation]:
+        return [
+            Observation(o.limit, self._node_attributes(o))
+            for o in self.latest().values()
+            if o.limit is not None
+        ]
+
+    def observe_time_to_limit(self, _options: CallbackOptions | None = None) -> list[Observation]:
+        return [
+            Observation(o.time_to_limit, self._node_attributes(o))
+            for o in self.latest().values()
+            if o.time_to_limit is not None
+        ]
+
+
+def register_growth_gauges(snapshot: GrowthSnapshot) -> None:
+    """Declare the four growth gauges, read from ``snapshot``."""
+    callbacks = (
+        snapshot.observe_growth,
+        snapshot.observe_group_growth,
+        snapshot.observe_limit,
+        snapshot.observe_time_to_limit,
+    )
+    for metric, callback in zip(_METRICS, callbacks):
+        register_observable_gauge(metric, callback)
+
+
+class FigureSource(Protocol):
+    """What a growth cycle reads of a monitor: its latest samples and the group figures."""
+
+    def latest(self) -> list[NodeSample]: ...
+
+    def group_figures(self) -> dict[str, tuple[str, NodeGroupFigures, float]]: ...
+
+
+class GrowthCycle:
+    """A monitor cycle hook: record the cycle's figures, then publish every node's outlook.
+
+    ``settings`` default to the environment (``RAYLENS_GROWTH_WINDOW``); ``kill_line``
+    to :func:`~raylens.telemetry.history.resolve_kill_line_config` over the environment.
+    A node's figures are recorded once per new sample, at the time it was read (the
+    monitor's clock); a node that left the cluster is forgotten.
+    """
+
+    def __init__(
+        self,
+        *,
+        settings: GrowthSettings | None = None,
+        kill_line: KillLineConfig | None = None,
+        snapshot: GrowthSnapshot | None = None,
+    ) -> None:
+        self.history = MemoryHistory(settings or GrowthSettings.from_env())
+        self.kill_line = kill_line or resolve_kill_line_config()
+        self.snapshot = snapshot if snapshot is not None else GrowthSnapshot()
+        self._recorded_at: dict[str, float] = {}
+        self._lock = threading.Lock()
+
+    def __call__(self, monitor: FigureSource) -> None:
+        with self._lock:
+            figures = monitor.group_figures()
+            outlooks = []
+            live = set()
+            for sample in monitor.latest():
+                node = sample.node_id
+                live.add(node)
+                at = sample.sampled_at
+                if (
+                    sample.used is not None
+                    and at is not None
+                    and at > self._recorded_at.get(node, float("-inf"))
+                ):
+                    carried = figures.get(node)
+                    groups = {g.group: g.rss_bytes for g in carried[1].groups} if carried else None
+                    self.history.record_node(node, at, sample.used, groups=groups)
+                    self._recorded_at[node] = at
+                growth = self.history.node(node)
+                limit = self.kill_line.limit(sample.total)
+                outlooks.append(
+                    _outlook(sample.node_id, sample.host, sample.worker_groups, growth, limit)
+                )
+            for gone in set(self._recorded_at) - live:
+                del self._recorded_at[gone]
+                self.history.forget(gone)
+            self.snapshot.publish(outlooks)
+
+    def close(self) -> None:
+        """Forget every node's history (the monitor stopped)."""
+        with self._lock:
+            for node in list(self._recorded_at):
+                self.history.forget(node)
+            self._recorded_at.clear()
+            self.snapshot.clear()
+
+
+def _outlook(
+    node_id: str, host: str, worker_groups: str, growth: NodeGrowth | None, limit: float | None
+) -> NodeOutlook:
+    if growth is None:
+        return NodeOutlook(node_id, host, worker_groups, None, None, False, limit, None, None)
+    return NodeOutlook(
+        node_id=node_id,
+        host=host,
+        worker_groups=worker_groups,
+        used=growth.used,
+        growth=growth.growth,
+        growing=growth.growing,
+        limit=limit,
+        time_to_limit=growth.time_to_limit(limit),
+        fastest_group=growth.fastest_group,
+        group_growth={
+            name: part.growth for name, part in growth.groups.items() if part.growth is not None
+        },
+    )

@@ -1,0 +1,124 @@
+"""Growth, kill line and time to it, from a monitor's cycles, on simulated time."""
+
+from __future__ import annotations
+
+import pytest
+
+from raylens.telemetry._snapshot import NodeSample
+from raylens.telemetry.growth import (
+    RL_HOST_MEMORY_GROWTH_METRIC,
+    RL_HOST_MEMORY_LIMIT_METRIC,
+    RL_HOST_MEMORY_TIME_TO_LIMIT_METRIC,
+    RL_WORKER_GROUP_MEMORY_GROWTH_METRIC,
+    GrowthCycle,
+    register_growth_gauges,
+)
+from raylens.telemetry.history import GrowthSettings, resolve_kill_line_config
+from raylens.telemetry.raylet_payload import GroupFigure, NodeGroupFigures
+from raylens_fakes import MetricsProbe
+
+GIB = 1024**3
+TOTAL = 64 * GIB
+
+
+class ScriptedMonitor:
+    """Two nodes; on ``a`` the group ``policy`` leaks ``leak`` bytes/s, ``rollout`` stays flat."""
+
+    def __init__(self, leak: float) -> None:
+        self.leak = leak
+        self.t = 0.0
+        self.nodes = ["a", "b"]
+
+    def groups(self, node: str) -> dict[str, float]:
+        if node == "a":
+            return {"policy": 4 * GIB + self.leak * self.t, "rollout": 2 * GIB}
+        return {"rollout": 3 * GIB}
+
+    def latest(self) -> list[NodeSample]:
+        return [
+            NodeSample(
+                node_id=node,
+                host="vm",
+                ip="127.0.0.1",
+                used=8 * GIB + sum(self.groups(node).values()),
+                total=TOTAL,
+                worker_groups=",".join(sorted(self.groups(node))),
+                sampled_at=self.t,
+            )
+            for node in self.nodes
+        ]
+
+    def group_figures(self) -> dict[str, tuple[str, NodeGroupFigures, float]]:
+        return {
+            node: (
+                "vm",
+                NodeGroupFigures(
+                    1.7e9 + self.t,
+                    tuple(
+                        GroupFigure(g, v, None, 1.0) for g, v in sorted(self.groups(node).items())
+                    ),
+                ),
+                self.t,
+            )
+            for node in self.nodes
+        }
+
+
+def _run(cycle: GrowthCycle, monitor: ScriptedMonitor, seconds: int) -> None:
+    for _ in range(seconds):
+        monitor.t += 1.0
+        cycle(monitor)
+
+
+def test_a_leaking_group_is_found_with_its_rate_and_the_time_left_to_the_kill_line() -> None:
+    leak = 10 * 1024**2  # 10 MiB/s
+    monitor = ScriptedMonitor(leak)
+    cycle = GrowthCycle(
+        settings=GrowthSettings(window_s=60.0), kill_line=resolve_kill_line_config(threshold=0.95)
+    )
+
+    _run(cycle, monitor, 30)
+    assert cycle.snapshot.latest()["a"].growth is None  # the window is not full yet
+
+    _run(cycle, monitor, 90)
+    a, b = cycle.snapshot.latest()["a"], cycle.snapshot.latest()["b"]
+    assert a.group_growth["policy"] == pytest.approx(leak, rel=0.1)
+    assert abs(a.group_growth["rollout"]) < 0.05 * leak
+    assert a.growth == pytest.approx(leak, rel=0.1)
+    assert a.growing and a.fastest_group == "policy"
+    assert a.limit == pytest.approx(0.95 * TOTAL)
+    used = 8 * GIB + 4 * GIB + leak * monitor.t + 2 * GIB
+    assert a.time_to_limit == pytest.approx((0.95 * TOTAL - used) / leak, rel=0.1)
+    assert not b.growing and b.time_to_limit is None
+
+
+def test_a_node_that_left_is_forgotten() -> None:
+    monitor = ScriptedMonitor(0.0)
+    cycle = GrowthCycle(settings=GrowthSettings(window_s=60.0))
+    _run(cycle, monitor, 5)
+    monitor.nodes = ["b"]
+    _run(cycle, monitor, 1)
+    assert set(cycle.snapshot.latest()) == {"b"}
+    assert cycle.history.node("a") is None
+
+
+def test_the_gauges_export_growth_limit_and_time_to_limit(metrics_probe: MetricsProbe) -> None:
+    leak = 10 * 1024**2
+    monitor = ScriptedMonitor(leak)
+    cycle = GrowthCycle(settings=GrowthSettings(window_s=60.0))
+    register_growth_gauges(cycle.snapshot)
+    _run(cycle, monitor, 120)
+
+    metrics_probe.collect()
+    growth = metrics_probe.points_by(RL_HOST_MEMORY_GROWTH_METRIC, "ray.node.id")
+    groups = {
+        (dict(a)["ray.node.id"], dict(a)["rl.worker_group"]): v
+        for a, v in metrics_probe.points(RL_WORKER_GROUP_MEMORY_GROWTH_METRIC).items()
+    }
+    assert growth["a"] == pytest.approx(leak, rel=0.1)
+    assert groups[("a", "policy")] == pytest.approx(leak, rel=0.1)
+    assert set(groups) == {("a", "policy"), ("a", "rollout"), ("b", "rollout")}
+    limits = metrics_probe.points_by(RL_HOST_MEMORY_LIMIT_METRIC, "ray.node.id")
+    assert limits == {"a": pytest.approx(0.95 * TOTAL), "b": pytest.approx(0.95 * TOTAL)}
+    ttl = metrics_probe.points_by(RL_HOST_MEMORY_TIME_TO_LIMIT_METRIC, "ray.node.id")
+    assert set(ttl) == {"a"}
