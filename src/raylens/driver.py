@@ -35,6 +35,8 @@ from raylens.lens import (
     warn_once,
 )
 from raylens.telemetry import host_memory
+from raylens.telemetry.growth import GrowthCycle, attach_growth
+from raylens.telemetry.history import GrowthSettings
 
 __all__ = ["DRIVER_CONSOLE_INTERVAL_MS", "driver_config_from_env", "init_telemetry_driver"]
 
@@ -78,6 +80,7 @@ def init_telemetry_driver(
     *,
     metric_reader: MetricReader | None = None,
     host_memory_interval: float | None = None,
+    growth_window: float | None = None,
 ) -> TelemetryHandle:
     """Start telemetry in the driver, host-memory monitoring included. Never raises.
 
@@ -90,6 +93,12 @@ def init_telemetry_driver(
     Each monitor cycle also reads the memory of every registered worker group's
     processes on their nodes (``rl.worker_group.memory.usage``): worker groups
     register themselves, and samplers start on a node only once one does.
+
+    Each cycle also feeds the growth history (``rl.host.memory.growth``,
+    ``rl.worker_group.memory.growth``, ``rl.host.memory.limit``,
+    ``rl.host.memory.time_to_limit``). ``growth_window`` is its sliding window in
+    seconds; it defaults to ``RAYLENS_GROWTH_WINDOW``, else 600. A bad window is
+    logged and the default used.
     """
     handle = _start_lens(config, metric_reader)
     interval = (
@@ -100,6 +109,7 @@ def init_telemetry_driver(
     monitor = host_memory.start_host_memory_monitoring(interval)
     if monitor is not None:
         _attach_group_memory(monitor)
+        _attach_growth(monitor, growth_window)
     add_shutdown_hook(host_memory.stop_host_memory_monitoring)
     return handle
 
@@ -113,5 +123,25 @@ def _attach_group_memory(monitor: host_memory.HostMemoryMonitor) -> None:
         warn_once(
             "driver.group_memory",
             "could not attach per-group memory to host-memory monitoring; it will not be exported",
+            logger=logger,
+        )
+
+
+def _attach_growth(monitor: host_memory.HostMemoryMonitor, window: float | None) -> None:
+    try:
+        settings = (
+            GrowthSettings.from_env()
+            if window is None
+            else GrowthSettings.from_env(window_s=window)
+        )
+    except ValueError as error:
+        logger.error("raylens growth: %s; using the default window", error)
+        settings = GrowthSettings()
+    try:
+        attach_growth(monitor, GrowthCycle(settings=settings))
+    except Exception:
+        warn_once(
+            "driver.growth",
+            "could not attach memory growth to host-memory monitoring; it will not be exported",
             logger=logger,
         )

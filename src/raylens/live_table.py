@@ -54,6 +54,27 @@ def whole_bytes(value: float | None) -> int | None:
     return round(value)
 
 
+def format_growth(bytes_per_second: float | None) -> str:
+    """A growth rate per hour with its sign: ``+1.2 GiB/h``, ``-300.0 MiB/h``; None -> ``-``."""
+    if bytes_per_second is None or not math.isfinite(bytes_per_second):
+        return "-"
+    sign = "-" if bytes_per_second < 0 else "+"
+    return f"{sign}{format_bytes(abs(bytes_per_second) * 3600)}/h"
+
+
+def format_duration(seconds: float) -> str:
+    """A time left, coarsely: ``45 s``, ``12 min``, ``3.5 h``."""
+    if seconds < 120:
+        return f"{seconds:.0f} s"
+    if seconds < 7200:
+        return f"{seconds / 60:.0f} min"
+    return f"{seconds / 3600:.1f} h"
+
+
+#: A node whose kill line is this close at its current growth gets a warning line.
+WARN_WITHIN_S = 3600.0
+
+
 def format_age(seconds: float | None) -> str:
     """Age of a sample: ``0.4s``, ``12s``, ``3m05s``; None -> ``-``."""
     if seconds is None:
@@ -102,6 +123,29 @@ class NodeRow:
     history: list[float] = field(default_factory=list)
     #: RSS of each worker group's processes on the node (see raylens.telemetry.group_memory).
     group_rss: dict[str, float] = field(default_factory=dict)
+    #: Growth of the node's used memory and of each group's RSS, bytes per second
+    #: (see raylens.telemetry.growth); None until the growth window is full.
+    growth: float | None = None
+    group_growth: dict[str, float] = field(default_factory=dict)
+    #: The node's kill line, and the seconds left to it while the node grows.
+    limit: float | None = None
+    time_to_limit: float | None = None
+    fastest_group: str | None = None
+
+    @property
+    def warning(self) -> str | None:
+        """One line when the node reaches its kill line within :data:`WARN_WITHIN_S`."""
+        if self.time_to_limit is None or self.time_to_limit > WARN_WITHIN_S:
+            return None
+        line = (
+            f"node {self.node_id[:8]} ({self.host}) reaches its kill line "
+            f"({format_bytes(self.limit)}) in about {format_duration(self.time_to_limit)} "
+            f"at {format_growth(self.growth)}"
+        )
+        if self.fastest_group is not None:
+            rate = self.group_growth.get(self.fastest_group)
+            line += f"; {self.fastest_group} grows fastest there ({format_growth(rate)})"
+        return line
 
     @property
     def used_percent(self) -> float | None:
@@ -122,7 +166,21 @@ class NodeRow:
             "worker_group_rss_bytes": {
                 group: whole_bytes(value) for group, value in self.group_rss.items()
             },
+            "growth_bytes_per_second": _rate(self.growth),
+            "worker_group_growth_bytes_per_second": {
+                group: _rate(value) for group, value in self.group_growth.items()
+            },
+            "limit_bytes": whole_bytes(self.limit),
+            "time_to_limit_seconds": None
+            if self.time_to_limit is None
+            else round(self.time_to_limit, 1),
+            "fastest_growing_group": self.fastest_group,
+            "warning": self.warning,
         }
+
+
+def _rate(value: float | None) -> float | None:
+    return None if value is None or not math.isfinite(value) else round(value, 1)
 
 
 # Cut-down widths of the cells that shrink, used to decide which columns a width has room for.
@@ -200,6 +258,7 @@ _NODE_COLUMNS: tuple[tuple[str, dict[str, Any]], ...] = (
     ("used %", {"justify": "right"}),
     ("worker groups", {}),
     ("group rss", {}),
+    ("growth", {"justify": "right", "no_wrap": True}),
     ("age", {"justify": "right", "no_wrap": True}),
     ("trend", {"no_wrap": True}),
 )
@@ -227,6 +286,11 @@ def _node_cells(row: NodeRow, short: bool) -> dict[str, Any]:
                 for name in sorted(row.group_rss, key=natural_key)
             )
             or "-"
+        ),
+        "growth": Text(
+            format_growth(row.growth),
+            style="bold red" if row.warning else "yellow" if row.time_to_limit else "",
+            no_wrap=True,
         ),
         "age": format_age(row.age_s),
         "trend": sparkline(row.history, min_span=_trend_span(row.total)),
@@ -335,17 +399,23 @@ def node_table(rows: Iterable[NodeRow], *, title: str = "Ray host memory") -> Re
     the node, is shown when some row has one, and is the last column left out.
     """
     ordered = sorted(rows, key=lambda r: (natural_key(r.host), natural_key(r.node_id)))
-    caption = str(node_summary(ordered))
+    caption = Text(str(node_summary(ordered)))
+    for row in ordered:
+        if row.warning:
+            caption.append("\n")
+            caption.append(Text(f"warning: {printable(row.warning)}", style="bold red"))
     absent = frozenset() if any(row.group_rss for row in ordered) else frozenset({"group rss"})
+    if not any(row.growth is not None for row in ordered):
+        absent |= {"growth"}
 
     def build(left_out: frozenset[str], short: bool) -> Table:
         cells = [_node_cells(row, short) for row in ordered]
         table = _table(title, _NODE_COLUMNS, cells, left_out | absent)
-        table.caption = Text(caption)
+        table.caption = caption
         table.caption_justify = "left"
         return table
 
-    return _FitToWidth(build, ("trend", "host", "group rss"))
+    return _FitToWidth(build, ("trend", "host", "growth", "group rss"))
 
 
 @dataclass

@@ -19,6 +19,7 @@ from raylens.demo import keep_sigterm_handler
 from raylens.live_table import NodeRow, counted, node_summary, node_table
 
 if TYPE_CHECKING:
+    from raylens.telemetry.growth import GrowthSnapshot
     from raylens.telemetry.host_memory import HostMemoryMonitor
 
 # How many samples of each node's trend the table keeps.
@@ -29,10 +30,15 @@ class NodeTable:
     """Turns the monitor's latest samples into table rows, with a short trend per node."""
 
     def __init__(
-        self, monitor: HostMemoryMonitor, *, clock: Callable[[], float] = time.monotonic
+        self,
+        monitor: HostMemoryMonitor,
+        *,
+        clock: Callable[[], float] = time.monotonic,
+        growth: GrowthSnapshot | None = None,
     ) -> None:
         self.monitor = monitor
         self.clock = clock
+        self.growth = growth
         self.history: dict[str, list[float]] = {}
 
     def rows(self) -> list[NodeRow]:
@@ -45,8 +51,10 @@ class NodeTable:
             node: {g.group: float(g.rss_bytes) for g in reading.groups}
             for node, (reading, _age) in DEFAULT_SNAPSHOT.latest().items()
         }
+        outlooks = self.growth.latest() if self.growth is not None else {}
         for sample in self.monitor.latest():
             seen.add(sample.node_id)
+            outlook = outlooks.get(sample.node_id)
             history = self.history.setdefault(sample.node_id, [])
             if sample.error is None and sample.used is not None:
                 history.append(sample.used)
@@ -62,6 +70,11 @@ class NodeTable:
                     error=sample.error,
                     history=list(history),
                     group_rss=groups.get(sample.node_id, {}),
+                    growth=outlook.growth if outlook else None,
+                    group_growth=dict(outlook.group_growth) if outlook else {},
+                    limit=outlook.limit if outlook else None,
+                    time_to_limit=outlook.time_to_limit if outlook else None,
+                    fastest_group=outlook.fastest_group if outlook else None,
                 )
             )
         for gone in set(self.history) - seen:
@@ -85,12 +98,14 @@ def watch_nodes(
     seconds from the first table.
     """
     from raylens.distributed._group_memory_wiring import attach_group_memory
+    from raylens.telemetry.growth import attach_growth
 
     monitor.declare_consumer()  # the table reads every cycle, so every cycle scrapes
     # Worker groups of this process (the demo's) get a per-group column; samplers start
     # only once a group registers its workers, so elsewhere this costs nothing.
     attach_group_memory(monitor)
-    table = NodeTable(monitor)
+    growth = attach_growth(monitor)
+    table = NodeTable(monitor, growth=growth.snapshot)
     interval, duration = args.interval, args.duration
     once = getattr(args, "once", False)
 
@@ -101,6 +116,7 @@ def watch_nodes(
             "time": time.time(),
             "nodes": [row.to_json() for row in rows],
             "totals": node_summary(rows).to_json(),
+            "warnings": [row.warning for row in rows if row.warning],
         }
         output.show(lambda: node_table(rows, title=title), record)
         if output.closed:

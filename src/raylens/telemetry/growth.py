@@ -20,9 +20,9 @@ declared by :func:`register_growth_gauges`, never at import.
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Any, Protocol
 
 from opentelemetry.metrics import CallbackOptions, Observation
 
@@ -45,8 +45,10 @@ __all__ = [
     "RL_WORKER_GROUP_MEMORY_GROWTH_METRIC",
     "FigureSource",
     "GrowthCycle",
+    "GrowthMonitor",
     "GrowthSnapshot",
     "NodeOutlook",
+    "attach_growth",
     "register_growth_gauges",
 ]
 
@@ -178,6 +180,14 @@ class FigureSource(Protocol):
     def group_figures(self) -> dict[str, tuple[str, NodeGroupFigures, float]]: ...
 
 
+class GrowthMonitor(FigureSource, Protocol):
+    """A monitor a growth cycle can be attached to."""
+
+    def add_cycle_hook(
+        self, hook: Callable[[Any], None], *, on_stop: Callable[[], None] | None = None
+    ) -> None: ...
+
+
 class GrowthCycle:
     """A monitor cycle hook: record the cycle's figures, then publish every node's outlook.
 
@@ -256,3 +266,11 @@ def _outlook(
             name: part.growth for name, part in growth.groups.items() if part.growth is not None
         },
     )
+
+
+def attach_growth(monitor: GrowthMonitor, cycle: GrowthCycle | None = None) -> GrowthCycle:
+    """Declare the growth gauges and run ``cycle`` (default a new one) after every cycle."""
+    cycle = cycle if cycle is not None else GrowthCycle()
+    register_growth_gauges(cycle.snapshot)
+    monitor.add_cycle_hook(cycle, on_stop=cycle.close)
+    return cycle

@@ -79,7 +79,57 @@ def test_node_row_json() -> None:
         "age_seconds": 0.123,
         "error": None,
         "worker_group_rss_bytes": {},
+        "growth_bytes_per_second": None,
+        "worker_group_growth_bytes_per_second": {},
+        "limit_bytes": None,
+        "time_to_limit_seconds": None,
+        "fastest_growing_group": None,
+        "warning": None,
     }
+
+
+def test_a_node_that_reaches_its_kill_line_within_the_hour_gets_a_warning_naming_its_fastest_group() -> (
+    None
+):
+    gib, mib = 1024**3, 1024**2
+    growing = NodeRow(
+        "a" * 16,
+        "host-a",
+        58 * gib,
+        64 * gib,
+        "policy,rollout",
+        1.0,
+        growth=3 * mib,
+        group_growth={"policy": 3 * mib, "rollout": 0.0},
+        limit=0.95 * 64 * gib,
+        time_to_limit=(0.95 * 64 - 58) * gib / (3 * mib),
+        fastest_group="policy",
+    )
+    distant = NodeRow(
+        "b" * 16,
+        "host-a",
+        10 * gib,
+        64 * gib,
+        "rollout",
+        1.0,
+        growth=1.0,
+        limit=60.8 * gib,
+        time_to_limit=4e10,
+    )
+    text = _render(node_table([growing, distant]))
+    assert "+10.5 GiB/h" in text and "growth" in text
+    assert (
+        "warning: node aaaaaaaa (host-a) reaches its kill line (60.8 GiB) in about 16 min" in text
+    )
+    assert "policy grows fastest there (+10.5 GiB/h)" in text
+    assert "bbbbbbbb (host-a) reaches" not in text
+    assert growing.to_json()["warning"] == growing.warning
+    assert growing.to_json()["growth_bytes_per_second"] == 3 * mib
+    assert distant.warning is None
+
+
+def test_the_growth_column_appears_only_once_a_node_has_a_figure() -> None:
+    assert "growth" not in _render(node_table([NodeRow("a" * 16, "h", 1.0, 4.0, "none", 1.0)]))
 
 
 def test_group_rss_column_shows_each_group_on_its_node_only_when_there_is_one() -> None:
