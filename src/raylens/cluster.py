@@ -221,6 +221,23 @@ _OVERRIDES_LOCK = threading.Lock()
 forking.renew_lock_in_child(sys.modules[__name__], "_OVERRIDES_LOCK")
 
 
+def connected_system_config() -> dict[str, object]:
+    """The system-config overrides of the Ray cluster this process is connected to.
+
+    Only what the cluster's ``_system_config`` set; empty when not connected, or when
+    this Ray cannot say (the call is Ray-internal, so any failure reads as empty).
+    """
+    if not RayClusterView().is_initialized():
+        return {}
+    try:
+        from ray._private.state import state
+
+        config = state.get_system_config()
+    except Exception:
+        return {}
+    return {str(key): value for key, value in config.items()} if isinstance(config, dict) else {}
+
+
 def default_cluster_view() -> ClusterView:
     """The view raylens uses when none is passed.
 

@@ -27,6 +27,7 @@ from collections.abc import Mapping
 
 from opentelemetry.sdk.metrics.export import MetricReader
 
+from raylens.cluster import connected_system_config
 from raylens.lens import (
     TelemetryConfig,
     TelemetryHandle,
@@ -36,7 +37,7 @@ from raylens.lens import (
 )
 from raylens.telemetry import host_memory
 from raylens.telemetry.growth import GrowthCycle, attach_growth
-from raylens.telemetry.history import GrowthSettings
+from raylens.telemetry.history import GrowthSettings, resolve_kill_line_config
 
 __all__ = ["DRIVER_CONSOLE_INTERVAL_MS", "driver_config_from_env", "init_telemetry_driver"]
 
@@ -138,7 +139,12 @@ def _attach_growth(monitor: host_memory.HostMemoryMonitor, window: float | None)
         logger.error("raylens growth: %s; using the default window", error)
         settings = GrowthSettings()
     try:
-        attach_growth(monitor, GrowthCycle(settings=settings))
+        kill_line = resolve_kill_line_config(system_config=connected_system_config())
+    except ValueError as error:
+        logger.error("raylens growth: %s; using Ray's default threshold", error)
+        kill_line = resolve_kill_line_config(env={})
+    try:
+        attach_growth(monitor, GrowthCycle(settings=settings, kill_line=kill_line))
     except Exception:
         warn_once(
             "driver.growth",

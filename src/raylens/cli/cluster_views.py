@@ -104,7 +104,10 @@ def watch_nodes(
     # Worker groups of this process (the demo's) get a per-group column; samplers start
     # only once a group registers its workers, so elsewhere this costs nothing.
     attach_group_memory(monitor)
-    growth = attach_growth(monitor)
+    try:
+        growth = attach_growth(monitor)
+    except ValueError as error:  # RAYLENS_GROWTH_WINDOW or RAYLENS_MEMORY_USAGE_THRESHOLD
+        raise CliError(str(error)) from None
     table = NodeTable(monitor, growth=growth.snapshot)
     interval, duration = args.interval, args.duration
     once = getattr(args, "once", False)

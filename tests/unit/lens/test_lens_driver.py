@@ -161,3 +161,40 @@ def test_a_failing_hook_does_not_stop_the_others(caplog: pytest.LogCaptureFixtur
 def test_a_hook_must_be_callable() -> None:
     with pytest.raises(TypeError, match="'later'"):
         add_shutdown_hook("later")  # type: ignore[arg-type]
+
+
+class _RecordingMonitor:
+    def __init__(self) -> None:
+        self.hooks: list[object] = []
+
+    def add_cycle_hook(self, hook: object, *, on_stop: object = None) -> None:
+        self.hooks.append(hook)
+
+
+@pytest.mark.parametrize(
+    ("keyword", "env", "window"),
+    [(None, None, 600.0), (None, "45", 45.0), (30.0, "45", 30.0), ("soon", None, 600.0)],
+)
+def test_the_driver_attaches_growth_with_the_window_it_was_given(
+    keyword: object,
+    env: str | None,
+    window: float,
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    from raylens.telemetry.growth import GrowthCycle
+
+    monitor = _RecordingMonitor()
+    monkeypatch.setattr(host_memory, "start_host_memory_monitoring", lambda interval: monitor)
+    monkeypatch.setattr(raylens.driver, "_attach_group_memory", lambda monitor: None)
+    if env is None:
+        monkeypatch.delenv("RAYLENS_GROWTH_WINDOW", raising=False)
+    else:
+        monkeypatch.setenv("RAYLENS_GROWTH_WINDOW", env)
+    with caplog.at_level(logging.ERROR):
+        init_telemetry_driver(TelemetryConfig(exporter="none"), growth_window=keyword)  # type: ignore[arg-type]
+    shutdown_telemetry()
+    cycles = [hook for hook in monitor.hooks if isinstance(hook, GrowthCycle)]
+    assert len(cycles) == 1
+    assert cycles[0].history.settings.window_s == window
+    assert bool(_errors(caplog)) == (keyword == "soon")
