@@ -5,9 +5,10 @@ Prometheus scrapes three raylens processes on 127.0.0.1, each with the Prometheu
 
 - ``raylens simulate`` (host memory per node, worker-group labels, a hung node);
 - ``raylens profile -- sleep`` (a live process tree and the profiler's host);
-- a feeder that this file runs as a script: a simulated node above 90% of its memory, a
-  reading of memory per worker group, and a profiled server whose process is gone, so the
-  alert expressions and the per-group panels have something to show.
+- a feeder that this file runs as a script: a simulated node above 90% of its memory and
+  growing towards its kill line, a reading of memory per worker group, and a profiled server
+  whose process is gone, so the alert expressions, the per-group and the growth panels have
+  something to show.
 """
 
 from __future__ import annotations
@@ -65,6 +66,7 @@ def feed(port: int) -> None:
         publish_group_memory,
         register_group_memory_gauges,
     )
+    from raylens.telemetry.growth import GrowthSnapshot, NodeOutlook, register_growth_gauges
     from raylens.telemetry.process_memory import MemoryProfiler, ServerMemoryTarget
     from raylens_fakes.simulated import SimulatedCluster
 
@@ -95,6 +97,23 @@ def feed(port: int) -> None:
                     for index, (node, group) in enumerate(zip(nodes, ("policy", "rollout")))
                 },
                 max_age=3600,
+            )
+            growth = GrowthSnapshot()
+            register_growth_gauges(growth)
+            growth.publish(
+                NodeOutlook(
+                    node_id=node,
+                    host=simulated.hostname(index),
+                    worker_groups=group,
+                    used=(0.95 if index == 0 else 0.5) * 64 * GIB,
+                    growth=(1e7 if index == 0 else 0.0),
+                    growing=index == 0,
+                    limit=0.97 * 64 * GIB,
+                    time_to_limit=(0.02 * 64 * GIB / 1e7) if index == 0 else None,
+                    fastest_group=group if index == 0 else None,
+                    group_growth={group: 1e7 if index == 0 else 0.0},
+                )
+                for index, (node, group) in enumerate(zip(nodes, ("policy", "rollout")))
             )
             monitor = host_memory.HostMemoryMonitor(
                 1.0, cluster=simulated.cluster, scrape_mode="inprocess", consumer=True
@@ -329,16 +348,17 @@ def test_every_dashboard_alert_and_guide_query_returns_series(prometheus: str) -
     for name, query, regex in listings:
         assert _variable_values(prometheus, query, regex), f"variable {name}: no values"
 
-    # Prometheus loaded both alert rules, evaluates them without error, and both match. A rule
-    # first evaluated before its series arrived reads inactive until its next evaluation.
+    # Prometheus loaded every alert rule, evaluates them without error, and each matches. A
+    # rule first evaluated before its series arrived reads inactive until its next evaluation.
     rules = _poll(
-        lambda: len(_evaluated_rules(prometheus)) == 2 and _evaluated_rules(prometheus),
+        lambda: len(_evaluated_rules(prometheus)) == 3 and _evaluated_rules(prometheus),
         15,
-        "both alert rules evaluated",
+        "every alert rule evaluated",
     )
     assert {rule["name"] for rule in rules} == {
         "RaylensNodeMemoryNearLimit",
         "RaylensServedProcessGone",
+        "RaylensNodeReachesKillLineSoon",
     }
 
     seen: list[Any] = []
@@ -347,5 +367,5 @@ def test_every_dashboard_alert_and_guide_query_returns_series(prometheus: str) -
         seen[:] = [(r["name"], r["state"]) for r in _evaluated_rules(prometheus)]
         return all(state in ("pending", "firing") for _, state in seen)
 
-    _poll(matching, 15, "both alert rules pending or firing")
-    assert len(seen) == 2, seen
+    _poll(matching, 15, "every alert rule pending or firing")
+    assert len(seen) == 3, seen

@@ -266,6 +266,10 @@ def test_dashboard_covers_every_area() -> None:
         "gym_server_processes",
         "rl_host_scrape_up",
         "rl_host_scrape_duration_seconds",
+        "rl_host_memory_growth_bytes_per_second",
+        "rl_worker_group_memory_growth_bytes_per_second",
+        "rl_host_memory_time_to_limit_seconds",
+        "rl_host_memory_limit_bytes",
     } <= used
 
 
@@ -287,7 +291,11 @@ def test_host_panels_never_sum_by_worker_group_label() -> None:
 
 def test_alert_rules_parse_and_name_exported_series() -> None:
     rules = {rule["alert"]: rule for rule in load_alert_rules()}
-    assert set(rules) == {"RaylensNodeMemoryNearLimit", "RaylensServedProcessGone"}
+    assert set(rules) == {
+        "RaylensNodeMemoryNearLimit",
+        "RaylensServedProcessGone",
+        "RaylensNodeReachesKillLineSoon",
+    }
     for name, rule in rules.items():
         assert metric_names(rule["expr"]) <= exported_names(), name
         assert rule["annotations"]["summary"], name
@@ -298,6 +306,9 @@ def test_alert_rules_parse_and_name_exported_series() -> None:
     }
     assert near["expr"].rstrip().endswith("> 0.9")
     assert near["for"] == "5m"
+    soon = rules["RaylensNodeReachesKillLineSoon"]
+    assert metric_names(soon["expr"]) == {"rl_host_memory_time_to_limit_seconds"}
+    assert soon["expr"].rstrip().endswith("< 1800")
     gone = rules["RaylensServedProcessGone"]
     assert metric_names(gone["expr"]) == {"gym_server_processes"}
     assert gone["expr"].rstrip().endswith("== 0")
