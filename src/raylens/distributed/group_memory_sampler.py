@@ -31,6 +31,12 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from raylens.distributed._group_memory_publishing import (
+    STOP_TIMEOUT_S,
+    GroupMemoryPublisher,
+    PublishingLoop,
+    RayMetricsPublisher,
+)
 from raylens.lens import warn_once
 from raylens.safe_text import printable
 from raylens.telemetry.group_memory import (
@@ -93,10 +99,15 @@ class SamplerError:
 
 
 class GroupMemorySamplerActor:
-    """What runs inside each node's sampler actor: a reader and one method to call it.
+    """What runs inside each node's sampler actor: a reader, read on demand or on its own timer.
 
-    The arguments are those of :class:`GroupMemoryReader`; ``procfs_root`` is where
-    procfs is mounted on the node (``/proc`` by default).
+    The reader arguments are those of :class:`GroupMemoryReader`; ``procfs_root`` is
+    where procfs is mounted on the node (``/proc`` by default). :meth:`read` answers
+    one reading to its caller. :meth:`set_workers` and :meth:`start` make the sampler
+    read the node's workers every interval on a daemon thread and publish each reading
+    through ``publisher`` (default: Ray's metrics pipeline, see
+    :mod:`raylens.distributed._group_memory_publishing`), stamped with ``wall_clock``
+    (default :func:`time.time`); ``clock`` times the reader's intervals.
     """
 
     def __init__(
@@ -106,18 +117,51 @@ class GroupMemorySamplerActor:
         max_processes: int = DEFAULT_MAX_PROCESSES,
         procfs_root: str | None = None,
         host_name: str | None = None,
+        publisher: GroupMemoryPublisher | None = None,
+        clock: Callable[[], float] | None = None,
+        wall_clock: Callable[[], float] | None = None,
     ) -> None:
+        self._lock = threading.Lock()
         self._reader = GroupMemoryReader(
             ProcFS(procfs_root) if procfs_root is not None else None,
             pss_interval_seconds=pss_interval_seconds,
             tree_interval_seconds=tree_interval_seconds,
             max_processes=max_processes,
             host_name=host_name,
+            clock=clock,
+        )
+        self._loop = PublishingLoop(
+            self._reader,
+            publisher if publisher is not None else RayMetricsPublisher(),
+            lock=self._lock,
+            wall_clock=wall_clock,
         )
 
     def read(self, workers: list[tuple[str, int, int | None]]) -> dict[str, Any]:
         """Read the given workers' groups now; the result as builtins (see ``as_plain``)."""
-        return self._reader.read(workers).as_plain()
+        with self._lock:
+            return self._reader.read(workers).as_plain()
+
+    def set_workers(self, workers: list[tuple[str, int, int | None]]) -> None:
+        """Make ``workers`` (``(group, pid, start_ticks)``) the node's list for timed readings."""
+        self._loop.set_workers(workers)
+
+    def start(self, interval_s: float) -> None:
+        """Read and publish every ``interval_s`` seconds, first at once (again: new interval)."""
+        self._loop.start(interval_s)
+
+    def stop(self, forget_groups: bool = False, timeout_s: float = STOP_TIMEOUT_S) -> None:
+        """Stop timed readings; with ``forget_groups``, mark every published group gone."""
+        self._loop.stop(forget_groups=forget_groups, timeout_s=timeout_s)
+
+    def sample_and_publish_once(self) -> dict[str, Any] | None:
+        """One timed reading now, published; as builtins, None once stopped."""
+        reading = self._loop.sample_and_publish_once()
+        return None if reading is None else reading.as_plain()
+
+    def ping(self) -> int:
+        """Readings published so far: an answer at all says the actor is alive."""
+        return self._loop.passes
 
 
 @dataclass
