@@ -20,9 +20,11 @@ A group that leaves the node, and a PSS figure that stops being known, get NaN o
 so that readers drop the series at once rather than when Ray's gauge expiry removes
 it, and are not set again after that.
 
-:class:`GroupMemoryPublisher` is the seam between the reading loop and Ray: the
-default, :class:`RayMetricsPublisher`, creates its gauges on first use, inside the
-actor process (never at import); tests hand :class:`PublishingLoop` their own.
+:class:`GroupMemorySamplerActor` is what runs in the actor (it also answers
+readings on demand); :class:`PublishingLoop` is its timer and bookkeeping;
+:class:`GroupMemoryPublisher` is the seam between the loop and Ray: the default,
+:class:`RayMetricsPublisher`, creates its gauges on first use, inside the actor
+process (never at import); tests hand the actor their own.
 """
 
 from __future__ import annotations
@@ -35,7 +37,13 @@ from typing import Any, Protocol
 
 from raylens.lens import warn_once
 from raylens.safe_text import printable
-from raylens.telemetry.group_memory import GroupMemoryReader, NodeGroupMemory, as_group_worker
+from raylens.telemetry.group_memory import (
+    DEFAULT_MAX_PROCESSES,
+    GroupMemoryReader,
+    NodeGroupMemory,
+    as_group_worker,
+)
+from raylens.telemetry.process_memory import ProcFS
 from raylens.telemetry.raylet_payload import (
     GROUP_LABEL,
     GROUP_MEMORY_GAUGE,
@@ -46,9 +54,12 @@ from raylens.telemetry.raylet_payload import (
 from raylens.validation import positive_seconds
 
 __all__ = [
+    "DEFAULT_PSS_INTERVAL_SECONDS",
+    "DEFAULT_TREE_INTERVAL_SECONDS",
     "SAMPLER_THREAD_NAME",
     "STOP_TIMEOUT_S",
     "GroupMemoryPublisher",
+    "GroupMemorySamplerActor",
     "PublishingLoop",
     "RayMetricsPublisher",
 ]
@@ -56,6 +67,13 @@ __all__ = [
 SAMPLER_THREAD_NAME = "raylens-group-sampler"
 STOP_TIMEOUT_S = 5.0
 """How long :meth:`PublishingLoop.stop` waits for a reading in progress to finish."""
+
+DEFAULT_PSS_INTERVAL_SECONDS = 60.0
+"""How often a sampler reads PSS per group by default (RSS is read every cycle)."""
+
+DEFAULT_TREE_INTERVAL_SECONDS = 30.0
+"""How often a sampler walks each worker's process tree again by default; a process a
+worker spawns in between is counted from the next walk (a new worker is walked at once)."""
 
 _LOGGER = logging.getLogger("raylens.distributed")
 _NAN = float("nan")
@@ -274,3 +292,69 @@ class PublishingLoop:
             interval = self._interval
             if interval is None or stop.wait(interval):
                 return
+
+
+class GroupMemorySamplerActor:
+    """What runs inside each node's sampler actor: a reader, read on demand or on its own timer.
+
+    The reader arguments are those of :class:`GroupMemoryReader`; ``procfs_root`` is
+    where procfs is mounted on the node (``/proc`` by default). :meth:`read` answers
+    one reading to its caller. :meth:`set_workers` and :meth:`start` make the sampler
+    read the node's workers every interval on a daemon thread and publish each reading
+    through ``publisher`` (default: Ray's metrics pipeline, see
+    :mod:`raylens.distributed._group_memory_publishing`), stamped with ``wall_clock``
+    (default :func:`time.time`); ``clock`` times the reader's intervals.
+    """
+
+    def __init__(
+        self,
+        pss_interval_seconds: float | None = DEFAULT_PSS_INTERVAL_SECONDS,
+        tree_interval_seconds: float | None = DEFAULT_TREE_INTERVAL_SECONDS,
+        max_processes: int = DEFAULT_MAX_PROCESSES,
+        procfs_root: str | None = None,
+        host_name: str | None = None,
+        publisher: GroupMemoryPublisher | None = None,
+        clock: Callable[[], float] | None = None,
+        wall_clock: Callable[[], float] | None = None,
+    ) -> None:
+        self._lock = threading.Lock()
+        self._reader = GroupMemoryReader(
+            ProcFS(procfs_root) if procfs_root is not None else None,
+            pss_interval_seconds=pss_interval_seconds,
+            tree_interval_seconds=tree_interval_seconds,
+            max_processes=max_processes,
+            host_name=host_name,
+            clock=clock,
+        )
+        self._loop = PublishingLoop(
+            self._reader,
+            publisher if publisher is not None else RayMetricsPublisher(),
+            lock=self._lock,
+            wall_clock=wall_clock,
+        )
+
+    def read(self, workers: list[tuple[str, int, int | None]]) -> dict[str, Any]:
+        """Read the given workers' groups now; the result as builtins (see ``as_plain``)."""
+        with self._lock:
+            return self._reader.read(workers).as_plain()
+
+    def set_workers(self, workers: list[tuple[str, int, int | None]]) -> None:
+        """Make ``workers`` (``(group, pid, start_ticks)``) the node's list for timed readings."""
+        self._loop.set_workers(workers)
+
+    def start(self, interval_s: float) -> None:
+        """Read and publish every ``interval_s`` seconds, first at once (again: new interval)."""
+        self._loop.start(interval_s)
+
+    def stop(self, forget_groups: bool = False, timeout_s: float = STOP_TIMEOUT_S) -> None:
+        """Stop timed readings; with ``forget_groups``, mark every published group gone."""
+        self._loop.stop(forget_groups=forget_groups, timeout_s=timeout_s)
+
+    def sample_and_publish_once(self) -> dict[str, Any] | None:
+        """One timed reading now, published; as builtins, None once stopped."""
+        reading = self._loop.sample_and_publish_once()
+        return None if reading is None else reading.as_plain()
+
+    def ping(self) -> int:
+        """Readings published so far: an answer at all says the actor is alive."""
+        return self._loop.passes

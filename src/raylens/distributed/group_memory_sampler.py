@@ -8,7 +8,12 @@ reserving no CPU and no GPU, which reads the workers' process trees from its own
 process with :class:`~raylens.telemetry.group_memory.GroupMemoryReader`.
 
 :class:`GroupMemorySamplers` runs in the driver, called once per host-memory
-cycle: it starts samplers lazily for nodes that gained a worker, removes the one
+cycle in one of two ways. :meth:`~GroupMemorySamplers.maintain` only keeps the
+samplers: each reads on its own timer and publishes through Ray's metrics pipeline
+(see :mod:`raylens.distributed._group_memory_publishing`), so a cycle in which no
+worker list changed costs the driver a comparison per node and no Ray call.
+:meth:`~GroupMemorySamplers.sample` starts samplers lazily for nodes that gained a
+worker, removes the one
 of a node whose last worker left, asks every sampler for a reading under one
 deadline, and returns ``{node id: NodeGroupMemory | SamplerError}``. A sampler
 that is slow, wedged or dead costs only its own node's result: it is not asked
@@ -32,10 +37,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from raylens.distributed._group_memory_publishing import (
-    STOP_TIMEOUT_S,
-    GroupMemoryPublisher,
-    PublishingLoop,
-    RayMetricsPublisher,
+    DEFAULT_PSS_INTERVAL_SECONDS,
+    DEFAULT_TREE_INTERVAL_SECONDS,
+    GroupMemorySamplerActor,
 )
 from raylens.lens import warn_once
 from raylens.safe_text import printable
@@ -43,19 +47,19 @@ from raylens.telemetry.group_memory import (
     DEFAULT_MAX_PROCESSES,
     DEFAULT_REGISTRY,
     DEFAULT_SNAPSHOT,
-    GroupMemoryReader,
     GroupMemorySnapshot,
     GroupWorkerRegistry,
     NodeGroupMemory,
     as_group_worker,
     own_process_identity,
 )
-from raylens.telemetry.process_memory import ProcFS
 from raylens.validation import positive_seconds
 
 __all__ = [
     "DEFAULT_MAX_MISSED",
+    "DEFAULT_PING_EVERY",
     "DEFAULT_PSS_INTERVAL_SECONDS",
+    "DEFAULT_SAMPLE_INTERVAL_S",
     "DEFAULT_START_TIMEOUT_S",
     "DEFAULT_TIMEOUT_S",
     "DEFAULT_TREE_INTERVAL_SECONDS",
@@ -69,15 +73,16 @@ __all__ = [
 DEFAULT_TIMEOUT_S = 2.0
 """How long one cycle waits for every sampler's reading."""
 
-DEFAULT_PSS_INTERVAL_SECONDS = 60.0
-"""How often a sampler reads PSS per group by default (RSS is read every cycle)."""
-
-DEFAULT_TREE_INTERVAL_SECONDS = 30.0
-"""How often a sampler walks each worker's process tree again by default; a process a
-worker spawns in between is counted from the next walk (a new worker is walked at once)."""
-
 DEFAULT_MAX_MISSED = 3
-"""Cycles a sampler may leave unanswered before it is replaced."""
+"""Cycles (liveness rounds, under :meth:`GroupMemorySamplers.maintain`) a sampler may leave
+unanswered before it is replaced."""
+
+DEFAULT_SAMPLE_INTERVAL_S = 10.0
+"""How often a publishing sampler reads its node by default: Ray's default metrics report
+interval, since readings between two reports are never served."""
+
+DEFAULT_PING_EVERY = 6
+"""Cycles of :meth:`GroupMemorySamplers.maintain` between two liveness rounds by default."""
 
 DEFAULT_START_TIMEOUT_S = 300.0
 """How long a new sampler may take to give its first answer before it is replaced.
@@ -98,72 +103,6 @@ class SamplerError:
     message: str
 
 
-class GroupMemorySamplerActor:
-    """What runs inside each node's sampler actor: a reader, read on demand or on its own timer.
-
-    The reader arguments are those of :class:`GroupMemoryReader`; ``procfs_root`` is
-    where procfs is mounted on the node (``/proc`` by default). :meth:`read` answers
-    one reading to its caller. :meth:`set_workers` and :meth:`start` make the sampler
-    read the node's workers every interval on a daemon thread and publish each reading
-    through ``publisher`` (default: Ray's metrics pipeline, see
-    :mod:`raylens.distributed._group_memory_publishing`), stamped with ``wall_clock``
-    (default :func:`time.time`); ``clock`` times the reader's intervals.
-    """
-
-    def __init__(
-        self,
-        pss_interval_seconds: float | None = DEFAULT_PSS_INTERVAL_SECONDS,
-        tree_interval_seconds: float | None = DEFAULT_TREE_INTERVAL_SECONDS,
-        max_processes: int = DEFAULT_MAX_PROCESSES,
-        procfs_root: str | None = None,
-        host_name: str | None = None,
-        publisher: GroupMemoryPublisher | None = None,
-        clock: Callable[[], float] | None = None,
-        wall_clock: Callable[[], float] | None = None,
-    ) -> None:
-        self._lock = threading.Lock()
-        self._reader = GroupMemoryReader(
-            ProcFS(procfs_root) if procfs_root is not None else None,
-            pss_interval_seconds=pss_interval_seconds,
-            tree_interval_seconds=tree_interval_seconds,
-            max_processes=max_processes,
-            host_name=host_name,
-            clock=clock,
-        )
-        self._loop = PublishingLoop(
-            self._reader,
-            publisher if publisher is not None else RayMetricsPublisher(),
-            lock=self._lock,
-            wall_clock=wall_clock,
-        )
-
-    def read(self, workers: list[tuple[str, int, int | None]]) -> dict[str, Any]:
-        """Read the given workers' groups now; the result as builtins (see ``as_plain``)."""
-        with self._lock:
-            return self._reader.read(workers).as_plain()
-
-    def set_workers(self, workers: list[tuple[str, int, int | None]]) -> None:
-        """Make ``workers`` (``(group, pid, start_ticks)``) the node's list for timed readings."""
-        self._loop.set_workers(workers)
-
-    def start(self, interval_s: float) -> None:
-        """Read and publish every ``interval_s`` seconds, first at once (again: new interval)."""
-        self._loop.start(interval_s)
-
-    def stop(self, forget_groups: bool = False, timeout_s: float = STOP_TIMEOUT_S) -> None:
-        """Stop timed readings; with ``forget_groups``, mark every published group gone."""
-        self._loop.stop(forget_groups=forget_groups, timeout_s=timeout_s)
-
-    def sample_and_publish_once(self) -> dict[str, Any] | None:
-        """One timed reading now, published; as builtins, None once stopped."""
-        reading = self._loop.sample_and_publish_once()
-        return None if reading is None else reading.as_plain()
-
-    def ping(self) -> int:
-        """Readings published so far: an answer at all says the actor is alive."""
-        return self._loop.passes
-
-
 @dataclass
 class _Sampler:
     actor: Any
@@ -175,6 +114,10 @@ class _Sampler:
     # which can take many cycles on a busy node: misses count only after that, and
     # before it only the start timeout applies.
     answered: bool = False
+    # Publishing samplers (maintain): the worker list it was last told, None if never.
+    workers: list[tuple[str, int, int | None]] | None = None
+    # Its liveness ping not read yet.
+    ping: Any = None
 
 
 def _check_node_id(node_id: object) -> str:
@@ -194,8 +137,9 @@ class GroupMemorySamplers:
     ``ray`` is the ``ray`` module or a stand-in with ``remote``, ``wait``, ``get``,
     ``kill``, ``util.scheduling_strategies.NodeAffinitySchedulingStrategy`` and
     ``exceptions.RayActorError``; default the real one, imported on first use.
-    ``timeout_s`` bounds how long :meth:`sample` waits for all readings together.
-    A sampler that has answered is replaced after ``max_missed`` cycles in a row
+    ``timeout_s`` bounds how long :meth:`sample` waits for all readings together;
+    under :meth:`maintain` samplers read every ``sample_interval_s`` and are pinged
+    every ``ping_every`` cycles. A sampler that has answered is replaced after ``max_missed`` cycles in a row
     without an answer; one that has not answered yet, after ``start_timeout_s``
     seconds of ``clock`` (default :func:`time.monotonic`) since it was started,
     with one warning for the process.
@@ -216,10 +160,18 @@ class GroupMemorySamplers:
         procfs_root: str | None = None,
         start_timeout_s: float = DEFAULT_START_TIMEOUT_S,
         clock: Callable[[], float] | None = None,
+        sample_interval_s: float = DEFAULT_SAMPLE_INTERVAL_S,
+        ping_every: int = DEFAULT_PING_EVERY,
     ) -> None:
         self._ray = ray
         self.timeout_s = positive_seconds("timeout_s", timeout_s)
         self.start_timeout_s = positive_seconds("start_timeout_s", start_timeout_s)
+        self.sample_interval_s = positive_seconds(
+            "sample_interval_s", sample_interval_s, maximum=threading.TIMEOUT_MAX
+        )
+        if isinstance(ping_every, bool) or not isinstance(ping_every, int) or ping_every <= 0:
+            raise ValueError(f"ping_every must be a positive int of cycles, got {ping_every!r}")
+        self.ping_every = ping_every
         self._clock = clock or time.monotonic
         for name, interval in (
             ("pss_interval_seconds", pss_interval_seconds),
@@ -244,6 +196,12 @@ class GroupMemorySamplers:
         self._lock = threading.Lock()
         self._samplers: dict[str, _Sampler] = {}
         self._remote_class: Any = None
+        # maintain(): cycles so far, the cycle of the latest liveness round, whether its
+        # pings are still to be read, and samplers told to exit (killed at the next round).
+        self._cycle = 0
+        self._round = 0
+        self._pings_out = False
+        self._stopping: list[Any] = []
 
     @property
     def max_processes(self) -> int:
@@ -378,7 +336,10 @@ class GroupMemorySamplers:
         except ValueError as error:
             return SamplerError(node_id, f"sampler on node {node_id}: {printable(error)}")
 
-    def _missed(self, node_id: str, sampler: _Sampler, why: str) -> SamplerError:
+    def _missed(
+        self, node_id: str, sampler: _Sampler, why: str, unit: str = "cycles"
+    ) -> SamplerError:
+        """A miss: within the start timeout, or counted; the sampler removed once too many."""
         if not sampler.answered:
             waited = self._clock() - sampler.started_at
             if waited < self.start_timeout_s:
@@ -402,14 +363,198 @@ class GroupMemorySamplers:
         sampler.missed += 1
         if sampler.missed >= self.max_missed:
             self._remove(node_id)
-            why += f"; replaced after {sampler.missed} cycles without an answer"
+            why += f"; replaced after {sampler.missed} {unit} without an answer"
         return SamplerError(node_id, f"no group-memory reading from node {node_id}: {why}")
 
+    def maintain(
+        self, workers_by_node: Mapping[str, Iterable[tuple[str, int, int | None]]]
+    ) -> dict[str, SamplerError]:
+        """Keep one publishing sampler per node that has workers, waiting on none of them.
+
+        ``workers_by_node`` is as for :meth:`sample`. A node that gained workers gets a
+        sampler, told its workers and started on a :attr:`sample_interval_s` timer (it
+        then publishes through Ray's metrics pipeline, see
+        :class:`GroupMemorySamplerActor`); a node whose list changed is told the new
+        one, and only such a node; a node with no worker left has its sampler told to
+        mark its groups gone and exit, and killed at the next liveness round in case it
+        could not. Every :attr:`ping_every` cycles each sampler is pinged and the
+        answers are read the cycle after: a dead sampler is replaced at once, one that
+        has answered before is replaced after :attr:`max_missed` unanswered rounds, and
+        one that never has is left to start for ``start_timeout_s``. Every Ray call made
+        here returns at once, and a cycle in which nothing changed and no round falls
+        makes none. Use either this or :meth:`sample` on one manager.
+
+        Returns ``{node id: SamplerError}`` for the nodes with a problem this cycle,
+        empty when all is well. Raises ValueError, naming it, for a malformed node id or
+        worker, before anything is started or told.
+        """
+        present: set[str] = set()
+        changed: dict[str, list[tuple[str, int, int | None]]] = {}
+        with self._lock:
+            for node_id, workers in workers_by_node.items():
+                listed = workers if isinstance(workers, list) else list(workers)
+                sampler = self._samplers.get(node_id)
+                if sampler is not None and sampler.workers == listed:
+                    present.add(node_id)  # the common case: one comparison, no validation
+                    continue
+                entries = [
+                    (checked.group, checked.pid, checked.start_ticks)
+                    for checked in map(as_group_worker, listed)
+                ]
+                if not entries:
+                    continue
+                present.add(_check_node_id(node_id))
+                if sampler is None or sampler.workers != entries:
+                    changed[node_id] = entries
+            return self._maintain(present, changed)
+
+    def _maintain(
+        self, present: set[str], changed: dict[str, list[tuple[str, int, int | None]]]
+    ) -> dict[str, SamplerError]:
+        self._cycle += 1
+        results: dict[str, SamplerError] = {}
+        for node_id in [node for node in self._samplers if node not in present]:
+            self._stop_sampler(node_id)
+        for node_id, entries in changed.items():
+            sampler = self._samplers.get(node_id)
+            error: SamplerError | None = None
+            if sampler is None:
+                error = self._start_publishing(node_id, entries)
+            elif (why := self._tell(sampler, entries, start=sampler.workers is None)) is not None:
+                error = self._replace(
+                    node_id,
+                    f"sampler on node {node_id} cannot be reached: {why}; replaced",
+                    entries,
+                )
+            if error is not None:
+                results[node_id] = error
+        if self._pings_out and self._cycle > self._round:
+            self._read_pings(results)
+        if self._cycle - self._round >= self.ping_every:
+            self._kill_stopping()
+            self._send_pings(results)
+            self._round = self._cycle
+        return results
+
+    def _tell(
+        self, sampler: _Sampler, entries: list[tuple[str, int, int | None]], *, start: bool
+    ) -> str | None:
+        """Send a sampler its worker list (and start its timer); why it failed, or None."""
+        try:
+            sampler.actor.set_workers.remote(entries)
+            if start:
+                sampler.actor.start.remote(self.sample_interval_s)
+        except Exception as error:
+            return _describe(error)
+        sampler.workers = entries
+        return None
+
+    def _start_publishing(
+        self, node_id: str, entries: list[tuple[str, int, int | None]]
+    ) -> SamplerError | None:
+        try:
+            sampler = self._start(node_id)
+        except Exception as error:
+            return SamplerError(
+                node_id, f"could not start a sampler on node {node_id}: {_describe(error)}"
+            )
+        self._samplers[node_id] = sampler
+        why = self._tell(sampler, entries, start=True)
+        if why is None:
+            return None
+        self._remove(node_id)  # started afresh next cycle
+        return SamplerError(node_id, f"new sampler on node {node_id} cannot be reached: {why}")
+
+    def _replace(
+        self,
+        node_id: str,
+        message: str,
+        entries: list[tuple[str, int, int | None]] | None = None,
+    ) -> SamplerError:
+        """Kill a node's sampler and start another now, told ``entries`` (default: the same)."""
+        if entries is None:
+            entries = self._samplers[node_id].workers
+        self._remove(node_id)
+        if entries:
+            error = self._start_publishing(node_id, entries)
+            if error is not None:
+                message = f"{message}; {error.message}"
+        return SamplerError(node_id, message)
+
+    def _stop_sampler(self, node_id: str) -> None:
+        """Ask a sampler to mark its groups gone and exit after that; killed at the next round."""
+        sampler = self._samplers.pop(node_id)
+        # A sampler that cannot be asked is killed at the next round all the same.
+        with contextlib.suppress(Exception):
+            sampler.actor.stop.remote(forget_groups=True)
+            sampler.actor.__ray_terminate__.remote()
+        self._stopping.append(sampler.actor)
+
+    def _kill_stopping(self) -> None:
+        if not self._stopping:
+            return
+        ray = self._ray_module()
+        for actor in self._stopping:
+            # Most have exited by now; killing an actor that is gone is harmless.
+            with contextlib.suppress(Exception):
+                ray.kill(actor, no_restart=True)
+        self._stopping.clear()
+
+    def _send_pings(self, results: dict[str, SamplerError]) -> None:
+        for node_id, sampler in list(self._samplers.items()):
+            if sampler.ping is not None:
+                continue  # the previous one is still out
+            try:
+                sampler.ping = sampler.actor.ping.remote()
+            except Exception as error:
+                results[node_id] = self._replace(
+                    node_id,
+                    f"sampler on node {node_id} cannot be reached: {_describe(error)}; replaced",
+                )
+                continue
+            self._pings_out = True
+
+    def _read_pings(self, results: dict[str, SamplerError]) -> None:
+        self._pings_out = False
+        pinged = {s.ping: node for node, s in self._samplers.items() if s.ping is not None}
+        if not pinged:
+            return
+        ray = self._ray_module()
+        ready, _ = ray.wait(list(pinged), num_returns=len(pinged), timeout=0)
+        answered = set(ready)
+        for ref, node_id in pinged.items():
+            sampler = self._samplers[node_id]
+            if ref not in answered:
+                results[node_id] = self._missed(
+                    node_id, sampler, "it has not answered its ping", "liveness checks"
+                )
+                if node_id not in self._samplers and sampler.workers:  # removed: start another
+                    error = self._start_publishing(node_id, sampler.workers)
+                    if error is not None:
+                        message = f"{results[node_id].message}; {error.message}"
+                        results[node_id] = SamplerError(node_id, message)
+                continue
+            sampler.ping = None
+            try:
+                ray.get(ref, timeout=0)
+            except ray.exceptions.RayActorError as error:
+                results[node_id] = self._replace(
+                    node_id, f"sampler on node {node_id} died: {_describe(error)}; replaced"
+                )
+                continue
+            except Exception as error:  # it answered, so it lives; say what went wrong
+                results[node_id] = SamplerError(
+                    node_id, f"sampler on node {node_id} failed its ping: {_describe(error)}"
+                )
+            sampler.answered = True
+            sampler.missed = 0
+
     def close(self) -> None:
-        """Remove every sampler (idempotent)."""
+        """Remove every sampler, stopping ones included (idempotent)."""
         with self._lock:
             for node_id in list(self._samplers):
                 self._remove(node_id)
+            self._kill_stopping()
 
 
 def collect_group_memory(
