@@ -63,6 +63,7 @@ __all__ = [
     "DEFAULT_START_TIMEOUT_S",
     "DEFAULT_TIMEOUT_S",
     "DEFAULT_TREE_INTERVAL_SECONDS",
+    "STOP_GRACE_S",
     "GroupMemorySamplerActor",
     "GroupMemorySamplers",
     "SamplerError",
@@ -83,6 +84,11 @@ interval, since readings between two reports are never served."""
 
 DEFAULT_PING_EVERY = 6
 """Cycles of :meth:`GroupMemorySamplers.maintain` between two liveness rounds by default."""
+
+STOP_GRACE_S = 25.0
+"""How long a stopped sampler is left alive before it is killed: time for Ray to report the
+NaN it gave its groups (Ray's default report interval is 10 s). Ray keeps a dead actor's
+last values for a while, so one killed at once would leave its numbers there."""
 
 DEFAULT_START_TIMEOUT_S = 300.0
 """How long a new sampler may take to give its first answer before it is replaced.
@@ -197,11 +203,11 @@ class GroupMemorySamplers:
         self._samplers: dict[str, _Sampler] = {}
         self._remote_class: Any = None
         # maintain(): cycles so far, the cycle of the latest liveness round, whether its
-        # pings are still to be read, and samplers told to exit (killed at the next round).
+        # pings are still to be read, and stopped samplers with when (killed after the grace).
         self._cycle = 0
         self._round = 0
         self._pings_out = False
-        self._stopping: list[Any] = []
+        self._stopping: list[tuple[Any, float]] = []
 
     @property
     def max_processes(self) -> int:
@@ -376,8 +382,8 @@ class GroupMemorySamplers:
         then publishes through Ray's metrics pipeline, see
         :class:`GroupMemorySamplerActor`); a node whose list changed is told the new
         one, and only such a node; a node with no worker left has its sampler told to
-        mark its groups gone and exit, and killed at the next liveness round in case it
-        could not. Every :attr:`ping_every` cycles each sampler is pinged and the
+        mark its groups gone (NaN) and killed at the first liveness round at least
+        :data:`STOP_GRACE_S` later, once Ray has reported the NaN. Every :attr:`ping_every` cycles each sampler is pinged and the
         answers are read the cycle after: a dead sampler is replaced at once, one that
         has answered before is replaced after :attr:`max_missed` unanswered rounds, and
         one that never has is left to start for ``start_timeout_s``. Every Ray call made
@@ -482,23 +488,26 @@ class GroupMemorySamplers:
         return SamplerError(node_id, message)
 
     def _stop_sampler(self, node_id: str) -> None:
-        """Ask a sampler to mark its groups gone and exit after that; killed at the next round."""
+        """Ask a sampler to mark its groups gone; it is killed at a round after the grace."""
         sampler = self._samplers.pop(node_id)
-        # A sampler that cannot be asked is killed at the next round all the same.
+        # One that cannot be asked is killed after the grace all the same.
         with contextlib.suppress(Exception):
             sampler.actor.stop.remote(forget_groups=True)
-            sampler.actor.__ray_terminate__.remote()
-        self._stopping.append(sampler.actor)
+        self._stopping.append((sampler.actor, self._clock()))
 
-    def _kill_stopping(self) -> None:
+    def _kill_stopping(self, *, all_of_them: bool = False) -> None:
         if not self._stopping:
             return
         ray = self._ray_module()
-        for actor in self._stopping:
-            # Most have exited by now; killing an actor that is gone is harmless.
-            with contextlib.suppress(Exception):
+        now = self._clock()
+        kept = []
+        for actor, stopped_at in self._stopping:
+            if not all_of_them and now - stopped_at < STOP_GRACE_S:
+                kept.append((actor, stopped_at))
+                continue
+            with contextlib.suppress(Exception):  # one already gone needs no killing
                 ray.kill(actor, no_restart=True)
-        self._stopping.clear()
+        self._stopping = kept
 
     def _send_pings(self, results: dict[str, SamplerError]) -> None:
         for node_id, sampler in list(self._samplers.items()):
@@ -554,7 +563,7 @@ class GroupMemorySamplers:
         with self._lock:
             for node_id in list(self._samplers):
                 self._remove(node_id)
-            self._kill_stopping()
+            self._kill_stopping(all_of_them=True)
 
 
 def collect_group_memory(

@@ -9,7 +9,11 @@ from typing import Any
 
 import pytest
 
-from raylens.distributed.group_memory_sampler import GroupMemorySamplers, SamplerError
+from raylens.distributed.group_memory_sampler import (
+    STOP_GRACE_S,
+    GroupMemorySamplers,
+    SamplerError,
+)
 from raylens_fakes.procfs import FakeProcFS
 from raylens_fakes.ray import FakeActor, FakeRay
 
@@ -124,20 +128,25 @@ def test_only_a_node_whose_list_changed_is_told(fake_ray, nodes, two_nodes):
 
 
 def test_a_node_whose_last_worker_left_stops_its_sampler_and_loses_it(fake_ray, two_nodes):
-    manager = _manager(fake_ray, ping_every=3)
+    clock = Clock()
+    manager = _manager(fake_ray, ping_every=3, clock=clock)
     manager.maintain(two_nodes)  # cycle 1
     (b,) = _on(fake_ray, NODE_B)
 
-    manager.maintain({NODE_A: two_nodes[NODE_A], NODE_B: []})  # cycle 2
+    manager.maintain({NODE_A: two_nodes[NODE_A]})  # cycle 2
 
     assert manager.nodes == {NODE_A}
-    # Told to mark its groups gone and to exit once that is done; killed at the next
-    # liveness round in case it could not.
-    assert _names(b)[-2:] == ["stop", "__ray_terminate__"]
-    assert b.calls[-2] == ("stop", (), {"forget_groups": True})
+    # Told to mark its groups gone, and left alive long enough for Ray to report that.
+    assert b.calls[-1] == ("stop", (), {"forget_groups": True})
+    manager.maintain({NODE_A: two_nodes[NODE_A]})  # cycle 3: a liveness round, too early
     assert not b.killed
-    manager.maintain({NODE_A: two_nodes[NODE_A]})  # cycle 3: liveness round
+    clock.now += STOP_GRACE_S
+    for _ in range(2):  # cycles 4 and 5: no round
+        manager.maintain({NODE_A: two_nodes[NODE_A]})
+    assert not b.killed
+    manager.maintain({NODE_A: two_nodes[NODE_A]})  # cycle 6: the next round kills it
     assert b.killed
+    assert "__ray_terminate__" not in _names(b)
     (a,) = _on(fake_ray, NODE_A)
     assert not a.killed
 
