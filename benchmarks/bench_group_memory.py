@@ -25,9 +25,19 @@ whose readings are ready at once, so what is measured is raylens' own work per
 node per cycle (validating the worker lists, checking and rebuilding each answer,
 publishing), not Ray's transport.
 
-Run: ``.venv/bin/python benchmarks/bench_group_memory.py [--processes 8,64,256]
-[--threads 0] [--repeat 30] [--nodes 100,1000]``. Linux only. Every forked
-process is killed on the way out.
+Driver side, the two ways side by side: :meth:`GroupMemorySamplers.sample` (ask
+every sampler, collect, publish into the snapshot) against
+:meth:`GroupMemorySamplers.maintain` (the samplers read on their own timers and
+publish through Ray's metrics pipeline; the driver only keeps them), on
+``raylens_fakes``' FakeRay at ``--nodes`` nodes of 64 workers, every cycle handed
+fresh lists as the registry hands them out. maintain() is shown for a cycle with
+no liveness round and averaged over cycles that include them (every
+``ping_every`` cycles); the registry's ``workers_by_node()``, which builds the
+input of either, is timed apart. FakeRay's bookkeeping is in both figures.
+
+Run: ``PYTHONPATH=src:fakes .venv/bin/python benchmarks/bench_group_memory.py
+[--processes 8,64,256] [--threads 0] [--repeat 30] [--nodes 100,1000]``. Linux
+only. Every forked process is killed on the way out.
 """
 
 from __future__ import annotations
@@ -47,14 +57,16 @@ from typing import Any
 
 import psutil
 
-from raylens.distributed.group_memory_sampler import GroupMemorySamplers
+from raylens.distributed.group_memory_sampler import DEFAULT_PING_EVERY, GroupMemorySamplers
 from raylens.telemetry.group_memory import (
     GroupMemory,
     GroupMemoryReader,
     GroupMemorySnapshot,
+    GroupWorkerRegistry,
     NodeGroupMemory,
 )
 from raylens.telemetry.process_memory import ProcFS
+from raylens_fakes.ray import FakeRay
 
 GROUPS = ("policy", "rollout", "reference", "reward")
 
@@ -250,6 +262,88 @@ def _driver_cycle_ms(by_node: dict[str, list], plain: dict[str, Any], repeat: in
     return cpu_ms
 
 
+def _registry(nodes: int) -> GroupWorkerRegistry:
+    """Four groups of 16 workers on every node: 64 workers per node."""
+    registry = GroupWorkerRegistry()
+    for index, group in enumerate(GROUPS):
+        registry.register(
+            group,
+            [
+                (f"{node:056x}", 10_000 + 16 * index + rank, 123_456 + rank)
+                for node in range(nodes)
+                for rank in range(16)
+            ],
+        )
+    return registry
+
+
+def _per_cycle_ms(
+    call: Callable[[dict[str, list]], object], registry: GroupWorkerRegistry, cycles: int
+) -> list[float]:
+    """CPU ms of ``call`` on each of ``cycles`` fresh inputs (building them is not timed)."""
+    spent = []
+    for _ in range(cycles):
+        by_node = registry.workers_by_node()
+        started = time.thread_time()
+        call(by_node)
+        spent.append((time.thread_time() - started) * 1e3)
+    return spent
+
+
+def sample_versus_maintain(node_counts: list[int], repeat: int) -> list[tuple[str, ...]]:
+    plain = NodeGroupMemory(
+        host_name="worker-host",
+        groups=tuple(GroupMemory(g, 2**30, 2**29, 3.0, 16, 16) for g in GROUPS),
+    ).as_plain()
+    rows = []
+    for nodes in node_counts:
+        figures = _both_ways_ms(_registry(nodes), plain, max(2 * DEFAULT_PING_EVERY, repeat // 5))
+        sample_ms = figures[0][1]
+        rows.extend(
+            (
+                str(nodes),
+                label,
+                f"{ms:.2f}",
+                f"{ms / nodes * 1e3:.2f}",
+                f"{sample_ms / ms:.0f}",
+            )
+            for label, ms in figures
+        )
+    return rows
+
+
+def _both_ways_ms(
+    registry: GroupWorkerRegistry, plain: dict[str, Any], cycles: int
+) -> list[tuple[str, float]]:
+    node_ids = list(registry.workers_by_node())
+    polled = FakeRay(node_ids)
+    asking = GroupMemorySamplers(ray=polled)
+    asking.sample(registry.workers_by_node())  # starts the samplers
+    for actor in polled.actors:  # answers ready at once: the node's reading is not timed
+        actor.script("read", lambda _workers: plain)
+    snapshot = GroupMemorySnapshot()
+    sample_ms = statistics.median(_per_cycle_ms(asking.sample, registry, cycles))
+    sample_publish_ms = statistics.median(
+        _per_cycle_ms(lambda by_node: snapshot.publish(asking.sample(by_node)), registry, cycles)
+    )
+
+    keeping = GroupMemorySamplers(ray=FakeRay(node_ids), ping_every=DEFAULT_PING_EVERY)
+    keeping.maintain(registry.workers_by_node())  # starts the samplers
+    # Whole rounds: every DEFAULT_PING_EVERY cycles one sends pings, the next reads them.
+    spent = _per_cycle_ms(keeping.maintain, registry, cycles - cycles % DEFAULT_PING_EVERY)
+
+    build_ms = statistics.median(
+        _per_cycle_ms(lambda _by_node: registry.workers_by_node(), registry, cycles)
+    )
+    return [
+        ("sample()", sample_ms),
+        ("sample() + snapshot.publish()", sample_publish_ms),
+        ("maintain(), no liveness round", statistics.median(spent)),
+        (f"maintain(), mean incl. a round every {DEFAULT_PING_EVERY}", statistics.fmean(spent)),
+        ("registry.workers_by_node() (input of both)", build_ms),
+    ]
+
+
 def _table(header: tuple[str, ...], rows: list[tuple[str, ...]]) -> str:
     lines = ["| " + " | ".join(header) + " |"]
     lines.append("|" + "|".join("---:" if i != 1 else "---" for i in range(len(header))) + "|")
@@ -283,6 +377,14 @@ def main() -> None:
     print("Driver, one cycle (64 workers per node, Ray's transport not included):")
     node_counts = [int(part) for part in args.nodes.split(",")]
     print(_table(("nodes", "CPU ms", "CPU µs per node"), driver_side(node_counts, args.repeat)))
+    print()
+    print("Driver, one cycle: sample() against maintain() (FakeRay, 64 workers per node):")
+    print(
+        _table(
+            ("nodes", "call", "CPU ms", "CPU µs per node", "sample() / this"),
+            sample_versus_maintain(node_counts, args.repeat),
+        )
+    )
 
 
 if __name__ == "__main__":

@@ -8,7 +8,12 @@ reserving no CPU and no GPU, which reads the workers' process trees from its own
 process with :class:`~raylens.telemetry.group_memory.GroupMemoryReader`.
 
 :class:`GroupMemorySamplers` runs in the driver, called once per host-memory
-cycle: it starts samplers lazily for nodes that gained a worker, removes the one
+cycle in one of two ways. :meth:`~GroupMemorySamplers.maintain` only keeps the
+samplers: each reads on its own timer and publishes through Ray's metrics pipeline
+(see :mod:`raylens.distributed._group_memory_publishing`), so a cycle in which no
+worker list changed costs the driver a comparison per node and no Ray call.
+:meth:`~GroupMemorySamplers.sample` starts samplers lazily for nodes that gained a
+worker, removes the one
 of a node whose last worker left, asks every sampler for a reading under one
 deadline, and returns ``{node id: NodeGroupMemory | SamplerError}``. A sampler
 that is slow, wedged or dead costs only its own node's result: it is not asked
@@ -31,28 +36,34 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from raylens.distributed._group_memory_publishing import (
+    DEFAULT_PSS_INTERVAL_SECONDS,
+    DEFAULT_TREE_INTERVAL_SECONDS,
+    GroupMemorySamplerActor,
+)
 from raylens.lens import warn_once
 from raylens.safe_text import printable
 from raylens.telemetry.group_memory import (
     DEFAULT_MAX_PROCESSES,
     DEFAULT_REGISTRY,
     DEFAULT_SNAPSHOT,
-    GroupMemoryReader,
     GroupMemorySnapshot,
     GroupWorkerRegistry,
     NodeGroupMemory,
     as_group_worker,
     own_process_identity,
 )
-from raylens.telemetry.process_memory import ProcFS
 from raylens.validation import positive_seconds
 
 __all__ = [
     "DEFAULT_MAX_MISSED",
+    "DEFAULT_PING_EVERY",
     "DEFAULT_PSS_INTERVAL_SECONDS",
+    "DEFAULT_SAMPLE_INTERVAL_S",
     "DEFAULT_START_TIMEOUT_S",
     "DEFAULT_TIMEOUT_S",
     "DEFAULT_TREE_INTERVAL_SECONDS",
+    "STOP_GRACE_S",
     "GroupMemorySamplerActor",
     "GroupMemorySamplers",
     "SamplerError",
@@ -63,15 +74,21 @@ __all__ = [
 DEFAULT_TIMEOUT_S = 2.0
 """How long one cycle waits for every sampler's reading."""
 
-DEFAULT_PSS_INTERVAL_SECONDS = 60.0
-"""How often a sampler reads PSS per group by default (RSS is read every cycle)."""
-
-DEFAULT_TREE_INTERVAL_SECONDS = 30.0
-"""How often a sampler walks each worker's process tree again by default; a process a
-worker spawns in between is counted from the next walk (a new worker is walked at once)."""
-
 DEFAULT_MAX_MISSED = 3
-"""Cycles a sampler may leave unanswered before it is replaced."""
+"""Cycles (liveness rounds, under :meth:`GroupMemorySamplers.maintain`) a sampler may leave
+unanswered before it is replaced."""
+
+DEFAULT_SAMPLE_INTERVAL_S = 10.0
+"""How often a publishing sampler reads its node by default: Ray's default metrics report
+interval, since readings between two reports are never served."""
+
+DEFAULT_PING_EVERY = 6
+"""Cycles of :meth:`GroupMemorySamplers.maintain` between two liveness rounds by default."""
+
+STOP_GRACE_S = 25.0
+"""How long a stopped sampler is left alive before it is killed: time for Ray to report the
+NaN it gave its groups (Ray's default report interval is 10 s). Ray keeps a dead actor's
+last values for a while, so one killed at once would leave its numbers there."""
 
 DEFAULT_START_TIMEOUT_S = 300.0
 """How long a new sampler may take to give its first answer before it is replaced.
@@ -92,34 +109,6 @@ class SamplerError:
     message: str
 
 
-class GroupMemorySamplerActor:
-    """What runs inside each node's sampler actor: a reader and one method to call it.
-
-    The arguments are those of :class:`GroupMemoryReader`; ``procfs_root`` is where
-    procfs is mounted on the node (``/proc`` by default).
-    """
-
-    def __init__(
-        self,
-        pss_interval_seconds: float | None = DEFAULT_PSS_INTERVAL_SECONDS,
-        tree_interval_seconds: float | None = DEFAULT_TREE_INTERVAL_SECONDS,
-        max_processes: int = DEFAULT_MAX_PROCESSES,
-        procfs_root: str | None = None,
-        host_name: str | None = None,
-    ) -> None:
-        self._reader = GroupMemoryReader(
-            ProcFS(procfs_root) if procfs_root is not None else None,
-            pss_interval_seconds=pss_interval_seconds,
-            tree_interval_seconds=tree_interval_seconds,
-            max_processes=max_processes,
-            host_name=host_name,
-        )
-
-    def read(self, workers: list[tuple[str, int, int | None]]) -> dict[str, Any]:
-        """Read the given workers' groups now; the result as builtins (see ``as_plain``)."""
-        return self._reader.read(workers).as_plain()
-
-
 @dataclass
 class _Sampler:
     actor: Any
@@ -131,6 +120,10 @@ class _Sampler:
     # which can take many cycles on a busy node: misses count only after that, and
     # before it only the start timeout applies.
     answered: bool = False
+    # Publishing samplers (maintain): the worker list it was last told, None if never.
+    workers: list[tuple[str, int, int | None]] | None = None
+    # Its liveness ping not read yet.
+    ping: Any = None
 
 
 def _check_node_id(node_id: object) -> str:
@@ -150,8 +143,9 @@ class GroupMemorySamplers:
     ``ray`` is the ``ray`` module or a stand-in with ``remote``, ``wait``, ``get``,
     ``kill``, ``util.scheduling_strategies.NodeAffinitySchedulingStrategy`` and
     ``exceptions.RayActorError``; default the real one, imported on first use.
-    ``timeout_s`` bounds how long :meth:`sample` waits for all readings together.
-    A sampler that has answered is replaced after ``max_missed`` cycles in a row
+    ``timeout_s`` bounds how long :meth:`sample` waits for all readings together;
+    under :meth:`maintain` samplers read every ``sample_interval_s`` and are pinged
+    every ``ping_every`` cycles. A sampler that has answered is replaced after ``max_missed`` cycles in a row
     without an answer; one that has not answered yet, after ``start_timeout_s``
     seconds of ``clock`` (default :func:`time.monotonic`) since it was started,
     with one warning for the process.
@@ -172,10 +166,18 @@ class GroupMemorySamplers:
         procfs_root: str | None = None,
         start_timeout_s: float = DEFAULT_START_TIMEOUT_S,
         clock: Callable[[], float] | None = None,
+        sample_interval_s: float = DEFAULT_SAMPLE_INTERVAL_S,
+        ping_every: int = DEFAULT_PING_EVERY,
     ) -> None:
         self._ray = ray
         self.timeout_s = positive_seconds("timeout_s", timeout_s)
         self.start_timeout_s = positive_seconds("start_timeout_s", start_timeout_s)
+        self.sample_interval_s = positive_seconds(
+            "sample_interval_s", sample_interval_s, maximum=threading.TIMEOUT_MAX
+        )
+        if isinstance(ping_every, bool) or not isinstance(ping_every, int) or ping_every <= 0:
+            raise ValueError(f"ping_every must be a positive int of cycles, got {ping_every!r}")
+        self.ping_every = ping_every
         self._clock = clock or time.monotonic
         for name, interval in (
             ("pss_interval_seconds", pss_interval_seconds),
@@ -200,6 +202,12 @@ class GroupMemorySamplers:
         self._lock = threading.Lock()
         self._samplers: dict[str, _Sampler] = {}
         self._remote_class: Any = None
+        # maintain(): cycles so far, the cycle of the latest liveness round, whether its
+        # pings are still to be read, and stopped samplers with when (killed after the grace).
+        self._cycle = 0
+        self._round = 0
+        self._pings_out = False
+        self._stopping: list[tuple[Any, float]] = []
 
     @property
     def max_processes(self) -> int:
@@ -334,7 +342,10 @@ class GroupMemorySamplers:
         except ValueError as error:
             return SamplerError(node_id, f"sampler on node {node_id}: {printable(error)}")
 
-    def _missed(self, node_id: str, sampler: _Sampler, why: str) -> SamplerError:
+    def _missed(
+        self, node_id: str, sampler: _Sampler, why: str, unit: str = "cycles"
+    ) -> SamplerError:
+        """A miss: within the start timeout, or counted; the sampler removed once too many."""
         if not sampler.answered:
             waited = self._clock() - sampler.started_at
             if waited < self.start_timeout_s:
@@ -358,14 +369,201 @@ class GroupMemorySamplers:
         sampler.missed += 1
         if sampler.missed >= self.max_missed:
             self._remove(node_id)
-            why += f"; replaced after {sampler.missed} cycles without an answer"
+            why += f"; replaced after {sampler.missed} {unit} without an answer"
         return SamplerError(node_id, f"no group-memory reading from node {node_id}: {why}")
 
+    def maintain(
+        self, workers_by_node: Mapping[str, Iterable[tuple[str, int, int | None]]]
+    ) -> dict[str, SamplerError]:
+        """Keep one publishing sampler per node that has workers, waiting on none of them.
+
+        ``workers_by_node`` is as for :meth:`sample`. A node that gained workers gets a
+        sampler, told its workers and started on a :attr:`sample_interval_s` timer (it
+        then publishes through Ray's metrics pipeline, see
+        :class:`GroupMemorySamplerActor`); a node whose list changed is told the new
+        one, and only such a node; a node with no worker left has its sampler told to
+        mark its groups gone (NaN) and killed at the first liveness round at least
+        :data:`STOP_GRACE_S` later, once Ray has reported the NaN. Every :attr:`ping_every` cycles each sampler is pinged and the
+        answers are read the cycle after: a dead sampler is replaced at once, one that
+        has answered before is replaced after :attr:`max_missed` unanswered rounds, and
+        one that never has is left to start for ``start_timeout_s``. Every Ray call made
+        here returns at once, and a cycle in which nothing changed and no round falls
+        makes none. Use either this or :meth:`sample` on one manager.
+
+        Returns ``{node id: SamplerError}`` for the nodes with a problem this cycle,
+        empty when all is well. Raises ValueError, naming it, for a malformed node id or
+        worker, before anything is started or told.
+        """
+        present: set[str] = set()
+        changed: dict[str, list[tuple[str, int, int | None]]] = {}
+        with self._lock:
+            for node_id, workers in workers_by_node.items():
+                listed = workers if isinstance(workers, list) else list(workers)
+                sampler = self._samplers.get(node_id)
+                if sampler is not None and sampler.workers == listed:
+                    present.add(node_id)  # the common case: one comparison, no validation
+                    continue
+                entries = [
+                    (checked.group, checked.pid, checked.start_ticks)
+                    for checked in map(as_group_worker, listed)
+                ]
+                if not entries:
+                    continue
+                present.add(_check_node_id(node_id))
+                if sampler is None or sampler.workers != entries:
+                    changed[node_id] = entries
+            return self._maintain(present, changed)
+
+    def _maintain(
+        self, present: set[str], changed: dict[str, list[tuple[str, int, int | None]]]
+    ) -> dict[str, SamplerError]:
+        self._cycle += 1
+        results: dict[str, SamplerError] = {}
+        for node_id in [node for node in self._samplers if node not in present]:
+            self._stop_sampler(node_id)
+        for node_id, entries in changed.items():
+            sampler = self._samplers.get(node_id)
+            error: SamplerError | None = None
+            if sampler is None:
+                error = self._start_publishing(node_id, entries)
+            elif (why := self._tell(sampler, entries, start=sampler.workers is None)) is not None:
+                error = self._replace(
+                    node_id,
+                    f"sampler on node {node_id} cannot be reached: {why}; replaced",
+                    entries,
+                )
+            if error is not None:
+                results[node_id] = error
+        if self._pings_out and self._cycle > self._round:
+            self._read_pings(results)
+        if self._cycle - self._round >= self.ping_every:
+            self._kill_stopping()
+            self._send_pings(results)
+            self._round = self._cycle
+        return results
+
+    def _tell(
+        self, sampler: _Sampler, entries: list[tuple[str, int, int | None]], *, start: bool
+    ) -> str | None:
+        """Send a sampler its worker list (and start its timer); why it failed, or None."""
+        try:
+            sampler.actor.set_workers.remote(entries)
+            if start:
+                sampler.actor.start.remote(self.sample_interval_s)
+        except Exception as error:
+            return _describe(error)
+        sampler.workers = entries
+        return None
+
+    def _start_publishing(
+        self, node_id: str, entries: list[tuple[str, int, int | None]]
+    ) -> SamplerError | None:
+        try:
+            sampler = self._start(node_id)
+        except Exception as error:
+            return SamplerError(
+                node_id, f"could not start a sampler on node {node_id}: {_describe(error)}"
+            )
+        self._samplers[node_id] = sampler
+        why = self._tell(sampler, entries, start=True)
+        if why is None:
+            return None
+        self._remove(node_id)  # started afresh next cycle
+        return SamplerError(node_id, f"new sampler on node {node_id} cannot be reached: {why}")
+
+    def _replace(
+        self,
+        node_id: str,
+        message: str,
+        entries: list[tuple[str, int, int | None]] | None = None,
+    ) -> SamplerError:
+        """Kill a node's sampler and start another now, told ``entries`` (default: the same)."""
+        if entries is None:
+            entries = self._samplers[node_id].workers
+        self._remove(node_id)
+        if entries:
+            error = self._start_publishing(node_id, entries)
+            if error is not None:
+                message = f"{message}; {error.message}"
+        return SamplerError(node_id, message)
+
+    def _stop_sampler(self, node_id: str) -> None:
+        """Ask a sampler to mark its groups gone; it is killed at a round after the grace."""
+        sampler = self._samplers.pop(node_id)
+        # One that cannot be asked is killed after the grace all the same.
+        with contextlib.suppress(Exception):
+            sampler.actor.stop.remote(forget_groups=True)
+        self._stopping.append((sampler.actor, self._clock()))
+
+    def _kill_stopping(self, *, all_of_them: bool = False) -> None:
+        if not self._stopping:
+            return
+        ray = self._ray_module()
+        now = self._clock()
+        kept = []
+        for actor, stopped_at in self._stopping:
+            if not all_of_them and now - stopped_at < STOP_GRACE_S:
+                kept.append((actor, stopped_at))
+                continue
+            with contextlib.suppress(Exception):  # one already gone needs no killing
+                ray.kill(actor, no_restart=True)
+        self._stopping = kept
+
+    def _send_pings(self, results: dict[str, SamplerError]) -> None:
+        for node_id, sampler in list(self._samplers.items()):
+            if sampler.ping is not None:
+                continue  # the previous one is still out
+            try:
+                sampler.ping = sampler.actor.ping.remote()
+            except Exception as error:
+                results[node_id] = self._replace(
+                    node_id,
+                    f"sampler on node {node_id} cannot be reached: {_describe(error)}; replaced",
+                )
+                continue
+            self._pings_out = True
+
+    def _read_pings(self, results: dict[str, SamplerError]) -> None:
+        self._pings_out = False
+        pinged = {s.ping: node for node, s in self._samplers.items() if s.ping is not None}
+        if not pinged:
+            return
+        ray = self._ray_module()
+        ready, _ = ray.wait(list(pinged), num_returns=len(pinged), timeout=0)
+        answered = set(ready)
+        for ref, node_id in pinged.items():
+            sampler = self._samplers[node_id]
+            if ref not in answered:
+                results[node_id] = self._missed(
+                    node_id, sampler, "it has not answered its ping", "liveness checks"
+                )
+                if node_id not in self._samplers and sampler.workers:  # removed: start another
+                    error = self._start_publishing(node_id, sampler.workers)
+                    if error is not None:
+                        message = f"{results[node_id].message}; {error.message}"
+                        results[node_id] = SamplerError(node_id, message)
+                continue
+            sampler.ping = None
+            try:
+                ray.get(ref, timeout=0)
+            except ray.exceptions.RayActorError as error:
+                results[node_id] = self._replace(
+                    node_id, f"sampler on node {node_id} died: {_describe(error)}; replaced"
+                )
+                continue
+            except Exception as error:  # it answered, so it lives; say what went wrong
+                results[node_id] = SamplerError(
+                    node_id, f"sampler on node {node_id} failed its ping: {_describe(error)}"
+                )
+            sampler.answered = True
+            sampler.missed = 0
+
     def close(self) -> None:
-        """Remove every sampler (idempotent)."""
+        """Remove every sampler, stopping ones included (idempotent)."""
         with self._lock:
             for node_id in list(self._samplers):
                 self._remove(node_id)
+            self._kill_stopping(all_of_them=True)
 
 
 def collect_group_memory(
