@@ -9,12 +9,14 @@ the Ray side (:mod:`raylens.distributed.group_memory_sampler`):
   new one is asked: the others may be busy in a long method, and asking them would
   wait behind it.
 - :class:`GroupMemoryCycle` is a host-memory monitor cycle hook (see
-  :meth:`HostMemoryMonitor.add_cycle_hook`): each cycle it has the per-node samplers
-  read every registered worker and publishes what came back, so the group figures
-  share the host figures' pace and ``max_age``. It runs in the driver's monitor
-  thread, since Ray calls cannot be made from the scrape helper process. With no
-  registered worker it makes no Ray call at all; samplers start with the first
-  worker on a node and go with the last.
+  :meth:`HostMemoryMonitor.add_cycle_hook`). By default the samplers read on their
+  own timer and publish through Ray's metrics pipeline; each cycle the hook only
+  keeps them running (a Ray call only where something changed) and publishes the
+  figures the host-memory scrape brought back, so the group figures share the host
+  figures' pace and ``max_age``. In :attr:`CollectionMode.ASK` it asks every
+  sampler instead. It runs in the driver's monitor thread, since Ray calls cannot
+  be made from the scrape helper process. Samplers start with the first worker on
+  a node and go with the last.
 
 Neither ever raises into its caller: a failure is logged once and costs only the
 figures it concerns.
@@ -22,15 +24,18 @@ figures it concerns.
 
 from __future__ import annotations
 
+import enum
 import logging
 import threading
 import time
+from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from raylens.distributed.group_memory_sampler import (
     GroupMemorySamplers,
+    SamplerError,
     collect_group_memory,
     worker_identity,
 )
@@ -39,8 +44,10 @@ from raylens.safe_text import printable
 from raylens.telemetry.group_memory import (
     DEFAULT_REGISTRY,
     DEFAULT_SNAPSHOT,
+    GroupMemory,
     GroupMemorySnapshot,
     GroupWorkerRegistry,
+    NodeGroupMemory,
     register_group_memory_gauges,
 )
 
@@ -49,6 +56,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "IDENTITY_TIMEOUT_S",
+    "CollectionMode",
     "CycleCost",
     "GroupMemoryCycle",
     "WorkerProcesses",
@@ -135,12 +143,28 @@ class CycleCost:
     cpu_s: float
 
 
+class CollectionMode(enum.Enum):
+    """How a :class:`GroupMemoryCycle` gets each node's per-group figures.
+
+    ``PUBLISH`` (the default): each node's sampler reads on its own timer and publishes
+    through Ray's metrics pipeline; the figures come back with the host-memory scrape,
+    so the driver only keeps the samplers running and every process that scrapes the
+    nodes sees the same figures. It needs Ray's metrics agent (``ray[default]``).
+    ``ASK``: the driver asks every sampler for a reading each cycle, which costs the
+    driver a Ray call per node per cycle but needs no metrics agent.
+    """
+
+    PUBLISH = "publish"
+    ASK = "ask"
+
+
 class GroupMemoryCycle:
     """A monitor cycle hook that collects per-group memory; see the module docstring.
 
     ``samplers`` defaults to a :class:`GroupMemorySamplers` on the real Ray (imported
     only once a worker is registered); ``registry`` and ``snapshot`` default to the
-    process-wide ones. :attr:`last_cost` says what the latest collection cost.
+    process-wide ones; ``mode`` to :attr:`CollectionMode.PUBLISH`. :attr:`last_cost`
+    says what the latest collection cost the driver's thread.
     """
 
     def __init__(
@@ -149,10 +173,16 @@ class GroupMemoryCycle:
         *,
         registry: GroupWorkerRegistry | None = None,
         snapshot: GroupMemorySnapshot | None = None,
+        mode: CollectionMode | str = CollectionMode.PUBLISH,
     ) -> None:
         self.samplers = samplers if samplers is not None else GroupMemorySamplers()
         self.registry = registry if registry is not None else DEFAULT_REGISTRY
         self.snapshot = snapshot if snapshot is not None else DEFAULT_SNAPSHOT
+        try:
+            self.mode = CollectionMode(mode)
+        except ValueError:
+            allowed = ", ".join(repr(m.value) for m in CollectionMode)
+            raise ValueError(f"mode must be one of {allowed}, got {mode!r:.80}") from None
         self.last_cost: CycleCost | None = None
         self._lock = threading.Lock()
 
@@ -163,15 +193,43 @@ class GroupMemoryCycle:
                 self.samplers.close()
                 return
             wall, cpu = time.perf_counter(), time.thread_time()
-            results = collect_group_memory(
-                self.samplers,
-                registry=self.registry,
-                snapshot=self.snapshot,
-                max_age=monitor.max_age,
-            )
+            if self.mode is CollectionMode.ASK:
+                results = collect_group_memory(
+                    self.samplers,
+                    registry=self.registry,
+                    snapshot=self.snapshot,
+                    max_age=monitor.max_age,
+                )
+            else:
+                results = self._from_scrape(monitor)
             self.last_cost = CycleCost(
                 len(results), time.perf_counter() - wall, time.thread_time() - cpu
             )
+
+    def _from_scrape(self, monitor: HostMemoryMonitor) -> dict[str, NodeGroupMemory | SamplerError]:
+        """Keep the samplers running, and publish the figures the scrape brought back."""
+        workers = self.registry.workers_by_node()
+        results: dict[str, NodeGroupMemory | SamplerError] = dict(self.samplers.maintain(workers))
+        for node_id, (host, figures, _read_at) in monitor.group_figures().items():
+            if node_id in results:
+                continue
+            counts = Counter(group for group, _pid, _ticks in workers.get(node_id, ()))
+            results[node_id] = NodeGroupMemory(
+                host_name=host,
+                groups=tuple(
+                    GroupMemory(
+                        group=figure.group,
+                        rss_bytes=round(figure.rss_bytes),
+                        pss_bytes=None if figure.pss_bytes is None else round(figure.pss_bytes),
+                        pss_age_seconds=None if figure.pss_bytes is None else 0.0,
+                        process_count=round(figure.process_count or 0),
+                        workers=counts.get(figure.group, 0),
+                    )
+                    for figure in figures.groups
+                ),
+            )
+        self.snapshot.publish(results, max_age=monitor.max_age)
+        return results
 
     def close(self) -> None:
         """Remove every sampler; the next collection starts them again."""

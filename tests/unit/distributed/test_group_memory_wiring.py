@@ -1,8 +1,9 @@
 """Per-group memory wired end to end without Ray: worker groups register, the monitor's cycle collects.
 
-The host-memory monitor runs a cycle hook; the hook asks per-node samplers (a
-:class:`FakeRay` whose actors read a :class:`FakeProcFS` per node) and publishes
-into the group snapshot the gauges read. Worker groups are real
+The host-memory monitor runs a cycle hook. Asking, the hook calls per-node samplers
+(a :class:`FakeRay` whose actors read a :class:`FakeProcFS` per node) and publishes
+into the group snapshot the gauges read; publishing (the default), it keeps the
+samplers running and publishes the figures the scrape carried. Worker groups are real
 :class:`RayWorkerGroup` objects on a stand-in cluster and Ray seam.
 """
 
@@ -22,13 +23,20 @@ from raylens.distributed._group_memory_wiring import GroupMemoryCycle, attach_gr
 from raylens.distributed.group_memory_sampler import (
     GroupMemorySamplerActor,
     GroupMemorySamplers,
+    SamplerError,
     worker_identity,
 )
 from raylens.distributed.worker_groups import RayWorkerGroup
 from raylens.driver import init_telemetry_driver
 from raylens.lens import TelemetryConfig, shutdown_telemetry
 from raylens.telemetry import host_memory as hm
-from raylens.telemetry.group_memory import DEFAULT_REGISTRY
+from raylens.telemetry.group_memory import (
+    DEFAULT_REGISTRY,
+    GroupMemorySnapshot,
+    GroupWorkerRegistry,
+    register_group_memory_gauges,
+)
+from raylens.telemetry.raylet_payload import GroupFigure, NodeGroupFigures
 from raylens_fakes import FakeCluster, FakeProcFS, MetricsProbe
 from raylens_fakes.ray import FakeActor, FakeRay
 
@@ -195,7 +203,7 @@ def ray(tmp_path: Path, fake_default_cluster: FakeCluster) -> ClusterRay:
 
 @pytest.fixture
 def cycle(ray: ClusterRay) -> Iterator[GroupMemoryCycle]:
-    made = GroupMemoryCycle(GroupMemorySamplers(ray=ray, timeout_s=1.0))
+    made = GroupMemoryCycle(GroupMemorySamplers(ray=ray, timeout_s=1.0), mode="ask")
     yield made
     made.close()
 
@@ -419,3 +427,71 @@ def test_the_node_table_shows_each_group_rss_on_its_node(
         NODES[1]: {"policy": 30 * MB, "rollout": 5 * MB},
         "c" * 56: {},
     }
+
+
+# ---- published through Ray's metrics pipeline (the default) ------------------------------
+
+
+class _MaintainedSamplers:
+    """Records what the cycle asks of the samplers; a node in ``failing`` reports an error."""
+
+    def __init__(self, failing: dict[str, str] | None = None) -> None:
+        self.maintained: list[dict[str, list[tuple[str, int, int | None]]]] = []
+        self.failing = failing or {}
+        self.closed = 0
+
+    def maintain(self, workers_by_node: Any) -> dict[str, SamplerError]:
+        self.maintained.append({node: list(ws) for node, ws in workers_by_node.items()})
+        return {node: SamplerError(node, why) for node, why in self.failing.items()}
+
+    def sample(self, workers_by_node: Any) -> dict[str, Any]:
+        raise AssertionError("a publishing cycle never asks the samplers for readings")
+
+    def close(self) -> None:
+        self.closed += 1
+
+
+class _ScrapedMonitor:
+    has_consumer = True
+    max_age = 30.0
+
+    def __init__(self, figures: dict[str, tuple[str, NodeGroupFigures, float]]) -> None:
+        self.figures = figures
+
+    def group_figures(self) -> dict[str, tuple[str, NodeGroupFigures, float]]:
+        return self.figures
+
+
+def test_a_publishing_cycle_keeps_the_samplers_running_and_exports_what_the_scrape_carried(
+    metrics_probe: MetricsProbe,
+) -> None:
+    registry = GroupWorkerRegistry()
+    registry.register("policy", [(NODES[0], 101, 1), (NODES[0], 102, 1)])
+    snapshot = GroupMemorySnapshot()
+    samplers = _MaintainedSamplers(failing={NODES[1]: "sampler on node b cannot be reached"})
+    cycle = GroupMemoryCycle(samplers, registry=registry, snapshot=snapshot)  # type: ignore[arg-type]
+    register_group_memory_gauges(snapshot)
+    carried = NodeGroupFigures(
+        1.7e9,
+        (GroupFigure("policy", 3e9, 2e9, 5.0), GroupFigure("other-job", 1e9, None, 1.0)),
+    )
+    monitor = _ScrapedMonitor({NODES[0]: ("vm", carried, 10.0), NODES[1]: ("vm", carried, 10.0)})
+
+    cycle(monitor)  # type: ignore[arg-type]
+
+    assert samplers.maintained == [{NODES[0]: [("policy", 101, 1), ("policy", 102, 1)]}]
+    assert _rss(metrics_probe) == {
+        ("policy", NODES[0]): 3e9,
+        ("other-job", NODES[0]): 1e9,
+    }
+    reading, _age = snapshot.latest()[NODES[0]]
+    assert [(g.group, g.workers, g.process_count, g.pss_bytes) for g in reading.groups] == [
+        ("policy", 2, 5, 2_000_000_000),
+        ("other-job", 0, 1, None),
+    ]
+    assert cycle.last_cost is not None and cycle.last_cost.nodes == 2
+
+
+def test_the_collection_mode_is_checked() -> None:
+    with pytest.raises(ValueError, match="mode must be one of 'publish', 'ask', got 'pull'"):
+        GroupMemoryCycle(_MaintainedSamplers(), mode="pull")  # type: ignore[arg-type]
