@@ -30,6 +30,15 @@ project with raylens installed can ask for these fixtures by name:
     actor deaths and hanging calls on its actors, and assert on what it recorded.
     Nothing is put in ``sys.modules`` unless the test calls ``fake_ray.install(monkeypatch)``.
 
+``ray_absent``
+    Makes ``ray`` absent for the test, whether or not it is installed: ``ray`` and its
+    submodules leave ``sys.modules`` and importing any of them raises
+    :class:`ModuleNotFoundError`, as in an environment without Ray; what was loaded
+    before comes back after the test. The fixture's value is a :class:`BlockedImports`
+    whose ``attempts`` lists every import of them the test's code tried, so a test can
+    also prove that code never reached for Ray. Outside pytest, use
+    :func:`modules_absent`.
+
 ``raylens_state``
     Resets raylens' process-wide state before and after the test: the worker-group
     placement map, the host-memory monitor, profiler snapshots, the telemetry
@@ -53,7 +62,11 @@ project with raylens installed can ask for these fixtures by name:
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable, Iterator
+import importlib.abc
+import sys
+import threading
+from collections.abc import Callable, Iterator, Sequence
+from types import ModuleType
 from typing import Any
 
 import pytest
@@ -127,6 +140,72 @@ def simulated_cluster() -> Iterator[Callable[..., SimulatedCluster]]:
 def fake_procfs(tmp_path: Any) -> FakeProcFS:
     """A fake ``/proc`` under the test's tmp_path; pass ``fake_procfs.procfs`` as ``procfs=``."""
     return FakeProcFS(tmp_path / "proc")
+
+
+class BlockedImports(importlib.abc.MetaPathFinder):
+    """A meta-path finder that answers "no such module" for some names and remembers who asked.
+
+    ``attempts`` holds, in order, each blocked name an import statement (or
+    :func:`importlib.import_module`) tried while the block was in force.
+    """
+
+    def __init__(self, names: Sequence[str]) -> None:
+        self.names = tuple(names)
+        self.attempts: list[str] = []
+        self._lock = threading.Lock()
+
+    def blocks(self, name: str) -> bool:
+        """Whether ``name`` is one of the blocked modules or lies under one of them."""
+        return any(name == top or name.startswith(top + ".") for top in self.names)
+
+    def find_spec(self, fullname: str, path: Any = None, target: Any = None) -> None:
+        if self.blocks(fullname):
+            with self._lock:
+                self.attempts.append(fullname)
+            raise ModuleNotFoundError(
+                f"No module named {fullname!r} (made absent for this test)", name=fullname
+            )
+        return None
+
+
+def _is_module_name(name: object) -> bool:
+    return isinstance(name, str) and all(part.isidentifier() for part in name.split("."))
+
+
+@contextlib.contextmanager
+def modules_absent(*names: str) -> Iterator[BlockedImports]:
+    """Within the block, ``names`` and every module under them cannot be imported.
+
+    They are taken out of ``sys.modules`` on entry, so code that looks there finds
+    nothing either; on exit the finder goes, whatever the block put under those names
+    is dropped, and the modules that were loaded before are put back as they were.
+    """
+    bad = [name for name in names if not _is_module_name(name)]
+    if not names or bad:
+        raise ValueError(
+            f"modules_absent takes one or more dotted module names such as 'ray'; got {bad or '()'}"
+        )
+    blocker = BlockedImports(names)
+    saved: dict[str, ModuleType] = {
+        name: module for name, module in list(sys.modules.items()) if blocker.blocks(name)
+    }
+    for name in saved:
+        del sys.modules[name]
+    sys.meta_path.insert(0, blocker)
+    try:
+        yield blocker
+    finally:
+        sys.meta_path[:] = [finder for finder in sys.meta_path if finder is not blocker]
+        for name in [name for name in list(sys.modules) if blocker.blocks(name)]:
+            del sys.modules[name]
+        sys.modules.update(saved)
+
+
+@pytest.fixture
+def ray_absent() -> Iterator[BlockedImports]:
+    """``ray`` cannot be imported during the test; ``ray_absent.attempts`` lists who tried."""
+    with modules_absent("ray") as blocked:
+        yield blocked
 
 
 @pytest.fixture

@@ -1,13 +1,42 @@
-"""Fixtures shared by the host-memory monitor tests."""
+"""What every unit test may rely on, and what it may not do.
+
+Unit tests run in this interpreter against fakes: none of them may import the real
+``ray`` (importing it costs seconds and, through Ray's auto-init, can start a local
+cluster), with or without Ray installed. Tests about Ray being absent ask for the
+``ray_absent`` fixture, which makes it so.
+"""
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
 
 from raylens.telemetry import host_memory as hm
+
+
+def _real_ray_loaded() -> bool:
+    """Whether the installed ``ray`` package (not a stand-in a test put there) is loaded."""
+    module = sys.modules.get("ray")
+    spec = getattr(module, "__spec__", None)
+    return spec is not None and spec.origin is not None
+
+
+@pytest.fixture(autouse=True)
+def _never_the_real_ray() -> Iterator[None]:
+    already = _real_ray_loaded()
+    yield
+    if not already and _real_ray_loaded():
+        pytest.fail(
+            "this unit test imported the installed ray package; give the code under test "
+            "a fake (fake_ray, fake_cluster, fake_default_cluster) or use ray_absent",
+            pytrace=False,
+        )
+
+
+# ---- the host-memory monitor tests ----------------------------------------------------
 
 
 @pytest.fixture

@@ -187,7 +187,9 @@ class StubBuilder:
 
 
 @pytest.fixture
-def ray(tmp_path: Path) -> ClusterRay:
+def ray(tmp_path: Path, fake_default_cluster: FakeCluster) -> ClusterRay:
+    # Groups record where they run through the default cluster view: a fake one, so that
+    # nothing reaches the installed Ray (whose placement lookup would start a cluster).
     return ClusterRay({node: FakeProcFS(tmp_path / node[:1]) for node in NODES})
 
 
