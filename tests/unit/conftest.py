@@ -1,13 +1,22 @@
 """What every unit test may rely on, and what it may not do.
 
-Unit tests run in this interpreter against fakes: none of them may import the real
-``ray`` (importing it costs seconds and, through Ray's auto-init, can start a local
-cluster), with or without Ray installed. Tests about Ray being absent ask for the
-``ray_absent`` fixture, which makes it so.
+Unit tests run in this interpreter against fakes and never load the installed ``ray``
+(importing it costs seconds and, through Ray's auto-init, can start a local cluster):
+an attempt is refused as in a Ray-free environment and fails the test at teardown, so
+the suite behaves the same with or without Ray installed. Tests about Ray being absent
+ask for the ``ray_absent`` fixture, which also lists what tried to import it.
+
+A test that starts a process (an interpreter, a command, the scrape helper) belongs to
+the slow tier, which tox runs once rather than per interpreter: unless it is marked
+``@pytest.mark.slow``, starting one fails the test at teardown, naming the program.
 """
 
 from __future__ import annotations
 
+import importlib.abc
+import multiprocessing.util
+import os
+import subprocess
 import sys
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -16,22 +25,91 @@ import pytest
 
 from raylens.telemetry import host_memory as hm
 
+# ---- processes: only in the slow tier ---------------------------------------------------
 
-def _real_ray_loaded() -> bool:
-    """Whether the installed ``ray`` package (not a stand-in a test put there) is loaded."""
-    module = sys.modules.get("ray")
-    spec = getattr(module, "__spec__", None)
-    return spec is not None and spec.origin is not None
+# What this process started since the current test began: the program of each.
+_STARTED: list[str] = []
+
+
+def _program(args: Any) -> str:
+    first = args[0] if isinstance(args, (list, tuple)) and args else args
+    return os.path.basename(os.fsdecode(first)) if isinstance(first, (str, bytes)) else "?"
+
+
+def _recording(real: Callable[..., Any], describe: Callable[..., str]) -> Callable[..., Any]:
+    def start(*args: Any, **kwargs: Any) -> Any:
+        _STARTED.append(describe(*args, **kwargs))
+        return real(*args, **kwargs)
+
+    return start
+
+
+# Every way the code under test starts a process: subprocess (and what is built on it),
+# multiprocessing's spawn and forkserver starts, and a bare fork.
+subprocess.Popen._execute_child = _recording(  # type: ignore[attr-defined]
+    subprocess.Popen._execute_child,  # type: ignore[attr-defined]
+    lambda _self, args, *rest, **kwargs: _program(args),
+)
+multiprocessing.util.spawnv_passfds = _recording(
+    multiprocessing.util.spawnv_passfds,
+    lambda path, args, passfds: f"{_program(args)} (multiprocessing)",
+)
+os.fork = _recording(os.fork, lambda: "fork()")
+
+
+@pytest.fixture(autouse=True)
+def _processes_only_in_the_slow_tier(request: pytest.FixtureRequest) -> Iterator[None]:
+    _STARTED.clear()
+    yield
+    started, _STARTED[:] = list(_STARTED), []
+    if started and request.node.get_closest_marker("slow") is None:
+        pytest.fail(
+            f"this unit test started a process ({', '.join(sorted(set(started)))}): "
+            "mark it @pytest.mark.slow so it runs once, in the slow tier, or give the "
+            "code under test a fake",
+            pytrace=False,
+        )
+
+
+# ---- Ray: never the installed package ---------------------------------------------------
+
+
+class _RayImports(importlib.abc.MetaPathFinder):
+    """Refuses to load ``ray`` from the environment and notes each attempt.
+
+    The refusal is the one a Ray-free environment gives, so a unit test sees the same
+    thing with or without Ray installed, and the installed package is never loaded.
+    Stand-ins a test puts in ``sys.modules`` are found there first and never reach this
+    finder; ``ray_absent`` stands in front of it, so its refusals are not counted here.
+    """
+
+    def __init__(self) -> None:
+        self.attempts: list[str] = []
+
+    def find_spec(self, fullname: str, path: Any = None, target: Any = None) -> None:
+        if (fullname == "ray" or fullname.startswith("ray.")) and "ray" not in sys.modules:
+            self.attempts.append(fullname)
+            raise ModuleNotFoundError(
+                f"No module named {fullname!r} (unit tests never load the installed Ray)",
+                name=fullname,
+            )
+        return None
+
+
+_RAY_IMPORTS = _RayImports()
+sys.meta_path.insert(0, _RAY_IMPORTS)
 
 
 @pytest.fixture(autouse=True)
 def _never_the_real_ray() -> Iterator[None]:
-    already = _real_ray_loaded()
+    _RAY_IMPORTS.attempts.clear()
     yield
-    if not already and _real_ray_loaded():
+    attempts, _RAY_IMPORTS.attempts[:] = list(_RAY_IMPORTS.attempts), []
+    if attempts:
         pytest.fail(
-            "this unit test imported the installed ray package; give the code under test "
-            "a fake (fake_ray, fake_cluster, fake_default_cluster) or use ray_absent",
+            f"this unit test reached for the installed ray package (import {attempts[0]}): "
+            "give the code under test a fake (fake_ray, fake_cluster, fake_default_cluster), "
+            "or ask for ray_absent where the test is about Ray being absent",
             pytrace=False,
         )
 

@@ -14,6 +14,7 @@ from raylens.distributed.virtual_cluster import RayVirtualCluster
 from raylens_fakes.pytest_plugin import BlockedImports
 
 
+@pytest.mark.slow
 def test_modules_import_without_importing_ray() -> None:
     code = (
         "import sys\n"

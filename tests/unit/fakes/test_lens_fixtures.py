@@ -132,6 +132,7 @@ def _run(code: str) -> subprocess.CompletedProcess[str]:
     )
 
 
+@pytest.mark.slow
 def test_importing_lens_imports_nothing_above_it() -> None:
     result = _run(
         "import sys, raylens.lens\n"
@@ -143,6 +144,7 @@ def test_importing_lens_imports_nothing_above_it() -> None:
     assert result.returncode == 0, result.stderr
 
 
+@pytest.mark.slow
 def test_importing_the_plugin_starts_and_declares_nothing() -> None:
     result = _run(
         "import raylens_fakes.pytest_plugin\n"
