@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import math
 
-from hypothesis import given, settings
+from hypothesis import given
 from hypothesis import strategies as st
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -147,8 +147,7 @@ wanted_names = st.one_of(
 
 
 # Each example is an exposition of up to eight families mixing every line shape above,
-# so a disagreement with the reference shows within a hundred of them.
-@settings(max_examples=100, deadline=None)
+# so a disagreement with the reference shows within the hundreds the ci profile draws.
 @given(
     text=expositions(),
     wanted=wanted_names,
