@@ -66,16 +66,21 @@ import importlib.abc
 import sys
 import threading
 from collections.abc import Callable, Iterator, Sequence
+from pathlib import Path
 from types import ModuleType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pytest
 
-from raylens_fakes.cluster import FakeCluster
-from raylens_fakes.otel import MetricsProbe
-from raylens_fakes.procfs import FakeProcFS
-from raylens_fakes.ray import FakeRay
-from raylens_fakes.simulated import SimulatedCluster
+# Every pytest run in an environment with raylens installed loads this plugin, so the
+# fakes (and raylens and OpenTelemetry behind them) are imported by the fixtures that
+# use them, not here.
+if TYPE_CHECKING:
+    from raylens_fakes.cluster import FakeCluster
+    from raylens_fakes.otel import MetricsProbe
+    from raylens_fakes.procfs import FakeProcFS
+    from raylens_fakes.ray import FakeRay
+    from raylens_fakes.simulated import SimulatedCluster
 
 # The metrics_probe fixture's probe, reinstalled by every reset while its test runs.
 _PINNED_PROBES: list[MetricsProbe] = []
@@ -85,6 +90,7 @@ _PINNED_PROBES: list[MetricsProbe] = []
 def metrics_probe() -> Iterator[MetricsProbe]:
     """Lens started with an in-memory reader; read points with ``metrics_probe.points(name)``."""
     from raylens.lens import shutdown_telemetry
+    from raylens_fakes.otel import MetricsProbe
 
     shutdown_telemetry()
     probe = MetricsProbe().install()
@@ -99,6 +105,8 @@ def metrics_probe() -> Iterator[MetricsProbe]:
 @pytest.fixture
 def fake_cluster() -> FakeCluster:
     """An empty, initialised :class:`FakeCluster`."""
+    from raylens_fakes.cluster import FakeCluster
+
     return FakeCluster()
 
 
@@ -106,6 +114,7 @@ def fake_cluster() -> FakeCluster:
 def fake_default_cluster() -> Iterator[FakeCluster]:
     """An empty :class:`FakeCluster` that raylens uses as its default view during the test."""
     from raylens.cluster import use_cluster_view
+    from raylens_fakes.cluster import FakeCluster
 
     cluster = FakeCluster()
     with use_cluster_view(cluster):
@@ -118,6 +127,8 @@ def simulated_clusters() -> Iterator[Callable[..., SimulatedCluster]]:
     started: list[SimulatedCluster] = []
 
     def start(n_nodes: int = 3, **options: Any) -> SimulatedCluster:
+        from raylens_fakes.simulated import SimulatedCluster
+
         cluster = SimulatedCluster(n_nodes, **options)
         started.append(cluster)
         return cluster
@@ -137,8 +148,10 @@ def simulated_cluster() -> Iterator[Callable[..., SimulatedCluster]]:
 
 
 @pytest.fixture
-def fake_procfs(tmp_path: Any) -> FakeProcFS:
+def fake_procfs(tmp_path: Path) -> FakeProcFS:
     """A fake ``/proc`` under the test's tmp_path; pass ``fake_procfs.procfs`` as ``procfs=``."""
+    from raylens_fakes.procfs import FakeProcFS
+
     return FakeProcFS(tmp_path / "proc")
 
 
@@ -211,6 +224,8 @@ def ray_absent() -> Iterator[BlockedImports]:
 @pytest.fixture
 def fake_ray() -> FakeRay:
     """A :class:`FakeRay` over two nodes; hand it to raylens with ``fake_ray.seam()``."""
+    from raylens_fakes.ray import FakeRay
+
     return FakeRay()
 
 
@@ -221,8 +236,6 @@ def reset_raylens_state() -> None:
     The one exception: while a ``metrics_probe`` fixture is active, lens is started
     again with that probe's reader, so the probe keeps seeing what raylens exports.
     """
-    import sys
-
     from raylens.lens import reset_warn_once, shutdown_telemetry
 
     shutdown_telemetry()
