@@ -114,6 +114,17 @@ def _never_the_real_ray() -> Iterator[None]:
         )
 
 
+# ---- the terminal: never the developer's ----------------------------------------------
+
+
+@pytest.fixture(autouse=True)
+def _no_terminal_size_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    # Tables printed to a pipe are COLUMNS wide when it is set: a shell that exports it
+    # (pytest-xdist's workers set 80) would otherwise change what the CLI tests read.
+    monkeypatch.delenv("COLUMNS", raising=False)
+    monkeypatch.delenv("LINES", raising=False)
+
+
 # ---- the host-memory monitor tests ----------------------------------------------------
 
 
