@@ -2,8 +2,9 @@
 
 The unit tier (``-m "not slow and not soak"``, quick hypothesis profile) runs once per
 interpreter, so its wall time is what every change pays four or five times over; its
-target is 20 s on a 2-core machine. The slow tier (``-m "slow or soak or hypothesis"``,
-the ci hypothesis profile) runs once per CI run. Each run is a fresh ``pytest``
+target is 20 s on a 2-core machine. The slow tier (``-m "(slow or hypothesis) and not
+soak"``, the ci hypothesis profile) and the soak runs (``-m soak``, a process of their own)
+run once per CI run. Each run is a fresh ``pytest``
 process started from this interpreter, timed from start to exit, so interpreter
 start-up, plugin loading, collection and teardown all count. Its CPU time (user plus
 system, the process and its children) is shown beside the wall time: on a machine
@@ -11,7 +12,7 @@ others share, the wall time moves with their load and the CPU time much less.
 
 Run from the repository root with the interpreter whose environment has raylens and
 its test extras installed (or with ``PYTHONPATH=src:fakes``):
-``python benchmarks/bench_test_tiers.py [--tiers unit,slow] [--repeat 3] [--workers 2]``.
+``python benchmarks/bench_test_tiers.py [--tiers unit,slow,soak] [--repeat 3] [--workers 2]``.
 ``--workers N`` runs each tier under pytest-xdist with N workers, to compare.
 """
 
@@ -42,7 +43,8 @@ class Tier:
 
 TIERS = {
     "unit": Tier("unit", "not slow and not soak", "quick", UNIT_TARGET_S),
-    "slow": Tier("slow", "slow or soak or hypothesis", "ci", None),
+    "slow": Tier("slow", "(slow or hypothesis) and not soak", "ci", None),
+    "soak": Tier("soak", "soak", "ci", None),
 }
 
 
@@ -109,7 +111,9 @@ def _workers(text: str) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--tiers", type=_tiers, default=[TIERS["unit"]], help="unit, slow or both")
+    parser.add_argument(
+        "--tiers", type=_tiers, default=[TIERS["unit"]], help="any of unit, slow, soak"
+    )
     parser.add_argument("--repeat", type=_positive, default=1, help="runs per tier")
     parser.add_argument(
         "--workers", type=_workers, default=0, help="pytest-xdist workers (0: none)"
