@@ -13,12 +13,32 @@ in-process stand-in for the ``ray`` module, handed to raylens through its Ray se
 live here only.
 """
 
-from raylens_fakes.cluster import FakeCluster, FakePlacementGroup
-from raylens_fakes.otel import MetricsProbe, Snapshot
-from raylens_fakes.procfs import FakeProcFS
-from raylens_fakes.ray import FakeRay
-from raylens_fakes.raylet import FakeRaylet
-from raylens_fakes.simulated import SimulatedCluster
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from raylens_fakes.cluster import FakeCluster, FakePlacementGroup
+    from raylens_fakes.otel import MetricsProbe, Snapshot
+    from raylens_fakes.procfs import FakeProcFS
+    from raylens_fakes.ray import FakeRay
+    from raylens_fakes.raylet import FakeRaylet
+    from raylens_fakes.simulated import SimulatedCluster
+
+# Where each name lives. The package is imported by the pytest plugin in every pytest run
+# of an environment with raylens installed, so its names (and raylens and OpenTelemetry
+# behind them) load on first use rather than here.
+_HOMES = {
+    "FakeCluster": "raylens_fakes.cluster",
+    "FakePlacementGroup": "raylens_fakes.cluster",
+    "FakeProcFS": "raylens_fakes.procfs",
+    "FakeRay": "raylens_fakes.ray",
+    "FakeRaylet": "raylens_fakes.raylet",
+    "MetricsProbe": "raylens_fakes.otel",
+    "SimulatedCluster": "raylens_fakes.simulated",
+    "Snapshot": "raylens_fakes.otel",
+}
 
 __all__ = [
     "FakeCluster",
@@ -30,3 +50,16 @@ __all__ = [
     "SimulatedCluster",
     "Snapshot",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    home = _HOMES.get(name)
+    if home is None:
+        raise AttributeError(f"module 'raylens_fakes' has no attribute {name!r}")
+    value = getattr(importlib.import_module(home), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *__all__})

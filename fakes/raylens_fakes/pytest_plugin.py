@@ -30,6 +30,15 @@ project with raylens installed can ask for these fixtures by name:
     actor deaths and hanging calls on its actors, and assert on what it recorded.
     Nothing is put in ``sys.modules`` unless the test calls ``fake_ray.install(monkeypatch)``.
 
+``ray_absent``
+    Makes ``ray`` absent for the test, whether or not it is installed: ``ray`` and its
+    submodules leave ``sys.modules`` and importing any of them raises
+    :class:`ModuleNotFoundError`, as in an environment without Ray; what was loaded
+    before comes back after the test. The fixture's value is a :class:`BlockedImports`
+    whose ``attempts`` lists every import of them the test's code tried, so a test can
+    also prove that code never reached for Ray. Outside pytest, use
+    :func:`modules_absent`.
+
 ``raylens_state``
     Resets raylens' process-wide state before and after the test: the worker-group
     placement map, the host-memory monitor, profiler snapshots, the telemetry
@@ -55,16 +64,25 @@ project with raylens installed can ask for these fixtures by name:
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable, Iterator
-from typing import Any
+import importlib.abc
+import sys
+import threading
+from collections.abc import Callable, Iterator, Sequence
+from pathlib import Path
+from types import ModuleType
+from typing import TYPE_CHECKING, Any
 
 import pytest
 
-from raylens_fakes.cluster import FakeCluster
-from raylens_fakes.otel import MetricsProbe
-from raylens_fakes.procfs import FakeProcFS
-from raylens_fakes.ray import FakeRay
-from raylens_fakes.simulated import SimulatedCluster
+# Every pytest run in an environment with raylens installed loads this plugin, so the
+# fakes (and raylens and OpenTelemetry behind them) are imported by the fixtures that
+# use them, not here.
+if TYPE_CHECKING:
+    from raylens_fakes.cluster import FakeCluster
+    from raylens_fakes.otel import MetricsProbe
+    from raylens_fakes.procfs import FakeProcFS
+    from raylens_fakes.ray import FakeRay
+    from raylens_fakes.simulated import SimulatedCluster
 
 # The metrics_probe fixture's probe, reinstalled by every reset while its test runs.
 _PINNED_PROBES: list[MetricsProbe] = []
@@ -74,6 +92,7 @@ _PINNED_PROBES: list[MetricsProbe] = []
 def metrics_probe() -> Iterator[MetricsProbe]:
     """Lens started with an in-memory reader; read points with ``metrics_probe.points(name)``."""
     from raylens.lens import shutdown_telemetry
+    from raylens_fakes.otel import MetricsProbe
 
     shutdown_telemetry()
     probe = MetricsProbe().install()
@@ -88,6 +107,8 @@ def metrics_probe() -> Iterator[MetricsProbe]:
 @pytest.fixture
 def fake_cluster() -> FakeCluster:
     """An empty, initialised :class:`FakeCluster`."""
+    from raylens_fakes.cluster import FakeCluster
+
     return FakeCluster()
 
 
@@ -95,6 +116,7 @@ def fake_cluster() -> FakeCluster:
 def fake_default_cluster() -> Iterator[FakeCluster]:
     """An empty :class:`FakeCluster` that raylens uses as its default view during the test."""
     from raylens.cluster import use_cluster_view
+    from raylens_fakes.cluster import FakeCluster
 
     cluster = FakeCluster()
     with use_cluster_view(cluster):
@@ -114,6 +136,8 @@ def simulated_clusters() -> Iterator[Callable[..., SimulatedCluster]]:
     with contextlib.ExitStack() as views:
 
         def start(n_nodes: int = 3, **options: Any) -> SimulatedCluster:
+            from raylens_fakes.simulated import SimulatedCluster
+
             cluster = SimulatedCluster(n_nodes, **options)
             started.append(cluster)
             views.enter_context(use_cluster_view(cluster.cluster))
@@ -134,14 +158,84 @@ def simulated_cluster() -> Iterator[Callable[..., SimulatedCluster]]:
 
 
 @pytest.fixture
-def fake_procfs(tmp_path: Any) -> FakeProcFS:
+def fake_procfs(tmp_path: Path) -> FakeProcFS:
     """A fake ``/proc`` under the test's tmp_path; pass ``fake_procfs.procfs`` as ``procfs=``."""
+    from raylens_fakes.procfs import FakeProcFS
+
     return FakeProcFS(tmp_path / "proc")
+
+
+class BlockedImports(importlib.abc.MetaPathFinder):
+    """A meta-path finder that answers "no such module" for some names and remembers who asked.
+
+    ``attempts`` holds, in order, each blocked name an import statement (or
+    :func:`importlib.import_module`) tried while the block was in force.
+    """
+
+    def __init__(self, names: Sequence[str]) -> None:
+        self.names = tuple(names)
+        self.attempts: list[str] = []
+        self._lock = threading.Lock()
+
+    def blocks(self, name: str) -> bool:
+        """Whether ``name`` is one of the blocked modules or lies under one of them."""
+        return any(name == top or name.startswith(top + ".") for top in self.names)
+
+    def find_spec(self, fullname: str, path: Any = None, target: Any = None) -> None:
+        if self.blocks(fullname):
+            with self._lock:
+                self.attempts.append(fullname)
+            raise ModuleNotFoundError(
+                f"No module named {fullname!r} (made absent for this test)", name=fullname
+            )
+        return None
+
+
+def _is_module_name(name: object) -> bool:
+    return isinstance(name, str) and all(part.isidentifier() for part in name.split("."))
+
+
+@contextlib.contextmanager
+def modules_absent(*names: str) -> Iterator[BlockedImports]:
+    """Within the block, ``names`` and every module under them cannot be imported.
+
+    They are taken out of ``sys.modules`` on entry, so code that looks there finds
+    nothing either; on exit the finder goes, whatever the block put under those names
+    is dropped, and the modules that were loaded before are put back as they were.
+    """
+    bad = [name for name in names if not _is_module_name(name)]
+    if not names or bad:
+        raise ValueError(
+            f"modules_absent takes one or more dotted module names such as 'ray'; got {bad or '()'}"
+        )
+    blocker = BlockedImports(names)
+    saved: dict[str, ModuleType] = {
+        name: module for name, module in list(sys.modules.items()) if blocker.blocks(name)
+    }
+    for name in saved:
+        del sys.modules[name]
+    sys.meta_path.insert(0, blocker)
+    try:
+        yield blocker
+    finally:
+        sys.meta_path[:] = [finder for finder in sys.meta_path if finder is not blocker]
+        for name in [name for name in list(sys.modules) if blocker.blocks(name)]:
+            del sys.modules[name]
+        sys.modules.update(saved)
+
+
+@pytest.fixture
+def ray_absent() -> Iterator[BlockedImports]:
+    """``ray`` cannot be imported during the test; ``ray_absent.attempts`` lists who tried."""
+    with modules_absent("ray") as blocked:
+        yield blocked
 
 
 @pytest.fixture
 def fake_ray() -> FakeRay:
     """A :class:`FakeRay` over two nodes; hand it to raylens with ``fake_ray.seam()``."""
+    from raylens_fakes.ray import FakeRay
+
     return FakeRay()
 
 
@@ -152,8 +246,6 @@ def reset_raylens_state() -> None:
     The one exception: while a ``metrics_probe`` fixture is active, lens is started
     again with that probe's reader, so the probe keeps seeing what raylens exports.
     """
-    import sys
-
     from raylens.lens import reset_warn_once, shutdown_telemetry
 
     shutdown_telemetry()

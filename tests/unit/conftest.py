@@ -1,13 +1,160 @@
-"""Fixtures shared by the host-memory monitor tests."""
+"""What every unit test may rely on, and what it may not do.
+
+Unit tests run in this interpreter against fakes and never load the installed ``ray``
+(importing it costs seconds and, through Ray's auto-init, can start a local cluster):
+an attempt is refused as in a Ray-free environment and fails the test at teardown, so
+the suite behaves the same with or without Ray installed. Tests about Ray being absent
+ask for the ``ray_absent`` fixture, which also lists what tried to import it.
+
+A test that starts a process (an interpreter, a command, the scrape helper) belongs to
+the slow tier, which tox runs once rather than per interpreter: unless it is marked
+``@pytest.mark.slow``, starting one fails the test at teardown, naming the program.
+
+Temporary files (``tmp_path``, :mod:`tempfile`) go to ``/dev/shm`` when it is a writable
+RAM disk with room, unless ``TMPDIR`` says otherwise: the unit tier writes some 12,000
+small files (fake ``/proc`` trees), and on a virtual disk each file operation costs about
+ten times what it costs in RAM.
+"""
 
 from __future__ import annotations
 
+import importlib.abc
+import multiprocessing.util
+import os
+import subprocess
+import sys
+import tempfile
 from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
 
 from raylens.telemetry import host_memory as hm
+
+# ---- temporary files: in RAM where there is room -------------------------------------
+
+# A RAM disk is used only with this much room: a unit-tier run holds about 50 MB there.
+_RAM_DISK_ROOM_BYTES = 512 * 2**20
+
+
+def _temporary_files_in_ram() -> None:
+    statvfs = getattr(os, "statvfs", None)  # absent on Windows
+    if os.environ.get("TMPDIR") or statvfs is None:
+        return
+    ram_disk = "/dev/shm"
+    try:
+        stats = statvfs(ram_disk)
+    except OSError:  # no such RAM disk (macOS)
+        return
+    if os.access(ram_disk, os.W_OK | os.X_OK) and (
+        stats.f_bavail * stats.f_frsize >= _RAM_DISK_ROOM_BYTES
+    ):
+        tempfile.tempdir = ram_disk
+
+
+_temporary_files_in_ram()
+
+# ---- processes: only in the slow tier ---------------------------------------------------
+
+# What this process started since the current test began: the program of each.
+_STARTED: list[str] = []
+
+
+def _program(args: Any) -> str:
+    first = args[0] if isinstance(args, (list, tuple)) and args else args
+    return os.path.basename(os.fsdecode(first)) if isinstance(first, (str, bytes)) else "?"
+
+
+def _recording(real: Callable[..., Any], describe: Callable[..., str]) -> Callable[..., Any]:
+    def start(*args: Any, **kwargs: Any) -> Any:
+        _STARTED.append(describe(*args, **kwargs))
+        return real(*args, **kwargs)
+
+    return start
+
+
+# Every way the code under test starts a process: subprocess (and what is built on it),
+# multiprocessing's spawn and forkserver starts, and a bare fork.
+subprocess.Popen._execute_child = _recording(  # type: ignore[attr-defined]
+    subprocess.Popen._execute_child,  # type: ignore[attr-defined]
+    lambda _self, args, *rest, **kwargs: _program(args),
+)
+multiprocessing.util.spawnv_passfds = _recording(
+    multiprocessing.util.spawnv_passfds,
+    lambda path, args, passfds: f"{_program(args)} (multiprocessing)",
+)
+os.fork = _recording(os.fork, lambda: "fork()")
+
+
+@pytest.fixture(autouse=True)
+def _processes_only_in_the_slow_tier(request: pytest.FixtureRequest) -> Iterator[None]:
+    _STARTED.clear()
+    yield
+    started, _STARTED[:] = list(_STARTED), []
+    if started and request.node.get_closest_marker("slow") is None:
+        pytest.fail(
+            f"this unit test started a process ({', '.join(sorted(set(started)))}): "
+            "mark it @pytest.mark.slow so it runs once, in the slow tier, or give the "
+            "code under test a fake",
+            pytrace=False,
+        )
+
+
+# ---- Ray: never the installed package ---------------------------------------------------
+
+
+class _RayImports(importlib.abc.MetaPathFinder):
+    """Refuses to load ``ray`` from the environment and notes each attempt.
+
+    The refusal is the one a Ray-free environment gives, so a unit test sees the same
+    thing with or without Ray installed, and the installed package is never loaded.
+    Stand-ins a test puts in ``sys.modules`` are found there first and never reach this
+    finder; ``ray_absent`` stands in front of it, so its refusals are not counted here.
+    """
+
+    def __init__(self) -> None:
+        self.attempts: list[str] = []
+
+    def find_spec(self, fullname: str, path: Any = None, target: Any = None) -> None:
+        if (fullname == "ray" or fullname.startswith("ray.")) and "ray" not in sys.modules:
+            self.attempts.append(fullname)
+            raise ModuleNotFoundError(
+                f"No module named {fullname!r} (unit tests never load the installed Ray)",
+                name=fullname,
+            )
+        return None
+
+
+_RAY_IMPORTS = _RayImports()
+sys.meta_path.insert(0, _RAY_IMPORTS)
+
+
+@pytest.fixture(autouse=True)
+def _never_the_real_ray() -> Iterator[None]:
+    _RAY_IMPORTS.attempts.clear()
+    yield
+    attempts, _RAY_IMPORTS.attempts[:] = list(_RAY_IMPORTS.attempts), []
+    if attempts:
+        pytest.fail(
+            f"this unit test reached for the installed ray package (import {attempts[0]}): "
+            "give the code under test a fake (fake_ray, fake_cluster, fake_default_cluster), "
+            "or ask for ray_absent where the test is about Ray being absent",
+            pytrace=False,
+        )
+
+
+# ---- the terminal: never the developer's ----------------------------------------------
+
+
+@pytest.fixture(autouse=True)
+def _no_terminal_size_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    # Tables printed to a pipe are COLUMNS wide when it is set: a shell that exports it
+    # (pytest-xdist's workers set 80) would otherwise change what the CLI tests read.
+    monkeypatch.delenv("COLUMNS", raising=False)
+    monkeypatch.delenv("LINES", raising=False)
+
+
+# ---- the host-memory monitor tests ----------------------------------------------------
 
 
 @pytest.fixture

@@ -68,6 +68,7 @@ def monitor(sim):
     made.stop()
 
 
+@pytest.mark.slow
 def test_a_placement_label_shows_in_the_first_collection_and_goes_with_the_block(
     own_groups, sim, monitor, metrics_probe
 ) -> None:
@@ -81,6 +82,7 @@ def test_a_placement_label_shows_in_the_first_collection_and_goes_with_the_block
     assert after == {"0": "none", "1": "none", "2": "none"}
 
 
+@pytest.mark.slow
 def test_a_placement_label_can_name_some_bundles_only(
     own_groups, sim, monitor, metrics_probe
 ) -> None:
@@ -92,6 +94,7 @@ def test_a_placement_label_can_name_some_bundles_only(
     assert labels == {"0": "none", "1": "none", "2": "trainer"}
 
 
+@pytest.mark.slow
 def test_node_and_placement_labels_combine_on_a_shared_node(
     own_groups, sim, monitor, metrics_probe
 ) -> None:
@@ -106,6 +109,7 @@ def test_node_and_placement_labels_combine_on_a_shared_node(
     assert labels == {"0": "none", "1": "samplers,trainer", "2": "samplers"}
 
 
+@pytest.mark.slow
 def test_a_label_goes_when_the_group_fails_inside_its_block(
     own_groups, sim, monitor, metrics_probe
 ) -> None:

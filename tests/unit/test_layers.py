@@ -43,6 +43,7 @@ def _lint_imports(root: Path) -> subprocess.CompletedProcess[str]:
     )
 
 
+@pytest.mark.slow
 def test_the_tree_keeps_every_import_contract() -> None:
     result = _lint_imports(_repo_root())
 
@@ -62,6 +63,7 @@ def _append_import(module: Path, line: str) -> None:
     module.write_text(module.read_text(encoding="utf-8") + f"\n{line}\n", encoding="utf-8")
 
 
+@pytest.mark.slow
 def test_the_contracts_fail_on_an_upward_import_a_fake_a_synchronous_http_client_or_a_heavy_helper(
     tmp_path: Path,
 ) -> None:

@@ -31,6 +31,7 @@ def _python_block_with(marker: str) -> str:
     return block
 
 
+@pytest.mark.slow
 def test_the_example_test_in_the_readme_passes(pytester: pytest.Pytester) -> None:
     (example,) = [block for block in _code_blocks("python") if "def test_" in block]
     pytester.makepyfile(test_readme_example=example)
@@ -80,6 +81,7 @@ def _labels(monitor: HostMemoryMonitor, metrics_probe, sim) -> list[str]:
     return [by_node.get(sim.node_id(index), "no point") for index in range(len(sim))]
 
 
+@pytest.mark.slow
 def test_the_readme_own_group_labels_its_nodes_until_it_shuts_down(
     simulated_cluster, metrics_probe, raylens_state
 ) -> None:

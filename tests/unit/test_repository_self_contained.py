@@ -20,6 +20,7 @@ def _tracked_files() -> list[Path]:
     return [_ROOT / name for name in listing.decode().split("\0") if name]
 
 
+@pytest.mark.slow
 def test_no_tracked_file_reaches_outside_the_checkout_for_data() -> None:
     # Spelled in parts so that this file does not match itself.
     outside = ("shared" + "/data", ".." + "/shared")

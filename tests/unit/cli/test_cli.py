@@ -15,6 +15,7 @@ def _json_lines(text: str) -> list[dict]:
     return [json.loads(line) for line in text.splitlines() if line.startswith("{")]
 
 
+@pytest.mark.slow
 def test_version() -> None:
     result = subprocess.run(
         [sys.executable, "-m", "raylens", "--version"], capture_output=True, text=True, check=True
@@ -85,6 +86,7 @@ def test_profile_needs_a_command(capsys: pytest.CaptureFixture[str]) -> None:
     assert "profile needs a command" in capsys.readouterr().err
 
 
+@pytest.mark.slow
 def test_profile_of_a_missing_program(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["profile", "--", "/nonexistent/program"]) == 2
     err = capsys.readouterr().err
@@ -92,6 +94,7 @@ def test_profile_of_a_missing_program(capsys: pytest.CaptureFixture[str]) -> Non
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="process trees need Linux /proc")
+@pytest.mark.slow
 def test_profile_reports_memory_and_passes_the_exit_status(
     capsys: pytest.CaptureFixture[str],
 ) -> None:
@@ -109,6 +112,7 @@ def test_profile_reports_memory_and_passes_the_exit_status(
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="process trees need Linux /proc")
+@pytest.mark.slow
 def test_profile_once_prints_one_sample(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["profile", "--once", "--json", "--", sys.executable, "-c", "pass"]) == 0
     records = _json_lines(capsys.readouterr().out)
@@ -116,6 +120,7 @@ def test_profile_once_prints_one_sample(capsys: pytest.CaptureFixture[str]) -> N
     assert records[0]["servers"][0]["processes"] >= 0
 
 
+@pytest.mark.slow
 def test_simulate_once_json_shows_every_node_and_the_hung_one(
     capsys: pytest.CaptureFixture[str],
 ) -> None:
@@ -144,6 +149,7 @@ def test_simulate_once_json_shows_every_node_and_the_hung_one(
     ]
 
 
+@pytest.mark.slow
 def test_simulate_table_repeats_until_duration(capsys: pytest.CaptureFixture[str]) -> None:
     status = main(["simulate", "--nodes", "2", "--interval", "0.2", "--duration", "0.5"])
     assert status == 0
@@ -196,6 +202,7 @@ def test_profile_rows_from_a_fake_process_tree(tmp_path) -> None:
 
 
 @pytest.mark.parametrize(("flags", "shown"), [([], False), (["--verbose"], True)])
+@pytest.mark.slow
 def test_scrape_warnings_only_with_verbose(flags: list[str], shown: bool) -> None:
     result = subprocess.run(
         [
@@ -222,6 +229,7 @@ def test_unreachable_address_fails_fast_naming_it() -> None:
             check_reachable(f"127.0.0.1:{port}")
 
 
+@pytest.mark.slow
 def test_auto_passes_the_reachability_check_and_silence_does_not() -> None:
     import socket
 
@@ -284,6 +292,7 @@ def test_more_simulated_nodes_than_allowed_are_refused_up_front(
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="needs RLIMIT_NOFILE")
+@pytest.mark.slow
 def test_simulated_nodes_beyond_the_open_file_limit_are_refused_up_front() -> None:
     import resource
 
@@ -303,6 +312,7 @@ def test_simulated_nodes_beyond_the_open_file_limit_are_refused_up_front() -> No
 
 
 @pytest.mark.parametrize("flags", [["--json"], []], ids=["json", "table"])
+@pytest.mark.slow
 def test_a_closed_stdout_ends_quietly(flags: list[str]) -> None:
     result = subprocess.run(
         [
@@ -351,6 +361,7 @@ def test_ctrl_c_while_flags_are_parsed_is_quiet(
     assert capsys.readouterr().err == "raylens: interrupted\n"
 
 
+@pytest.mark.slow
 def test_the_entry_point_loads_nothing_heavy() -> None:
     """What runs before main() can catch Ctrl-C is only the interpreter and this import."""
     script = (
@@ -364,6 +375,7 @@ def test_the_entry_point_loads_nothing_heavy() -> None:
     assert result.stdout.strip() == "[]"
 
 
+@pytest.mark.slow
 def test_sigterm_ends_simulate_with_143_quietly() -> None:
     import signal
 
@@ -398,6 +410,7 @@ def test_sigterm_ends_simulate_with_143_quietly() -> None:
 # ------------------------------------------------------------- what a first look shows
 
 
+@pytest.mark.slow
 def test_simulate_json_carries_the_summary_and_the_table_shows_it(
     capsys: pytest.CaptureFixture[str],
 ) -> None:
@@ -418,6 +431,7 @@ def test_simulate_lists_nodes_in_natural_order(capsys: pytest.CaptureFixture[str
     assert positions == sorted(positions), out
 
 
+@pytest.mark.slow
 def test_the_prometheus_address_is_printed_when_that_exporter_is_on(
     monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:

@@ -25,6 +25,7 @@ def _every_line_is_json(text: str) -> list[dict]:
 
 
 @linux_only
+@pytest.mark.slow
 def test_profile_json_keeps_the_command_output_off_stdout(
     capfd: pytest.CaptureFixture[str],
 ) -> None:
@@ -74,6 +75,7 @@ def _read_one_line_then_close_stdout(
 
 
 @pytest.mark.parametrize("flags", [["--json"], []], ids=["json", "table"])
+@pytest.mark.slow
 def test_a_closed_pipe_ends_simulate_quietly(flags: list[str]) -> None:
     process = _raylens("simulate", "--nodes", "1", "--interval", "0.1", *flags)
     err = _read_one_line_then_close_stdout(process)
@@ -92,6 +94,7 @@ sys.exit(5 if release.exists() else 1)
 
 
 @linux_only
+@pytest.mark.slow
 def test_a_closed_pipe_lets_the_profiled_command_finish(tmp_path: Path) -> None:
     release = tmp_path / "release"
     process = _raylens(
@@ -137,6 +140,7 @@ def test_an_error_line_escapes_control_characters(
     assert "\x1b" not in err and "jaeger" in err
 
 
+@pytest.mark.slow
 def test_a_hostile_reason_phrase_is_escaped_in_the_table_and_the_verbose_log(
     capsys: pytest.CaptureFixture[str],
 ) -> None:

@@ -16,9 +16,13 @@ from raylens.cli import main
 from raylens.cli import profile as cli_profile
 from raylens.cli import supervision as cli_supervision
 
-pytestmark = pytest.mark.skipif(
-    not sys.platform.startswith("linux"), reason="process trees need Linux /proc"
-)
+# Every test here runs a real command under raylens: the slow tier.
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.skipif(
+        not sys.platform.startswith("linux"), reason="process trees need Linux /proc"
+    ),
+]
 
 
 def _records(text: str) -> list[dict]:

@@ -15,9 +15,13 @@ import pytest
 from raylens.cli import main
 from raylens.cli import profile as cli_profile
 
-pytestmark = pytest.mark.skipif(
-    not sys.platform.startswith("linux"), reason="process trees need Linux /proc"
-)
+# Every test here runs a real command under raylens: the slow tier.
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.skipif(
+        not sys.platform.startswith("linux"), reason="process trees need Linux /proc"
+    ),
+]
 
 # Two background sleeps, their pids written down, then a wait: what `timeout` users expect
 # to be stopped as one.

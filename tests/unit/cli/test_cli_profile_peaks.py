@@ -141,6 +141,7 @@ def _caught(server: dict) -> bool:
     )
 
 
+@pytest.mark.slow
 def test_a_real_spike_is_caught_by_the_kernel_figures(tmp_path: Path) -> None:
     """The spike is freed before any sample; the command then runs until a live sample
     has shown it (or a minute has passed, and the check below fails)."""

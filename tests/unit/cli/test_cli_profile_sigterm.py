@@ -10,9 +10,13 @@ import time
 import psutil
 import pytest
 
-pytestmark = pytest.mark.skipif(
-    not sys.platform.startswith("linux"), reason="process trees need Linux /proc"
-)
+# Every test here runs a real command under raylens: the slow tier.
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.skipif(
+        not sys.platform.startswith("linux"), reason="process trees need Linux /proc"
+    ),
+]
 
 
 def _wait_for_child(pid: int, timeout: float = 30.0) -> psutil.Process:

@@ -86,6 +86,7 @@ def test_unfrozen_sample_time_is_the_epoch_clock(capsys: pytest.CaptureFixture[s
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="process trees need Linux /proc")
+@pytest.mark.slow
 def test_profile_json_sample_carries_the_clocks_time(capsys: pytest.CaptureFixture[str]) -> None:
     argv = ["profile", "--once", "--json", "--interval", "0.2", "--", sys.executable, "-c", "pass"]
     status, took = _run_frozen(argv)

@@ -385,6 +385,7 @@ def test_the_monitor_stop_removes_the_samplers(ray: ClusterRay, cycle: GroupMemo
 # ---- the driver entry point --------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_the_driver_attaches_group_memory_to_its_monitor(
     ray: ClusterRay, cycle: GroupMemoryCycle, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -10,13 +10,12 @@ from typing import Any
 
 import numpy as np
 import pytest
-from hypothesis import given, settings
+from hypothesis import given
 from hypothesis import strategies as st
 
 from raylens.distributed.named_sharding import NamedSharding, ShardingIndexError
 
 AXIS_NAMES = ("dp", "tp", "pp", "cp", "ep")
-SETTINGS = settings(max_examples=30, deadline=None)
 
 
 @st.composite
@@ -53,7 +52,6 @@ def _numpy_index(names: list[str], indices: dict[str, int]) -> tuple[Any, ...]:
     return tuple(indices.get(name, slice(None)) for name in names)
 
 
-@SETTINGS
 @given(grids())
 def test_description_matches_the_array(grid: tuple[np.ndarray, list[str]]) -> None:
     oracle, names = grid
@@ -69,7 +67,6 @@ def test_description_matches_the_array(grid: tuple[np.ndarray, list[str]]) -> No
     assert np.array_equal(sharding.layout, oracle)
 
 
-@SETTINGS
 @given(grids())
 def test_every_rank_is_found_where_numpy_puts_it(grid: tuple[np.ndarray, list[str]]) -> None:
     oracle, names = grid
@@ -80,7 +77,6 @@ def test_every_rank_is_found_where_numpy_puts_it(grid: tuple[np.ndarray, list[st
         assert sharding.get_ranks(**dict(zip(names, coords))) == rank
 
 
-@SETTINGS
 @given(grids(), st.integers(-2000, 2000))
 def test_a_rank_outside_the_grid_has_no_coordinates(
     grid: tuple[np.ndarray, list[str]], rank: int
@@ -94,7 +90,6 @@ def test_a_rank_outside_the_grid_has_no_coordinates(
             sharding.get_worker_coords(rank)
 
 
-@SETTINGS
 @given(grids_with_indices())
 def test_get_ranks_indexes_as_numpy_does(
     case: tuple[np.ndarray, list[str], dict[str, int]],
@@ -119,7 +114,6 @@ def test_get_ranks_indexes_as_numpy_does(
         assert sharding.get_ranks(**full) == rank
 
 
-@SETTINGS
 @given(grids_with_indices(), st.data())
 def test_indexing_in_two_steps_equals_indexing_at_once(
     case: tuple[np.ndarray, list[str], dict[str, int]], data: st.DataObject
@@ -136,7 +130,6 @@ def test_indexing_in_two_steps_equals_indexing_at_once(
         assert step.get_ranks(**second) == sharding.get_ranks(**indices)
 
 
-@SETTINGS
 @given(grids_with_indices(allow_negative=False))
 def test_get_ranks_by_coord_lists_the_selected_ranks_in_order(
     case: tuple[np.ndarray, list[str], dict[str, int]],
@@ -147,7 +140,6 @@ def test_get_ranks_by_coord_lists_the_selected_ranks_in_order(
     assert sharding.get_ranks_by_coord(**indices) == expected
 
 
-@SETTINGS
 @given(grids(), st.data())
 def test_an_index_outside_its_axis(grid: tuple[np.ndarray, list[str]], data: st.DataObject) -> None:
     """get_ranks raises IndexError for it; get_ranks_by_coord matches nothing."""
@@ -168,7 +160,6 @@ def test_an_index_outside_its_axis(grid: tuple[np.ndarray, list[str]], data: st.
         assert sharding.get_ranks_by_coord(**{names[axis]: -1}) == []
 
 
-@SETTINGS
 @given(grids(), st.data())
 def test_equality_follows_names_and_layout(
     grid: tuple[np.ndarray, list[str]], data: st.DataObject
@@ -188,7 +179,6 @@ def test_equality_follows_names_and_layout(
         assert sharding != NamedSharding(oracle.reshape(-1), flat_names)
 
 
-@SETTINGS
 @given(grids(min_extent=0), st.data())
 def test_empty_axes_select_nothing_as_numpy_does(
     grid: tuple[np.ndarray, list[str]], data: st.DataObject

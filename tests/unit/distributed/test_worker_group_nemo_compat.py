@@ -133,7 +133,9 @@ class FakeSeam(RaySeam):
 
 
 @pytest.fixture
-def ray() -> FakeRay:
+def ray(fake_default_cluster: object) -> FakeRay:
+    # Groups record where they run through the default cluster view: a fake one, so that
+    # nothing reaches for the installed Ray.
     return FakeRay()
 
 

@@ -7,6 +7,7 @@ import pytest
 from raylens.distributed import worker_groups as wg
 from raylens.distributed import worker_planning as wp
 from raylens.distributed.virtual_cluster import RayVirtualCluster
+from raylens_fakes.pytest_plugin import BlockedImports
 
 
 def plan(bundle_indices_list, counts=(2, 2), strategy="SPREAD"):  # type: ignore[no-untyped-def]
@@ -200,18 +201,14 @@ def _group(**kwargs):  # type: ignore[no-untyped-def]
     ],
 )
 def test_group_rejects_bad_arguments_before_using_ray(
-    kwargs: dict[str, object], match: str
+    kwargs: dict[str, object], match: str, ray_absent: BlockedImports
 ) -> None:
-    import sys
-
     with pytest.raises(ValueError, match=match):
         _group(**kwargs)
-    assert "ray" not in sys.modules
+    assert ray_absent.attempts == []
 
 
-def test_group_without_a_ray_connection_says_so() -> None:
-    import sys
-
+def test_group_without_a_ray_connection_says_so(ray_absent: BlockedImports) -> None:
     with pytest.raises(RuntimeError, match=r"ray\.init"):
         _group()
-    assert "ray" not in sys.modules
+    assert ray_absent.attempts == []

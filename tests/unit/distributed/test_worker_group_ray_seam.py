@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import sys
 from typing import Any
 
 import pytest
@@ -10,6 +9,7 @@ import pytest
 from raylens.distributed.ray_seam import DEFAULT_RAY_SEAM, RaySeam
 from raylens.distributed.virtual_cluster import RayVirtualCluster
 from raylens.distributed.worker_groups import RayWorkerBuilder, RayWorkerGroup
+from raylens_fakes.pytest_plugin import BlockedImports
 from raylens_fakes.ray import FakeRay
 
 
@@ -34,12 +34,12 @@ def test_remote_definitions_are_built_once_per_seam_until_reset(fake_ray: FakeRa
     assert seam.remote("probe", build) is not first
 
 
-def test_connected_ray_follows_the_cluster_view() -> None:
+def test_connected_ray_follows_the_cluster_view(ray_absent: BlockedImports) -> None:
     assert RaySeam(cluster_view=Disconnected()).connected_ray() is None  # type: ignore[arg-type]
-    assert "ray" not in sys.modules
+    assert ray_absent.attempts == []
 
 
-def test_cluster_and_group_use_the_seam_they_are_given() -> None:
+def test_cluster_and_group_use_the_seam_they_are_given(ray_absent: BlockedImports) -> None:
     seam = RaySeam(cluster_view=Disconnected())  # type: ignore[arg-type]
     cluster = RayVirtualCluster([1], use_gpus=False, ray_seam=seam)
     assert cluster.ray_seam is seam
@@ -48,4 +48,4 @@ def test_cluster_and_group_use_the_seam_they_are_given() -> None:
     assert RayVirtualCluster([1], use_gpus=False).ray_seam is DEFAULT_RAY_SEAM
     with pytest.raises(RuntimeError, match=r"ray\.init"):
         RayWorkerGroup(cluster, RayWorkerBuilder("pkg.mod.Worker"), name_prefix="g")
-    assert "ray" not in sys.modules
+    assert ray_absent.attempts == []

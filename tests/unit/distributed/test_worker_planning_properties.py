@@ -12,14 +12,12 @@ from typing import Any
 
 import numpy as np
 import pytest
-from hypothesis import given, settings
+from hypothesis import given
 from hypothesis import strategies as st
 
 from raylens.distributed import worker_planning as wp
 from raylens.distributed.named_sharding import NamedSharding
 from raylens.distributed.virtual_cluster import RayVirtualCluster, _ranks_from_bundle_nodes
-
-SETTINGS = settings(max_examples=40, deadline=None)
 
 bundle_counts = st.lists(st.integers(0, 3), min_size=1, max_size=4).filter(lambda c: sum(c) > 0)
 
@@ -79,7 +77,6 @@ def workers_per_node_requests(draw: st.DrawFn, counts: list[int]) -> Any:
     )
 
 
-@SETTINGS
 @given(st.data())
 def test_workers_per_node_asks_for_the_first_bundles_of_each_node(data: st.DataObject) -> None:
     counts = data.draw(bundle_counts, label="counts")
@@ -130,7 +127,6 @@ def tied_layouts(draw: st.DrawFn) -> tuple[list[int], list[tuple[int, list[int]]
     return counts, entries, groups
 
 
-@SETTINGS
 @given(tied_layouts())
 def test_tied_groups_get_ranks_in_order_and_the_bundles_they_name(
     layout: tuple[list[int], list[tuple[int, list[int]]], list[list[int]]],
@@ -167,7 +163,6 @@ def test_tied_groups_get_ranks_in_order_and_the_bundles_they_name(
     assert len(set(places)) == len(places)
 
 
-@SETTINGS
 @given(tied_layouts(), st.data())
 def test_a_bundle_named_twice_or_outside_the_cluster_is_rejected(
     layout: tuple[list[int], list[tuple[int, list[int]]], list[list[int]]],
@@ -194,7 +189,6 @@ def test_a_bundle_named_twice_or_outside_the_cluster_is_rejected(
         wp._plan_workers(changed, cluster.node_and_local_index, "g")
 
 
-@SETTINGS
 @given(st.lists(st.sampled_from("abcd"), min_size=1, max_size=12))
 def test_node_ranks_of_a_unified_group_follow_where_bundles_landed(nodes: list[str]) -> None:
     ranks = _ranks_from_bundle_nodes(nodes)
@@ -204,7 +198,6 @@ def test_node_ranks_of_a_unified_group_follow_where_bundles_landed(nodes: list[s
         assert local_rank == nodes[:position].count(node_id)
 
 
-@SETTINGS
 @given(st.lists(st.integers(1, 3), min_size=1, max_size=6), st.data())
 def test_dp_leaders_and_the_shard_of_every_worker(
     group_sizes: list[int], data: st.DataObject
@@ -233,7 +226,6 @@ def test_dp_leaders_and_the_shard_of_every_worker(
         assert shard == (None if position < 0 else position)
 
 
-@SETTINGS
 @given(st.lists(st.integers(1, 3), min_size=1, max_size=5), st.data())
 def test_results_come_back_once_per_tied_group(group_sizes: list[int], data: st.DataObject) -> None:
     groups = []
@@ -265,7 +257,6 @@ def group_shardings(draw: st.DrawFn) -> tuple[np.ndarray, list[str]]:
     return np.array(ranks).reshape(shape), names
 
 
-@SETTINGS
 @given(group_shardings(), st.data())
 def test_sharded_dispatch_calls_the_workers_numpy_selects(
     grid: tuple[np.ndarray, list[str]], data: st.DataObject
@@ -300,7 +291,6 @@ def test_sharded_dispatch_calls_the_workers_numpy_selects(
     assert returned == sorted(np.asarray(kept).reshape(-1).tolist())
 
 
-@SETTINGS
 @given(group_shardings(), st.data())
 def test_rank_0_only_axes_keep_the_workers_at_index_0(
     grid: tuple[np.ndarray, list[str]], data: st.DataObject
@@ -312,7 +302,6 @@ def test_rank_0_only_axes_keep_the_workers_at_index_0(
     assert selected == sorted(np.asarray(kept).reshape(-1).tolist())
 
 
-@SETTINGS
 @given(group_shardings(), st.data())
 def test_each_sharded_call_gets_the_slice_at_its_coordinates(
     grid: tuple[np.ndarray, list[str]], data: st.DataObject

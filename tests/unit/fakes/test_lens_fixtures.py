@@ -132,6 +132,7 @@ def _run(code: str) -> subprocess.CompletedProcess[str]:
     )
 
 
+@pytest.mark.slow
 def test_importing_lens_imports_nothing_above_it() -> None:
     result = _run(
         "import sys, raylens.lens\n"
@@ -143,6 +144,7 @@ def test_importing_lens_imports_nothing_above_it() -> None:
     assert result.returncode == 0, result.stderr
 
 
+@pytest.mark.slow
 def test_importing_the_plugin_starts_and_declares_nothing() -> None:
     result = _run(
         "import raylens_fakes.pytest_plugin\n"
@@ -151,6 +153,31 @@ def test_importing_the_plugin_starts_and_declares_nothing() -> None:
         "assert recorded_metrics() == {}, recorded_metrics()\n"
     )
     assert result.returncode == 0, result.stderr
+
+
+@pytest.mark.slow
+def test_importing_the_plugin_loads_only_what_every_pytest_run_needs() -> None:
+    # Every pytest run in an environment with raylens installed loads the plugin, so it
+    # imports raylens, OpenTelemetry and the fakes only when a fixture asks for them.
+    result = _run(
+        "import sys, raylens_fakes.pytest_plugin\n"
+        "heavy = sorted(m for m in sys.modules if m.split('.')[0] in "
+        "('raylens', 'opentelemetry', 'requests', 'aiohttp', 'psutil'))\n"
+        "fakes = sorted(m for m in sys.modules if m.startswith('raylens_fakes.'))\n"
+        "assert not heavy, heavy\n"
+        "assert fakes == ['raylens_fakes.pytest_plugin'], fakes\n"
+    )
+    assert result.returncode == 0, result.stderr
+
+
+def test_every_name_the_fakes_export_is_there_when_asked_for() -> None:
+    import raylens_fakes
+
+    for name in raylens_fakes.__all__:
+        assert getattr(raylens_fakes, name).__name__ == name
+    assert set(raylens_fakes.__all__) <= set(dir(raylens_fakes))
+    with pytest.raises(AttributeError, match=r"raylens_fakes.*'FakeNothing'"):
+        raylens_fakes.FakeNothing  # noqa: B018
 
 
 def test_the_reset_forgets_group_workers_and_group_readings() -> None:

@@ -195,6 +195,7 @@ def test_none_and_off_export_nothing(
     assert not [t for t in threading.enumerate() if "Export" in t.name]
 
 
+@pytest.mark.slow
 def test_prometheus_endpoint_thread_is_a_named_daemon_that_stops() -> None:
     def servers() -> list[threading.Thread]:
         return [t for t in threading.enumerate() if t.name == "raylens-prometheus-exporter"]

@@ -101,6 +101,7 @@ def otlp_receiver() -> Iterator[ThreadingHTTPServer]:
     thread.join(5)
 
 
+@pytest.mark.slow
 def test_otlp_sends_names_units_and_attributes(
     exported_gauge: RecordedMetric, otlp_receiver: ThreadingHTTPServer
 ) -> None:
@@ -139,6 +140,7 @@ def test_otlp_sends_names_units_and_attributes(
     }
 
 
+@pytest.mark.slow
 def test_prometheus_endpoint_is_scrapeable(exported_gauge: RecordedMetric) -> None:
     handle = init_telemetry(TelemetryConfig(exporter="prometheus", prometheus_addr="127.0.0.1:0"))
     assert handle.is_exporting
@@ -151,6 +153,7 @@ def test_prometheus_endpoint_is_scrapeable(exported_gauge: RecordedMetric) -> No
     assert any('host_name="h2"' in s and "2e+09" in s for s in samples)
 
 
+@pytest.mark.slow
 def test_prometheus_can_restart_on_the_same_port(exported_gauge: RecordedMetric) -> None:
     from raylens.lens import shutdown_telemetry
 

@@ -52,6 +52,7 @@ def test_lone_surrogates_are_replaced_before_the_sdk_sees_them(
     }
 
 
+@pytest.mark.slow
 def test_prometheus_serves_every_series_despite_a_lone_surrogate(
     surrogate_gauge: RecordedMetric,
 ) -> None:

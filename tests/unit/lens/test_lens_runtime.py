@@ -151,6 +151,7 @@ if sys.argv[1] == "shutdown-first":
 
 
 @pytest.mark.parametrize("mode", ["exit-only", "shutdown-first"])
+@pytest.mark.slow
 def test_exit_flushes_once_without_sdk_complaints(mode: str) -> None:
     import subprocess
     import sys

@@ -117,6 +117,7 @@ def test_status_with_a_custom_reason_and_headers(raylet: FakeRaylet) -> None:
     assert b"Content-Encoding: gzip" in headers
 
 
+@pytest.mark.slow
 def test_delay_answers_late() -> None:
     with FakeRaylet() as slow:
         slow.delay(0.3)
@@ -156,6 +157,7 @@ def test_hang_never_answers_and_close_releases_it() -> None:
     assert hung.wait_idle(timeout=30)
 
 
+@pytest.mark.slow
 def test_hung_request_ends_when_the_client_leaves(raylet: FakeRaylet) -> None:
     raylet.hang()
     with pytest.raises(requests.ReadTimeout):

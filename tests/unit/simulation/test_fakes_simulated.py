@@ -108,6 +108,7 @@ def test_open_file_limit_is_raised_only_when_needed() -> None:
     assert resource.getrlimit(resource.RLIMIT_NOFILE) == (soft, hard)
 
 
+@pytest.mark.slow
 def test_a_thousand_raylets_start_serve_and_close() -> None:
     threads_before = threading.active_count()
     with SimulatedCluster(1000) as sim:

@@ -649,6 +649,7 @@ def test_names_are_made_encodable(metrics_probe, clock: Clock):
     assert dict(attributes)["host.name"] == "h\ufffd"
 
 
+@pytest.mark.slow
 def test_nothing_is_declared_at_import():
     code = (
         "import raylens.telemetry.group_memory, raylens.distributed.group_memory_sampler\n"

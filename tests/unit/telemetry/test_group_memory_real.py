@@ -97,6 +97,7 @@ def _rss(reader: GroupMemoryReader, workers: list[GroupWorker]) -> tuple[int, in
     return group.rss_bytes, group.process_count
 
 
+@pytest.mark.slow
 def test_group_rss_grows_by_what_its_worker_tree_allocates(worker: subprocess.Popen[str]):
     procfs = ProcFS()
     workers = [GroupWorker("policy", worker.pid, procfs.start_ticks(worker.pid))]

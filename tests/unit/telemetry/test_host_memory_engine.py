@@ -34,6 +34,7 @@ def _errors(monitor: hm.HostMemoryMonitor) -> dict[str, str | None]:
     ],
     ids=["hang", "trickle", "trickled-headers", "slow-1.2s"],
 )
+@pytest.mark.slow
 def test_a_node_is_asked_once_per_cycle_whatever_it_does(
     misbehave: Callable[[FakeRaylet], None],
     timeout: float,
@@ -243,6 +244,7 @@ def test_scrape_mode_from_the_argument_and_the_environment(
         hm.HostMemoryMonitor(1.0, cluster=fake_cluster, scrape_mode="fork")
 
 
+@pytest.mark.slow
 def test_slow_name_lookups_end_at_the_deadline_and_starve_no_other_name(
     make_monitor: Callable, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -69,7 +69,17 @@ FAILURES = {
 }
 
 
-@pytest.mark.parametrize("failure", sorted(FAILURES))
+# These make the scrape wait out its real deadline: the slow tier.
+_WAIT_OUT_THE_DEADLINE = {"hang", "trickle"}
+
+
+@pytest.mark.parametrize(
+    "failure",
+    [
+        pytest.param(name, marks=pytest.mark.slow) if name in _WAIT_OUT_THE_DEADLINE else name
+        for name in sorted(FAILURES)
+    ],
+)
 def test_a_failing_node_is_down_with_its_reason_and_the_others_are_up(
     failure: str,
     simulated_cluster: Factory,
@@ -103,6 +113,7 @@ def test_a_failing_node_is_down_with_its_reason_and_the_others_are_up(
     assert set(_export(metrics_probe, "rl.host.memory.used")) == {sim.node_id(0)}
 
 
+@pytest.mark.slow
 def test_the_helper_process_reports_the_same_health(
     simulated_cluster: Factory, metrics_probe: MetricsProbe, make_monitor: Callable
 ) -> None:
@@ -149,6 +160,7 @@ def test_a_replaced_scrape_reports_health_too(
         monitor.stop()
 
 
+@pytest.mark.slow
 def test_scrape_duration_is_per_node_in_seconds(
     simulated_cluster: Factory, metrics_probe: MetricsProbe, make_monitor: Callable
 ) -> None:

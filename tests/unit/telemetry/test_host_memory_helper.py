@@ -22,6 +22,9 @@ from raylens.telemetry._helper_channel import DriverChannel
 from raylens.telemetry._scrape_helper import HelperEngine
 from raylens_fakes import MetricsProbe, SimulatedCluster
 
+# Every test here starts the real scrape helper process: the slow tier.
+pytestmark = pytest.mark.slow
+
 Factory = Callable[..., SimulatedCluster]
 LOGGER = "raylens.telemetry.host_memory"
 

@@ -129,7 +129,17 @@ FAILURES = {
 }
 
 
-@pytest.mark.parametrize("failure", sorted(FAILURES))
+# These make the scrape wait out its real deadline: the slow tier.
+_WAIT_OUT_THE_DEADLINE = {"hang", "delay", "trickle"}
+
+
+@pytest.mark.parametrize(
+    "failure",
+    [
+        pytest.param(name, marks=pytest.mark.slow) if name in _WAIT_OUT_THE_DEADLINE else name
+        for name in sorted(FAILURES)
+    ],
+)
 def test_a_failing_node_costs_only_its_own_sample(
     failure: str,
     simulated_cluster: Factory,
@@ -194,6 +204,7 @@ def test_a_node_that_leaves_the_cluster_has_no_point(
     assert {s.node_id for s in monitor.latest()} == {sim.node_id(0), sim.node_id(1)}
 
 
+@pytest.mark.slow
 def test_a_trickled_body_is_cut_at_the_deadline(
     simulated_cluster: Factory, make_monitor: Callable
 ) -> None:
@@ -210,6 +221,7 @@ def test_a_trickled_body_is_cut_at_the_deadline(
     assert sim.raylet(0).wait_idle(timeout=2)  # the scraper hung up; the server saw it
 
 
+@pytest.mark.slow
 def test_wedged_nodes_are_asked_last_so_healthy_ones_are_not_starved(
     simulated_cluster: Factory, metrics_probe: MetricsProbe, make_monitor: Callable
 ) -> None:
@@ -227,6 +239,7 @@ def test_wedged_nodes_are_asked_last_so_healthy_ones_are_not_starved(
     assert sim.raylet(2).requests >= 1
 
 
+@pytest.mark.slow
 def test_wedged_nodes_listed_first_beyond_the_bound_do_not_starve_healthy_ones(
     simulated_cluster: Factory, metrics_probe: MetricsProbe, make_monitor: Callable
 ) -> None:
@@ -254,6 +267,7 @@ def test_wedged_nodes_listed_first_beyond_the_bound_do_not_starve_healthy_ones(
     assert all(sim.raylet(i).requests <= 2 for i in range(8))
 
 
+@pytest.mark.slow
 def test_a_replaced_scrape_still_running_is_not_called_again_and_threads_stay_bounded(
     fake_cluster: FakeCluster, metrics_probe: MetricsProbe, make_monitor: Callable
 ) -> None:
@@ -289,6 +303,7 @@ def test_a_replaced_scrape_still_running_is_not_called_again_and_threads_stay_bo
     assert most_threads <= baseline + 15
 
 
+@pytest.mark.slow
 def test_hung_raylets_cost_no_thread_per_request(
     simulated_cluster: Factory, make_monitor: Callable
 ) -> None:
@@ -333,6 +348,7 @@ def test_stop_is_bounded_when_every_node_hangs(
     assert not any(t.name == "raylens-host-memory" for t in threading.enumerate())
 
 
+@pytest.mark.slow
 def test_start_and_stop_are_idempotent_and_restartable(
     simulated_cluster: Factory, make_monitor: Callable
 ) -> None:
@@ -426,6 +442,7 @@ def test_http_answers_and_a_direct_scrape(
     }
 
 
+@pytest.mark.slow
 def test_a_thousand_fake_raylets_are_each_asked_once_in_one_cycle(
     simulated_cluster: Factory, metrics_probe: MetricsProbe, make_monitor: Callable
 ) -> None:
@@ -439,6 +456,7 @@ def test_a_thousand_fake_raylets_are_each_asked_once_in_one_cycle(
     assert {r.requests for r in sim.raylets} == {1}
 
 
+@pytest.mark.slow
 def test_relabelling_a_thousand_nodes_never_overflows(
     fake_cluster: FakeCluster,
     metrics_probe: MetricsProbe,
@@ -542,6 +560,7 @@ def test_a_sample_past_its_max_age_is_not_exported_even_if_collection_is_stuck(
         cluster.release.set()
 
 
+@pytest.mark.slow
 def test_a_loop_stuck_past_stop_does_not_come_back_after_a_restart(
     simulated_cluster: Factory, make_monitor: Callable
 ) -> None:
@@ -639,6 +658,7 @@ def test_start_never_raises(
     assert _warnings_about(caplog, "could not start host-memory monitoring") == 1
 
 
+@pytest.mark.slow
 def test_driver_telemetry_starts_and_stops_the_monitor_without_importing_ray() -> None:
     ray_was_imported = "ray" in sys.modules
     init_telemetry_driver(metric_reader=MetricsProbe().reader, host_memory_interval=0.5)

@@ -21,6 +21,7 @@ def _exported_nodes(probe: MetricsProbe) -> set[str]:
     return {dict(attributes)["ray.node.id"] for attributes in probe.points(USED)}
 
 
+@pytest.mark.slow
 def test_headers_trickled_a_byte_at_a_time_are_cut_at_the_deadline(
     simulated_cluster: Factory, make_monitor: Callable
 ) -> None:
@@ -42,6 +43,7 @@ def test_headers_trickled_a_byte_at_a_time_are_cut_at_the_deadline(
     assert sim.raylet(0).requests == 2
 
 
+@pytest.mark.slow
 def test_sample_age_counts_from_the_answer_not_from_the_end_of_the_cycle(
     simulated_cluster: Factory, metrics_probe: MetricsProbe, make_monitor: Callable
 ) -> None:
@@ -60,6 +62,7 @@ def test_sample_age_counts_from_the_answer_not_from_the_end_of_the_cycle(
     assert _exported_nodes(metrics_probe) == {sim.node_id(1)}
 
 
+@pytest.mark.slow
 def test_stopping_while_the_process_monitor_starts_leaves_none_running(
     fake_cluster: FakeCluster, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -310,6 +310,7 @@ def test_a_tree_is_read_through_the_module_seams_tests_replace(monkeypatch):
     assert collect_process_tree_memory(1) == ProcessTreeMemory(30, None, 2)
 
 
+@pytest.mark.slow
 def test_importing_creates_no_instrument():
     code = (
         "import raylens.telemetry.process_memory\n"

@@ -62,6 +62,7 @@ def _in_thread(fn) -> tuple[threading.Thread, list[BaseException]]:  # type: ign
     return thread, errors
 
 
+@pytest.mark.slow
 def test_stop_and_restart_are_bounded_while_a_sample_is_wedged(
     monkeypatch: pytest.MonkeyPatch, fake, policy
 ) -> None:

@@ -166,6 +166,7 @@ def spawn() -> Iterator[Callable[..., Spawned]]:
         process.stdout.close()
 
 
+@pytest.mark.slow
 def test_parent_and_three_children(spawn):
     tree = spawn(TREE, PRIVATE_MB, SHARED_MB, 3)
     children = {int(pid) for pid in tree.first_line.split()}
@@ -184,6 +185,7 @@ def test_parent_and_three_children(spawn):
     assert rss_only.rss_bytes >= private_total + SHARED_MB * MB
 
 
+@pytest.mark.slow
 def test_shared_mapping_counts_once_in_pss_and_twice_in_rss(spawn):
     tree = spawn(TREE, PRIVATE_MB, SHARED_MB, 3)
     shared = SHARED_MB * MB
@@ -199,6 +201,7 @@ def test_shared_mapping_counts_once_in_pss_and_twice_in_rss(spawn):
     assert after.pss_bytes >= 4 * PRIVATE_MB * MB + 0.9 * shared
 
 
+@pytest.mark.slow
 def test_children_started_by_a_non_main_thread_are_found(spawn):
     parent = spawn(THREADED)
     child, tid = (int(value) for value in parent.first_line.split())
@@ -209,6 +212,7 @@ def test_children_started_by_a_non_main_thread_are_found(spawn):
     assert collect_process_tree_memory(parent.pid).process_count == 2
 
 
+@pytest.mark.slow
 def test_processes_exiting_during_sampling_never_raise(spawn):
     churn = spawn(CHURN)
     target = ServerMemoryTarget("churn", "test", churn.pid)
@@ -223,6 +227,7 @@ def test_processes_exiting_during_sampling_never_raise(spawn):
     assert seen_children > 0, "no short-lived child was ever caught; the race was not exercised"
 
 
+@pytest.mark.slow
 def test_profiler_follows_a_real_tree_until_it_exits(spawn):
     tree = spawn(TREE, PRIVATE_MB, SHARED_MB, 3)
     target = ServerMemoryTarget("tree", "test", tree.pid)
@@ -295,6 +300,7 @@ def _read_whole(path: str) -> bytes:
         os.close(fd)
 
 
+@pytest.mark.slow
 def test_a_children_listing_longer_than_one_read_is_read_whole() -> None:
     # The kernel serves a children file record by record: a read may stop short of the
     # buffer at a record boundary with more still to come, so a short read is not the end.

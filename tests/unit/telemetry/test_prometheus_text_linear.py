@@ -155,7 +155,7 @@ def _check(line: str, blanks_before: bool, as_text: bool) -> None:
     _assert_linear(raw, lambda: extract_samples(payload, WANTED))
 
 
-@settings(max_examples=30, deadline=None, derandomize=True)
+@settings(derandomize=True)
 @given(line=hostile_lines(), blanks_before=st.booleans(), as_text=st.booleans())
 def test_hostile_wanted_line_costs_linear_time(
     line: str, blanks_before: bool, as_text: bool

@@ -8,7 +8,7 @@ from __future__ import annotations
 import math
 from unittest import mock
 
-from hypothesis import given, settings
+from hypothesis import given
 from hypothesis import strategies as st
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -187,8 +187,7 @@ wanted_names = st.one_of(
 
 
 # Each example is an exposition of up to eight families mixing every line shape above,
-# so a disagreement with the reference shows within a hundred of them.
-@settings(max_examples=100, deadline=None)
+# so a disagreement with the reference shows within the hundreds the ci profile draws.
 @given(
     text=expositions(),
     wanted=wanted_names,
@@ -203,7 +202,6 @@ def test_matches_prometheus_client(text: str, wanted: frozenset[str], form: str)
 # Small bounds are drawn as often as the defaults, so that cuts fall inside escapes, inside
 # multi-byte characters and between samples. Label sets are read whole or label by label
 # depending on their length; a threshold of 0 sends these short ones the long way.
-@settings(max_examples=150, deadline=None)
 @given(
     text=expositions(),
     wanted=wanted_names,
@@ -230,7 +228,6 @@ def test_labelled_samples_match_prometheus_client(
     assert got == expected
 
 
-@settings(max_examples=100, deadline=None)
 @given(
     text=expositions(),
     wanted=wanted_names,
