@@ -16,7 +16,10 @@ import yaml
 from test_dashboards import load_dashboard, query_panels, variable_promql
 
 PROMTOOL = shutil.which("promtool")
-pytestmark = pytest.mark.skipif(PROMTOOL is None, reason="promtool (Debian: prometheus) is absent")
+pytestmark = [
+    pytest.mark.slow,  # runs promtool
+    pytest.mark.skipif(PROMTOOL is None, reason="promtool (Debian: prometheus) is absent"),
+]
 
 # One machine "vm" with two Ray nodes: "a" runs policy and rollout, "b" runs no group.
 _SERIES = {

@@ -356,13 +356,18 @@ def shutdown_telemetry(timeout_ms: int = 5000) -> None:
 
 
 def _stop_pipeline(handle: TelemetryHandle, timeout_ms: int) -> None:
-    """Shut the provider down (its readers' final collection and export), then the endpoints."""
-    if handle.meter_provider is not None:
+    """Shut the provider down (its readers' final collection and export), then the endpoints.
+
+    A handle installed from outside may carry only a ``meter`` (as NeMo-Gym's tests
+    install one): what it lacks is not stopped, since lens did not start it.
+    """
+    provider = getattr(handle, "meter_provider", None)
+    if provider is not None:
         try:
-            handle.meter_provider.shutdown(timeout_millis=timeout_ms)
+            provider.shutdown(timeout_millis=timeout_ms)
         except Exception:
             warn_once("lens.shutdown.provider", "shutting the meter provider down failed")
-    for closer in handle._closers:
+    for closer in getattr(handle, "_closers", ()):
         try:
             closer()
         except Exception:
