@@ -33,7 +33,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Iterable
-from typing import Any, Protocol
+from typing import Any, Protocol, runtime_checkable
 
 from raylens.lens import warn_once
 from raylens.safe_text import printable
@@ -43,8 +43,10 @@ from raylens.telemetry.group_memory import (
     NodeGroupMemory,
     as_group_worker,
 )
+from raylens.telemetry.history import GrowthSettings, MemoryHistory
 from raylens.telemetry.process_memory import ProcFS
 from raylens.telemetry.raylet_payload import (
+    GROUP_GROWTH_GAUGE,
     GROUP_LABEL,
     GROUP_MEMORY_GAUGE,
     GROUP_PROCESSES_GAUGE,
@@ -94,6 +96,14 @@ class GroupMemoryPublisher(Protocol):
         """The wall-clock time of the reading just published."""
 
 
+@runtime_checkable
+class GrowthPublisher(Protocol):
+    """A publisher that also takes each group's growth rate, where the sampler knows one."""
+
+    def set_growth(self, group: str, bytes_per_second: float) -> None:
+        """Publish the group's growth (bytes per second) over the sampler's window."""
+
+
 def _ray_gauge_class() -> Any:
     from ray.util.metrics import Gauge
 
@@ -110,11 +120,11 @@ class RayMetricsPublisher:
 
     def __init__(self, gauge_class: Callable[..., Any] | None = None) -> None:
         self._gauge_class = gauge_class
-        self._gauges: tuple[Any, Any, Any] | None = None
+        self._gauges: tuple[Any, Any, Any, Any] | None = None
         # Groups whose PSS series holds a number, so a PSS that stops being known gets NaN.
         self._with_pss: set[str] = set()
 
-    def _made(self) -> tuple[Any, Any, Any]:
+    def _made(self) -> tuple[Any, Any, Any, Any]:
         if self._gauges is None:
             gauge = self._gauge_class or _ray_gauge_class()
             self._gauges = (
@@ -134,11 +144,17 @@ class RayMetricsPublisher:
                     description="Unix time of raylens' sampler's latest reading on this node.",
                     tag_keys=(),
                 ),
+                gauge(
+                    GROUP_GROWTH_GAUGE,
+                    description="Growth of a worker group's RSS on this node, in bytes per "
+                    "second, over raylens' growth window; absent until the window is full.",
+                    tag_keys=(GROUP_LABEL,),
+                ),
             )
         return self._gauges
 
     def set_group(self, group: str, rss_bytes: int, pss_bytes: int | None, processes: int) -> None:
-        memory, counts, _ = self._made()
+        memory, counts, _, _ = self._made()
         memory.set(float(rss_bytes), tags={GROUP_LABEL: group, MEMORY_TYPE_LABEL: _RSS})
         if pss_bytes is not None:
             memory.set(float(pss_bytes), tags={GROUP_LABEL: group, MEMORY_TYPE_LABEL: _PSS})
@@ -149,7 +165,8 @@ class RayMetricsPublisher:
         counts.set(float(processes), tags={GROUP_LABEL: group})
 
     def forget_group(self, group: str) -> None:
-        memory, counts, _ = self._made()
+        memory, counts, _, growth = self._made()
+        growth.set(_NAN, tags={GROUP_LABEL: group})
         memory.set(_NAN, tags={GROUP_LABEL: group, MEMORY_TYPE_LABEL: _RSS})
         if group in self._with_pss:
             memory.set(_NAN, tags={GROUP_LABEL: group, MEMORY_TYPE_LABEL: _PSS})
@@ -158,6 +175,9 @@ class RayMetricsPublisher:
 
     def set_sampled_at(self, seconds: float) -> None:
         self._made()[2].set(float(seconds))
+
+    def set_growth(self, group: str, bytes_per_second: float) -> None:
+        self._made()[3].set(float(bytes_per_second), tags={GROUP_LABEL: group})
 
 
 class PublishingLoop:
@@ -178,8 +198,12 @@ class PublishingLoop:
         *,
         lock: threading.Lock | None = None,
         wall_clock: Callable[[], float] | None = None,
+        history: MemoryHistory | None = None,
+        clock: Callable[[], float] | None = None,
     ) -> None:
         self._reader = reader
+        self._history = history
+        self._clock = clock or time.monotonic
         self._publisher = publisher
         self._lock = lock or threading.Lock()
         self._wall_clock = wall_clock or time.time
@@ -260,19 +284,32 @@ class PublishingLoop:
             if self._closed:  # stopped while reading: stop() no longer waits for this pass
                 return None
             present = set()
+            now = self._clock()
             for group in reading.groups:
                 self._publisher.set_group(
                     group.group, group.rss_bytes, group.pss_bytes, group.process_count
                 )
                 present.add(group.group)
                 self._published.add(group.group)
+                self._publish_growth(group.group, now, group.rss_bytes)
             self._forget(self._published - present)
             self._publisher.set_sampled_at(self._wall_clock())
             self._passes += 1
             return reading
 
+    def _publish_growth(self, group: str, now: float, rss_bytes: int) -> None:
+        """Record the group's RSS in this node's history and publish its growth once known."""
+        if self._history is None or not isinstance(self._publisher, GrowthPublisher):
+            return
+        self._history.record(group, now, rss_bytes)
+        series = self._history.series(group)
+        if series is not None and series.growth is not None:
+            self._publisher.set_growth(group, series.growth)
+
     def _forget(self, groups: set[str]) -> None:
         for group in sorted(groups):
+            if self._history is not None:
+                self._history.forget(group)
             # Dropped from the set first: a publisher that fails here is not asked again.
             self._published.discard(group)
             self._publisher.forget_group(group)
@@ -303,7 +340,10 @@ class GroupMemorySamplerActor:
     read the node's workers every interval on a daemon thread and publish each reading
     through ``publisher`` (default: Ray's metrics pipeline, see
     :mod:`raylens.distributed._group_memory_publishing`), stamped with ``wall_clock``
-    (default :func:`time.time`); ``clock`` times the reader's intervals.
+    (default :func:`time.time`); ``clock`` times the reader's intervals and the
+    growth history. Each group's RSS also feeds a history on the node, and its growth
+    over ``growth_window_s`` (default ``RAYLENS_GROWTH_WINDOW``, else 600 s) is
+    published once the window is full, so any reader sees it without keeping history.
     """
 
     def __init__(
@@ -316,6 +356,7 @@ class GroupMemorySamplerActor:
         publisher: GroupMemoryPublisher | None = None,
         clock: Callable[[], float] | None = None,
         wall_clock: Callable[[], float] | None = None,
+        growth_window_s: float | None = None,
     ) -> None:
         self._lock = threading.Lock()
         self._reader = GroupMemoryReader(
@@ -331,6 +372,12 @@ class GroupMemorySamplerActor:
             publisher if publisher is not None else RayMetricsPublisher(),
             lock=self._lock,
             wall_clock=wall_clock,
+            history=MemoryHistory(
+                GrowthSettings.from_env()
+                if growth_window_s is None
+                else GrowthSettings.from_env(window_s=growth_window_s)
+            ),
+            clock=clock,
         )
 
     def read(self, workers: list[tuple[str, int, int | None]]) -> dict[str, Any]:

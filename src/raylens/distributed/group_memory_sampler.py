@@ -53,6 +53,7 @@ from raylens.telemetry.group_memory import (
     as_group_worker,
     own_process_identity,
 )
+from raylens.telemetry.history import growth_window_from_env
 from raylens.validation import positive_seconds
 
 __all__ = [
@@ -137,6 +138,20 @@ def _describe(error: BaseException) -> str:
     return printable(f"{type(error).__name__}: {text[0] if text else ''}"[:300])
 
 
+def _growth_window(window: float | None) -> float | None:
+    """The samplers' growth window: the one given, else the driver's setting.
+
+    A bad ``RAYLENS_GROWTH_WINDOW`` is the growth cycle's to report; the samplers then
+    keep the default rather than fail to start.
+    """
+    if window is not None:
+        return positive_seconds("growth_window_s", window)
+    try:
+        return growth_window_from_env()
+    except ValueError:
+        return None
+
+
 class GroupMemorySamplers:
     """The driver's side: keeps one sampler per node that hosts workers, and collects readings.
 
@@ -167,6 +182,7 @@ class GroupMemorySamplers:
         start_timeout_s: float = DEFAULT_START_TIMEOUT_S,
         clock: Callable[[], float] | None = None,
         sample_interval_s: float = DEFAULT_SAMPLE_INTERVAL_S,
+        growth_window_s: float | None = None,
         ping_every: int = DEFAULT_PING_EVERY,
     ) -> None:
         self._ray = ray
@@ -196,6 +212,7 @@ class GroupMemorySamplers:
             "tree_interval_seconds": tree_interval_seconds,
             "max_processes": max_processes,
             "procfs_root": procfs_root,
+            "growth_window_s": _growth_window(growth_window_s),
         }
         self.max_missed = max_missed
         self._max_processes = max_processes

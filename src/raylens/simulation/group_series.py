@@ -13,6 +13,7 @@ from collections.abc import Iterable
 from raylens.telemetry.raylet_payload import (
     GROUP_LABEL,
     MEMORY_TYPE_LABEL,
+    RAY_GROUP_GROWTH,
     RAY_GROUP_MEMORY,
     RAY_GROUP_PROCESSES,
     RAY_SAMPLER_SAMPLED_AT,
@@ -63,6 +64,9 @@ def render_group_series(
                     worker_id, address, {GROUP_LABEL: figure.group, MEMORY_TYPE_LABEL: kind}
                 )
                 memory.append(f"{RAY_GROUP_MEMORY}{{{labels}}} {float(value):e}")
+        if figure.growth is not None:
+            labels = _labels(worker_id, address, {GROUP_LABEL: figure.group})
+            processes.append(f"{RAY_GROUP_GROWTH}{{{labels}}} {float(figure.growth):e}")
         if figure.process_count is not None:
             labels = _labels(worker_id, address, {GROUP_LABEL: figure.group})
             processes.append(f"{RAY_GROUP_PROCESSES}{{{labels}}} {float(figure.process_count):e}")

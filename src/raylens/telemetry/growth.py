@@ -19,6 +19,7 @@ declared by :func:`register_growth_gauges`, never at import.
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
@@ -230,9 +231,11 @@ class GrowthCycle:
                     self._recorded_at[node] = at
                 growth = self.history.node(node)
                 limit = self.kill_line.limit(sample.total)
-                outlooks.append(
-                    _outlook(sample.node_id, sample.host, sample.worker_groups, growth, limit)
-                )
+                outlook = _outlook(node, sample.host, sample.worker_groups, growth, limit)
+                carried_now = figures.get(node)
+                if carried_now is not None:
+                    outlook = _with_published_growth(outlook, carried_now[1])
+                outlooks.append(outlook)
             for gone in set(self._recorded_at) - live:
                 del self._recorded_at[gone]
                 self.history.forget(gone)
@@ -245,6 +248,24 @@ class GrowthCycle:
                 self.history.forget(node)
             self._recorded_at.clear()
             self.snapshot.clear()
+
+
+def _with_published_growth(outlook: NodeOutlook, figures: NodeGroupFigures) -> NodeOutlook:
+    """Fill in, for groups this history has no figure for yet, the growth their sampler published.
+
+    A sampler keeps its node's history from the moment it starts, so a process that
+    has just begun watching (``raylens watch --once``) still shows each group's growth.
+    """
+    published = {
+        figure.group: figure.growth
+        for figure in figures.groups
+        if figure.growth is not None and figure.group not in outlook.group_growth
+    }
+    if not published:
+        return outlook
+    merged = {**outlook.group_growth, **published}
+    fastest = outlook.fastest_group or max(merged, key=lambda group: merged[group])
+    return dataclasses.replace(outlook, group_growth=merged, fastest_group=fastest)
 
 
 def _outlook(

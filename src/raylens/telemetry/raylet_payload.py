@@ -22,6 +22,7 @@ __all__ = [
     "ERROR_PARSE",
     "ERROR_TIMEOUT",
     "ERROR_TOO_LARGE",
+    "GROUP_GROWTH_GAUGE",
     "GROUP_LABEL",
     "GROUP_MEMORY_GAUGE",
     "GROUP_PROCESSES_GAUGE",
@@ -30,6 +31,7 @@ __all__ = [
     "MACHINE_USED_KEY",
     "MAX_GROUPS_PER_NODE",
     "MEMORY_TYPE_LABEL",
+    "RAY_GROUP_GROWTH",
     "RAY_GROUP_MEMORY",
     "RAY_GROUP_PROCESSES",
     "RAY_NODE_MEM_TOTAL",
@@ -75,9 +77,11 @@ SERIES_BY_RAY_NAME: dict[str, str] = {
 GROUP_MEMORY_GAUGE = "raylens_worker_group_memory_bytes"
 GROUP_PROCESSES_GAUGE = "raylens_worker_group_processes"
 SAMPLER_SAMPLED_AT_GAUGE = "raylens_sampler_sampled_at_seconds"
+GROUP_GROWTH_GAUGE = "raylens_worker_group_memory_growth_bytes_per_second"
 RAY_GROUP_MEMORY = f"ray_{GROUP_MEMORY_GAUGE}"
 RAY_GROUP_PROCESSES = f"ray_{GROUP_PROCESSES_GAUGE}"
 RAY_SAMPLER_SAMPLED_AT = f"ray_{SAMPLER_SAMPLED_AT_GAUGE}"
+RAY_GROUP_GROWTH = f"ray_{GROUP_GROWTH_GAUGE}"
 #: Label keys on the group series: the group's name and ``rss`` or ``pss``.
 GROUP_LABEL = "rl_worker_group"
 MEMORY_TYPE_LABEL = "memory_type"
@@ -124,7 +128,7 @@ def parse_memory_samples(metrics_text: str | bytes) -> dict[str, float]:
 
 
 #: The per-group series a scrape keeps, besides :data:`SERIES_BY_RAY_NAME`.
-GROUP_SERIES = (RAY_GROUP_MEMORY, RAY_GROUP_PROCESSES, RAY_SAMPLER_SAMPLED_AT)
+GROUP_SERIES = (RAY_GROUP_MEMORY, RAY_GROUP_PROCESSES, RAY_SAMPLER_SAMPLED_AT, RAY_GROUP_GROWTH)
 #: Most groups read from one node's payload; the rest are dropped, in name order.
 MAX_GROUPS_PER_NODE = 256
 
@@ -136,6 +140,9 @@ class GroupFigure(NamedTuple):
     rss_bytes: float
     pss_bytes: float | None
     process_count: float | None
+    #: Bytes per second over the sampler's growth window; None until the window is full,
+    #: and while the group shrinks (the exposition's reader drops negative values).
+    growth: float | None = None
 
 
 class NodeGroupFigures(NamedTuple):
@@ -165,6 +172,7 @@ def parse_group_samples(metrics_text: str | bytes) -> NodeGroupFigures | None:
     rss: dict[str, float] = {}
     pss: dict[str, float] = {}
     processes: dict[str, float] = {}
+    growth: dict[str, float] = {}
     for sample in samples:
         labels = dict(sample.labels)
         group = labels.get(GROUP_LABEL)
@@ -172,6 +180,8 @@ def parse_group_samples(metrics_text: str | bytes) -> NodeGroupFigures | None:
             continue
         if sample.name == RAY_GROUP_PROCESSES:
             processes[group] = sample.value
+        elif sample.name == RAY_GROUP_GROWTH:
+            growth[group] = sample.value
         elif sample.name == RAY_GROUP_MEMORY:
             kind = labels.get(MEMORY_TYPE_LABEL)
             if kind == "rss":
@@ -179,7 +189,7 @@ def parse_group_samples(metrics_text: str | bytes) -> NodeGroupFigures | None:
             elif kind == "pss":
                 pss[group] = sample.value
     groups = tuple(
-        GroupFigure(name, rss[name], pss.get(name), processes.get(name))
+        GroupFigure(name, rss[name], pss.get(name), processes.get(name), growth.get(name))
         for name in sorted(rss)[:MAX_GROUPS_PER_NODE]
     )
     return NodeGroupFigures(sampled_at, groups)

@@ -17,6 +17,7 @@ from raylens.distributed._group_memory_publishing import (
 )
 from raylens.distributed.group_memory_sampler import GroupMemorySamplerActor
 from raylens.telemetry.raylet_payload import (
+    GROUP_GROWTH_GAUGE,
     GROUP_LABEL,
     GROUP_MEMORY_GAUGE,
     GROUP_PROCESSES_GAUGE,
@@ -314,7 +315,13 @@ def test_ray_gauges_are_made_on_first_use_with_the_published_names(gauges):
     publisher.set_sampled_at(1_700_000_000.5)
 
     made = _by_name()
-    assert set(made) == {GROUP_MEMORY_GAUGE, GROUP_PROCESSES_GAUGE, SAMPLER_SAMPLED_AT_GAUGE}
+    assert set(made) == {
+        GROUP_MEMORY_GAUGE,
+        GROUP_PROCESSES_GAUGE,
+        SAMPLER_SAMPLED_AT_GAUGE,
+        GROUP_GROWTH_GAUGE,
+    }
+    assert made[GROUP_GROWTH_GAUGE].tag_keys == (GROUP_LABEL,)
     assert made[GROUP_MEMORY_GAUGE].tag_keys == (GROUP_LABEL, MEMORY_TYPE_LABEL)
     assert made[GROUP_PROCESSES_GAUGE].tag_keys == (GROUP_LABEL,)
     assert made[SAMPLER_SAMPLED_AT_GAUGE].tag_keys == ()
@@ -325,7 +332,7 @@ def test_ray_gauges_are_made_on_first_use_with_the_published_names(gauges):
     assert made[GROUP_PROCESSES_GAUGE].values == {((GROUP_LABEL, "policy"),): 4.0}
     assert made[SAMPLER_SAMPLED_AT_GAUGE].values == {(): 1_700_000_000.5}
     publisher.set_group("rollout", MB, None, 1)
-    assert len(FakeGauge.made) == 3  # made once
+    assert len(FakeGauge.made) == 4  # made once
 
 
 def test_a_pss_that_stops_being_known_reads_nan_once(gauges):
@@ -371,3 +378,47 @@ def test_the_actor_makes_no_gauge_until_it_publishes(procfs, monkeypatch, gauges
     actor.sample_and_publish_once()
 
     assert _by_name()[GROUP_MEMORY_GAUGE].values[_memory("policy", "rss")] == MB
+
+
+class GrowthRecording(Recording):
+    """A publisher that also takes growth rates."""
+
+    def set_growth(self, group: str, bytes_per_second: float) -> None:
+        self.calls.append(("growth", group, bytes_per_second))
+
+
+def test_each_groups_growth_is_published_once_its_window_is_full(procfs, clock):
+    publisher = GrowthRecording()
+    ticks = WallClock()  # the growth history's clock, advanced by hand
+    actor = GroupMemorySamplerActor(
+        procfs_root=str(procfs.root),
+        host_name="node-a",
+        publisher=publisher,
+        wall_clock=clock,
+        clock=ticks,
+        pss_interval_seconds=None,
+        growth_window_s=60.0,
+    )
+    leak = 2 * MB  # per second
+    policy = _worker(procfs, "policy", 200, 100 * MB)
+    rollout = _worker(procfs, "rollout", 300, 50 * MB)
+    actor.set_workers([policy, rollout])
+
+    for second in range(120):
+        ticks.now += 1.0
+        procfs.set_memory(200, rss_bytes=100 * MB + leak * second)
+        actor.sample_and_publish_once()
+        if second == 30:
+            assert not [call for call in publisher.calls if call[0] == "growth"]
+
+    growth = {call[1]: call[2] for call in publisher.calls if call[0] == "growth"}
+    assert growth["policy"] == pytest.approx(leak, rel=0.1)
+    assert abs(growth["rollout"]) < 0.05 * leak
+
+
+def test_a_publisher_without_growth_is_never_asked_for_it(procfs, publisher, clock):
+    actor = _actor(procfs, publisher, clock, growth_window_s=10.0)
+    actor.set_workers([_worker(procfs, "policy", 200, MB)])
+    for _ in range(30):
+        actor.sample_and_publish_once()
+    assert {call[0] for call in publisher.calls} == {"set", "at"}

@@ -122,3 +122,17 @@ def test_the_gauges_export_growth_limit_and_time_to_limit(metrics_probe: Metrics
     assert limits == {"a": pytest.approx(0.95 * TOTAL), "b": pytest.approx(0.95 * TOTAL)}
     ttl = metrics_probe.points_by(RL_HOST_MEMORY_TIME_TO_LIMIT_METRIC, "ray.node.id")
     assert set(ttl) == {"a"}
+
+
+def test_a_group_growth_its_sampler_published_shows_before_this_history_has_one() -> None:
+    monitor = ScriptedMonitor(0.0)
+    published = NodeGroupFigures(1.7e9, (GroupFigure("policy", 4 * GIB, None, 1.0, 5e6),))
+    monitor.group_figures = lambda: {"a": ("vm", published, 1.0)}  # type: ignore[method-assign]
+    cycle = GrowthCycle(settings=GrowthSettings(window_s=60.0))
+
+    _run(cycle, monitor, 1)  # one cycle, as `raylens watch --once` takes
+
+    outlook = cycle.snapshot.latest()["a"]
+    assert outlook.growth is None  # the node's own figure needs a full window here
+    assert outlook.group_growth == {"policy": 5e6}
+    assert outlook.fastest_group == "policy"

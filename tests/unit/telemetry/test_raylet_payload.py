@@ -82,3 +82,13 @@ def test_a_monitor_hands_on_the_group_figures_its_scrape_carried(
         GroupFigure("rollout", 1e9, None, 1.0),
     )
     assert all(sample.error is None for sample in monitor.latest())
+
+
+def test_a_published_growth_is_read_with_its_group() -> None:
+    payload = render_group_series(
+        [GroupFigure("policy", 3e9, None, 2, 1.5e6), GroupFigure("rollout", 1e9, None, 1)],
+        sampled_at=9.0,
+    )
+    figures = parse_group_samples(payload)
+    assert figures is not None
+    assert [(f.group, f.growth) for f in figures.groups] == [("policy", 1.5e6), ("rollout", None)]
