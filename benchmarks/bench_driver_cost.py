@@ -9,6 +9,11 @@ monitor runs several cycles back to back on a background thread. It compares:
 - ``helper``: the default; scraping and parsing in a spawned helper process,
   the driver only sends URLs and receives numbers;
 - ``inprocess``: the same aiohttp engine on an event-loop thread of the driver;
+- ``groups``: ``helper`` with per-group memory and growth on: every raylet also serves
+  four worker groups' series as a node's metrics agent serves what the samplers
+  publish, 64 workers per node are registered, and the monitor runs the group-memory
+  cycle (publishing mode: it keeps the samplers running through FakeRay and publishes
+  the figures the scrape carried) and the growth cycle;
 - ``old``: the design these replaced, kept here as a yardstick: 32 scrape threads
   in the driver using ``requests``, a first try of at most 1 s per node and a
   retry with the time left for nodes that did not answer.
@@ -25,7 +30,7 @@ Per mode it reports:
 - the main thread's loop rate against an unloaded run of the same loop.
 
 Run: ``.venv/bin/python benchmarks/bench_driver_cost.py [--nodes 1000]
-[--hung-fraction 0.05] [--cycles 3] [--scrape-timeout 5] [--modes helper,inprocess,old]
+[--hung-fraction 0.05] [--cycles 3] [--scrape-timeout 5] [--modes helper,groups,inprocess,old]
 [--max-concurrency 256]``
 """
 
@@ -51,11 +56,23 @@ from raylens_fakes import FakeCluster
 TARGET_DRIVER_CPU_MS = 0.05
 
 
+GROUPS = ("policy", "rollout", "reward", "reference")
+
+
 def _serve(n_nodes: int, hung: list[int], conn: Connection) -> None:
     """Child process: serve the simulated cluster; answer request counts until told to stop."""
+    from raylens.simulation.group_series import render_group_series
+    from raylens.simulation.raylet import load_payload
+    from raylens.telemetry.raylet_payload import GroupFigure
     from raylens_fakes import SimulatedCluster
 
     with SimulatedCluster(n_nodes) as sim:
+        published = load_payload("worker") + render_group_series(
+            [GroupFigure(g, 2.0e9 + i, 1.5e9, 16.0, 1e5) for i, g in enumerate(GROUPS)],
+            sampled_at=time.time(),
+        )
+        for index in range(n_nodes):
+            sim.raylet(index).serve_garbage(published)
         for index in hung:
             sim.raylet(index).hang()
         conn.send([(r.port, sim.hostname(i)) for i, r in enumerate(sim.raylets)])
@@ -169,6 +186,32 @@ def _helper_cpu_s(pid: int | None) -> float | None:
         return None
 
 
+def _attach_groups(monitor: HostMemoryMonitor, cluster: FakeCluster) -> None:
+    """Per-group memory and growth on ``monitor``: 64 registered workers per node."""
+    from raylens.distributed._group_memory_wiring import GroupMemoryCycle, attach_group_memory
+    from raylens.distributed.group_memory_sampler import GroupMemorySamplers
+    from raylens.telemetry.group_memory import GroupMemorySnapshot, GroupWorkerRegistry
+    from raylens.telemetry.growth import GrowthCycle, attach_growth
+    from raylens_fakes.ray import FakeRay
+
+    node_ids = [str(node["NodeID"]) for node in cluster.nodes()]
+    registry = GroupWorkerRegistry()
+    for index, group in enumerate(GROUPS):
+        registry.register(
+            group,
+            [
+                (node, 10_000 + 16 * index + rank, 123_456 + rank)
+                for node in node_ids
+                for rank in range(16)
+            ],
+        )
+    samplers = GroupMemorySamplers(ray=FakeRay(node_ids))
+    attach_group_memory(
+        monitor, GroupMemoryCycle(samplers, registry=registry, snapshot=GroupMemorySnapshot())
+    )
+    attach_growth(monitor, GrowthCycle())
+
+
 def _run_mode(
     mode: str,
     cluster: FakeCluster,
@@ -191,10 +234,12 @@ def _run_mode(
             600.0,
             cluster=cluster,
             scrape_timeout=args.scrape_timeout,
-            scrape_mode=mode,
+            scrape_mode="helper" if mode == "groups" else mode,
             consumer=True,
             max_concurrency=args.max_concurrency,
         )
+        if mode == "groups":
+            _attach_groups(real, cluster)
         monitor = real
         collect = real.collect_once
 
@@ -291,7 +336,7 @@ def _print(results: list[Result], args: argparse.Namespace) -> None:
             ("hung asked once", r.fewest_hung_requests == r.most_hung_requests == 1),
             ("cycle", r.longest_cycle_s <= args.scrape_timeout + 0.5),
         ]
-        if r.mode == "helper":
+        if r.mode in ("helper", "groups"):
             checks.insert(0, ("driver CPU", r.driver_cpu_ms <= TARGET_DRIVER_CPU_MS))
         verdict = ", ".join(f"{name} {'ok' if ok else 'MISSED'}" for name, ok in checks)
         print(f"  {r.mode}: {verdict}")
@@ -303,14 +348,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--hung-fraction", type=float, default=0.05)
     parser.add_argument("--cycles", type=int, default=3)
     parser.add_argument("--scrape-timeout", type=float, default=5.0)
-    parser.add_argument("--modes", default="helper,inprocess,old")
+    parser.add_argument("--modes", default="helper,groups,inprocess,old")
     parser.add_argument(
         "--max-concurrency", type=int, default=256, help="raylens' bound on requests in flight"
     )
     args = parser.parse_args(argv)
     modes = [m.strip() for m in args.modes.split(",") if m.strip()]
-    if args.cycles < 1 or not modes or set(modes) - {"helper", "inprocess", "old"}:
-        parser.error("--cycles must be >= 1 and --modes a list of helper, inprocess, old")
+    if args.cycles < 1 or not modes or set(modes) - {"helper", "groups", "inprocess", "old"}:
+        parser.error("--cycles must be >= 1 and --modes a list of helper, groups, inprocess, old")
 
     step = round(1 / args.hung_fraction) if args.hung_fraction > 0 else 0
     hung = set(range(step // 2, args.nodes, step)) if step else set()

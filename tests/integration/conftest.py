@@ -66,7 +66,13 @@ def ray_cluster() -> Iterator[RayTestCluster]:
     node_args = {"num_cpus": NODE_CPUS, "object_store_memory": OBJECT_STORE_BYTES}
     cluster = Cluster(
         initialize_head=True,
-        head_node_args={**node_args, "include_dashboard": False},
+        head_node_args={
+            **node_args,
+            "include_dashboard": False,
+            # Ray's metrics agents report every second (default 10 s), so what the
+            # group-memory samplers publish reaches the node endpoints within seconds.
+            "_system_config": {"metrics_report_interval_ms": 1000},
+        },
     )
     pids: dict[int, str] = {}
     try:

@@ -54,7 +54,10 @@ def cycle(ray_cluster) -> Iterator[tuple[host_memory.HostMemoryMonitor, GroupMem
     monitor = host_memory.HostMemoryMonitor(
         60.0, scrape_mode="inprocess", consumer=True, scrape_timeout=5.0
     )
-    collect = attach_group_memory(monitor, GroupMemoryCycle(GroupMemorySamplers(timeout_s=5.0)))
+    # The asking path: each cycle reads every sampler (the publishing path has a test of its own).
+    collect = attach_group_memory(
+        monitor, GroupMemoryCycle(GroupMemorySamplers(timeout_s=5.0), mode="ask")
+    )
     try:
         yield monitor, collect
     finally:
