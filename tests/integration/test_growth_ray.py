@@ -81,7 +81,7 @@ def test_a_leaking_policy_worker_grows_policy_only_and_watch_elsewhere_shows_it(
     samplers = GroupMemorySamplers(sample_interval_s=1.0)
     attach_group_memory(monitor, GroupMemoryCycle(samplers))
     growth = attach_growth(monitor, GrowthCycle(settings=GrowthSettings.from_env()))
-    policy, rollout = groups["policy"], groups["rollout"]
+    policy = groups["policy"]
     policy_node = ray.get(policy.workers[0].node_id.remote())
     try:
         # The samplers start at the first cycle and publish within a report interval.
