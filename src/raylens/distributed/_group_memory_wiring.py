@@ -70,6 +70,8 @@ IDENTITY_TIMEOUT_S = 10.0
 """How long a group waits for its new workers to say where they run (they are ready by then)."""
 
 Identity = tuple[str, int, "int | None"]
+WorkersByNode = dict[str, list[tuple[str, int, "int | None"]]]
+_NO_WORKERS: Counter[str] = Counter()
 
 
 class WorkerProcesses:
@@ -185,6 +187,20 @@ class GroupMemoryCycle:
             raise ValueError(f"mode must be one of {allowed}, got {mode!r:.80}") from None
         self.last_cost: CycleCost | None = None
         self._lock = threading.Lock()
+        # The registry's workers per node and their count per group, as of its version.
+        self._workers: tuple[int, WorkersByNode, dict[str, Counter[str]]] | None = None
+
+    def _registered(self) -> tuple[WorkersByNode, dict[str, Counter[str]]]:
+        """The registered workers by node, rebuilt only when the registration changed."""
+        version = self.registry.version
+        if self._workers is None or self._workers[0] != version:
+            workers = self.registry.workers_by_node()
+            counts = {
+                node: Counter(group for group, _pid, _ticks in listed)
+                for node, listed in workers.items()
+            }
+            self._workers = (version, workers, counts)
+        return self._workers[1], self._workers[2]
 
     def __call__(self, monitor: HostMemoryMonitor) -> None:
         """Collect once for ``monitor``'s cycle (nothing while nobody consumes it)."""
@@ -208,12 +224,12 @@ class GroupMemoryCycle:
 
     def _from_scrape(self, monitor: HostMemoryMonitor) -> dict[str, NodeGroupMemory | SamplerError]:
         """Keep the samplers running, and publish the figures the scrape brought back."""
-        workers = self.registry.workers_by_node()
+        workers, counts_by_node = self._registered()
         results: dict[str, NodeGroupMemory | SamplerError] = dict(self.samplers.maintain(workers))
         for node_id, (host, figures, _read_at) in monitor.group_figures().items():
             if node_id in results:
                 continue
-            counts = Counter(group for group, _pid, _ticks in workers.get(node_id, ()))
+            counts = counts_by_node.get(node_id, _NO_WORKERS)
             results[node_id] = NodeGroupMemory(
                 host_name=host,
                 groups=tuple(

@@ -145,6 +145,12 @@ class GroupWorkerRegistry:
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._groups: dict[str, tuple[tuple[str, int, int | None], ...]] = {}
+        self._version = 0
+
+    @property
+    def version(self) -> int:
+        """A number that changes whenever the registration does, so a reader can cache."""
+        return self._version
 
     def register(self, group: str, workers: Iterable[tuple[str, int, int | None]]) -> None:
         """Make ``workers`` the whole of ``group``'s worker processes.
@@ -157,11 +163,13 @@ class GroupWorkerRegistry:
         entries = tuple(_check_registered(group, worker) for worker in workers)
         with self._lock:
             self._groups[group] = entries
+            self._version += 1
 
     def forget(self, group: str) -> None:
         """Drop ``group``'s workers (nothing happens for an unknown group)."""
         with self._lock:
-            self._groups.pop(group, None)
+            if self._groups.pop(group, None) is not None:
+                self._version += 1
 
     def groups(self) -> set[str]:
         """The registered group names."""
@@ -182,6 +190,7 @@ class GroupWorkerRegistry:
         """Forget every group."""
         with self._lock:
             self._groups.clear()
+            self._version += 1
 
 
 def _check_registered(group: str, worker: object) -> tuple[str, int, int | None]:

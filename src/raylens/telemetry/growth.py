@@ -209,6 +209,8 @@ class GrowthCycle:
         self.kill_line = kill_line or resolve_kill_line_config()
         self.snapshot = snapshot if snapshot is not None else GrowthSnapshot()
         self._recorded_at: dict[str, float] = {}
+        #: Per node: the outlook last built and the sample time it was built at.
+        self._outlooks: dict[str, tuple[float, NodeOutlook]] = {}
         self._lock = threading.Lock()
 
     def __call__(self, monitor: FigureSource) -> None:
@@ -229,17 +231,38 @@ class GrowthCycle:
                     groups = {g.group: g.rss_bytes for g in carried[1].groups} if carried else None
                     self.history.record_node(node, at, sample.used, groups=groups)
                     self._recorded_at[node] = at
-                growth = self.history.node(node)
-                limit = self.kill_line.limit(sample.total)
-                outlook = _outlook(node, sample.host, sample.worker_groups, growth, limit)
+                outlook = self._outlook_of(sample)
                 carried_now = figures.get(node)
                 if carried_now is not None:
                     outlook = _with_published_growth(outlook, carried_now[1])
                 outlooks.append(outlook)
             for gone in set(self._recorded_at) - live:
                 del self._recorded_at[gone]
+                self._outlooks.pop(gone, None)
                 self.history.forget(gone)
             self.snapshot.publish(outlooks)
+
+    def _outlook_of(self, sample: NodeSample) -> NodeOutlook:
+        """The node's outlook, built again once a fit may have changed it.
+
+        Fits run every tenth of a window of a series' own time, so between two of them
+        the figures cannot change: the outlook is rebuilt at most that often, which keeps
+        a cycle's cost per node to recording its samples.
+        """
+        node, at = sample.node_id, sample.sampled_at
+        previous = self._outlooks.get(node)
+        if (
+            previous is not None
+            and at is not None
+            and at - previous[0] < self.history.settings.fit_interval_s
+            and previous[1].worker_groups == sample.worker_groups
+        ):
+            return previous[1]
+        limit = self.kill_line.limit(sample.total)
+        outlook = _outlook(node, sample.host, sample.worker_groups, self.history.node(node), limit)
+        if at is not None:
+            self._outlooks[node] = (at, outlook)
+        return outlook
 
     def close(self) -> None:
         """Forget every node's history (the monitor stopped)."""
@@ -247,6 +270,7 @@ class GrowthCycle:
             for node in list(self._recorded_at):
                 self.history.forget(node)
             self._recorded_at.clear()
+            self._outlooks.clear()
             self.snapshot.clear()
 
 
