@@ -21,6 +21,7 @@ from __future__ import annotations
 import importlib.abc
 import multiprocessing.util
 import os
+import signal
 import subprocess
 import sys
 import tempfile
@@ -152,6 +153,23 @@ def _no_terminal_size_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> N
     # (pytest-xdist's workers set 80) would otherwise change what the CLI tests read.
     monkeypatch.delenv("COLUMNS", raising=False)
     monkeypatch.delenv("LINES", raising=False)
+
+
+# ---- Ctrl-C: Python's usual handler when a test asks --------------------------------
+
+
+@pytest.fixture
+def usual_ctrl_c() -> Iterator[None]:
+    """During the test, SIGINT raises KeyboardInterrupt, whatever the process inherited.
+
+    A shell starts background jobs with SIGINT ignored, and Python then leaves it ignored,
+    so a test that interrupts itself sets the handler it means to test against.
+    """
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
 
 
 # ---- the host-memory monitor tests ----------------------------------------------------

@@ -95,6 +95,7 @@ def test_ctrl_c_during_teardown_is_held_until_every_ray_process_is_down(
     assert fake_ray.count("cluster shut down") == 1
 
 
+@pytest.mark.usefixtures("usual_ctrl_c")
 def test_the_usual_ctrl_c_handler_is_back_after_a_deferred_block() -> None:
     before = signal.getsignal(signal.SIGINT)
     with _interrupts_deferred():

@@ -143,6 +143,7 @@ def test_a_probe_that_fails_is_one_line() -> None:
         confirm_gcs("127.0.0.1:10001", probe=broken, timeout=3)
 
 
+@pytest.mark.usefixtures("usual_ctrl_c")
 def test_ctrl_c_during_the_probe_ends_it_at_once() -> None:
     release = threading.Event()
 
