@@ -400,8 +400,12 @@ class FakeRaylet:
         memory: MemorySource | None = None,
         template: str | bytes = "worker",
         host: str = "127.0.0.1",
+        extra: Callable[[], bytes] | None = None,
     ) -> None:
         payload = load_payload(template) if isinstance(template, str) else bytes(template)
+        #: Lines appended to every healthy payload, read on every request (for example
+        #: the per-group series a node's sampler publishes).
+        self._extra = extra
         self._template = _Template(payload)
         self._memory_lock = threading.Lock()
         self._used = float(used)
@@ -566,7 +570,8 @@ class FakeRaylet:
             source, used, total = self._memory, self._used, self._total
         if source is not None:
             used, total = source()
-        return self._template.render(used, total)
+        body = self._template.render(used, total)
+        return body + self._extra() if self._extra is not None else body
 
     def _request_started(self, call: RayletCall) -> None:
         with self._counter:

@@ -17,8 +17,10 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Mapping
 
+from raylens.simulation.group_series import render_group_series
 from raylens.simulation.raylet import FakeRaylet
 from raylens.simulation.scripted_cluster import FakeCluster
+from raylens.telemetry.raylet_payload import GroupFigure
 
 __all__ = [
     "GroupSchedule",
@@ -72,8 +74,9 @@ class SimulatedCluster:
     ``sim-node-<i>``.
 
     ``groups(node_index, t) -> {group: bytes}`` scripts what each worker group holds
-    (default: no groups); :meth:`expected_groups` evaluates it on the same clock, for
-    whatever stands in for the group samplers. A
+    (default: no groups); :meth:`expected_groups` evaluates it on the same clock, and
+    each raylet serves it as the node's sampler would publish it (:meth:`group_series`),
+    so whatever scrapes the cluster reads per-group memory as from a real one. A
     :class:`~raylens.simulation.memory_script.MemoryScript` provides both callables.
 
     Reach a node's raylet with :meth:`raylet` (to make it hang, trickle, ...) and
@@ -128,6 +131,20 @@ class SimulatedCluster:
             return {}
         return dict(self.groups(node_index, self.elapsed()))
 
+    def group_series(self, node_index: int) -> bytes:
+        """The per-group series node ``node_index`` serves now, as its sampler would publish them.
+
+        RSS only, one process per group, stamped with the wall clock; empty without ``groups``.
+        """
+        groups = self.expected_groups(node_index)
+        if not groups:
+            return b""
+        return render_group_series(
+            [GroupFigure(name, value, None, 1.0) for name, value in sorted(groups.items())],
+            sampled_at=time.time(),
+            worker_id=f"{node_index:056x}",
+        )
+
     def hostname(self, node_index: int) -> str:
         """The host name node ``node_index`` is listed under."""
         return "sim-host" if self.same_host else f"sim-node-{node_index}"
@@ -135,7 +152,11 @@ class SimulatedCluster:
     def add_node(self) -> int:
         """Start one more raylet and list it; returns its node index."""
         index = len(self.raylets)
-        raylet = FakeRaylet(memory=lambda: self.expected(index), template=self._template)
+        raylet = FakeRaylet(
+            memory=lambda: self.expected(index),
+            template=self._template,
+            extra=(lambda: self.group_series(index)) if self.groups is not None else None,
+        )
         try:
             node_id = self.cluster.add_node(
                 address=raylet.host, port=raylet.port, hostname=self.hostname(index)

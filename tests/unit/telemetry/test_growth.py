@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import Any
+
 import pytest
 
+from raylens.simulation import SimulatedCluster
 from raylens.telemetry._snapshot import NodeSample
 from raylens.telemetry.growth import (
     RL_HOST_MEMORY_GROWTH_METRIC,
@@ -136,3 +140,42 @@ def test_a_group_growth_its_sampler_published_shows_before_this_history_has_one(
     assert outlook.growth is None  # the node's own figure needs a full window here
     assert outlook.group_growth == {"policy": 5e6}
     assert outlook.fastest_group == "policy"
+
+
+class _Clock:
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def test_a_scripted_leak_on_a_simulated_cluster_is_found_end_to_end(
+    simulated_cluster: Callable[..., SimulatedCluster], make_monitor: Callable[..., Any]
+) -> None:
+    from raylens.simulation.memory_script import Leak, MemoryScript
+
+    clock = _Clock()
+    script = MemoryScript(seed=1)
+    leak = 4 * 1024**2  # bytes per second
+    script.set_group(0, "policy", Leak(leak), base=6 * GIB)
+    script.set_group(0, "rollout", base=2 * GIB)
+    script.set_group(1, "rollout", base=3 * GIB)
+    for node in (0, 1):
+        script.set_other(node, base=5 * GIB)
+    sim = simulated_cluster(2, schedule=script.schedule, groups=script.groups, clock=clock)
+    monitor = make_monitor(sim.cluster, scrape_mode="inprocess", clock=clock)
+    cycle = GrowthCycle(settings=GrowthSettings(window_s=60.0))
+
+    for _ in range(100):
+        clock.now += 1.0
+        monitor.collect_once()
+        cycle(monitor)
+
+    outlook = cycle.snapshot.latest()[sim.node_id(0)]
+    assert outlook.group_growth["policy"] == pytest.approx(leak, rel=0.1)
+    assert abs(outlook.group_growth["rollout"]) < 0.05 * leak
+    assert outlook.fastest_group == "policy"
+    assert cycle.snapshot.latest()[sim.node_id(1)].group_growth["rollout"] == pytest.approx(
+        0.0, abs=0.05 * leak
+    )
