@@ -20,7 +20,13 @@ import weakref
 from collections.abc import Callable
 from typing import Protocol
 
-__all__ = ["ForkAware", "forget_in_child", "renew_lock_in_child", "reset_after_fork_in_child"]
+__all__ = [
+    "ForkAware",
+    "call_in_child",
+    "forget_in_child",
+    "renew_lock_in_child",
+    "reset_after_fork_in_child",
+]
 
 
 class ForkAware(Protocol):
@@ -33,6 +39,8 @@ class ForkAware(Protocol):
 _REGISTERED: weakref.WeakSet[ForkAware] = weakref.WeakSet()
 #: Module-level locks: ``(namespace, attribute, factory)``; renewed in every child.
 _MODULE_LOCKS: list[tuple[object, str, Callable[[], object]]] = []
+#: Module-level resets, run after the locks are renewed.
+_MODULE_RESETS: list[Callable[[], None]] = []
 
 
 def reset_after_fork_in_child(obj: ForkAware) -> None:
@@ -55,9 +63,17 @@ def renew_lock_in_child(
     _MODULE_LOCKS.append((namespace, name, factory))
 
 
+def call_in_child(reset: Callable[[], None]) -> None:
+    """Call ``reset()`` in every child forked from now on, for module-level state."""
+    _MODULE_RESETS.append(reset)
+
+
 def _in_child() -> None:
     for namespace, name, factory in _MODULE_LOCKS:
         setattr(namespace, name, factory())
+    for reset in _MODULE_RESETS:
+        with contextlib.suppress(Exception):
+            reset()
     for obj in list(_REGISTERED):
         with contextlib.suppress(Exception):  # a child must start whatever one object does
             obj.reset_after_fork()

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import enum
 import logging
+import sys
 import threading
 import time
 from collections import Counter
@@ -33,6 +34,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from raylens import forking
 from raylens.distributed.group_memory_sampler import (
     GroupMemorySamplers,
     SamplerError,
@@ -189,6 +191,11 @@ class GroupMemoryCycle:
         self._lock = threading.Lock()
         # The registry's workers per node and their count per group, as of its version.
         self._workers: tuple[int, WorkersByNode, dict[str, Counter[str]]] | None = None
+        forking.reset_after_fork_in_child(self)
+
+    def reset_after_fork(self) -> None:
+        """In a forked child: a fresh lock (a collection may have held it at the fork)."""
+        self._lock = threading.Lock()
 
     def _registered(self) -> tuple[WorkersByNode, dict[str, Counter[str]]]:
         """The registered workers by node, rebuilt only when the registration changed."""
@@ -255,6 +262,7 @@ class GroupMemoryCycle:
 
 _DEFAULT_CYCLE: GroupMemoryCycle | None = None
 _DEFAULT_LOCK = threading.Lock()
+forking.renew_lock_in_child(sys.modules[__name__], "_DEFAULT_LOCK")
 
 
 def default_group_memory_cycle() -> GroupMemoryCycle:

@@ -289,6 +289,21 @@ def _register_exit_flush() -> None:
         atexit.register(_flush_at_exit, _EXIT_FLUSH_PID)
 
 
+def _forget_parents_pipeline() -> None:
+    """In a forked child: the parent's pipeline, hooks and instruments are not this process's.
+
+    The child starts with no telemetry of its own; :func:`init_telemetry` there builds a
+    new pipeline and registers an exit flush for the child.
+    """
+    global _HANDLE
+    _HANDLE = None
+    _SHUTDOWN_HOOKS.clear()
+    _CREATED_ON.clear()
+
+
+forking.call_in_child(_forget_parents_pipeline)
+
+
 def _flush_at_exit(registered_by: int) -> None:
     if os.getpid() == registered_by:
         shutdown_telemetry()

@@ -117,6 +117,7 @@ class DriverChannel:
         wanted: Callable[[Any], bool],
         deadline: float,
         abort: threading.Event | None = None,
+        alive: Callable[[], bool] | None = None,
     ) -> Any | None:
         """Write what is queued and read until a message ``wanted`` accepts arrives.
 
@@ -124,7 +125,9 @@ class DriverChannel:
         answers to batches the driver gave up on). Returns the accepted message,
         or None when the monotonic ``deadline`` passed or ``abort`` was set
         first; what is still queued then stays queued. Raises
-        :class:`ChannelBroken` when the peer has gone.
+        :class:`ChannelBroken` when the peer has gone, or when ``alive`` (asked
+        every slice) says so: another process holding a copy of the peer's end
+        would otherwise keep the end-of-file from arriving.
         """
         accepted: list[Any] = []
 
@@ -134,24 +137,42 @@ class DriverChannel:
                 accepted.append(found[0])
             return found is not None
 
-        self._pump(arrived, deadline, abort)
+        self._pump(arrived, deadline, abort, alive)
         return accepted[0] if accepted else None
 
-    def flush(self, deadline: float, abort: threading.Event | None = None) -> bool:
+    def flush(
+        self,
+        deadline: float,
+        abort: threading.Event | None = None,
+        alive: Callable[[], bool] | None = None,
+    ) -> bool:
         """Write what is queued, reading meanwhile, until done or ``deadline``; True when done.
 
-        What is read is kept for the next :meth:`exchange`.
+        Messages read meanwhile are dropped as they complete: they answer batches
+        that were given up on, so nothing read here is wanted, and a peer that only
+        writes cannot grow what is held.
         """
-        self._pump(lambda: not self._outgoing, deadline, abort)
+
+        def sent() -> bool:
+            self._take(lambda _message: False)
+            return not self._outgoing
+
+        self._pump(sent, deadline, abort, alive)
         return not self._outgoing
 
     def _pump(
-        self, done: Callable[[], bool], deadline: float, abort: threading.Event | None
+        self,
+        done: Callable[[], bool],
+        deadline: float,
+        abort: threading.Event | None,
+        alive: Callable[[], bool] | None = None,
     ) -> None:
         while not done():
             left = deadline - time.monotonic()
             if left <= 0 or (abort is not None and abort.is_set()):
                 return
+            if alive is not None and not alive():
+                raise ChannelBroken("the peer process has exited")
             events = selectors.EVENT_READ | (selectors.EVENT_WRITE if self._outgoing else 0)
             self._selector.modify(self._sock, events)
             for _, ready in self._selector.select(min(left, _SLICE_S)):

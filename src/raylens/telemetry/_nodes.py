@@ -19,11 +19,13 @@ import functools
 import ipaddress
 import logging
 import reprlib
+import sys
 import threading
 from collections import OrderedDict
 from collections.abc import Hashable
 from dataclasses import dataclass
 
+from raylens import forking
 from raylens.cluster import ClusterView, default_cluster_view
 from raylens.lens import reset_warn_once, warn_once
 from raylens.safe_text import encodable, printable
@@ -39,6 +41,7 @@ MAX_REMEMBERED_MALFORMED = 256
 
 _MALFORMED_KEYS: OrderedDict[str, None] = OrderedDict()
 _MALFORMED_LOCK = threading.Lock()
+forking.renew_lock_in_child(sys.modules[__name__], "_MALFORMED_LOCK")
 
 #: Longest node id accepted; Ray's are 56 hexadecimal digits.
 MAX_NODE_ID_CHARS = 128

@@ -52,7 +52,10 @@ _START_TIMEOUT_S = 20.0
 #: After this many helpers in a row fail to start, scrape() raises and the monitor
 #: falls back to scraping in-process.
 _MAX_FAILED_STARTS = 2
+# ``python -c`` puts the working directory first on the path: it is taken off, so
+# the helper imports raylens and the standard library from where the driver does.
 _PROGRAM = (
+    "import sys; del sys.path[0]; "
     "import signal; signal.signal(signal.SIGINT, signal.SIG_IGN); "
     "from raylens.telemetry._helper_process import main; main()"
 )
@@ -137,6 +140,10 @@ class HelperEngine:
                 stdin=subprocess.DEVNULL,
                 pass_fds=(theirs.fileno(),),
                 env=env,
+                # Its own session: a Ctrl-C in the driver's terminal, which goes to the
+                # whole foreground group, never reaches it, even while it starts up. It
+                # ends with the driver all the same (end-of-file, or its parent gone).
+                start_new_session=True,
             )
         except BaseException:
             ours.close()
@@ -162,10 +169,17 @@ class HelperEngine:
                     process.wait(1.0)
 
     def _ensure(self) -> DriverChannel | None:
-        if self._process is not None and self._process.poll() is not None:
+        process = self._process
+        if process is not None and process.poll() is not None:
             self._reap()
             self._lost = True
         if self._process is None:
+            if self._closed:
+                return None
+            if self._failed_starts >= _MAX_FAILED_STARTS:
+                raise RuntimeError(
+                    f"the scrape helper failed to start {self._failed_starts} times in a row"
+                )
             if self._lost:
                 warn_once(
                     "host_memory.helper.restart",
@@ -193,9 +207,9 @@ class HelperEngine:
         seconds = self.limits.timeout if timeout is None else timeout
         started = time.monotonic()
         with self._lock:
-            if self._closed:
-                return {}
             self._abort.clear()
+            if self._closed:  # checked after the clear: a close() in between still aborts
+                return {}
             try:
                 channel = self._ensure()
                 if channel is None:
@@ -206,15 +220,18 @@ class HelperEngine:
                 # not charged to the nodes.
                 now = time.monotonic()
                 wait_until = now + seconds + BATCH_SLACK_S
-                if channel.sending and not channel.flush(wait_until, self._abort):
+                alive = self._helper_alive
+                if channel.sending and not channel.flush(wait_until, self._abort, alive):
                     self._note_stalled()
                     return {}
-                self._stalled = 0
                 self._batch += 1
                 channel.queue(("scrape", self._batch, list(jobs), now + seconds))
-                reply = channel.exchange(_is_result_of(self._batch), wait_until, self._abort)
+                reply = channel.exchange(_is_result_of(self._batch), wait_until, self._abort, alive)
                 if reply is None:
+                    if not self._abort.is_set():
+                        self._note_stalled()
                     return {}
+                self._stalled = 0
                 offset = now - started  # ages count from this call, helper start-up included
                 return {
                     key: outcome._replace(elapsed=outcome.elapsed + offset)
@@ -229,12 +246,15 @@ class HelperEngine:
                     job[0]: Outcome(None, HELPER_GONE, error_type=ERROR_INTERNAL) for job in jobs
                 }
 
+    def _helper_alive(self) -> bool:
+        process = self._process
+        return process is not None and process.poll() is None
+
     def _await_ready(self, channel: DriverChannel, started: float) -> bool:
-        if self._failed_starts >= _MAX_FAILED_STARTS:
-            raise RuntimeError(
-                f"the scrape helper failed to start {self._failed_starts} times in a row"
-            )
-        if channel.exchange(_is_ready, started + _START_TIMEOUT_S, self._abort) is None:
+        ready = channel.exchange(
+            _is_ready, started + _START_TIMEOUT_S, self._abort, self._helper_alive
+        )
+        if ready is None:
             if not self._abort.is_set():
                 self._failed_starts += 1
                 self._reap()
@@ -243,12 +263,12 @@ class HelperEngine:
         return True
 
     def _note_stalled(self) -> None:
-        """The helper left the last batch untaken again: replace it after a few cycles."""
+        """The helper took or answered no batch again: replace it after a few cycles."""
         self._stalled += 1
         if self._stalled >= STALLED_CYCLES:
             warn_once(
                 "host_memory.helper.stalled",
-                f"the host-memory scrape helper took no batch for {self._stalled} cycles; "
+                f"the host-memory scrape helper answered no batch for {self._stalled} cycles; "
                 "replaced it",
                 logger=logger,
             )
@@ -257,16 +277,19 @@ class HelperEngine:
     def close(self, timeout: float = 1.0) -> None:
         """End the helper within ``timeout`` seconds: its channel closed, then killed if need be."""
         deadline = time.monotonic() + timeout
+        self._closed = True  # before the abort: a scrape clears the abort, then checks this
         self._abort.set()
-        self._closed = True
         forking.forget_in_child(self)
         # A batch in progress notices the abort within a slice and lets go of the lock.
         locked = self._lock.acquire(timeout=max(0.0, min(0.5, deadline - time.monotonic())))
         try:
             process, channel = self._process, self._channel
-            self._process = self._channel = None
-            if locked and channel is not None:
-                channel.close()  # the helper reads end-of-file and exits
+            if locked:
+                self._process = self._channel = None
+                if channel is not None:
+                    channel.close()  # the helper reads end-of-file and exits
+            # Unlocked, a batch still holds the channel: the helper is killed below, and
+            # that batch then finds the channel broken and reaps it.
             if process is None:
                 return
             with contextlib.suppress(subprocess.TimeoutExpired):

@@ -5,6 +5,7 @@ Real processes and real deadlines: these belong to the slow tier.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import socket
@@ -123,8 +124,10 @@ def test_a_helper_stalled_for_several_cycles_is_replaced(refused_url: str) -> No
             os.kill(first, signal.SIGSTOP)
             for _ in range(4):
                 engine.scrape([*jobs, good])
-            answer = engine.scrape([good])
-            assert answer["good"].error is None
+            # The replacement may still hold the big batch's requests open (a node is not
+            # asked while its last request is), so it answers within a few cycles.
+            answers = [engine.scrape([good]).get("good") for _ in range(5)]
+            assert any(a is not None and a.error is None for a in answers), answers
             assert engine.pid not in (None, first)
             assert not _alive(first)
         finally:
@@ -294,3 +297,67 @@ def test_the_helper_program_imports_neither_lens_nor_opentelemetry() -> None:
     )
     run = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=60)
     assert run.stdout.strip() == "[]", run.stdout + run.stderr
+
+
+def test_a_stopped_helper_given_small_batches_is_replaced_after_a_few_cycles() -> None:
+    """A stopped helper's socket buffer holds many small batches: silence counts, not bytes."""
+    from raylens.telemetry._scrape_helper import STALLED_CYCLES
+
+    with SimulatedCluster(1) as sim:
+        engine = HelperEngine(ScrapeLimits(timeout=0.3))
+        good = ("good", sim.raylet(0).url, False)
+        try:
+            assert engine.scrape([good])["good"].error is None
+            first = engine.pid
+            assert first is not None
+            os.kill(first, signal.SIGSTOP)
+            for _ in range(STALLED_CYCLES):
+                assert engine.scrape([good]) == {}
+            answer = engine.scrape([good])
+            assert answer["good"].error is None
+            assert engine.pid not in (None, first)
+        finally:
+            engine.close(1.0)
+
+
+def test_a_peer_that_only_writes_cannot_grow_what_flush_holds() -> None:
+    from raylens.telemetry._helper_channel import DriverChannel, encode
+
+    ours, theirs = socket.socketpair()
+    channel = DriverChannel(ours)
+    stop = threading.Event()
+    message = encode(("result", 0, {"x": b"y" * 60_000}))
+
+    def flood() -> None:
+        with contextlib.suppress(OSError):
+            while not stop.is_set():
+                theirs.sendall(message)
+
+    writer = threading.Thread(target=flood, daemon=True)
+    writer.start()
+    try:
+        channel.queue(("scrape", 1, [("k", "u", False)] * 200_000, 0.0))  # never read back
+        assert not channel.flush(time.monotonic() + 1.0)
+        assert len(channel._incoming) < 2 * len(message)
+    finally:
+        stop.set()
+        channel.close()
+        theirs.close()
+        writer.join(5.0)
+
+
+def test_the_helper_runs_in_a_session_of_its_own_and_imports_nothing_from_the_working_directory(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    marker = tmp_path / "imported"
+    (tmp_path / "struct.py").write_text(f"open({str(marker)!r}, 'w').close()\n")
+    monkeypatch.chdir(tmp_path)
+    engine = HelperEngine(ScrapeLimits(timeout=1.0))
+    try:
+        engine.scrape([("warm", "http://127.0.0.1:1/metrics", False)])
+        pid = engine.pid
+        assert pid is not None
+        assert os.getsid(pid) != os.getsid(0)  # Ctrl-C in the driver's terminal never reaches it
+        assert not marker.exists()
+    finally:
+        engine.close(1.0)
