@@ -104,7 +104,7 @@ _NEW = (_Standing.FAILED, -1)
 class ScrapeMode(enum.Enum):
     """Where scraping and parsing run."""
 
-    #: In a spawned helper process; the driver only sends URLs and receives numbers.
+    #: In a helper process of its own; the driver only sends URLs and receives numbers.
     HELPER = "helper"
     #: On an event-loop thread of this process, for places where a child process is unwanted.
     INPROCESS = "inprocess"

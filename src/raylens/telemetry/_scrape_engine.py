@@ -89,7 +89,7 @@ Job = tuple[Hashable, str, bool]
 
 
 class Outcome(NamedTuple):
-    """What one node's scrape produced; plain data, so it crosses a pipe as it is.
+    """What one node's scrape produced; plain data, so it crosses to the driver as it is.
 
     ``values`` is ``{registry key: bytes}`` or None; ``error`` says why there is
     no sample. ``wedged`` marks a node that held its request until the deadline

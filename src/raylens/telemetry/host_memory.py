@@ -33,10 +33,11 @@ it, with no breakdown. ``rl.worker_groups`` therefore says who lives on a node, 
 who uses its memory; two groups sharing a node share one figure.
 
 This module is the public face; the work is done by private modules, one job each:
-``_names`` (series and attribute names), ``_placement`` (the worker-group placement
-registry), ``_nodes`` (node discovery and payload parsing), ``_monitor`` (the
-monitor's policy), ``_snapshot`` (what a monitor publishes), ``_scrape_engine``
-(the aiohttp engine holding every request's deadline), ``_scrape_helper`` (the same
+``_names`` (series and attribute names), ``raylet_payload`` (the series read from a
+payload, and its parser), ``_placement`` (the worker-group placement registry),
+``_nodes`` (node discovery), ``_monitor`` (the monitor's policy), ``_snapshot`` (what a
+monitor publishes), ``_scrape_engine`` (the aiohttp engine holding every request's
+deadline), ``_scrape_helper``, ``_helper_process`` and ``_helper_channel`` (the same
 engine in a helper process, the default, so the driver's interpreter only receives
 numbers) and ``_scrape_threads`` (runs a replaced ``_scrape``).
 
