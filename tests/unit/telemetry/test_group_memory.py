@@ -742,36 +742,24 @@ def test_module_functions_use_the_default_registry():
 # --------------------------------------------------------------------------- the opener seam
 
 
-def test_a_worker_whose_stat_is_refused_is_not_measured(fake_procfs: FakeProcFS, clock: Clock):
-    # Every read goes through the reader's opener, stat included, so a refusal there
-    # (a process hidden from this user) counts as the process being gone.
+@pytest.mark.parametrize("race", ["deny", "exit_on_open"])
+def test_a_worker_whose_stat_cannot_be_read_counts_as_exited(
+    fake_procfs: FakeProcFS, clock: Clock, race: str
+):
+    # Every read goes through the reader's opener, stat included: a refusal there (a
+    # process hidden from this user) or an exit racing the open counts the worker gone.
     fake = fake_procfs
     fake.add_process(200, rss_bytes=10 * MB)
     fake.add_process(300, rss_bytes=20 * MB)
     workers = [_worker(fake, "policy", 200), _worker(fake, "policy", 300)]
-    fake.deny(300, "stat")
+    getattr(fake, race)(300, "stat")
 
     reading = _reader(fake, clock).read(workers)
 
     policy = _group(reading, "policy")
     assert (policy.rss_bytes, policy.workers, policy.process_count) == (10 * MB, 1, 1)
     assert [(g.group, g.pid, g.fate) for g in reading.gone] == [("policy", 300, WorkerFate.EXITED)]
-
-
-def test_a_worker_exiting_as_its_stat_is_opened_counts_as_exited(
-    fake_procfs: FakeProcFS, clock: Clock
-):
-    fake = fake_procfs
-    fake.add_process(200, rss_bytes=10 * MB)
-    fake.add_process(300, rss_bytes=20 * MB)
-    workers = [_worker(fake, "policy", 200), _worker(fake, "policy", 300)]
-    fake.exit_on_open(300, "stat")
-
-    reading = _reader(fake, clock).read(workers)
-
-    assert not (fake.root / "300").exists()
-    assert _group(reading, "policy").rss_bytes == 10 * MB
-    assert [(g.group, g.pid, g.fate) for g in reading.gone] == [("policy", 300, WorkerFate.EXITED)]
+    assert (fake.root / "300").exists() == (race == "deny")
 
 
 def test_a_descendant_whose_stat_is_refused_is_not_counted(fake_procfs: FakeProcFS, clock: Clock):
