@@ -7,14 +7,13 @@ for what the figures mean.
 from __future__ import annotations
 
 import enum
-import os
 import socket
 import time
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
-from raylens.telemetry.process_memory import PAGE_SIZE, ProcFS
+from raylens.telemetry._procfs import PAGE_SIZE, ProcFS, PssSchedule, sum_tree_memory
 from raylens.validation import non_negative_seconds, positive_seconds
 
 DEFAULT_MAX_PROCESSES = 4096
@@ -192,52 +191,15 @@ check_positive_seconds = positive_seconds
 # --------------------------------------------------------------------------- reader
 
 
-#: ``stat`` states of a process that has exited: zombie (not yet reaped) and dead.
-_NOT_RUNNING = frozenset({b"Z", b"X", b"x"})
-
-
-def _stat_reader(root: str) -> Callable[[int], tuple[int, int] | None]:
-    """A lean ``pid -> (start time, resident pages)`` read of ``<root>/<pid>/stat``.
-
-    None when the process is gone, a zombie included: it has exited and holds no
-    memory, and only waits for its parent to collect its exit status. The start time is what :meth:`ProcFS.start_ticks`
-    returns; the resident pages (field 24) are the counter ``statm`` reports too, so
-    one read serves both the pid-reuse guard and RSS. It is the one read every
-    process pays at every reading, so it is kept to three system calls and a
-    bounded split. It opens the file by path under the mount, not through the
-    reader's ``opener``.
-    """
-
-    def read_stat(pid: int) -> tuple[int, int] | None:
-        try:
-            fd = os.open(f"{root}/{pid}/stat", os.O_RDONLY)
-        except OSError:
-            return None
-        try:
-            data = os.read(fd, 1024)
-        except OSError:
-            return None
-        finally:
-            os.close(fd)
-        # The command name may hold spaces and parentheses; fields resume after the last ")".
-        fields = data.rpartition(b")")[2].split(None, 22)
-        try:
-            if fields[0] in _NOT_RUNNING:
-                return None
-            return int(fields[19]), int(fields[21])
-        except (IndexError, ValueError):
-            return None
-
-    return read_stat
-
-
 class GroupMemoryReader:
     """Reads, on one node, the memory of each worker group's process trees.
 
-    ``procfs`` is the :class:`ProcFS` to read (default ``/proc``). Every
-    :meth:`read` reads each known process's ``stat`` once: its start time (the
-    pid-reuse guard) and its resident pages (``statm`` only when that reads 0). Finding a worker's descendants costs one read per
-    thread of every process in its tree, so with ``tree_interval_seconds`` a tree
+    ``procfs`` is the :class:`ProcFS` to read (default ``/proc``); every file is
+    read through it and its opener, and one it cannot read counts as a process
+    gone. Every :meth:`read` reads each known process's ``stat`` once
+    (:meth:`ProcFS.read_stat`): its start time (the pid-reuse guard) and its
+    resident pages (``statm`` only when that reads 0). Finding a worker's
+    descendants costs one read per thread of every process in its tree, so with ``tree_interval_seconds`` a tree
     is walked again only that often (every reading when None); a new worker's tree
     is walked at once, and a process spawned in between is counted from the next
     walk. PSS, which makes the kernel walk a process's page tables under its mmap
@@ -267,8 +229,9 @@ class GroupMemoryReader:
         max_processes: int = DEFAULT_MAX_PROCESSES,
     ) -> None:
         self._procfs = procfs if procfs is not None else ProcFS()
-        self._read_stat = _stat_reader(self._procfs.root)
-        self._pss_interval = _optional_seconds("pss_interval_seconds", pss_interval_seconds)
+        self._pss_schedule = PssSchedule(
+            _optional_seconds("pss_interval_seconds", pss_interval_seconds)
+        )
         self._tree_interval = _optional_seconds("tree_interval_seconds", tree_interval_seconds)
         if isinstance(max_processes, bool) or not isinstance(max_processes, int):
             raise ValueError(f"max_processes must be a positive int, got {max_processes!r}")
@@ -279,7 +242,6 @@ class GroupMemoryReader:
         self._host_name = host_name if host_name is not None else socket.gethostname()
         # Per group: (pss bytes, when read, the live workers it covered).
         self._pss: dict[str, tuple[int, float, frozenset[tuple[int, int]]]] = {}
-        self._pss_attempted: dict[str, float] = {}
         # Per live worker (pid, start): when its tree was walked, and {pid: start} of it.
         self._trees: dict[tuple[int, int], tuple[float, dict[int, int]]] = {}
         # Start times seen for workers registered without one.
@@ -297,12 +259,12 @@ class GroupMemoryReader:
         wall_started = time.perf_counter()
         entries = [as_group_worker(entry) for entry in workers]
         now = self._clock()
-        round_ = _Round(self._procfs, self._read_stat)
+        round_ = _Round(self._procfs)
         roots, gone = self._live_roots(entries, round_)
         trees: dict[tuple[int, int], tuple[float, dict[int, int]]] = {}
         found: dict[str, tuple[bool, dict[int, int], frozenset[tuple[int, int]]]] = {}
         for group in sorted(roots):
-            pss_due = self._pss_due(group, now)
+            pss_due = self._pss_schedule.due(group, now)
             members: dict[int, int] = {}
             alive: set[tuple[int, int]] = set()
             for root in roots[group]:
@@ -322,8 +284,7 @@ class GroupMemoryReader:
             if measured is not None:
                 groups.append(measured)
         self._trees = trees
-        for stale in set(self._pss_attempted) - set(roots):
-            self._pss_attempted.pop(stale, None)
+        for stale in self._pss_schedule.keep_only(roots):
             self._pss.pop(stale, None)
         return NodeGroupMemory(
             host_name=self._host_name,
@@ -415,80 +376,67 @@ class GroupMemoryReader:
         pss_due: bool,
         round_: _Round,
     ) -> GroupMemory | None:
-        rss_total = 0
-        count = 0
         pss_value: int | None = None
         age: float | None = None
         if pss_due:
-            pss_total: int | None = 0
-            for pid, started in members.items():
-                memory = round_.memory(pid, started)
-                if memory is None:
-                    continue
-                rss, pss = memory
-                rss_total += rss
-                count += 1
-                pss_total = None if pss is None or pss_total is None else pss_total + pss
-            self._pss_attempted[group] = now
-            if count and pss_total is not None:
-                self._pss[group] = (pss_total, now, alive)
-                pss_value, age = pss_total, 0.0
+            memory = sum_tree_memory(
+                round_.memory(pid, started) for pid, started in members.items()
+            )
+            self._pss_schedule.attempted(group, now)
+            if memory.process_count and memory.pss_bytes is not None:
+                self._pss[group] = (memory.pss_bytes, now, alive)
+                pss_value, age = memory.pss_bytes, 0.0
             else:
                 self._pss.pop(group, None)
         else:
-            for pid, started in members.items():
-                rss_value = round_.rss(pid, started)
-                if rss_value is not None:
-                    rss_total += rss_value
-                    count += 1
+            memory = sum_tree_memory(
+                (round_.rss(pid, started) for pid, started in members.items()),
+                include_pss=False,
+            )
             carried = self._pss.get(group)
             if carried is not None and carried[2] == alive:
                 pss_value, age = carried[0], max(0.0, now - carried[1])
             elif carried is not None:
                 # Its workers changed: the carried figure describes processes that left.
                 self._pss.pop(group, None)
-        if count == 0:
+        if memory.process_count == 0:
             return None
-        return GroupMemory(group, rss_total, pss_value, age, count, len(alive))
-
-    def _pss_due(self, group: str, now: float) -> bool:
-        if self._pss_interval is None:
-            return True
-        attempted = self._pss_attempted.get(group)
-        return attempted is None or now - attempted >= self._pss_interval
+        return GroupMemory(
+            group, memory.rss_bytes, pss_value, age, memory.process_count, len(alive)
+        )
 
 
 class _Round:
     """What one reading learned per pid, so a process in several trees is read once."""
 
-    __slots__ = ("_memory", "_procfs", "_read_stat", "_rss", "_stats")
+    __slots__ = ("_memory", "_procfs", "_rss", "_stats")
 
-    def __init__(self, procfs: ProcFS, read_stat: Callable[[int], tuple[int, int] | None]) -> None:
+    def __init__(self, procfs: ProcFS) -> None:
         self._procfs = procfs
-        self._read_stat = read_stat
         self._stats: dict[int, tuple[int, int] | None] = {}
-        self._rss: dict[int, int | None] = {}
+        self._rss: dict[int, tuple[int, None] | None] = {}
         self._memory: dict[int, tuple[int, int | None] | None] = {}
 
     def _stat(self, pid: int) -> tuple[int, int] | None:
         if pid not in self._stats:
-            self._stats[pid] = self._read_stat(pid)
+            self._stats[pid] = self._procfs.read_stat(pid)
         return self._stats[pid]
 
     def start_ticks(self, pid: int) -> int | None:
         stat = self._stat(pid)
         return None if stat is None else stat[0]
 
-    def rss(self, pid: int, started: int) -> int | None:
-        """RSS of ``pid`` if it is still the process that started at ``started``."""
+    def rss(self, pid: int, started: int) -> tuple[int, None] | None:
+        """``(rss, None)`` of ``pid`` if it is still the process that started at ``started``."""
         stat = self._stat(pid)
         if stat is None or stat[0] != started:
             return None
         if stat[1] > 0:
-            return stat[1] * PAGE_SIZE
+            return stat[1] * PAGE_SIZE, None
         # Nothing resident, or a procfs whose stat leaves the field at 0: ask statm.
         if pid not in self._rss:
-            self._rss[pid] = self._procfs.read_rss(pid)
+            rss = self._procfs.read_rss(pid)
+            self._rss[pid] = None if rss is None else (rss, None)
         return self._rss[pid]
 
     def memory(self, pid: int, started: int) -> tuple[int, int | None] | None:

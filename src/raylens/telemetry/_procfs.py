@@ -3,7 +3,8 @@
 Platform code lives here, apart from the profiler that schedules it and the
 series it feeds, as ``psutil`` and ``prometheus_client`` keep theirs.
 
-How a tree is read (Linux only), through :class:`ProcFS`:
+How a tree is read (Linux only), through :class:`ProcFS`, whose opener opens
+every file and directory read, so a test fake sees, refuses or races each one:
 
 - Descendants: ``/proc/<pid>/task/<tid>/children`` for every thread of every
   process, starting at the root. Children are listed under the thread that
@@ -12,12 +13,17 @@ How a tree is read (Linux only), through :class:`ProcFS`:
   cannot be read (another user's process, a kernel older than 4.14), RSS comes
   from ``/proc/<pid>/statm`` and the PSS of that process, hence of the tree, is
   unknown.
+- Identity: the start time in ``/proc/<pid>/stat`` tells a reused pid from the
+  process that held it before; the same read gives the resident pages, so a
+  sampler that reads ``stat`` anyway gets RSS with it (:meth:`ProcFS.read_stat`).
 - Peak: ``VmHWM:`` from ``/proc/<pid>/status``, the most the kernel has seen
   resident for that one process since it started. It is per process; the tree's
   figure is the largest of them (see :meth:`ProcFS.tree_peak_rss`).
 - A process that exits while being read is simply not counted.
 
-Nothing here keeps state between calls.
+A tree's figures are summed by :func:`sum_tree_memory`, and when PSS is read is
+decided by :class:`PssSchedule`, for the profiler and the group reader alike. The
+schedule is the one thing here that keeps state between calls, held by its owner.
 """
 
 from __future__ import annotations
@@ -25,7 +31,7 @@ from __future__ import annotations
 import mmap
 import os
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Collection, Iterable
 from dataclasses import dataclass
 
 import psutil
@@ -34,6 +40,9 @@ PAGE_SIZE = mmap.PAGESIZE
 """Bytes per memory page; ``statm`` counts pages."""
 
 Opener = Callable[[str, int], int]
+
+#: ``stat`` states of a process that has exited: zombie (not yet reaped) and dead.
+_NOT_RUNNING = frozenset({b"Z", b"X", b"x"})
 
 
 @dataclass(frozen=True)
@@ -272,32 +281,42 @@ class ProcFS:
         except (IndexError, ValueError):
             return None
 
+    def read_stat(self, pid: int) -> tuple[int, int] | None:
+        """``(start ticks, resident pages)`` of a running ``pid`` from one read of ``stat``.
+
+        The start time is what :meth:`start_ticks` returns; the resident pages
+        (field 24) are the counter ``statm`` reports too, so one read serves both
+        a pid-reuse guard and RSS. None when the process is gone or its ``stat``
+        is refused, and for a zombie: it has exited, holds no memory and only
+        waits to be reaped. Kept to one open, one read and one close, with a
+        bounded split, because a reader pays it for every process at every sample.
+        """
+        try:
+            data = self._read(f"{self._root}/{pid}/stat", 1024)
+        except OSError:
+            return None
+        # The command name may hold spaces and parentheses; fields resume after the last ")".
+        fields = data.rpartition(b")")[2].split(None, 22)
+        try:
+            if fields[0] in _NOT_RUNNING:
+                return None
+            return int(fields[19]), int(fields[21])
+        except (IndexError, ValueError):
+            return None
+
     def tree_memory(self, root_pid: int, *, include_pss: bool = True) -> ProcessTreeMemory:
-        """Sum the memory of ``root_pid``'s tree; see :func:`collect_process_tree_memory`."""
+        """The memory of ``root_pid``'s tree now, summed by :func:`sum_tree_memory`.
+
+        With ``include_pss=False`` only ``statm`` is read and ``pss_bytes`` is None.
+        """
         pids = self.descendant_pids(root_pid)
-        rss_total = 0
-        count = 0
-        if not include_pss:
-            read_rss = self.read_rss
-            for pid in pids:
-                rss = read_rss(pid)
-                if rss is not None:
-                    rss_total += rss
-                    count += 1
-            return ProcessTreeMemory(rss_total, None, count)
-        pss_total: int | None = 0
-        for pid in pids:
-            memory = self.read_memory(pid)
-            if memory is None:
-                continue
-            rss, pss = memory
-            rss_total += rss
-            count += 1
-            if pss is None:
-                pss_total = None
-            elif pss_total is not None:
-                pss_total += pss
-        return ProcessTreeMemory(rss_total, pss_total, count)
+        if include_pss:
+            return sum_tree_memory(map(self.read_memory, pids))
+        return sum_tree_memory(map(self._read_rss_only, pids), include_pss=False)
+
+    def _read_rss_only(self, pid: int) -> tuple[int, None] | None:
+        rss = self.read_rss(pid)
+        return None if rss is None else (rss, None)
 
     def supported(self) -> bool:
         """True on Linux when this mount shows ``statm`` and per-thread ``children`` files."""
@@ -313,6 +332,85 @@ class ProcFS:
         except OSError:
             return False
         return True
+
+
+def sum_tree_memory(
+    readings: Iterable[tuple[int, int | None] | None], *, include_pss: bool = True
+) -> ProcessTreeMemory:
+    """The memory of a tree from its processes' ``(rss, pss)`` readings.
+
+    A None reading (a process that exited before it was read) is not counted. The
+    tree's PSS is None as soon as one counted process's PSS is None, since a sum
+    missing a part would understate it; an empty tree holds nothing, PSS included
+    (``ProcessTreeMemory(0, 0, 0)``). With ``include_pss=False`` the PSS of the
+    readings is ignored and the tree's is None, for reads that never asked for it.
+    Every tree sum in raylens (a profiled server's, a worker group's) is this one.
+    """
+    rss_total = 0
+    pss_total: int | None = 0
+    count = 0
+    for memory in readings:
+        if memory is None:
+            continue
+        rss, pss = memory
+        rss_total += rss
+        count += 1
+        if pss is None:
+            pss_total = None
+        elif pss_total is not None:
+            pss_total += pss
+    return ProcessTreeMemory(rss_total, pss_total if include_pss else None, count)
+
+
+class PssSchedule:
+    """When PSS is next read, per key (a server's or a group's name).
+
+    With ``interval`` None it is read at every sample. Otherwise it is due at the
+    first sample of a key and then once ``interval`` seconds have passed since the
+    last attempt, whether or not that attempt produced a figure, so a PSS that
+    cannot be read is not retried at every sample. ``len()`` is the number of keys
+    it remembers. Not thread-safe: its owner serialises calls.
+    """
+
+    __slots__ = ("_attempted", "_interval")
+
+    def __init__(self, interval: float | None) -> None:
+        self._interval = interval
+        self._attempted: dict[str, float] = {}
+
+    @property
+    def interval(self) -> float | None:
+        """Seconds between two PSS reads of one key; None to read it every time."""
+        return self._interval
+
+    def due(self, key: str, now: float) -> bool:
+        """Whether ``key``'s PSS should be read at ``now``."""
+        if self._interval is None:
+            return True
+        attempted = self._attempted.get(key)
+        return attempted is None or now - attempted >= self._interval
+
+    def attempted(self, key: str, now: float) -> None:
+        """Note that ``key``'s PSS was read (or tried) at ``now``."""
+        self._attempted[key] = now
+
+    def forget(self, key: str) -> None:
+        """Drop what is known of ``key``: its next PSS read is due at once."""
+        self._attempted.pop(key, None)
+
+    def keep_only(self, keys: Collection[str]) -> list[str]:
+        """Forget every key not in ``keys``; return those forgotten."""
+        stale = [key for key in self._attempted if key not in keys]
+        for key in stale:
+            del self._attempted[key]
+        return stale
+
+    def clear(self) -> None:
+        """Forget every key."""
+        self._attempted.clear()
+
+    def __len__(self) -> int:
+        return len(self._attempted)
 
 
 def as_procfs(procfs: ProcFS | str | os.PathLike[str] | None) -> ProcFS:

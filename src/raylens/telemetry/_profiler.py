@@ -28,6 +28,7 @@ from raylens.telemetry._procfs import (
     HostMemory,
     ProcessTreeMemory,
     ProcFS,
+    PssSchedule,
     as_procfs,
     collect_host_memory,
 )
@@ -241,7 +242,8 @@ class MemoryProfiler:
         # the sample_once() they take themselves.
         self._sample_lock = threading.RLock()
         self._pss: dict[str, tuple[int, float]] = {}
-        self._pss_attempted: dict[str, float] = {}
+        # When each server's PSS was last tried, and so when it is due again.
+        self._pss_attempted = PssSchedule(self._pss_interval)
         self._latest: MemoryProfileSnapshot | None = None
         # Guards the targets and everything kept per target (peaks, carried PSS, the
         # exported entry), so a target removed while it is being measured leaves nothing.
@@ -292,7 +294,7 @@ class MemoryProfiler:
             for memory_type in (RSS, PSS):
                 self._peaks.pop((current.name, memory_type), None)
             self._pss.pop(current.name, None)
-            self._pss_attempted.pop(current.name, None)
+            self._pss_attempted.forget(current.name)
             self._series.forget_server(current, owner=self._owner)
         reset_warn_once(_collector_warning_key(current.name))
         return current
@@ -434,7 +436,7 @@ class MemoryProfiler:
             status = EXITED if current_ticks is None else REUSED
             memory = gone
         else:
-            read_pss = self._pss_due(name, now)
+            read_pss = self._pss_attempted.due(name, now)
             try:
                 if read_pss:
                     memory = self._collector(target.pid)
@@ -456,9 +458,9 @@ class MemoryProfiler:
             pss_age: float | None = None
             if status != LIVE:
                 self._pss.pop(name, None)
-                self._pss_attempted.pop(name, None)
+                self._pss_attempted.forget(name)
             elif read_pss and memory is not None:
-                self._pss_attempted[name] = now
+                self._pss_attempted.attempted(name, now)
                 if memory.pss_bytes is None:
                     self._pss.pop(name, None)
                 else:
@@ -519,12 +521,6 @@ class MemoryProfiler:
                 f"the replaced {name} failed; this sample's values are kept but not recorded",
                 logger=logger,
             )
-
-    def _pss_due(self, name: str, now: float) -> bool:
-        if self._pss_interval is None:
-            return True
-        attempted = self._pss_attempted.get(name)
-        return attempted is None or now - attempted >= self._pss_interval
 
     def latest(self) -> MemoryProfileSnapshot | None:
         """The most recent sample (None before the first), e.g. for a live table."""

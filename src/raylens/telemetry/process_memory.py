@@ -72,6 +72,7 @@ from raylens.telemetry._procfs import (
     as_procfs,
     check_pid,
     collect_host_memory,
+    sum_tree_memory,
 )
 from raylens.telemetry._profiler import (
     EXITED,
@@ -139,18 +140,7 @@ def collect_process_tree_memory(
     if procfs is not None or not include_pss:
         reader = _DEFAULT_PROCFS if procfs is None else as_procfs(procfs)
         return reader.tree_memory(root_pid, include_pss=include_pss)
-    rss_total = 0
-    pss_total: int | None = 0
-    count = 0
-    for pid in _descendant_pids(root_pid):
-        memory = _read_process_memory(pid)
-        if memory is None:
-            continue
-        rss, pss = memory
-        rss_total += rss
-        count += 1
-        pss_total = None if pss is None or pss_total is None else pss_total + pss
-    return ProcessTreeMemory(rss_total, pss_total, count)
+    return sum_tree_memory(map(_read_process_memory, _descendant_pids(root_pid)))
 
 
 def process_tree_memory_supported(*, procfs: ProcFSLike = None) -> bool:

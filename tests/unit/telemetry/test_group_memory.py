@@ -737,3 +737,39 @@ def test_module_functions_use_the_default_registry():
     finally:
         group_memory.reset_group_memory_state()
     assert group_memory.DEFAULT_REGISTRY.workers_by_node() == {}
+
+
+# --------------------------------------------------------------------------- the opener seam
+
+
+@pytest.mark.parametrize("race", ["deny", "exit_on_open"])
+def test_a_worker_whose_stat_cannot_be_read_counts_as_exited(
+    fake_procfs: FakeProcFS, clock: Clock, race: str
+):
+    # Every read goes through the reader's opener, stat included: a refusal there (a
+    # process hidden from this user) or an exit racing the open counts the worker gone.
+    fake = fake_procfs
+    fake.add_process(200, rss_bytes=10 * MB)
+    fake.add_process(300, rss_bytes=20 * MB)
+    workers = [_worker(fake, "policy", 200), _worker(fake, "policy", 300)]
+    getattr(fake, race)(300, "stat")
+
+    reading = _reader(fake, clock).read(workers)
+
+    policy = _group(reading, "policy")
+    assert (policy.rss_bytes, policy.workers, policy.process_count) == (10 * MB, 1, 1)
+    assert [(g.group, g.pid, g.fate) for g in reading.gone] == [("policy", 300, WorkerFate.EXITED)]
+    assert (fake.root / "300").exists() == (race == "deny")
+
+
+def test_a_descendant_whose_stat_is_refused_is_not_counted(fake_procfs: FakeProcFS, clock: Clock):
+    fake = fake_procfs
+    fake.add_process(200, rss_bytes=10 * MB)
+    fake.add_process(201, parent=200, rss_bytes=3 * MB)
+    fake.add_process(202, parent=200, rss_bytes=5 * MB)
+    fake.deny(201, "stat")
+
+    reading = _reader(fake, clock).read([_worker(fake, "policy", 200)])
+
+    policy = _group(reading, "policy")
+    assert (policy.rss_bytes, policy.pss_bytes, policy.process_count) == (15 * MB, 15 * MB, 2)
