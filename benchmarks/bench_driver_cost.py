@@ -11,7 +11,8 @@ monitor runs several cycles back to back on a background thread. It compares:
 - ``inprocess``: the same aiohttp engine on an event-loop thread of the driver;
 - ``groups``: ``helper`` with per-group memory and growth on: every raylet also serves
   four worker groups' series as a node's metrics agent serves what the samplers
-  publish, 64 workers per node are registered, and the monitor runs the group-memory
+  publish (a new reading every 10 s, the samplers' default), 64 workers per node are
+  registered, and the monitor runs the group-memory
   cycle (publishing mode: it keeps the samplers running through FakeRay and publishes
   the figures the scrape carried) and the growth cycle;
 - ``old``: the design these replaced, kept here as a yardstick: 32 scrape threads
@@ -61,18 +62,14 @@ GROUPS = ("policy", "rollout", "reward", "reference")
 
 def _serve(n_nodes: int, hung: list[int], conn: Connection) -> None:
     """Child process: serve the simulated cluster; answer request counts until told to stop."""
-    from raylens.simulation.group_series import render_group_series
-    from raylens.simulation.raylet import load_payload
-    from raylens.telemetry.raylet_payload import GroupFigure
     from raylens_fakes import SimulatedCluster
 
-    with SimulatedCluster(n_nodes) as sim:
-        published = load_payload("worker") + render_group_series(
-            [GroupFigure(g, 2.0e9 + i, 1.5e9, 16.0, 1e5) for i, g in enumerate(GROUPS)],
-            sampled_at=time.time(),
-        )
-        for index in range(n_nodes):
-            sim.raylet(index).serve_garbage(published)
+    def groups(_index: int, _t: float) -> dict[str, float]:
+        return {group: 2.0e9 + i for i, group in enumerate(GROUPS)}
+
+    # Each node serves four groups' series as its sampler publishes them: a new reading
+    # every 10 s (the samplers' default), whatever the scrape rate.
+    with SimulatedCluster(n_nodes, groups=groups, sampler_interval_s=10.0) as sim:
         for index in hung:
             sim.raylet(index).hang()
         conn.send([(r.port, sim.hostname(i)) for i, r in enumerate(sim.raylets)])

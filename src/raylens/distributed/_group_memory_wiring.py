@@ -191,6 +191,8 @@ class GroupMemoryCycle:
         self._lock = threading.Lock()
         # The registry's workers per node and their count per group, as of its version.
         self._workers: tuple[int, WorkersByNode, dict[str, Counter[str]]] | None = None
+        # Per node: the reading last built, keyed by the sampler's stamp, host and registry.
+        self._built: dict[str, tuple[float, str, int, NodeGroupMemory]] = {}
         forking.reset_after_fork_in_child(self)
 
     def reset_after_fork(self) -> None:
@@ -233,8 +235,16 @@ class GroupMemoryCycle:
         """Keep the samplers running, and publish the figures the scrape brought back."""
         workers, counts_by_node = self._registered()
         results: dict[str, NodeGroupMemory | SamplerError] = dict(self.samplers.maintain(workers))
+        version = self.registry.version
+        built: dict[str, tuple[float, str, int, NodeGroupMemory]] = {}
         for node_id, (host, figures, _read_at) in monitor.group_figures().items():
             if node_id in results:
+                continue
+            previous = self._built.get(node_id)
+            if previous is not None and previous[:3] == (figures.sampled_at, host, version):
+                # The sampler has published nothing new since: the same reading stands.
+                results[node_id] = previous[3]
+                built[node_id] = previous
                 continue
             counts = counts_by_node.get(node_id, _NO_WORKERS)
             results[node_id] = NodeGroupMemory(
@@ -251,6 +261,10 @@ class GroupMemoryCycle:
                     for figure in figures.groups
                 ),
             )
+            reading = results[node_id]
+            if isinstance(reading, NodeGroupMemory):
+                built[node_id] = (figures.sampled_at, host, version, reading)
+        self._built = built
         self.snapshot.publish(results, max_age=monitor.max_age)
         return results
 

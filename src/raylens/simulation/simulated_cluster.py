@@ -21,6 +21,7 @@ from raylens.simulation.group_series import render_group_series
 from raylens.simulation.raylet import FakeRaylet
 from raylens.simulation.scripted_cluster import FakeCluster
 from raylens.telemetry.raylet_payload import GroupFigure
+from raylens.validation import positive_seconds
 
 __all__ = [
     "GroupSchedule",
@@ -76,7 +77,8 @@ class SimulatedCluster:
     ``groups(node_index, t) -> {group: bytes}`` scripts what each worker group holds
     (default: no groups); :meth:`expected_groups` evaluates it on the same clock, and
     each raylet serves it as the node's sampler would publish it (:meth:`group_series`),
-    so whatever scrapes the cluster reads per-group memory as from a real one. A
+    so whatever scrapes the cluster reads per-group memory as from a real one;
+    ``sampler_interval_s`` makes those figures change only once per interval. A
     :class:`~raylens.simulation.memory_script.MemoryScript` provides both callables.
 
     Reach a node's raylet with :meth:`raylet` (to make it hang, trickle, ...) and
@@ -93,11 +95,17 @@ class SimulatedCluster:
         same_host: bool = False,
         template: str | bytes = "worker",
         groups: GroupSchedule | None = None,
+        sampler_interval_s: float | None = None,
     ) -> None:
         if not isinstance(n_nodes, int) or isinstance(n_nodes, bool) or n_nodes < 0:
             raise ValueError(f"n_nodes must be a non-negative int, got {n_nodes!r}")
         self.schedule: Schedule = schedule or constant_schedule
         self.groups: GroupSchedule | None = groups
+        self.sampler_interval_s = (
+            None
+            if sampler_interval_s is None
+            else positive_seconds("sampler_interval_s", sampler_interval_s)
+        )
         self.clock = clock
         self.same_host = same_host
         self._template = template
@@ -135,13 +143,18 @@ class SimulatedCluster:
         """The per-group series node ``node_index`` serves now, as its sampler would publish them.
 
         RSS only, one process per group, stamped with the wall clock; empty without ``groups``.
+        With ``sampler_interval_s`` the stamp (and the figures) change only once per
+        interval, as a real sampler's do.
         """
+        now = time.time()
+        if self.sampler_interval_s is not None:
+            now -= now % self.sampler_interval_s
         groups = self.expected_groups(node_index)
         if not groups:
             return b""
         return render_group_series(
             [GroupFigure(name, value, None, 1.0) for name, value in sorted(groups.items())],
-            sampled_at=time.time(),
+            sampled_at=now,
             worker_id=f"{node_index:056x}",
         )
 

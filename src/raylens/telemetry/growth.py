@@ -209,6 +209,8 @@ class GrowthCycle:
         self.kill_line = kill_line or resolve_kill_line_config()
         self.snapshot = snapshot if snapshot is not None else GrowthSnapshot()
         self._recorded_at: dict[str, float] = {}
+        #: Per node: the stamp of the sampler's reading last recorded.
+        self._stamps: dict[str, float] = {}
         #: Per node: the outlook last built and the sample time it was built at.
         self._outlooks: dict[str, tuple[float, NodeOutlook]] = {}
         self._lock = threading.Lock()
@@ -222,12 +224,13 @@ class GrowthCycle:
                 node = sample.node_id
                 live.add(node)
                 at = sample.sampled_at
+                carried = figures.get(node)
                 if (
                     sample.used is not None
                     and at is not None
                     and at > self._recorded_at.get(node, float("-inf"))
+                    and self._published_anew(node, carried)
                 ):
-                    carried = figures.get(node)
                     groups = {g.group: g.rss_bytes for g in carried[1].groups} if carried else None
                     self.history.record_node(node, at, sample.used, groups=groups)
                     self._recorded_at[node] = at
@@ -239,8 +242,27 @@ class GrowthCycle:
             for gone in set(self._recorded_at) - live:
                 del self._recorded_at[gone]
                 self._outlooks.pop(gone, None)
+                self._stamps.pop(gone, None)
                 self.history.forget(gone)
             self.snapshot.publish(outlooks)
+
+    def _published_anew(
+        self, node: str, carried: tuple[str, NodeGroupFigures, float] | None
+    ) -> bool:
+        """Whether the node's sampler published since its figures were last recorded.
+
+        A node whose groups a sampler reports is recorded once per reading of the
+        sampler, not once per scrape: the same reading scraped again is no new sample,
+        and counting it again would weigh stale figures as fresh ones in the fit.
+        """
+        if carried is None:
+            self._stamps.pop(node, None)
+            return True
+        stamp = carried[1].sampled_at
+        if self._stamps.get(node) == stamp:
+            return False
+        self._stamps[node] = stamp
+        return True
 
     def _outlook_of(self, sample: NodeSample) -> NodeOutlook:
         """The node's outlook, built again once a fit may have changed it.
@@ -271,6 +293,7 @@ class GrowthCycle:
                 self.history.forget(node)
             self._recorded_at.clear()
             self._outlooks.clear()
+            self._stamps.clear()
             self.snapshot.clear()
 
 

@@ -496,3 +496,20 @@ def test_a_publishing_cycle_keeps_the_samplers_running_and_exports_what_the_scra
 def test_the_collection_mode_is_checked() -> None:
     with pytest.raises(ValueError, match="mode must be one of 'publish', 'ask', got 'pull'"):
         GroupMemoryCycle(_MaintainedSamplers(), mode="pull")  # type: ignore[arg-type]
+
+
+def test_a_reading_the_sampler_has_not_renewed_is_not_rebuilt() -> None:
+    registry = GroupWorkerRegistry()
+    snapshot = GroupMemorySnapshot()
+    cycle = GroupMemoryCycle(_MaintainedSamplers(), registry=registry, snapshot=snapshot)  # type: ignore[arg-type]
+    figures = NodeGroupFigures(5.0, (GroupFigure("policy", 3e9, None, 2.0),))
+    monitor = _ScrapedMonitor({NODES[0]: ("vm", figures, 1.0)})
+
+    cycle(monitor)  # type: ignore[arg-type]
+    first = snapshot.latest()[NODES[0]][0]
+    cycle(monitor)  # type: ignore[arg-type]
+    assert snapshot.latest()[NODES[0]][0] is first
+
+    monitor.figures = {NODES[0]: ("vm", figures._replace(sampled_at=15.0), 2.0)}
+    cycle(monitor)  # type: ignore[arg-type]
+    assert snapshot.latest()[NODES[0]][0] is not first

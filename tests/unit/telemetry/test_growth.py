@@ -179,3 +179,16 @@ def test_a_scripted_leak_on_a_simulated_cluster_is_found_end_to_end(
     assert cycle.snapshot.latest()[sim.node_id(1)].group_growth["rollout"] == pytest.approx(
         0.0, abs=0.05 * leak
     )
+
+
+def test_a_reading_scraped_again_is_not_recorded_again() -> None:
+    monitor = ScriptedMonitor(0.0)
+    stale = NodeGroupFigures(1.7e9, (GroupFigure("policy", 4 * GIB, None, 1.0),))
+    monitor.group_figures = lambda: {"a": ("vm", stale, 1.0)}  # type: ignore[method-assign]
+    monitor.nodes = ["a"]
+    cycle = GrowthCycle(settings=GrowthSettings(window_s=60.0))
+
+    _run(cycle, monitor, 5)  # five scrapes of one sampler reading
+
+    times, _values = cycle.history.window(("a", "policy"))
+    assert len(times) == 1
