@@ -227,12 +227,23 @@ def ray_nodes(
     list when Ray is not initialised, so a monitor started before ``ray.init``
     simply finds nothing to do yet. A malformed record is skipped with one warning.
     """
+    global _CHECKED
     view = cluster if cluster is not None else default_cluster_view()
     if not view.is_initialized():
         return []
     found: list[RayNode] = []
     seen: set[str] = set()
+    known = _CHECKED
+    checked: dict[tuple[object, ...], RayNode] = {}
     for entry in view.nodes():
+        key = _record_key(entry, include_unscrapeable)
+        cached = known.get(key) if key is not None else None
+        if key is not None and cached is not None:
+            checked[key] = cached
+            if cached.node_id not in seen:
+                seen.add(cached.node_id)
+                found.append(cached)
+            continue
         try:
             node = _node_from_record(entry, seen, include_unscrapeable)
         except MalformedRecord as exc:
@@ -244,7 +255,29 @@ def ray_nodes(
             continue
         if node is not None:
             found.append(node)
+            if key is not None:
+                checked[key] = node
+    _CHECKED = checked  # only the records seen this time: bounded by the live nodes
     return found
+
+
+#: Records already checked, by their fields: a node's record rarely changes, so it is
+#: checked and turned into a RayNode once, not at every cycle.
+_CHECKED: dict[tuple[object, ...], RayNode] = {}
+_KEY_FIELDS = ("NodeID", "NodeManagerAddress", "MetricsExportPort", "NodeManagerHostname")
+
+
+def _record_key(entry: object, unscrapeable: bool) -> tuple[object, ...] | None:
+    """A live record's identifying fields, typed, when all are plain values; else None."""
+    if not isinstance(entry, dict) or entry.get("Alive") is not True:
+        return None
+    key: list[object] = [unscrapeable]
+    for name in _KEY_FIELDS:
+        value = entry.get(name)
+        if value is not None and type(value) not in (str, int):
+            return None
+        key.append((type(value).__name__, value))
+    return tuple(key)
 
 
 def _malformed_key(entry: object) -> str:

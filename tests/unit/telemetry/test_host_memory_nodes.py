@@ -246,3 +246,30 @@ def test_each_malformed_node_is_warned_about_once(caplog: pytest.LogCaptureFixtu
             hm.ray_nodes(cluster)
 
     assert len(_warnings(caplog)) == 2
+
+
+def test_a_record_seen_again_unchanged_is_not_checked_again(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from raylens.telemetry import _nodes
+
+    cluster = FakeCluster()
+    first = cluster.add_node(address="127.0.0.1", port=9100, hostname="a")
+    cluster.add_node(address="127.0.0.2", port=9100, hostname="b")
+    assert len(_nodes.ray_nodes(cluster)) == 2
+    checked: list[object] = []
+    original = _nodes._node_from_record
+
+    def counting(entry: object, seen: set[str], unscrapeable: bool) -> object:
+        checked.append(entry)
+        return original(entry, seen, unscrapeable)
+
+    monkeypatch.setattr(_nodes, "_node_from_record", counting)
+    again = _nodes.ray_nodes(cluster)
+    assert [node.host for node in again] == ["a", "b"] and checked == []
+
+    cluster.kill_node(first)
+    cluster.add_node(address="127.0.0.3", port=9100, hostname="c")
+    assert [node.host for node in _nodes.ray_nodes(cluster)] == ["b", "c"]
+    live = [entry for entry in checked if isinstance(entry, dict) and entry.get("Alive")]
+    assert len(live) == 1  # only the new record; a dead one is dropped at its first field
