@@ -235,9 +235,8 @@ class GrowthCycle:
                     self.history.record_node(node, at, sample.used, groups=groups)
                     self._recorded_at[node] = at
                 outlook = self._outlook_of(sample)
-                carried_now = figures.get(node)
-                if carried_now is not None:
-                    outlook = _with_published_growth(outlook, carried_now[1])
+                if carried is not None:
+                    outlook = _with_published_growth(outlook, carried[1])
                 outlooks.append(outlook)
             for gone in set(self._recorded_at) - live:
                 del self._recorded_at[gone]
