@@ -247,7 +247,7 @@ class GroupMemoryCycle:
                 built[node_id] = previous
                 continue
             counts = counts_by_node.get(node_id, _NO_WORKERS)
-            results[node_id] = NodeGroupMemory(
+            reading = NodeGroupMemory(
                 host_name=host,
                 groups=tuple(
                     GroupMemory(
@@ -261,9 +261,8 @@ class GroupMemoryCycle:
                     for figure in figures.groups
                 ),
             )
-            reading = results[node_id]
-            if isinstance(reading, NodeGroupMemory):
-                built[node_id] = (figures.sampled_at, host, version, reading)
+            results[node_id] = reading
+            built[node_id] = (figures.sampled_at, host, version, reading)
         self._built = built
         self.snapshot.publish(results, max_age=monitor.max_age)
         return results
