@@ -185,7 +185,7 @@ def _helper_cpu_s(pid: int | None) -> float | None:
 
 def _attach_groups(monitor: HostMemoryMonitor, cluster: FakeCluster) -> None:
     """Per-group memory and growth on ``monitor``: 64 registered workers per node."""
-    from raylens.distributed._group_memory_wiring import GroupMemoryCycle, attach_group_memory
+    from raylens.distributed.group_memory_cycle import GroupMemoryCycle, attach_group_memory
     from raylens.distributed.group_memory_sampler import GroupMemorySamplers
     from raylens.telemetry.group_memory import GroupMemorySnapshot, GroupWorkerRegistry
     from raylens.telemetry.growth import GrowthCycle, attach_growth

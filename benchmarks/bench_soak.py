@@ -252,7 +252,7 @@ def _run_host(distinct: int, live: int, checkpoints: int, out: Connection) -> No
     )
     from raylens.lens.warnings import remembered_warning_count
     from raylens.telemetry import host_memory as hm
-    from raylens.telemetry._placement import DEFAULT_REGISTRY
+    from raylens.telemetry.host_memory._placement import DEFAULT_REGISTRY
     from raylens.telemetry.raylet_payload import (
         TOTAL_KEY,
         USED_KEY,

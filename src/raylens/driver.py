@@ -3,7 +3,7 @@
 The driver is where worker groups are built, so the placement map that labels nodes
 with their groups lives there, and so must the monitor that reads it; the groups'
 worker processes are registered there too, and sampled at every monitor cycle
-(:mod:`raylens.distributed._group_memory_wiring`). This module starts all of it,
+(:mod:`raylens.distributed.group_memory_cycle`). This module starts all of it,
 above lens (lens knows nothing of the monitors built on it), and stops the monitor
 through a lens shutdown hook when :func:`raylens.lens.shutdown_telemetry` runs.
 
@@ -117,7 +117,7 @@ def init_telemetry_driver(
 
 def _attach_group_memory(monitor: host_memory.HostMemoryMonitor) -> None:
     try:
-        from raylens.distributed._group_memory_wiring import attach_group_memory
+        from raylens.distributed.group_memory_cycle import attach_group_memory
 
         attach_group_memory(monitor)
     except Exception:

@@ -18,7 +18,7 @@ ray = pytest.importorskip("ray")
 
 from group_workers import wait_for  # noqa: E402
 
-from raylens.distributed._group_memory_wiring import (  # noqa: E402
+from raylens.distributed.group_memory_cycle import (  # noqa: E402
     GroupMemoryCycle,
     attach_group_memory,
 )

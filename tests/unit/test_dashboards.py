@@ -75,12 +75,12 @@ def variables(text: str) -> set[str]:
 
 
 def _raylens_metrics() -> dict[str, Any]:
-    """Every RecordedMetric a ``raylens.telemetry`` module declares, by name."""
+    """Every RecordedMetric a module of ``raylens.telemetry`` or its packages declares, by name."""
     import raylens.telemetry
     from raylens.lens import RecordedMetric
 
     found: dict[str, Any] = {}
-    for info in pkgutil.iter_modules(raylens.telemetry.__path__, "raylens.telemetry."):
+    for info in pkgutil.walk_packages(raylens.telemetry.__path__, "raylens.telemetry."):
         module = importlib.import_module(info.name)
         for value in vars(module).values():
             items = value if isinstance(value, (tuple, list)) else (value,)

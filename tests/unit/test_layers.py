@@ -48,7 +48,7 @@ def test_the_tree_keeps_every_import_contract() -> None:
     result = _lint_imports(_repo_root())
 
     assert result.returncode == 0, result.stdout + result.stderr
-    assert "Contracts: 4 kept, 0 broken." in result.stdout
+    assert "Contracts: 6 kept, 0 broken." in result.stdout
 
 
 def _copy_tree(root: Path, dest: Path) -> Path:
@@ -68,20 +68,26 @@ def test_the_contracts_fail_on_an_upward_import_a_fake_a_synchronous_http_client
     tmp_path: Path,
 ) -> None:
     copy = _copy_tree(_repo_root(), tmp_path)
-    telemetry = copy / "src" / "raylens" / "telemetry" / "host_memory.py"
+    telemetry = copy / "src" / "raylens" / "telemetry" / "host_memory" / "__init__.py"
     _append_import(telemetry, "import raylens.distributed.worker_groups  # noqa")
     simulation = copy / "src" / "raylens" / "simulation" / "__init__.py"
     _append_import(simulation, "import raylens_fakes.otel  # noqa")
     cluster = copy / "src" / "raylens" / "cluster.py"
     _append_import(cluster, "import requests  # noqa")
-    engine = copy / "src" / "raylens" / "telemetry" / "_scrape_engine.py"
+    engine = copy / "src" / "raylens" / "telemetry" / "scraping" / "_engine.py"
     _append_import(engine, "import raylens.lens  # noqa")
+    payload = copy / "src" / "raylens" / "telemetry" / "raylet_payload.py"
+    _append_import(payload, "import raylens.telemetry.growth  # noqa")
+    seam = copy / "src" / "raylens" / "distributed" / "ray_seam.py"
+    _append_import(seam, "import raylens.distributed.worker_group  # noqa")
 
     result = _lint_imports(copy)
 
     assert result.returncode == 1, result.stdout + result.stderr
-    assert "Contracts: 0 kept, 4 broken." in result.stdout
-    assert "raylens.telemetry._scrape_engine -> raylens.lens" in result.stdout
+    assert "Contracts: 0 kept, 6 broken." in result.stdout
+    assert "raylens.telemetry.scraping._engine -> raylens.lens" in result.stdout
     assert "raylens.telemetry is not allowed to import raylens.distributed" in result.stdout
     assert "raylens.simulation -> raylens_fakes.otel" in result.stdout
     assert "raylens.cluster -> requests" in result.stdout
+    assert "raylens.telemetry.raylet_payload -> raylens.telemetry.growth" in result.stdout
+    assert "raylens.distributed.ray_seam -> raylens.distributed.worker_group" in result.stdout

@@ -97,7 +97,7 @@ def watch_nodes(
     The end is ``deadline`` (a reading of ``clock``) when given, else ``args.duration``
     seconds from the first table.
     """
-    from raylens.distributed._group_memory_wiring import attach_group_memory
+    from raylens.distributed.group_memory_cycle import attach_group_memory
     from raylens.telemetry.growth import attach_growth
 
     monitor.declare_consumer()  # the table reads every cycle, so every cycle scrapes

@@ -55,9 +55,9 @@ def _announce_prometheus() -> None:
 
 def scrape_timeout_for(interval: float) -> float:
     """A node's scrape deadline: the monitor's default, but never longer than ``interval``."""
-    from raylens.telemetry.host_memory import _SCRAPE_TIMEOUT_S
+    from raylens.telemetry.host_memory import SCRAPE_TIMEOUT_S
 
-    return min(_SCRAPE_TIMEOUT_S, interval)
+    return min(SCRAPE_TIMEOUT_S, interval)
 
 
 def stop_monitoring(monitor: HostMemoryMonitor) -> None:

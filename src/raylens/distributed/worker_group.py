@@ -20,8 +20,8 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 from raylens.distributed import gpu_state
-from raylens.distributed._group_memory_wiring import WorkerProcesses
 from raylens.distributed._worker_dispatch import _WorkerDispatch
+from raylens.distributed.group_memory_cycle import WorkerProcesses
 from raylens.distributed.named_sharding import NamedSharding
 from raylens.distributed.ray_seam import (
     DEFAULT_RAY_SEAM,

@@ -7,11 +7,8 @@ why the pipeline uses a private meter provider and how it keeps the SDK's state
 proportional to what is live.
 
 lens imports nothing of raylens above it, and creates no instrument at import.
-``init_telemetry_driver`` lives in :mod:`raylens.driver`; the name is also
-reachable here, imported on first use.
+The driver's entry point, ``init_telemetry_driver``, lives in :mod:`raylens.driver`.
 """
-
-from typing import Any
 
 from raylens.lens.config import EXPORTERS, TelemetryConfig
 from raylens.lens.exporters import ConsoleLineExporter
@@ -60,7 +57,6 @@ __all__ = [
     "add_shutdown_hook",
     "get_telemetry_handle",
     "init_telemetry",
-    "init_telemetry_driver",
     "recorded_metrics",
     "register_observable_gauge",
     "register_recorded_metrics",
@@ -73,13 +69,3 @@ __all__ = [
     "unregister_observable_gauge",
     "warn_once",
 ]
-
-
-def __getattr__(name: str) -> Any:
-    # The driver entry point sits above lens (it starts telemetry monitors too);
-    # importing it only when asked keeps lens free of those layers.
-    if name == "init_telemetry_driver":
-        from raylens.driver import init_telemetry_driver
-
-        return init_telemetry_driver
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -28,8 +28,6 @@ from typing import Any, Protocol
 from opentelemetry.metrics import CallbackOptions, Observation
 
 from raylens.lens import OBSERVABLE_GAUGE, RecordedMetric, register_observable_gauge
-from raylens.telemetry._names import HOST_NAME_ATTR, RAY_NODE_ID_ATTR, RL_WORKER_GROUPS_ATTR
-from raylens.telemetry._snapshot import NodeSample
 from raylens.telemetry.history import (
     GrowthSettings,
     KillLineConfig,
@@ -37,6 +35,8 @@ from raylens.telemetry.history import (
     NodeGrowth,
     resolve_kill_line_config,
 )
+from raylens.telemetry.host_memory import NodeSample
+from raylens.telemetry.names import HOST_NAME_ATTR, RAY_NODE_ID_ATTR, RL_WORKER_GROUPS_ATTR
 from raylens.telemetry.raylet_payload import NodeGroupFigures
 
 __all__ = [

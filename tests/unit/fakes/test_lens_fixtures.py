@@ -139,7 +139,6 @@ def test_importing_lens_imports_nothing_above_it() -> None:
         "above = ('raylens.telemetry', 'raylens.driver', 'raylens.distributed', 'raylens.cli')\n"
         "bad = [m for m in sys.modules if m.startswith(above)]\n"
         "assert not bad, bad\n"
-        "assert callable(raylens.lens.init_telemetry_driver)\n"
     )
     assert result.returncode == 0, result.stderr
 

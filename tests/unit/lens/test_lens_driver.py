@@ -38,8 +38,9 @@ def _errors(caplog: pytest.LogCaptureFixture) -> list[str]:
     return [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR]
 
 
-def test_lens_still_offers_the_driver_entry_point() -> None:
-    assert raylens.lens.init_telemetry_driver is raylens.driver.init_telemetry_driver
+def test_the_driver_entry_point_lives_in_the_driver_module_only() -> None:
+    assert callable(raylens.driver.init_telemetry_driver)
+    assert not hasattr(raylens.lens, "init_telemetry_driver")
 
 
 @pytest.mark.parametrize(

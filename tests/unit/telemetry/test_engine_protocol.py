@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
-from raylens.telemetry._engine_protocol import PrestartingEngine, ScrapeEngine
-from raylens.telemetry._scrape_engine import AsyncScrapeEngine, ScrapeLimits
-from raylens.telemetry._scrape_helper import HelperEngine
+from raylens.telemetry.host_memory._helper_engine import HelperEngine
+from raylens.telemetry.scraping import (
+    AsyncScrapeEngine,
+    PrestartingEngine,
+    ScrapeEngine,
+    ScrapeLimits,
+)
 
 
 def test_the_in_process_engine_scrapes_and_closes_but_has_no_process() -> None:

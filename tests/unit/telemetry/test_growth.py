@@ -8,7 +8,6 @@ from typing import Any
 import pytest
 
 from raylens.simulation import SimulatedCluster
-from raylens.telemetry._snapshot import NodeSample
 from raylens.telemetry.growth import (
     RL_HOST_MEMORY_GROWTH_METRIC,
     RL_HOST_MEMORY_LIMIT_METRIC,
@@ -18,6 +17,7 @@ from raylens.telemetry.growth import (
     register_growth_gauges,
 )
 from raylens.telemetry.history import GrowthSettings, resolve_kill_line_config
+from raylens.telemetry.host_memory._snapshot import NodeSample
 from raylens.telemetry.raylet_payload import GroupFigure, NodeGroupFigures
 from raylens_fakes import MetricsProbe
 

@@ -18,8 +18,8 @@ from pathlib import Path
 import pytest
 
 from raylens.telemetry import host_memory as hm
-from raylens.telemetry._helper_channel import DriverChannel
-from raylens.telemetry._scrape_helper import HelperEngine
+from raylens.telemetry.host_memory._helper_engine import HelperEngine
+from raylens.telemetry.scraping import DriverChannel
 from raylens_fakes import MetricsProbe, SimulatedCluster
 
 # Every test here starts the real scrape helper process: the slow tier.

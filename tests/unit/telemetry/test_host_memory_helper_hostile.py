@@ -19,8 +19,8 @@ from pathlib import Path
 
 import pytest
 
-from raylens.telemetry._scrape_engine import ScrapeLimits
-from raylens.telemetry._scrape_helper import HelperEngine
+from raylens.telemetry.host_memory._helper_engine import HelperEngine
+from raylens.telemetry.scraping import ScrapeLimits
 from raylens_fakes import SimulatedCluster
 
 pytestmark = pytest.mark.slow
@@ -114,7 +114,7 @@ def test_close_keeps_its_bound_while_the_helper_is_stopped_mid_batch(refused_url
 
 def test_a_helper_stalled_for_several_cycles_is_replaced(refused_url: str) -> None:
     """Batches too large for the socket's buffer, to a stopped helper: it is replaced."""
-    from raylens.telemetry._scrape_helper import STALLED_CYCLES
+    from raylens.telemetry.host_memory._helper_engine import STALLED_CYCLES
 
     with SimulatedCluster(1) as sim:
         engine = HelperEngine(ScrapeLimits(timeout=0.5))
@@ -210,8 +210,8 @@ def test_a_forked_child_exits_promptly_and_leaves_the_parents_helper_alone(
 _SPAWNING_APP = textwrap.dedent(
     """
     import multiprocessing, sys, threading
-    from raylens.telemetry._scrape_engine import ScrapeLimits
-    from raylens.telemetry._scrape_helper import HelperEngine
+    from raylens.telemetry.scraping import ScrapeLimits
+    from raylens.telemetry.host_memory._helper_engine import HelperEngine
 
     def work(queue):
         queue.put("ok")
@@ -294,7 +294,7 @@ def test_ctrl_c_in_the_drivers_terminal_leaves_the_helper_quiet_and_running(
 
 def test_the_helper_program_imports_neither_lens_nor_opentelemetry() -> None:
     probe = (
-        "import sys; from raylens.telemetry._helper_process import main; "
+        "import sys; from raylens.telemetry.scraping._helper_program import main; "
         "print(sorted(m for m in sys.modules if m.startswith(('raylens.lens', 'opentelemetry'))))"
     )
     run = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=60)
@@ -303,7 +303,7 @@ def test_the_helper_program_imports_neither_lens_nor_opentelemetry() -> None:
 
 def test_a_stopped_helper_given_small_batches_is_replaced_after_a_few_cycles() -> None:
     """A stopped helper's socket buffer holds many small batches: silence counts, not bytes."""
-    from raylens.telemetry._scrape_helper import STALLED_CYCLES
+    from raylens.telemetry.host_memory._helper_engine import STALLED_CYCLES
 
     with SimulatedCluster(1) as sim:
         engine = HelperEngine(ScrapeLimits(timeout=0.3))
@@ -323,7 +323,7 @@ def test_a_stopped_helper_given_small_batches_is_replaced_after_a_few_cycles() -
 
 
 def test_a_peer_that_only_writes_cannot_grow_what_flush_holds() -> None:
-    from raylens.telemetry._helper_channel import DriverChannel, encode
+    from raylens.telemetry.scraping import DriverChannel, encode
 
     ours, theirs = socket.socketpair()
     channel = DriverChannel(ours)

@@ -12,7 +12,8 @@ from typing import Any
 
 import pytest
 
-from raylens.lens import init_telemetry_driver, shutdown_telemetry
+from raylens.driver import init_telemetry_driver
+from raylens.lens import shutdown_telemetry
 from raylens.telemetry import host_memory as hm
 from raylens_fakes import FakeCluster, MetricsProbe, SimulatedCluster
 

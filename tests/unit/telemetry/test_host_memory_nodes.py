@@ -251,7 +251,7 @@ def test_each_malformed_node_is_warned_about_once(caplog: pytest.LogCaptureFixtu
 def test_a_record_seen_again_unchanged_is_not_checked_again(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    from raylens.telemetry import _nodes
+    from raylens.telemetry.host_memory import _nodes
 
     cluster = FakeCluster()
     first = cluster.add_node(address="127.0.0.1", port=9100, hostname="a")

@@ -17,8 +17,8 @@ from pathlib import Path
 import pytest
 
 from raylens.cluster import RayClusterView
-from raylens.telemetry import _placement
-from raylens.telemetry._placement import (
+from raylens.telemetry.host_memory import _placement
+from raylens.telemetry.host_memory._placement import (
     MAX_ENTRY_BYTES,
     MAX_GROUP_NAME_CHARS,
     MAX_GROUPS_PER_ENTRY,

@@ -10,7 +10,11 @@ import pytest
 
 from raylens.cluster import use_cluster_view
 from raylens.telemetry import host_memory as hm
-from raylens.telemetry._placement import DEFAULT_REGISTRY, PLACEMENT_KEY_PREFIX, PlacementRegistry
+from raylens.telemetry.host_memory._placement import (
+    DEFAULT_REGISTRY,
+    PLACEMENT_KEY_PREFIX,
+    PlacementRegistry,
+)
 from raylens_fakes import FakeCluster, MetricsProbe, SimulatedCluster
 
 LOGGER = "raylens.telemetry.host_memory"

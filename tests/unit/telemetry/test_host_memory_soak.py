@@ -21,9 +21,9 @@ import pytest
 from raylens.cli.cluster_views import NodeTable
 from raylens.lens import IDLE_COLLECTIONS, get_telemetry_handle, unregister_observable_gauge
 from raylens.lens.warnings import remembered_warning_count
-from raylens.telemetry import _nodes
 from raylens.telemetry import host_memory as hm
-from raylens.telemetry._placement import DEFAULT_REGISTRY
+from raylens.telemetry.host_memory import _nodes
+from raylens.telemetry.host_memory._placement import DEFAULT_REGISTRY
 from raylens.telemetry.raylet_payload import (
     TOTAL_KEY,
     USED_KEY,

@@ -8,8 +8,8 @@ from typing import Any
 import pytest
 
 from raylens.lens import reset_warn_once
-from raylens.telemetry._names import LOGGER_NAME
-from raylens.telemetry._placement import PlacementRegistry
+from raylens.telemetry.host_memory._placement import PlacementRegistry
+from raylens.telemetry.names import LOGGER_NAME
 
 
 class _OneTableCluster:

@@ -15,13 +15,13 @@ from typing import Any
 import pytest
 from opentelemetry.sdk.metrics import MeterProvider
 
-from raylens.telemetry import _profiler_series
 from raylens.telemetry import process_memory as pm
 from raylens.telemetry.process_memory import (
     HostMemory,
     MemoryProfiler,
     ProcessTreeMemory,
     ServerMemoryTarget,
+    _profiler_series,
     collect_process_tree_memory,
     record_host_memory,
     record_server_memory,
@@ -324,8 +324,8 @@ def test_importing_creates_no_instrument():
 
 
 def test_every_module_stays_small():
-    import raylens.telemetry._procfs as procfs_module
-    import raylens.telemetry._profiler as profiler_module
+    import raylens.telemetry.process_memory._profiler as profiler_module
+    import raylens.telemetry.procfs as procfs_module
 
     for module in (pm, procfs_module, profiler_module, _profiler_series):
         with open(module.__file__, encoding="utf-8") as source:

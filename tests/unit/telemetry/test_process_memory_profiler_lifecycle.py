@@ -6,12 +6,12 @@ import threading
 
 import pytest
 
-from raylens.telemetry import _profiler
 from raylens.telemetry.process_memory import (
     HostMemory,
     MemoryProfiler,
     ProcessTreeMemory,
     ServerMemoryTarget,
+    _profiler,
 )
 from raylens_fakes.procfs import PAGE_SIZE, FakeProcFS
 

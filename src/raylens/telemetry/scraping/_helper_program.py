@@ -22,8 +22,8 @@ import threading
 import time
 from collections.abc import Hashable
 
-from raylens.telemetry._helper_channel import ChannelBroken, read_message, write_message
-from raylens.telemetry._scrape_engine import AsyncScrapeEngine, Outcome, ScrapeLimits
+from raylens.telemetry.scraping._channel import ChannelBroken, read_message, write_message
+from raylens.telemetry.scraping._engine import AsyncScrapeEngine, Outcome, ScrapeLimits
 
 __all__ = ["HELPER_SLACK_S", "main", "serve"]
 

@@ -30,13 +30,19 @@ from pathlib import Path
 
 from raylens import forking
 from raylens.lens import warn_once
-from raylens.telemetry._helper_channel import ChannelBroken, DriverChannel
-from raylens.telemetry._names import (
+from raylens.telemetry.names import (
     LOGGER_NAME,
 )
-from raylens.telemetry._scrape_engine import BATCH_SLACK_S, Job, Outcome, ScrapeLimits
 from raylens.telemetry.raylet_payload import (
     ERROR_INTERNAL,
+)
+from raylens.telemetry.scraping import (
+    BATCH_SLACK_S,
+    ChannelBroken,
+    DriverChannel,
+    Job,
+    Outcome,
+    ScrapeLimits,
 )
 
 __all__ = ["HELPER_GONE", "STALLED_CYCLES", "HelperEngine"]
@@ -57,7 +63,7 @@ _MAX_FAILED_STARTS = 2
 _PROGRAM = (
     "import sys; del sys.path[0]; "
     "import signal; signal.signal(signal.SIGINT, signal.SIG_IGN); "
-    "from raylens.telemetry._helper_process import main; main()"
+    "from raylens.telemetry.scraping._helper_program import main; main()"
 )
 
 

@@ -6,9 +6,9 @@ server's whole tree on a background thread and exports the result through lens
 observable gauges, alongside host memory from psutil.
 
 This module is the public face; the work is done in three private modules:
-:mod:`~raylens.telemetry._procfs` reads procfs and psutil (how a tree is walked
-and read is described there), :mod:`~raylens.telemetry._profiler` schedules the
-samples, and :mod:`~raylens.telemetry._profiler_series` exports them. Every name
+:mod:`~raylens.telemetry.procfs` reads procfs and psutil (how a tree is walked
+and read is described there), :mod:`~raylens.telemetry.process_memory._profiler` schedules the
+samples, and :mod:`~raylens.telemetry.process_memory._profiler_series` exports them. Every name
 below is importable from here.
 
 PSS is costly: to compute it the kernel walks the process's page tables while
@@ -63,18 +63,7 @@ import sys
 
 import psutil as psutil  # the reader's psutil, reachable here as on NeMo-Gym
 
-from raylens.telemetry._procfs import (
-    PAGE_SIZE,
-    HostMemory,
-    Opener,
-    ProcessTreeMemory,
-    ProcFS,
-    as_procfs,
-    check_pid,
-    collect_host_memory,
-    sum_tree_memory,
-)
-from raylens.telemetry._profiler import (
+from raylens.telemetry.process_memory._profiler import (
     EXITED,
     FAILED,
     LIVE,
@@ -87,7 +76,7 @@ from raylens.telemetry._profiler import (
     ServerMemorySample,
     record_through,
 )
-from raylens.telemetry._profiler_series import (
+from raylens.telemetry.process_memory._profiler_series import (
     DEFAULT_SERIES,
     HOST_USED,
     PSS,
@@ -97,6 +86,17 @@ from raylens.telemetry._profiler_series import (
     record_host_memory,
     record_server_memory,
     reset_process_memory_state,
+)
+from raylens.telemetry.procfs import (
+    PAGE_SIZE,
+    HostMemory,
+    Opener,
+    ProcessTreeMemory,
+    ProcFS,
+    as_procfs,
+    check_pid,
+    collect_host_memory,
+    sum_tree_memory,
 )
 
 logger = logging.getLogger(__name__)  # the logger of every process-memory module

@@ -29,29 +29,21 @@ from raylens import forking
 from raylens.cluster import ClusterView, default_cluster_view
 from raylens.lens import get_telemetry_handle, reset_warn_once, warn_once
 from raylens.safe_text import printable
-from raylens.telemetry._engine_protocol import PrestartingEngine, ScrapeEngine
-from raylens.telemetry._names import (
-    LOGGER_NAME,
-)
-from raylens.telemetry._nodes import RayNode, ray_nodes
-from raylens.telemetry._placement import DEFAULT_REGISTRY, format_worker_groups
-from raylens.telemetry._scrape_engine import (
-    MAX_BODY_BYTES,
-    MAX_CONCURRENCY,
-    AsyncScrapeEngine,
-    Outcome,
-    ScrapeLimits,
-    fetch_once,
-)
-from raylens.telemetry._scrape_helper import HelperEngine
-from raylens.telemetry._scrape_threads import ThreadedScrapes
-from raylens.telemetry._snapshot import (
+from raylens.telemetry.host_memory._gauges import declare_gauges
+from raylens.telemetry.host_memory._helper_engine import HelperEngine
+from raylens.telemetry.host_memory._nodes import RayNode, ray_nodes
+from raylens.telemetry.host_memory._placement import DEFAULT_REGISTRY, format_worker_groups
+from raylens.telemetry.host_memory._snapshot import (
     NodeSample,
     ScrapeHealth,
     Snapshot,
     hold_publisher,
     register_publisher,
     release_publisher,
+)
+from raylens.telemetry.host_memory._threaded_scrapes import ThreadedScrapes
+from raylens.telemetry.names import (
+    LOGGER_NAME,
 )
 from raylens.telemetry.raylet_payload import (
     ERROR_INTERNAL,
@@ -60,6 +52,16 @@ from raylens.telemetry.raylet_payload import (
     TOTAL_KEY,
     USED_KEY,
     NodeGroupFigures,
+)
+from raylens.telemetry.scraping import (
+    MAX_BODY_BYTES,
+    MAX_CONCURRENCY,
+    AsyncScrapeEngine,
+    Outcome,
+    PrestartingEngine,
+    ScrapeEngine,
+    ScrapeLimits,
+    fetch_once,
 )
 from raylens.validation import positive_seconds
 
@@ -298,9 +300,7 @@ class HostMemoryMonitor:
 
     def start(self) -> None:
         """Start sampling on a background thread (``raylens-host-memory``). Idempotent."""
-        from raylens.telemetry.host_memory import _declare_gauges
-
-        _declare_gauges()
+        declare_gauges()
         hold_publisher(self)
         with self._lock:
             if self._thread is not None:

@@ -1,7 +1,7 @@
 """The memory profiler: samples the host and managed server trees on a background thread.
 
-What one sample reads comes from :mod:`raylens.telemetry._procfs`; where its
-values go, from :mod:`raylens.telemetry._profiler_series`. This module decides
+What one sample reads comes from :mod:`raylens.telemetry.procfs`; where its
+values go, from :mod:`raylens.telemetry.process_memory._profiler_series`. This module decides
 when to read (PSS less often than RSS, when asked), tells a live server from one
 that exited or whose pid was reused, and keeps per-server state (peaks, the last
 PSS) only for the servers it measures now.
@@ -24,15 +24,7 @@ from types import ModuleType
 from typing import Any
 
 from raylens.lens import reset_warn_once, warn_once
-from raylens.telemetry._procfs import (
-    HostMemory,
-    ProcessTreeMemory,
-    ProcFS,
-    PssSchedule,
-    as_procfs,
-    collect_host_memory,
-)
-from raylens.telemetry._profiler_series import (
+from raylens.telemetry.process_memory._profiler_series import (
     DEFAULT_SERIES,
     HOST_USED,
     PSS,
@@ -42,6 +34,14 @@ from raylens.telemetry._profiler_series import (
     raise_peak,
     record_host_memory,
     record_server_memory,
+)
+from raylens.telemetry.procfs import (
+    HostMemory,
+    ProcessTreeMemory,
+    ProcFS,
+    PssSchedule,
+    as_procfs,
+    collect_host_memory,
 )
 from raylens.validation import positive_seconds
 

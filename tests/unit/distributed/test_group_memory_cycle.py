@@ -18,8 +18,8 @@ from typing import Any
 
 import pytest
 
-from raylens.distributed import _group_memory_wiring as wiring
-from raylens.distributed._group_memory_wiring import GroupMemoryCycle, attach_group_memory
+from raylens.distributed import group_memory_cycle as wiring
+from raylens.distributed.group_memory_cycle import GroupMemoryCycle, attach_group_memory
 from raylens.distributed.group_memory_sampler import (
     GroupMemorySamplerActor,
     GroupMemorySamplers,
@@ -410,7 +410,7 @@ def test_the_node_table_shows_each_group_rss_on_its_node(
     ray: ClusterRay, cycle: GroupMemoryCycle
 ) -> None:
     from raylens.cli.cluster_views import NodeTable
-    from raylens.telemetry._snapshot import NodeSample
+    from raylens.telemetry.host_memory._snapshot import NodeSample
 
     _group(ray, "policy", 30 * MB)
     _group(ray, "rollout", 5 * MB)

@@ -13,7 +13,7 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
-from raylens.telemetry._procfs import PAGE_SIZE, ProcFS, PssSchedule, sum_tree_memory
+from raylens.telemetry.procfs import PAGE_SIZE, ProcFS, PssSchedule, sum_tree_memory
 from raylens.validation import non_negative_seconds, positive_seconds
 
 DEFAULT_MAX_PROCESSES = 4096

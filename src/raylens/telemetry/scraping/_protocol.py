@@ -1,7 +1,7 @@
 """What the host-memory monitor asks of a scrape engine.
 
-Two engines exist: the helper process (:class:`~raylens.telemetry._scrape_helper.HelperEngine`)
-and the in-process one (:class:`~raylens.telemetry._scrape_engine.AsyncScrapeEngine`); a test
+Two engines exist: the helper process (:class:`~raylens.telemetry.host_memory._helper_engine.HelperEngine`)
+and the in-process one (:class:`~raylens.telemetry.scraping._engine.AsyncScrapeEngine`); a test
 may hand the monitor its own. :class:`ScrapeEngine` is what every one of them offers;
 :class:`PrestartingEngine` adds what only an engine that runs in another process has: a way to
 start that process ahead of the first batch, and its pid.
@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Hashable, Sequence
 from typing import Protocol, runtime_checkable
 
-from raylens.telemetry._scrape_engine import Job, Outcome
+from raylens.telemetry.scraping._engine import Job, Outcome
 
 __all__ = ["PrestartingEngine", "ScrapeEngine"]
 

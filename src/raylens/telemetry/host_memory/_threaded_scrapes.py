@@ -17,12 +17,12 @@ from collections.abc import Callable, Hashable, Sequence
 from typing import Protocol, TypeVar
 
 from raylens.safe_text import printable
-from raylens.telemetry._scrape_engine import BATCH_SLACK_S, NOT_ASKED_IN_FLIGHT, Outcome
 from raylens.telemetry.raylet_payload import (
     ERROR_INTERNAL,
     ERROR_PARSE,
     ERROR_TIMEOUT,
 )
+from raylens.telemetry.scraping import BATCH_SLACK_S, NOT_ASKED_IN_FLIGHT, Outcome
 
 __all__ = ["ThreadedScrapes"]
 

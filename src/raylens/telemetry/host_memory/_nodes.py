@@ -29,7 +29,7 @@ from raylens import forking
 from raylens.cluster import ClusterView, default_cluster_view
 from raylens.lens import reset_warn_once, warn_once
 from raylens.safe_text import encodable, printable
-from raylens.telemetry._names import LOGGER_NAME
+from raylens.telemetry.names import LOGGER_NAME
 
 __all__ = ["MalformedRecord", "RayNode", "ray_nodes"]
 

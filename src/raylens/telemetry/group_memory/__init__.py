@@ -18,7 +18,7 @@ by plain values:
   a long method is read like an idle one. RSS is read at every reading, trees are
   walked and PSS read at their own, slower rates. Its result, :class:`NodeGroupMemory`,
   travels between processes as builtins (:meth:`NodeGroupMemory.as_plain`).
-  The reader and its values live in :mod:`raylens.telemetry._group_reading`.
+  The reader and its values live in :mod:`raylens.telemetry.group_memory._reading`.
 - :class:`GroupMemorySnapshot` lives in the driver. Each cycle publishes the
   readings of every node at once; the observable gauges read the snapshot and do
   no I/O. A node with no reading in the latest cycle (its sampler failed or it
@@ -54,7 +54,7 @@ from opentelemetry.metrics import CallbackOptions, Observation
 
 from raylens.lens import OBSERVABLE_GAUGE, RecordedMetric, register_observable_gauge
 from raylens.safe_text import encodable
-from raylens.telemetry._group_reading import (
+from raylens.telemetry.group_memory._reading import (
     DEFAULT_MAX_PROCESSES,
     GoneWorker,
     GroupMemory,
@@ -65,7 +65,7 @@ from raylens.telemetry._group_reading import (
     as_group_worker,
     check_positive_seconds,
 )
-from raylens.telemetry.process_memory import ProcFS
+from raylens.telemetry.procfs import ProcFS
 
 __all__ = [
     "DEFAULT_MAX_AGE_SECONDS",

@@ -51,7 +51,7 @@ from raylens import forking
 from raylens.cluster import ClusterView, default_cluster_view, supports_key_value
 from raylens.lens import reset_warn_once, warn_once
 from raylens.safe_text import encodable, printable
-from raylens.telemetry._names import LOGGER_NAME, NO_WORKER_GROUPS, RL_WORKER_GROUPS_ATTR
+from raylens.telemetry.names import LOGGER_NAME, NO_WORKER_GROUPS, RL_WORKER_GROUPS_ATTR
 
 __all__ = [
     "DEFAULT_REGISTRY",

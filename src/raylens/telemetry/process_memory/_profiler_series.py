@@ -44,7 +44,7 @@ from raylens.lens import (
     warn_once,
 )
 from raylens.safe_text import encodable
-from raylens.telemetry._procfs import HostMemory, ProcessTreeMemory, ProcFS, as_procfs, check_pid
+from raylens.telemetry.procfs import HostMemory, ProcessTreeMemory, ProcFS, as_procfs, check_pid
 
 logger = logging.getLogger("raylens.telemetry.process_memory")
 

@@ -23,7 +23,7 @@ Each point carries three attributes: ``host.name``; ``ray.node.id``, which keeps
 apart nodes that share a host (``ray.cluster_utils.Cluster`` starts several raylets
 on one machine); and ``rl.worker_groups``, the worker groups with at least one
 worker on that node. The groups are those of this process and those other live
-jobs published to the cluster (see :mod:`raylens.telemetry._placement`), so a
+jobs published to the cluster (see :mod:`raylens.telemetry.host_memory._placement`), so a
 process with no groups of its own labels nodes as the driver does.
 
 What the figure means: the used figure covers the whole node. The raylet,
@@ -53,24 +53,33 @@ import sys
 import threading
 from collections.abc import Iterable
 
-from opentelemetry.metrics import CallbackOptions, Observation
-
 from raylens import forking
 from raylens.cluster import ClusterView
-from raylens.lens import (
-    OBSERVABLE_GAUGE,
-    RecordedMetric,
-    register_observable_gauge,
-    warn_once,
+from raylens.lens import warn_once
+from raylens.telemetry.host_memory._gauges import (
+    HOST_MEMORY_RECORDED_METRICS,
+    SCRAPE_HEALTH_RECORDED_METRICS,
+    declare_gauges,
 )
-from raylens.telemetry._monitor import (
+from raylens.telemetry.host_memory._monitor import (
     SCRAPE_MODE_ENV,
     SCRAPE_TIMEOUT_S,
     SHUTDOWN_GRACE_S,
     HostMemoryMonitor,
     ScrapeMode,
 )
-from raylens.telemetry._names import (
+from raylens.telemetry.host_memory._nodes import RayNode, ray_nodes
+from raylens.telemetry.host_memory._placement import (
+    DEFAULT_REGISTRY,
+    PlacementRegistry,
+    format_worker_groups,
+)
+from raylens.telemetry.host_memory._snapshot import (
+    NodeSample,
+    Snapshot,
+    forget_all_monitors,
+)
+from raylens.telemetry.names import (
     ERROR_TYPE_ATTR,
     HOST_NAME_ATTR,
     LOGGER_NAME,
@@ -84,18 +93,7 @@ from raylens.telemetry._names import (
     RL_HOST_SCRAPE_UP_METRIC,
     RL_WORKER_GROUPS_ATTR,
 )
-from raylens.telemetry._nodes import RayNode, ray_nodes
-from raylens.telemetry._placement import DEFAULT_REGISTRY, PlacementRegistry, format_worker_groups
-from raylens.telemetry._snapshot import (
-    NodeSample,
-    Snapshot,
-    forget_all_monitors,
-    fresh_health,
-    fresh_samples,
-)
 from raylens.telemetry.raylet_payload import (
-    MACHINE_TOTAL_KEY,
-    MACHINE_USED_KEY,
     RAY_NODE_MEM_TOTAL,
     RAY_NODE_MEM_TOTAL_HOST,
     RAY_NODE_MEM_USED,
@@ -129,6 +127,8 @@ __all__ = [
     "SCRAPE_ERROR_TYPES",
     "SCRAPE_HEALTH_RECORDED_METRICS",
     "SCRAPE_MODE_ENV",
+    "SCRAPE_TIMEOUT_S",
+    "SHUTDOWN_GRACE_S",
     "HostMemoryMonitor",
     "NodeSample",
     "PlacementRegistry",
@@ -166,141 +166,6 @@ _SNAPSHOT_LOCK = _DEFAULT_SNAPSHOT.lock
 #: ``{worker group name: node ids}``: the default placement registry's contents.
 _WORKER_GROUP_NODES: dict[str, frozenset[str]] = DEFAULT_REGISTRY.nodes
 _WORKER_GROUP_LOCK = DEFAULT_REGISTRY.lock
-
-HOST_MEMORY_RECORDED_METRICS: tuple[RecordedMetric, ...] = (
-    RecordedMetric(
-        RL_HOST_MEMORY_USED_METRIC,
-        OBSERVABLE_GAUGE,
-        "By",
-        "Memory in use on a Ray node as Ray counts it (ray_node_mem_used): in a container, "
-        "the cgroup's usage, which Ray's memory monitor acts on; else the machine's. Object "
-        "store, raylet, workers and driver are all in it.",
-    ),
-    RecordedMetric(
-        RL_HOST_MEMORY_TOTAL_METRIC,
-        OBSERVABLE_GAUGE,
-        "By",
-        "Memory a Ray node may use as Ray counts it (ray_node_mem_total): in a container, "
-        "the cgroup's limit; else the machine's total.",
-    ),
-    RecordedMetric(
-        RL_HOST_MACHINE_MEMORY_USED_METRIC,
-        OBSERVABLE_GAUGE,
-        "By",
-        "Memory in use on the physical machine a Ray node runs on (ray_node_mem_used_host), "
-        "whatever container the raylet is in; only where the raylet publishes it.",
-    ),
-    RecordedMetric(
-        RL_HOST_MACHINE_MEMORY_TOTAL_METRIC,
-        OBSERVABLE_GAUGE,
-        "By",
-        "Total memory of the physical machine a Ray node runs on (ray_node_mem_total_host); "
-        "only where the raylet publishes it.",
-    ),
-)
-
-SCRAPE_HEALTH_RECORDED_METRICS: tuple[RecordedMetric, ...] = (
-    RecordedMetric(
-        RL_HOST_SCRAPE_UP_METRIC,
-        OBSERVABLE_GAUGE,
-        # An annotation only: Prometheus drops it, so the series stays rl_host_scrape_up.
-        "{node}",
-        "1 when the node's latest metrics scrape gave a memory sample, 0 when it did not; "
-        "error.type says why. A node that left the cluster has no point.",
-    ),
-    RecordedMetric(
-        RL_HOST_SCRAPE_DURATION_METRIC,
-        OBSERVABLE_GAUGE,
-        "s",
-        "Seconds the node's latest metrics scrape took, failed ones included.",
-    ),
-)
-
-
-# Export -------------------------------------------------------------------------------
-
-
-def _attributes(node_id: str, host: str, groups: dict[str, list[str]]) -> dict[str, str]:
-    return {
-        HOST_NAME_ATTR: host,
-        RL_WORKER_GROUPS_ATTR: format_worker_groups(groups.get(node_id, ())),
-        RAY_NODE_ID_ATTR: node_id,
-    }
-
-
-def _observations(key: str) -> list[Observation]:
-    """One observation per node with a fresh sample of ``key`` (a registry key).
-
-    Reads only the monitors' published snapshots and the placement registry: no
-    I/O, so an export never waits on a node. Samples past their expiry are left
-    out, and the worker-group label is worked out now, so a group registered or
-    forgotten since the sample was taken is already reflected.
-    """
-    fresh = fresh_samples(key)
-    if not fresh:
-        return []
-    groups = DEFAULT_REGISTRY.groups_by_node()
-    return [
-        Observation(value, _attributes(node_id, host, groups))
-        for (node_id, host), value in fresh.items()
-    ]
-
-
-def _observe_used(options: CallbackOptions) -> list[Observation]:
-    return _observations(_USED_KEY)
-
-
-def _observe_total(options: CallbackOptions) -> list[Observation]:
-    return _observations(_TOTAL_KEY)
-
-
-def _observe_machine_used(options: CallbackOptions) -> list[Observation]:
-    return _observations(MACHINE_USED_KEY)
-
-
-def _observe_machine_total(options: CallbackOptions) -> list[Observation]:
-    return _observations(MACHINE_TOTAL_KEY)
-
-
-def _observe_scrape_up(options: CallbackOptions) -> list[Observation]:
-    """``rl.host.scrape.up`` of every listed node, with ``error.type`` on a failure."""
-    health = fresh_health()
-    if not health:
-        return []
-    groups = DEFAULT_REGISTRY.groups_by_node()
-    found = []
-    for (node_id, host), entry in health.items():
-        attributes = _attributes(node_id, host, groups)
-        if entry.error_type is not None:
-            attributes[ERROR_TYPE_ATTR] = entry.error_type
-        found.append(Observation(entry.up, attributes))
-    return found
-
-
-def _observe_scrape_duration(options: CallbackOptions) -> list[Observation]:
-    """``rl.host.scrape.duration`` of every node a request was sent to."""
-    health = fresh_health()
-    if not health:
-        return []
-    groups = DEFAULT_REGISTRY.groups_by_node()
-    return [
-        Observation(entry.duration, _attributes(node_id, host, groups))
-        for (node_id, host), entry in health.items()
-        if entry.duration is not None
-    ]
-
-
-def _declare_gauges() -> None:
-    """Declare every gauge with lens (idempotent: a second call replaces the callbacks)."""
-    used, total, machine_used, machine_total = HOST_MEMORY_RECORDED_METRICS
-    register_observable_gauge(used, _observe_used)
-    register_observable_gauge(total, _observe_total)
-    register_observable_gauge(machine_used, _observe_machine_used)
-    register_observable_gauge(machine_total, _observe_machine_total)
-    up, duration = SCRAPE_HEALTH_RECORDED_METRICS
-    register_observable_gauge(up, _observe_scrape_up)
-    register_observable_gauge(duration, _observe_scrape_duration)
-
 
 # Worker groups -----------------------------------------------------------------------
 
@@ -405,7 +270,7 @@ def start_host_memory_monitoring(
         # taking it away before it starts and leaving it running unowned.
         with _MONITOR_LOCK:
             if _MONITOR is None:
-                _declare_gauges()
+                declare_gauges()
                 _MONITOR = HostMemoryMonitor(interval, cluster=cluster, snapshot=_DEFAULT_SNAPSHOT)
             _MONITOR.start()
             return _MONITOR
@@ -446,7 +311,7 @@ def reset_host_memory_state() -> None:
     forget_all_monitors()
     _DEFAULT_SNAPSHOT.clear()
     DEFAULT_REGISTRY.clear()
-    _declare_gauges()
+    declare_gauges()
 
 
-_declare_gauges()
+declare_gauges()

@@ -1,0 +1,51 @@
+"""Scraping raylets: the engine, the protocol the monitor asks of engines, and the helper's channel.
+
+This package stays light on purpose: it imports neither :mod:`raylens.lens` nor
+OpenTelemetry, because the scrape helper process runs from it
+(:mod:`raylens.telemetry.scraping._helper_program`) and starts in a fraction of the time
+an interpreter with the SDK loaded would take. The import contract ``light-helper`` in
+``pyproject.toml`` keeps it so.
+"""
+
+from __future__ import annotations
+
+from raylens.telemetry.scraping._channel import (
+    MAX_MESSAGE_BYTES,
+    ChannelBroken,
+    DriverChannel,
+    encode,
+    read_message,
+    write_message,
+)
+from raylens.telemetry.scraping._engine import (
+    BATCH_SLACK_S,
+    MAX_BODY_BYTES,
+    MAX_CONCURRENCY,
+    NOT_ASKED_IN_FLIGHT,
+    AsyncScrapeEngine,
+    Job,
+    Outcome,
+    ScrapeLimits,
+    fetch_once,
+)
+from raylens.telemetry.scraping._protocol import PrestartingEngine, ScrapeEngine
+
+__all__ = [
+    "BATCH_SLACK_S",
+    "MAX_BODY_BYTES",
+    "MAX_CONCURRENCY",
+    "MAX_MESSAGE_BYTES",
+    "NOT_ASKED_IN_FLIGHT",
+    "AsyncScrapeEngine",
+    "ChannelBroken",
+    "DriverChannel",
+    "Job",
+    "Outcome",
+    "PrestartingEngine",
+    "ScrapeEngine",
+    "ScrapeLimits",
+    "encode",
+    "fetch_once",
+    "read_message",
+    "write_message",
+]
