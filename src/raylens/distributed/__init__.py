@@ -1,16 +1,10 @@
-"""Ray worker groups, their placement, and the sharding of work across them.
+"""Ray worker groups, their placement, the sharding of work across them, and per-group memory.
 
-:class:`RayVirtualCluster` reserves placement-group bundles, :class:`RayWorkerGroup`
-starts actors on them and dispatches calls, and :class:`NamedSharding` names the axes
-along which data is split between workers. Nothing here imports Ray until a cluster
-or group actually talks to it.
-
-Modules: ``virtual_cluster`` (bundles and their placement), ``worker_groups`` (the
-public face of the group: ``worker_group`` for its life, ``worker_builder`` for how
-its actors are created, ``_worker_dispatch`` for calls and futures),
-``worker_planning`` (ranks, environments, data-parallel leaders and call routing,
-decided without Ray), ``ray_seam`` (the one way in to Ray), ``gpu_state`` (the GPU
-reading taken on a worker's node) and ``named_sharding`` (named axes over ranks).
+:class:`RayVirtualCluster` reserves placement-group bundles, :class:`RayWorkerGroup` starts
+actors on them and dispatches calls, and :class:`NamedSharding` names the axes along which
+data is split between workers; the group-memory modules keep a sampler on each node that
+holds a worker. Each module's job is listed in ``docs/architecture.md``. Nothing here
+imports Ray until a cluster or group actually talks to it.
 """
 
 from raylens.distributed.named_sharding import REPLICATED_AXES, NamedSharding, ShardingIndexError

@@ -1,30 +1,17 @@
-"""A node's sampler reading its worker groups on its own timer and publishing through Ray.
+"""Inside a node's sampler actor: read the worker groups on a timer and publish through Ray.
 
-Each node's sampler actor reads its registered workers' memory every interval and
-sets Ray metrics (``ray.util.metrics`` gauges) with the result; the node's metrics
-agent then serves them, with Ray's ``ray_`` prefix and its own labels, on the
-endpoint that raylens' host-memory scrape already reads. The driver makes no call
-per reading, and any process that scrapes the node sees the same figures.
+:class:`GroupMemorySamplerActor` is what runs in the actor (it also answers readings on
+demand); :class:`PublishingLoop` is its timer and bookkeeping; :class:`GroupMemoryPublisher`
+is the seam to Ray, whose default, :class:`RayMetricsPublisher`, sets ``ray.util.metrics``
+gauges (the series named in :mod:`raylens.telemetry.raylet_payload`) that the node's
+metrics agent serves on the endpoint the host-memory scrape reads. Tests hand the actor
+their own publisher.
 
-The series, named in :mod:`raylens.telemetry.raylet_payload`:
-
-- ``raylens_worker_group_memory_bytes{rl_worker_group, memory_type}``: a group's
-  RSS (``memory_type="rss"``), and its PSS (``"pss"``) while that is known;
-- ``raylens_worker_group_processes{rl_worker_group}``: processes measured;
-- ``raylens_sampler_sampled_at_seconds``: the wall-clock time (``time.time()``) of
-  the latest reading, so that a reader finding several samplers' series on one node
-  (Ray keeps a dead actor's series for a while, told apart by ``WorkerId``) can take
-  the freshest.
-
-A group that leaves the node, and a PSS figure that stops being known, get NaN once,
-so that readers drop the series at once rather than when Ray's gauge expiry removes
-it, and are not set again after that.
-
-:class:`GroupMemorySamplerActor` is what runs in the actor (it also answers
-readings on demand); :class:`PublishingLoop` is its timer and bookkeeping;
-:class:`GroupMemoryPublisher` is the seam between the loop and Ray: the default,
-:class:`RayMetricsPublisher`, creates its gauges on first use, inside the actor
-process (never at import); tests hand the actor their own.
+Invariants: the Ray gauges are created on first use inside the actor process, never at
+import; each reading also sets the wall-clock ``sampled_at`` series, so a reader finding
+several samplers' series on one node (told apart by ``WorkerId``) takes the freshest; a
+group that leaves, and a PSS figure that stops being known, are set to NaN once and then no
+more, so readers drop them at once rather than at Ray's gauge expiry.
 """
 
 from __future__ import annotations

@@ -1,25 +1,15 @@
-"""The distributed layer's part in per-group memory: who the workers are, and when to read them.
+"""The distributed layer's part in per-group memory: who the workers are, and the cycle hook.
 
-Two pieces join :mod:`raylens.telemetry.group_memory` (which must not know Ray) to
-the Ray side (:mod:`raylens.distributed.group_memory_sampler`):
+:class:`WorkerProcesses`, held by each :class:`RayWorkerGroup`, keeps the group's workers
+registered in the group-worker registry; :class:`GroupMemoryCycle` is the host-memory
+monitor cycle hook that keeps the samplers running and publishes their figures (or asks
+the samplers, in :attr:`CollectionMode.ASK`). Its place in a scrape's path is drawn in
+``docs/architecture.md``.
 
-- :class:`WorkerProcesses`, held by each :class:`RayWorkerGroup`, asks every new
-  worker once for its ``(node id, pid, start_ticks)`` and keeps the group's whole
-  list registered in the group-worker registry. After a worker is recreated only the
-  new one is asked: the others may be busy in a long method, and asking them would
-  wait behind it.
-- :class:`GroupMemoryCycle` is a host-memory monitor cycle hook (see
-  :meth:`HostMemoryMonitor.add_cycle_hook`). By default the samplers read on their
-  own timer and publish through Ray's metrics pipeline; each cycle the hook only
-  keeps them running (a Ray call only where something changed) and publishes the
-  figures the host-memory scrape brought back, so the group figures share the host
-  figures' pace and ``max_age``. In :attr:`CollectionMode.ASK` it asks every
-  sampler instead. It runs in the driver's monitor thread, since Ray calls cannot
-  be made from the scrape helper process. Samplers start with the first worker on
-  a node and go with the last.
-
-Neither ever raises into its caller: a failure is logged once and costs only the
-figures it concerns.
+Invariants: after a worker is recreated only the new one is asked for its identity (the
+others may be busy in a long method); the hook runs on the monitor's thread in the driver,
+since the scrape helper process cannot call Ray; neither piece ever raises into its caller:
+a failure is logged once and costs only the figures it concerns.
 """
 
 from __future__ import annotations

@@ -1,29 +1,21 @@
-"""One zero-CPU sampler actor per Ray node, reading worker groups' memory there.
+"""One zero-CPU sampler actor per Ray node, and the driver's side that keeps them.
 
-A worker group's processes can only be read from procfs on their own node, and
-asking the workers themselves would wait behind whatever long method they are
-running. So each node that hosts a registered worker gets a small actor of its
-own, :class:`GroupMemorySamplerActor`, pinned there with a hard node affinity and
-reserving no CPU and no GPU, which reads the workers' process trees from its own
-process with :class:`~raylens.telemetry.group_memory.GroupMemoryReader`.
+Each node with a registered worker gets a :class:`GroupMemorySamplerActor`, pinned there
+with a hard node affinity and reserving no CPU or GPU, which reads the workers' process
+trees with :class:`~raylens.telemetry.group_memory.GroupMemoryReader`: procfs can only be
+read on the node, and asking the workers would wait behind their long methods.
+:class:`GroupMemorySamplers` runs in the driver, called once per host-memory cycle:
+:meth:`~GroupMemorySamplers.maintain` only keeps the samplers (they publish on their own
+timer, see :mod:`raylens.distributed._group_memory_publishing`);
+:meth:`~GroupMemorySamplers.sample` asks each for a reading under one deadline.
 
-:class:`GroupMemorySamplers` runs in the driver, called once per host-memory
-cycle in one of two ways. :meth:`~GroupMemorySamplers.maintain` only keeps the
-samplers: each reads on its own timer and publishes through Ray's metrics pipeline
-(see :mod:`raylens.distributed._group_memory_publishing`), so a cycle in which no
-worker list changed costs the driver a comparison per node and no Ray call.
-:meth:`~GroupMemorySamplers.sample` starts samplers lazily for nodes that gained a
-worker, removes the one
-of a node whose last worker left, asks every sampler for a reading under one
-deadline, and returns ``{node id: NodeGroupMemory | SamplerError}``. A sampler
-that is slow, wedged or dead costs only its own node's result: it is not asked
-again while its last request is open, and it is replaced as soon as it is found
-dead, or after ``max_missed`` cycles without an answer once it has answered at
-least once (before that it may still be starting, and is replaced only when it has
-given no first answer within ``start_timeout_s``).
-
-Ray is imported only when a manager first needs it, and any object with the few
-``ray`` functions used here can stand in for it (the unit tests pass a fake).
+Invariants: a sampler that is slow, wedged or dead costs only its own node's result; it is
+not asked again while its last request is open, and it is replaced once found dead, or after
+``max_missed`` cycles without an answer once it has answered (before that, only when it gave
+no first answer within ``start_timeout_s``). Under ``maintain`` the driver makes Ray calls
+only where a node's workers changed, plus a liveness ping every ``ping_every`` cycles. Ray is
+imported only when a manager first needs it, and any object with the few ``ray`` functions
+used here can stand in for it.
 """
 
 from __future__ import annotations

@@ -1,31 +1,14 @@
-"""Groups of Ray actors placed on the bundles of a :class:`RayVirtualCluster`.
+"""The public face of Ray worker groups: the names NeMo-RL code imports.
 
-A :class:`RayWorkerGroup` starts one actor per requested bundle, gives each the
-environment a distributed job expects (``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK``,
-``NODE_RANK``, ``MASTER_ADDR``, ``MASTER_PORT``), and dispatches method calls to them:
-to one worker, to all with the same data, to all with per-worker data, or sharded over
-the named axes of a :class:`NamedSharding`. It can rebuild one worker in place
-(:meth:`RayWorkerGroup.recreate_worker`), probe the GPU a worker's bundle holds
-(:meth:`RayWorkerGroup.log_worker_gpu_state`) and shut everything down within a bound
-(:meth:`RayWorkerGroup.shutdown`).
+:class:`RayWorkerGroup` (``worker_group``) starts one actor per requested bundle of a
+:class:`RayVirtualCluster`, through a :class:`RayWorkerBuilder` (``worker_builder``) and its
+initializer actor, gives each worker the environment a distributed job expects, dispatches
+calls to them (``_worker_dispatch``), rebuilds one in place and shuts them all down within a
+bound; every decision that needs no Ray is in ``worker_planning``, every Ray call goes
+through a :class:`RaySeam`. Each module's job is listed in ``docs/architecture.md``.
 
-Workers are not created by the driver but by a small intermediate actor,
-:class:`RayWorkerBuilder.IsolatedWorkerInitializer`, which imports the worker class in
-the worker's own environment and owns the workers it creates (they live exactly as long
-as it does). A group uses one initializer per placement group.
-
-Once its workers are ready, a group tells :mod:`raylens.telemetry.host_memory` which
-bundles it holds, so host-memory points carry the group's name; shutdown withdraws it.
-
-This module is the public face of that machinery; the code lives in focused modules:
-:mod:`~raylens.distributed.worker_builder` (the builder, the initializer actor and the
-options a worker is created with), :mod:`~raylens.distributed.worker_group` (the
-group's life: creation, repair, shutdown), ``_worker_dispatch`` (calls and their
-futures), :mod:`~raylens.distributed.worker_planning` (every decision that needs no
-Ray), :mod:`~raylens.distributed.gpu_state` (the NVML probe run on a bundle) and
-:mod:`~raylens.distributed.ray_seam` (the one way in to Ray, which a group or cluster
-takes as ``ray_seam``). Ray is imported only inside the functions that talk to it, so
-this module imports where Ray is not installed.
+Ray is imported only inside the functions that talk to it, so this module imports where Ray
+is not installed.
 """
 
 from __future__ import annotations

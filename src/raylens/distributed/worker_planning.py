@@ -1,24 +1,15 @@
 """Who runs what in a worker group, and with which environment, decided without Ray.
 
-A :class:`~raylens.distributed.worker_groups.RayWorkerGroup` makes every decision about
-its workers here before it creates a single actor, and again each time it dispatches a
-call. Everything in this module is plain Python over plain data, so it is tested
-directly, runs where Ray is not installed, and never waits on a cluster:
+A :class:`~raylens.distributed.worker_groups.RayWorkerGroup` decides here, before it
+creates an actor and again at each dispatch: the environment a worker and its initializer
+get (inherited driver variables, the group's ``env_vars``, ``RANK``, ``WORLD_SIZE``...),
+each requested bundle's plan (rank, tied group, node rank, local rank, actor name), the
+data-parallel leaders, which workers a call reaches with which slice of data, and which
+results come back, one per tied group.
 
-- environment: which driver variables a worker inherits, how the group's
-  ``env_vars`` and the per-worker distributed variables (``RANK``, ``WORLD_SIZE``...)
-  stack on top of them, and what the initializer actor that creates the workers gets;
-- worker plans: the rank, tied group, node rank, local rank and actor name of every
-  requested bundle, from ``workers_per_node`` or an explicit ``bundle_indices_list``;
-- data-parallel leaders: which workers may own a DP shard, and the shard of each
-  worker;
-- dispatch routing: which workers a call reaches (``run_rank_0_only_axes``, sharded
-  dispatch over named axes), the slice of data each one receives, and the checks on
-  per-worker arguments;
-- result selection: which results a caller gets back, one per tied group.
-
-The functions raise ValueError with the offending value for a layout or argument a
-caller got wrong, so mistakes surface before any actor starts.
+Invariants: plain Python over plain data, so nothing here imports Ray or waits on a
+cluster; a layout or argument a caller got wrong raises ValueError naming the value, before
+any actor starts.
 """
 
 from __future__ import annotations

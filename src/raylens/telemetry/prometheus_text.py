@@ -1,11 +1,11 @@
 """Read a few named samples out of Prometheus or OpenMetrics exposition text, quickly.
 
 A raylet's metrics endpoint answers with 50-400 KB of text covering hundreds of series, and
-raylens wants two of them (``ray_node_mem_used`` and ``ray_node_mem_total``) from every node on
-every collection tick. A full parser such as ``prometheus_client``'s tokenises every line, unescapes
-every label value and builds an object per sample: around 75 ms for one head-node payload, which
-is a real cost when multiplied by the nodes of a large cluster. Nearly all of that work is thrown
-away, so this module never parses a line it was not asked about.
+raylens wants a handful of them (the memory series and the per-group series named in
+:mod:`raylens.telemetry.raylet_payload`) from every node on every cycle. A full parser such as
+``prometheus_client``'s tokenises every line, unescapes every label value and builds an object
+per sample (``docs/performance.md`` compares the two). Nearly all of that work is thrown away,
+so this module never parses a line it was not asked about.
 
 How a sample is found: the payload is searched, with the C-speed ``find`` of ``bytes``/``str``,
 for each wanted name (or for a long prefix that all wanted names share, so a single pass serves

@@ -1,45 +1,18 @@
 """Memory held by each worker group's processes on a node, read from procfs.
 
-The host-memory series say how much a node uses in all; this module says how much
-of it sits in the processes of each worker group. It has three parts, joined only
-by plain values:
+The public face of the group-memory package, three parts joined only by plain values:
+:class:`GroupWorkerRegistry` (in the driver: each group's workers as ``(node id, pid,
+start_ticks)``), :class:`GroupMemoryReader` (``_reading``; on the node, in a sampler: per
+group, the memory of the union of its workers' process trees, so a process two trees
+share counts once) and :class:`GroupMemorySnapshot` (in the driver: one cycle's readings,
+which the gauges read without I/O). How readings reach the driver is in
+``docs/architecture.md``; what the figures mean, in the README.
 
-- :class:`GroupWorkerRegistry` lives in the driver: each worker group registers its
-  workers there as ``(node id, pid, start_ticks)`` (see
-  :func:`raylens.distributed.group_memory_sampler.worker_identity`), again after
-  recreating a worker, and is forgotten at shutdown.
-
-- :class:`GroupMemoryReader` runs on the node itself (in a sampler process, see
-  :mod:`raylens.distributed.group_memory_sampler`). Given the workers registered
-  there as ``(group, pid, start_ticks)``, it walks each worker's process tree
-  through :class:`~raylens.telemetry.process_memory.ProcFS` and sums, per group,
-  the memory of the union of those trees: a process that two workers' trees share
-  counts once. It needs nothing from the workers themselves, so a worker stuck in
-  a long method is read like an idle one. RSS is read at every reading, trees are
-  walked and PSS read at their own, slower rates. Its result, :class:`NodeGroupMemory`,
-  travels between processes as builtins (:meth:`NodeGroupMemory.as_plain`).
-  The reader and its values live in :mod:`raylens.telemetry.group_memory._reading`.
-- :class:`GroupMemorySnapshot` lives in the driver. Each cycle publishes the
-  readings of every node at once; the observable gauges read the snapshot and do
-  no I/O. A node with no reading in the latest cycle (its sampler failed or it
-  left) has no point, and a reading older than ``max_age`` is not exported.
-
-What the figure means: RSS is summed per process, so a page that two processes
-of a group both map counts twice; PSS divides shared pages among the processes
-mapping them, so a group's PSS sum counts its share of them once. Neither covers
-the object store (shared memory owned by the raylet), the raylet, the driver or
-any other process on the node: those appear only in the host-memory series.
-
-Series (registered by :func:`register_group_memory_gauges`, never at import):
-
-- ``rl.worker_group.memory.usage`` (``By``), ``memory.type`` = ``rss`` or ``pss``;
-- ``rl.worker_group.processes`` (``{process}``);
-
-each point carrying ``rl.worker_group``, ``ray.node.id`` and ``host.name``.
-
-State lives in :class:`GroupWorkerRegistry` and :class:`GroupMemorySnapshot` objects;
-:data:`DEFAULT_REGISTRY` and :data:`DEFAULT_SNAPSHOT` are the ones the module functions
-use, and :func:`reset_group_memory_state` clears both.
+Invariants: the gauges are declared by :func:`register_group_memory_gauges`, never at
+import; group names and hosts are made encodable when a snapshot is published; a node with
+no reading in the latest cycle has no point, and a reading older than ``max_age`` is not
+exported. :func:`reset_group_memory_state` clears :data:`DEFAULT_REGISTRY` and
+:data:`DEFAULT_SNAPSHOT`.
 """
 
 from __future__ import annotations

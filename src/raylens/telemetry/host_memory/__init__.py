@@ -1,49 +1,17 @@
-"""Host memory of every Ray node, read from the raylets and exported through lens.
+"""Host memory of every Ray node, scraped from the raylets and exported through lens.
 
-Every raylet serves its node's Prometheus metrics. The driver scrapes them from
-every live node on a timer (:class:`HostMemoryMonitor`) and lens exports, in bytes:
+The public face of the host-memory package: the metric and attribute names,
+:class:`HostMemoryMonitor`, this process's monitor (:func:`start_host_memory_monitoring`,
+:func:`stop_host_memory_monitoring`) and the worker-group placement functions, bound to the
+default :class:`PlacementRegistry`. What each series means is in the README's metric
+reference; the private modules and one scrape's path are in ``docs/architecture.md``.
 
-- ``rl.host.memory.used`` / ``rl.host.memory.total``, from ``ray_node_mem_used`` /
-  ``ray_node_mem_total``: Ray's own figure for the node. When the raylet runs in a
-  container (a cgroup with a memory limit) it is the cgroup's usage and limit, the
-  figure Ray's memory monitor compares against its threshold before it kills
-  workers; on a bare machine it is the machine's.
-- ``rl.host.machine.memory.used`` / ``rl.host.machine.memory.total``, from
-  ``ray_node_mem_used_host`` / ``ray_node_mem_total_host``: the physical machine's
-  figure, whatever container the raylet is in. Only raylets that publish that pair
-  (Ray 2.60 does) have these points.
-
-and, per node, how its latest scrape went: ``rl.host.scrape.up`` (1 or 0, with
-``error.type`` on a failure) and ``rl.host.scrape.duration`` (seconds). A node
-that failed its scrape has ``up`` 0 and no memory point; a node that left the
-cluster has no point at all. A live node that serves no metrics (Ray installed
-without its ``default`` extra) is listed with ``error.type`` ``no_metrics_port``.
-
-Each point carries three attributes: ``host.name``; ``ray.node.id``, which keeps
-apart nodes that share a host (``ray.cluster_utils.Cluster`` starts several raylets
-on one machine); and ``rl.worker_groups``, the worker groups with at least one
-worker on that node. The groups are those of this process and those other live
-jobs published to the cluster (see :mod:`raylens.telemetry.host_memory._placement`), so a
-process with no groups of its own labels nodes as the driver does.
-
-What the figure means: the used figure covers the whole node. The raylet,
-the object store (often the largest consumer, and the usual reason a node runs out
-of memory), every worker on the host and, on the head node, the driver are all in
-it, with no breakdown. ``rl.worker_groups`` therefore says who lives on a node, not
-who uses its memory; two groups sharing a node share one figure.
-
-This module is the public face; the work is done by private modules, one job each:
-``_names`` (series and attribute names), ``raylet_payload`` (the series read from a
-payload, and its parser), ``_placement`` (the worker-group placement registry),
-``_nodes`` (node discovery), ``_monitor`` (the monitor's policy), ``_snapshot`` (what a
-monitor publishes), ``_scrape_engine`` (the aiohttp engine holding every request's
-deadline), ``_scrape_helper``, ``_helper_process`` and ``_helper_channel`` (the same
-engine in a helper process, the default, so the driver's interpreter only receives
-numbers) and ``_scrape_threads`` (runs a replaced ``_scrape``).
-
-State, all reset by :func:`reset_host_memory_state`: the process monitor's
-published samples (:data:`_SNAPSHOT`), the worker-group placement registry
-(:data:`_WORKER_GROUP_NODES`) and the process's monitor (:data:`_MONITOR`).
+Invariants: starting and stopping the process's monitor and
+:func:`register_worker_group_placement` never raise (a failure is logged once);
+:func:`register_worker_group_nodes` raises for a bad argument. ``_MONITOR`` is read and
+replaced only under ``_MONITOR_LOCK``, which a forked child renews. The gauges are declared
+at import and again at every start and reset; :func:`reset_host_memory_state` (for tests)
+stops every monitor and clears the default snapshot and placement registry.
 """
 
 from __future__ import annotations

@@ -2,15 +2,15 @@
 
 The helper is a separate interpreter started with :mod:`subprocess` (a fresh
 ``python``, never a fork of the driver, and no :mod:`multiprocessing` machinery,
-so nothing process-wide such as ``__main__`` is touched while it starts). It
-runs :mod:`._helper_process`; the two talk through :mod:`._helper_channel`,
-whose driver end never blocks: whatever the helper does (stalls, dies, floods
-its answers), :meth:`HelperEngine.scrape` returns within its deadline and
-:meth:`HelperEngine.close` within its bound.
+so nothing process-wide such as ``__main__`` is touched while it starts). It runs
+:mod:`raylens.telemetry.scraping._helper_program`; the two talk through
+:mod:`raylens.telemetry.scraping._channel`, whose driver end never blocks: whatever
+the helper does (stalls, dies, floods its answers), :meth:`HelperEngine.scrape`
+returns within its deadline and :meth:`HelperEngine.close` within its bound.
 
 Lifetime: the driver reaps a helper that ended (no zombie) and starts a new one
-on the next cycle, with one warning when the last one crashed. A helper that
-has not taken a batch for :data:`STALLED_CYCLES` cycles in a row (stopped, or
+on the next cycle, with one warning when the last one crashed. A helper that has
+taken or answered no batch for :data:`STALLED_CYCLES` cycles in a row (stopped, or
 wedged) is killed and replaced. In a forked child the parent's helper is
 forgotten, never used or stopped (:mod:`raylens.forking`).
 """

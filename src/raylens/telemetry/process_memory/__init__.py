@@ -1,58 +1,19 @@
 """Memory of managed server process trees (RSS, PSS, sampled peaks) and of the host.
 
-A managed server is a root process plus everything it forked: worker pools,
-tokenizer subprocesses, model runners. :class:`MemoryProfiler` samples each
-server's whole tree on a background thread and exports the result through lens
-observable gauges, alongside host memory from psutil.
+The public face of the process-memory package: :class:`MemoryProfiler` (``_profiler``)
+samples each server's tree on a background thread, :class:`ProcessMemorySeries`
+(``_profiler_series``) holds what the ``gym.*`` gauges export, and
+:mod:`raylens.telemetry.procfs` reads the trees. The series are described in the README's
+metric reference, the modules in ``docs/architecture.md``.
 
-This module is the public face; the work is done in three private modules:
-:mod:`~raylens.telemetry.procfs` reads procfs and psutil (how a tree is walked
-and read is described there), :mod:`~raylens.telemetry.process_memory._profiler` schedules the
-samples, and :mod:`~raylens.telemetry.process_memory._profiler_series` exports them. Every name
-below is importable from here.
-
-PSS is costly: to compute it the kernel walks the process's page tables while
-holding its mmap lock, which takes milliseconds per resident gigabyte (seconds
-for a process holding hundreds of gigabytes) and holds up the process's own
-page faults meanwhile. ``MemoryProfiler(pss_interval_seconds=...)`` therefore reads
-PSS less often than RSS; in between, RSS comes from ``statm`` alone (which never
-touches ``smaps_rollup``) and the last PSS is reported with its age.
-
-Exported series (unit ``By`` unless noted), each server point carrying
-``nemo.gym.server.name``, ``nemo.gym.server.type`` and ``process.pid``, the
-attributes NeMo-Gym's profiler exports, so dashboards built on it keep working:
-
-- ``gym.server.memory.usage`` and ``gym.server.memory.sampled_peak``, with
-  ``memory.type`` = ``rss`` or ``pss``;
-- ``gym.server.processes`` (unit ``{process}``);
-- ``gym.host.memory.usage``, ``.available``, ``.total`` and ``.sampled_peak``.
-
-A tree that is gone holds nothing and says so: ``gym.server.processes`` 0 and
-memory 0, so an alert on a server with no processes fires. A value that is not
-known at the latest sample (a PSS that could not be read, a collector that
-failed) has no point rather than an old one. Peaks are the largest values
-sampled since the profiler was last started and stay exported after the tree is
-gone, until the server is removed from the profiler.
-
-Recording never reaches the profiled server or the caller: a meter or exporter
-that fails costs that sample its points and one warning. With telemetry off (no
-lens handle) :func:`record_server_memory` and :func:`record_host_memory` do
-nothing; a profiler still keeps its own peaks for :meth:`MemoryProfiler.latest`.
-A profiler on :data:`DEFAULT_SERIES` looks both functions up on this module at each
-sample: a replacement set here (``monkeypatch.setattr``) is called with each measured
-server's tree and the host's memory, and the profiler's own peaks, instead of the
-profiler publishing them itself. An exception it raises is logged once and costs only
-that sample's points.
-The gauges are declared with lens at the first sample recorded with telemetry
-on; importing this module creates no instrument.
-
-State: a :class:`ProcessMemorySeries` holds what the gauge callbacks read (one
-entry per profiler and server name, dropped when the profiler forgets the server,
-or replaced by the next entry of that name once the profiler is garbage-collected)
-and the meters its gauges were set up on. :data:`DEFAULT_SERIES` is the one the
-functions here and profilers built without ``series=`` use, and the only one lens
-exports; :func:`reset_process_memory_state` resets it. The host points are one set
-per series, shared by its profilers: the last to sample sets them, peak included.
+Invariants, the drop-in seams NeMo-Gym's tests rely on: profilers on :data:`DEFAULT_SERIES`
+look :func:`record_server_memory` and :func:`record_host_memory` up on this module at each
+sample (the :func:`record_through` call below), and :func:`collect_process_tree_memory`
+reads a tree (without ``procfs``, with PSS) through this module's :func:`_descendant_pids`
+and :func:`_read_process_memory`, so a replacement set here with ``monkeypatch.setattr`` is
+the one called. Importing creates no instrument; recording never raises into the profiled
+server or the caller.
+:func:`reset_process_memory_state` resets :data:`DEFAULT_SERIES`, the only series lens exports.
 """
 
 from __future__ import annotations

@@ -5,6 +5,11 @@ values go, from :mod:`raylens.telemetry.process_memory._profiler_series`. This m
 when to read (PSS less often than RSS, when asked), tells a live server from one
 that exited or whose pid was reused, and keeps per-server state (peaks, the last
 PSS) only for the servers it measures now.
+
+PSS is read less often because it is costly: the kernel walks the process's page
+tables under its mmap lock, milliseconds per resident gigabyte, holding up the
+process's own page faults meanwhile. In between, RSS comes from ``statm`` alone and
+the last PSS is reported with its age.
 """
 
 from __future__ import annotations

@@ -18,7 +18,7 @@ point at one ``host:port`` never share one. A host name is looked up under the
 same deadline, on a thread of its own (:class:`_PerNameResolver`), so a name
 whose lookup hangs or fails delays no other.
 
-The same engine runs in the helper process (:mod:`._scrape_helper`) and, in
+The same engine runs in the helper process (:mod:`._helper_program`) and, in
 in-process mode, in the driver: both modes share this one fetch path.
 """
 

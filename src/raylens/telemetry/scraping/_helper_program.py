@@ -1,8 +1,8 @@
 """The scrape helper's own side: the program the helper process runs.
 
-Started by :class:`~._scrape_helper.HelperEngine` as ``python -c`` calling
-:func:`main` with the socket's descriptor, the driver's pid and the scrape
-limits on the command line. It imports only the engine and the channel, never
+Started by :class:`~raylens.telemetry.host_memory._helper_engine.HelperEngine` as
+``python -c`` calling :func:`main` with the socket's descriptor, the driver's pid
+and the scrape limits on the command line. It imports only the engine and the channel, never
 the driver's script. It ignores SIGINT (a Ctrl-C in the driver's terminal is the
 driver's to handle; the helper then ends with it) and exits as soon as its
 driver is gone, SIGKILL included, or the channel closes.

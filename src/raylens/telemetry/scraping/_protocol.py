@@ -1,8 +1,8 @@
 """What the host-memory monitor asks of a scrape engine.
 
 Two engines exist: the helper process (:class:`~raylens.telemetry.host_memory._helper_engine.HelperEngine`)
-and the in-process one (:class:`~raylens.telemetry.scraping._engine.AsyncScrapeEngine`); a test
-may hand the monitor its own. :class:`ScrapeEngine` is what every one of them offers;
+and the in-process one (:class:`~raylens.telemetry.scraping._engine.AsyncScrapeEngine`); the
+monitor builds one of them from its ``scrape_mode``. :class:`ScrapeEngine` is what both offer;
 :class:`PrestartingEngine` adds what only an engine that runs in another process has: a way to
 start that process ahead of the first batch, and its pid.
 """
