@@ -87,6 +87,15 @@ class MultiWorkerFuture:
         return _select_results(values, self.called_workers, self.return_from_workers, mapping)
 
 
+def _check_index(name: str, value: object, count: int, allowed: str) -> None:
+    """Raise WorkerIndexError unless ``value`` is an int (not a bool) in ``0..count - 1``.
+
+    ``allowed`` describes the range for the message: "this group has {allowed}".
+    """
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value < count:
+        raise WorkerIndexError(f"{name}={value!r} is out of range; this group has {allowed}")
+
+
 class _WorkerDispatch:
     """The dispatch methods of a worker group, over its workers and sharding."""
 
@@ -98,27 +107,13 @@ class _WorkerDispatch:
 
     def get_dp_leader_worker_idx(self, dp_shard_idx: int) -> int:
         """The worker that owns data-parallel shard ``dp_shard_idx``."""
-        if (
-            isinstance(dp_shard_idx, bool)
-            or not isinstance(dp_shard_idx, int)
-            or not (0 <= dp_shard_idx < len(self._dp_leaders))
-        ):
-            raise WorkerIndexError(
-                f"dp_shard_idx={dp_shard_idx!r} is out of range; this group has "
-                f"{len(self._dp_leaders)} DP shards (0..{len(self._dp_leaders) - 1})"
-            )
+        shards = len(self._dp_leaders)
+        _check_index("dp_shard_idx", dp_shard_idx, shards, f"{shards} DP shards (0..{shards - 1})")
         return self._dp_leaders[dp_shard_idx]
 
     def _check_worker_idx(self, worker_idx: int) -> None:
-        if (
-            isinstance(worker_idx, bool)
-            or not isinstance(worker_idx, int)
-            or not (0 <= worker_idx < len(self._workers))
-        ):
-            raise WorkerIndexError(
-                f"worker_idx={worker_idx!r} is out of range; this group has "
-                f"{len(self._workers)} workers"
-            )
+        workers = len(self._workers)
+        _check_index("worker_idx", worker_idx, workers, f"{workers} workers")
 
     # ---- dispatch -------------------------------------------------------------------
 

@@ -226,6 +226,18 @@ def test_out_of_range_dp_shard_idx_is_an_index_error(ray: FakeRay) -> None:
         group.get_dp_leader_worker_idx(4)
 
 
+def test_index_errors_name_the_value_and_the_allowed_range(ray: FakeRay) -> None:
+    group = build(ray, name_prefix="pol")
+    with pytest.raises(wg.WorkerIndexError) as worker:
+        group.run_single_worker_single_data("step", True)
+    assert str(worker.value) == "worker_idx=True is out of range; this group has 4 workers"
+    with pytest.raises(wg.WorkerIndexError) as shard:
+        group.get_dp_leader_worker_idx("0")  # type: ignore[arg-type]
+    assert str(shard.value) == (
+        "dp_shard_idx='0' is out of range; this group has 4 DP shards (0..3)"
+    )
+
+
 # ---- what the group exposes ----------------------------------------------------------
 
 
