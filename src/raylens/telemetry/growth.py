@@ -129,12 +129,17 @@ class GrowthSnapshot:
             RAY_NODE_ID_ATTR: outlook.node_id,
         }
 
+    def _node_points(self, figure: Callable[[NodeOutlook], float | None]) -> list[Observation]:
+        """One point per node whose ``figure`` is known, with the node's attributes."""
+        points = []
+        for outlook in self.latest().values():
+            value = figure(outlook)
+            if value is not None:
+                points.append(Observation(value, self._node_attributes(outlook)))
+        return points
+
     def observe_growth(self, _options: CallbackOptions | None = None) -> list[Observation]:
-        return [
-            Observation(o.growth, self._node_attributes(o))
-            for o in self.latest().values()
-            if o.growth is not None
-        ]
+        return self._node_points(lambda o: o.growth)
 
     def observe_group_growth(self, _options: CallbackOptions | None = None) -> list[Observation]:
         return [
@@ -147,18 +152,10 @@ class GrowthSnapshot:
         ]
 
     def observe_limit(self, _options: CallbackOptions | None = None) -> list[Observation]:
-        return [
-            Observation(o.limit, self._node_attributes(o))
-            for o in self.latest().values()
-            if o.limit is not None
-        ]
+        return self._node_points(lambda o: o.limit)
 
     def observe_time_to_limit(self, _options: CallbackOptions | None = None) -> list[Observation]:
-        return [
-            Observation(o.time_to_limit, self._node_attributes(o))
-            for o in self.latest().values()
-            if o.time_to_limit is not None
-        ]
+        return self._node_points(lambda o: o.time_to_limit)
 
 
 def register_growth_gauges(snapshot: GrowthSnapshot) -> None:
