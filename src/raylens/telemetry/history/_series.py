@@ -222,14 +222,19 @@ class SeriesBuffer:
         newest = self.last_time
         if newest is None:
             return
+        self._lo += self._fold_departed(newest)
+
+    def _fold_departed(self, newest: float) -> int:
+        """Fold the held samples that have left the window ending at ``newest`` into the buckets.
+
+        Returns how many there were, all at the front of ``[_lo, _hi)``; the caller drops them.
+        """
         t = self._t[self._lo : self._hi]
-        keep_from = int(
-            np.searchsorted(t, np.float32(self._cutoff(newest) - self._t0), side="left")
-        )
-        if keep_from:
-            start, stop = self._lo, self._lo + keep_from
+        departed = int(np.searchsorted(t, np.float32(self._cutoff(newest) - self._t0), side="left"))
+        if departed:
+            start, stop = self._lo, self._lo + departed
             self._fold(self._t[start:stop].astype(np.float64) + self._t0, self._v[start:stop])
-            self._lo = stop
+        return departed
 
     def _cutoff(self, newest: float) -> float:
         """Samples before this time have left the window (and no fit still needs them)."""
@@ -302,13 +307,7 @@ class SeriesBuffer:
     def _make_room(self, incoming: int, newest_t: float) -> None:
         if self._hi + incoming <= len(self._t):
             return
-        t = self._t[self._lo : self._hi]
-        keep_from = int(
-            np.searchsorted(t, np.float32(self._cutoff(newest_t) - self._t0), side="left")
-        )
-        if keep_from:
-            start, stop = self._lo, self._lo + keep_from
-            self._fold(self._t[start:stop].astype(np.float64) + self._t0, self._v[start:stop])
+        keep_from = self._fold_departed(newest_t)
         live = self._hi - self._lo - keep_from
         needed = live + incoming
         capacity = len(self._t)
