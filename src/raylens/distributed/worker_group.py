@@ -61,6 +61,14 @@ _DEATH_WAIT_S = 30.0
 _GRACEFUL_EXIT_S = 30.0
 
 
+def _kill_or_warn_once(ray: Any, actor: Any, warning_key: str, warning: str) -> None:
+    """``ray.kill(actor, no_restart=True)``; a failure is logged once under ``warning_key``."""
+    try:
+        ray.kill(actor, no_restart=True)
+    except Exception:
+        warn_once(warning_key, warning, logger=_LOGGER)
+
+
 class RayWorkerGroup(_WorkerDispatch):
     """A group of worker actors on a virtual cluster's bundles, dispatched to as one.
 
@@ -429,15 +437,13 @@ class RayWorkerGroup(_WorkerDispatch):
                 "ray.shutdown() was)"
             )
         old = self._workers[worker_idx]
-        try:
-            ray.kill(old, no_restart=True)
-        except Exception:
-            warn_once(
-                f"worker_groups.recreate.kill.{self.name_prefix}",
-                f"worker group {self.name_prefix!r}: could not kill worker {worker_idx} "
-                "before recreating it",
-                logger=_LOGGER,
-            )
+        _kill_or_warn_once(
+            ray,
+            old,
+            f"worker_groups.recreate.kill.{self.name_prefix}",
+            f"worker group {self.name_prefix!r}: could not kill worker {worker_idx} "
+            "before recreating it",
+        )
         if not _wait_until_dead(ray, old, _DEATH_WAIT_S):
             raise TimeoutError(
                 f"worker group {self.name_prefix!r}: worker {worker_idx} was killed but Ray "
@@ -584,14 +590,12 @@ class RayWorkerGroup(_WorkerDispatch):
         if ray is None:
             return
         for initializer in initializers:
-            try:
-                ray.kill(initializer, no_restart=True)
-            except Exception:
-                warn_once(
-                    f"worker_groups.kill_initializer.{self.name_prefix}",
-                    f"worker group {self.name_prefix!r}: could not kill an initializer actor",
-                    logger=_LOGGER,
-                )
+            _kill_or_warn_once(
+                ray,
+                initializer,
+                f"worker_groups.kill_initializer.{self.name_prefix}",
+                f"worker group {self.name_prefix!r}: could not kill an initializer actor",
+            )
 
     def __repr__(self) -> str:
         return (

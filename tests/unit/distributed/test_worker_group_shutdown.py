@@ -86,6 +86,19 @@ def test_a_worker_that_cannot_be_killed_does_not_spare_the_rest(ray: FakeRay) ->
     assert placement_forgotten()
 
 
+def test_an_initializer_that_cannot_be_killed_is_warned_about_once_and_spares_no_other(
+    ray: FakeRay, caplog: pytest.LogCaptureFixture
+) -> None:
+    group = make_group(ray, worker(ray, "w0"))
+    group._initializers["pg-a"].kill_error = True
+    with caplog.at_level("WARNING"):
+        assert group.shutdown() is True  # the workers are gone; an initializer is not a worker
+    assert ray.killed == ["w0", "init-b"]
+    warnings = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
+    assert warnings == ["worker group 'grp': could not kill an initializer actor"]
+    assert group._initializers == {}
+
+
 def test_cleanup_outcomes(ray: FakeRay) -> None:
     group = make_group(
         ray,
