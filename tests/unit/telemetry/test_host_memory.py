@@ -68,6 +68,21 @@ def test_recorded_metrics_are_byte_gauges_and_registered() -> None:
     assert rows["rl.host.memory.used"].key == hm._USED_KEY
 
 
+def test_each_exported_metric_name_is_the_name_of_a_declared_gauge() -> None:
+    declared = [*hm.HOST_MEMORY_RECORDED_METRICS, *hm.SCRAPE_HEALTH_RECORDED_METRICS]
+
+    assert [row.name for row in declared] == [
+        hm.RL_HOST_MEMORY_USED_METRIC,
+        hm.RL_HOST_MEMORY_TOTAL_METRIC,
+        hm.RL_HOST_MACHINE_MEMORY_USED_METRIC,
+        hm.RL_HOST_MACHINE_MEMORY_TOTAL_METRIC,
+        hm.RL_HOST_SCRAPE_UP_METRIC,
+        hm.RL_HOST_SCRAPE_DURATION_METRIC,
+    ]
+    assert hm.RL_HOST_SCRAPE_UP_METRIC == "rl.host.scrape.up"
+    assert hm.RL_HOST_SCRAPE_DURATION_METRIC == "rl.host.scrape.duration"
+
+
 # Parsing ----------------------------------------------------------------------------
 
 

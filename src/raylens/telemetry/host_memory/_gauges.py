@@ -10,20 +10,9 @@ from __future__ import annotations
 from opentelemetry.metrics import CallbackOptions, Observation
 
 from raylens.lens import OBSERVABLE_GAUGE, RecordedMetric, register_observable_gauge
+from raylens.telemetry import names
 from raylens.telemetry.host_memory._placement import DEFAULT_REGISTRY, format_worker_groups
 from raylens.telemetry.host_memory._snapshot import fresh_health, fresh_samples
-from raylens.telemetry.names import (
-    ERROR_TYPE_ATTR,
-    HOST_NAME_ATTR,
-    RAY_NODE_ID_ATTR,
-    RL_HOST_MACHINE_MEMORY_TOTAL_METRIC,
-    RL_HOST_MACHINE_MEMORY_USED_METRIC,
-    RL_HOST_MEMORY_TOTAL_METRIC,
-    RL_HOST_MEMORY_USED_METRIC,
-    RL_HOST_SCRAPE_DURATION_METRIC,
-    RL_HOST_SCRAPE_UP_METRIC,
-    RL_WORKER_GROUPS_ATTR,
-)
 from raylens.telemetry.raylet_payload import (
     MACHINE_TOTAL_KEY,
     MACHINE_USED_KEY,
@@ -35,7 +24,7 @@ __all__ = ["HOST_MEMORY_RECORDED_METRICS", "SCRAPE_HEALTH_RECORDED_METRICS", "de
 
 HOST_MEMORY_RECORDED_METRICS: tuple[RecordedMetric, ...] = (
     RecordedMetric(
-        RL_HOST_MEMORY_USED_METRIC,
+        names.RL_HOST_MEMORY_USED_METRIC,
         OBSERVABLE_GAUGE,
         "By",
         "Memory in use on a Ray node as Ray counts it (ray_node_mem_used): in a container, "
@@ -43,21 +32,21 @@ HOST_MEMORY_RECORDED_METRICS: tuple[RecordedMetric, ...] = (
         "store, raylet, workers and driver are all in it.",
     ),
     RecordedMetric(
-        RL_HOST_MEMORY_TOTAL_METRIC,
+        names.RL_HOST_MEMORY_TOTAL_METRIC,
         OBSERVABLE_GAUGE,
         "By",
         "Memory a Ray node may use as Ray counts it (ray_node_mem_total): in a container, "
         "the cgroup's limit; else the machine's total.",
     ),
     RecordedMetric(
-        RL_HOST_MACHINE_MEMORY_USED_METRIC,
+        names.RL_HOST_MACHINE_MEMORY_USED_METRIC,
         OBSERVABLE_GAUGE,
         "By",
         "Memory in use on the physical machine a Ray node runs on (ray_node_mem_used_host), "
         "whatever container the raylet is in; only where the raylet publishes it.",
     ),
     RecordedMetric(
-        RL_HOST_MACHINE_MEMORY_TOTAL_METRIC,
+        names.RL_HOST_MACHINE_MEMORY_TOTAL_METRIC,
         OBSERVABLE_GAUGE,
         "By",
         "Total memory of the physical machine a Ray node runs on (ray_node_mem_total_host); "
@@ -67,7 +56,7 @@ HOST_MEMORY_RECORDED_METRICS: tuple[RecordedMetric, ...] = (
 
 SCRAPE_HEALTH_RECORDED_METRICS: tuple[RecordedMetric, ...] = (
     RecordedMetric(
-        RL_HOST_SCRAPE_UP_METRIC,
+        names.RL_HOST_SCRAPE_UP_METRIC,
         OBSERVABLE_GAUGE,
         # An annotation only: Prometheus drops it, so the series stays rl_host_scrape_up.
         "{node}",
@@ -75,7 +64,7 @@ SCRAPE_HEALTH_RECORDED_METRICS: tuple[RecordedMetric, ...] = (
         "error.type says why. A node that left the cluster has no point.",
     ),
     RecordedMetric(
-        RL_HOST_SCRAPE_DURATION_METRIC,
+        names.RL_HOST_SCRAPE_DURATION_METRIC,
         OBSERVABLE_GAUGE,
         "s",
         "Seconds the node's latest metrics scrape took, failed ones included.",
@@ -85,9 +74,9 @@ SCRAPE_HEALTH_RECORDED_METRICS: tuple[RecordedMetric, ...] = (
 
 def _attributes(node_id: str, host: str, groups: dict[str, list[str]]) -> dict[str, str]:
     return {
-        HOST_NAME_ATTR: host,
-        RL_WORKER_GROUPS_ATTR: format_worker_groups(groups.get(node_id, ())),
-        RAY_NODE_ID_ATTR: node_id,
+        names.HOST_NAME_ATTR: host,
+        names.RL_WORKER_GROUPS_ATTR: format_worker_groups(groups.get(node_id, ())),
+        names.RAY_NODE_ID_ATTR: node_id,
     }
 
 
@@ -135,7 +124,7 @@ def _observe_scrape_up(options: CallbackOptions) -> list[Observation]:
     for (node_id, host), entry in health.items():
         attributes = _attributes(node_id, host, groups)
         if entry.error_type is not None:
-            attributes[ERROR_TYPE_ATTR] = entry.error_type
+            attributes[names.ERROR_TYPE_ATTR] = entry.error_type
         found.append(Observation(entry.up, attributes))
     return found
 
