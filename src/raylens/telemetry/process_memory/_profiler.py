@@ -29,16 +29,14 @@ from types import ModuleType
 from typing import Any
 
 from raylens.lens import reset_warn_once, warn_once
+from raylens.telemetry.process_memory import _profiler_series
 from raylens.telemetry.process_memory._profiler_series import (
-    DEFAULT_SERIES,
     HOST_USED,
     PSS,
     RSS,
     ProcessMemorySeries,
     ServerMemoryTarget,
     raise_peak,
-    record_host_memory,
-    record_server_memory,
 )
 from raylens.telemetry.procfs import (
     HostMemory,
@@ -69,8 +67,9 @@ def record_through(module: ModuleType) -> None:
     _recording_module = module
 
 
-def _replaced(name: str, original: Callable[..., None]) -> Callable[..., None] | None:
-    """The function now bound to ``name`` on the recording module, if it is not ``original``."""
+def _replaced(name: str) -> Callable[..., None] | None:
+    """The function now bound to ``name`` on the recording module, if it is not the series' own."""
+    original = getattr(_profiler_series, name)
     module = _recording_module
     current = getattr(module, name, original) if module is not None else original
     return None if current is original else current
@@ -221,7 +220,7 @@ class MemoryProfiler:
             raise ValueError(f"server names must be unique; repeated: {', '.join(duplicates)}")
         if series is not None and not isinstance(series, ProcessMemorySeries):
             raise TypeError(f"series must be a ProcessMemorySeries or None, got {series!r}")
-        self._series = DEFAULT_SERIES if series is None else series
+        self._series = _profiler_series.DEFAULT_SERIES if series is None else series
         self._targets = {target.name: target for target in targets}
         self._procfs = as_procfs(procfs)
         if collector is None:
@@ -412,7 +411,7 @@ class MemoryProfiler:
             peak = raise_peak(
                 self._host_peaks, HOST_USED, None if host is None else host.used_bytes
             )
-            replacement = self._replacement("record_host_memory", record_host_memory)
+            replacement = self._replacement("record_host_memory")
             if replacement is None:
                 self._series.publish_host(host, peak)
             elif host is not None:
@@ -484,7 +483,7 @@ class MemoryProfiler:
             peak_pss = raise_peak(
                 self._peaks, (name, PSS), None if memory is None else memory.pss_bytes
             )
-            replacement = self._replacement("record_server_memory", record_server_memory)
+            replacement = self._replacement("record_server_memory")
             if replacement is None:
                 self._series.publish_server(target, memory, peak_rss, peak_pss, owner=self._owner)
         # Outside the state lock: a replacement is the caller's code and may call back in.
@@ -502,7 +501,7 @@ class MemoryProfiler:
             peak_pss_bytes=peak_pss,
         )
 
-    def _replacement(self, name: str, original: Callable[..., None]) -> Callable[..., None] | None:
+    def _replacement(self, name: str) -> Callable[..., None] | None:
         """A replaced recording function to call instead of publishing, or None.
 
         Only a profiler on :data:`DEFAULT_SERIES`, the series the module-level
@@ -510,7 +509,7 @@ class MemoryProfiler:
         called but stood in for by publishing straight into the series, so that each
         profiler's servers stay apart from another's of the same name.
         """
-        return _replaced(name, original) if self._series is DEFAULT_SERIES else None
+        return _replaced(name) if self._series is _profiler_series.DEFAULT_SERIES else None
 
     def _call_replacement(self, function: Callable[..., None], name: str, *args: Any) -> None:
         """Call a replaced recording function the way NeMo-Gym's profiler does; never raises.
