@@ -43,7 +43,6 @@ from opentelemetry.sdk.metrics.view import View
 from opentelemetry.sdk.resources import Resource
 from opentelemetry.util.types import AttributeValue
 
-import raylens
 from raylens import forking
 from raylens.lens import _sdk_state
 from raylens.lens._live_sets import LiveAttributeSets, exportable
@@ -52,6 +51,7 @@ from raylens.lens.exporters import PrometheusEndpoint, build_exporter_reader
 from raylens.lens.metrics import OBSERVABLE_GAUGE, RecordedMetric, register_recorded_metrics
 from raylens.lens.warnings import warn_once
 from raylens.safe_text import encodable
+from raylens.version import __version__
 
 logger = logging.getLogger("raylens.lens")
 
@@ -259,7 +259,7 @@ def init_telemetry(
             handle = TelemetryHandle(
                 config=config,
                 meter_provider=provider,
-                meter=provider.get_meter(METER_NAME, raylens.__version__),
+                meter=provider.get_meter(METER_NAME, __version__),
                 readers=[reader],
                 exporter_reader=None if metric_reader is not None else reader,
                 prometheus=prometheus,
