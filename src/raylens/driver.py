@@ -23,7 +23,8 @@ from __future__ import annotations
 import dataclasses
 import logging
 import os
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
+from typing import TYPE_CHECKING
 
 from opentelemetry.sdk.metrics.export import MetricReader
 
@@ -38,6 +39,10 @@ from raylens.lens import (
 from raylens.telemetry import host_memory
 from raylens.telemetry.growth import GrowthCycle, attach_growth
 from raylens.telemetry.history import GrowthSettings, resolve_kill_line_config
+from raylens.telemetry.oom import OomWatch, PostMortemWriter, attach_oom_watch
+
+if TYPE_CHECKING:
+    from raylens.distributed._group_memory_wiring import GroupMemoryCycle
 
 __all__ = ["DRIVER_CONSOLE_INTERVAL_MS", "driver_config_from_env", "init_telemetry_driver"]
 
@@ -100,6 +105,11 @@ def init_telemetry_driver(
     ``rl.host.memory.time_to_limit``). ``growth_window`` is its sliding window in
     seconds; it defaults to ``RAYLENS_GROWTH_WINDOW``, else 600. A bad window is
     logged and the default used.
+
+    Each cycle also looks for workers lost to memory (Ray's memory monitor, the
+    kernel's OOM killer, a worker group's call failing with ``OutOfMemoryError``) and
+    writes one post-mortem per kill into ``RAYLENS_POSTMORTEM_DIR`` (default
+    ``<temp dir>/raylens-postmortems``), counted in ``rl.host.oom_kills``.
     """
     handle = _start_lens(config, metric_reader)
     interval = (
@@ -109,26 +119,30 @@ def init_telemetry_driver(
     )
     monitor = host_memory.start_host_memory_monitoring(interval)
     if monitor is not None:
-        _attach_group_memory(monitor)
-        _attach_growth(monitor, growth_window)
+        groups = _attach_group_memory(monitor)
+        growth = _attach_growth(monitor, growth_window)
+        _attach_postmortems(monitor, growth, groups)
     add_shutdown_hook(host_memory.stop_host_memory_monitoring)
     return handle
 
 
-def _attach_group_memory(monitor: host_memory.HostMemoryMonitor) -> None:
+def _attach_group_memory(monitor: host_memory.HostMemoryMonitor) -> GroupMemoryCycle | None:
     try:
         from raylens.distributed._group_memory_wiring import attach_group_memory
 
-        attach_group_memory(monitor)
+        return attach_group_memory(monitor)
     except Exception:
         warn_once(
             "driver.group_memory",
             "could not attach per-group memory to host-memory monitoring; it will not be exported",
             logger=logger,
         )
+        return None
 
 
-def _attach_growth(monitor: host_memory.HostMemoryMonitor, window: float | None) -> None:
+def _attach_growth(
+    monitor: host_memory.HostMemoryMonitor, window: float | None
+) -> GrowthCycle | None:
     try:
         settings = (
             GrowthSettings.from_env()
@@ -144,10 +158,39 @@ def _attach_growth(monitor: host_memory.HostMemoryMonitor, window: float | None)
         logger.error("raylens growth: %s; using Ray's default threshold", error)
         kill_line = resolve_kill_line_config(env={})
     try:
-        attach_growth(monitor, GrowthCycle(settings=settings, kill_line=kill_line))
+        return attach_growth(monitor, GrowthCycle(settings=settings, kill_line=kill_line))
     except Exception:
         warn_once(
             "driver.growth",
             "could not attach memory growth to host-memory monitoring; it will not be exported",
+            logger=logger,
+        )
+        return None
+
+
+def _no_phase() -> str | None:
+    return None
+
+
+def _attach_postmortems(
+    monitor: host_memory.HostMemoryMonitor,
+    growth: GrowthCycle | None,
+    groups: GroupMemoryCycle | None,
+    phase_of: Callable[[], str | None] = _no_phase,
+) -> None:
+    """Notice OOM kills at every cycle and write a post-mortem for each (see ``telemetry.oom``)."""
+    try:
+        watch = OomWatch(
+            growth=growth,
+            writer=PostMortemWriter(),
+            phase_of=phase_of,
+            largest_processes_of=None if groups is None else groups.samplers.largest_processes,
+        )
+        attach_oom_watch(monitor, watch)
+    except Exception:
+        warn_once(
+            "driver.oom",
+            "could not attach OOM post-mortems to host-memory monitoring; kills will not be "
+            "recorded",
             logger=logger,
         )

@@ -16,7 +16,7 @@ from raylens.cli.output import Output, sample_loop
 from raylens.cli.parser import CliError, cluster_address
 from raylens.cli.pipeline import scrape_timeout_for, start_telemetry, stop_monitoring
 from raylens.demo import keep_sigterm_handler
-from raylens.live_table import NodeRow, counted, node_summary, node_table
+from raylens.live_table import NodeRow, counted, format_kill, node_summary, node_table
 
 if TYPE_CHECKING:
     from raylens.telemetry.growth import GrowthSnapshot
@@ -99,6 +99,7 @@ def watch_nodes(
     """
     from raylens.distributed._group_memory_wiring import attach_group_memory
     from raylens.telemetry.growth import attach_growth
+    from raylens.telemetry.oom import OomWatch, attach_oom_watch
 
     monitor.declare_consumer()  # the table reads every cycle, so every cycle scrapes
     # Worker groups of this process (the demo's) get a per-group column; samplers start
@@ -109,19 +110,25 @@ def watch_nodes(
     except ValueError as error:  # RAYLENS_GROWTH_WINDOW or RAYLENS_MEMORY_USAGE_THRESHOLD
         raise CliError(str(error)) from None
     table = NodeTable(monitor, growth=growth.snapshot)
+    # Kills are shown, not written: the driver's monitor writes the post-mortems.
+    kills = attach_oom_watch(monitor, OomWatch(growth=growth))
     interval, duration = args.interval, args.duration
     once = getattr(args, "once", False)
 
     def sample() -> None:
         monitor.collect_once()
         rows = table.rows()
+        recent = [kill.as_plain() for kill in kills.ledger.recent()]
         record = {
             "time": time.time(),
             "nodes": [row.to_json() for row in rows],
             "totals": node_summary(rows).to_json(),
             "warnings": [row.warning for row in rows if row.warning],
+            "oom_kills": recent,
         }
-        output.show(lambda: node_table(rows, title=title), record)
+        now = time.time()
+        lines = [format_kill(kill, now=now) for kill in recent]
+        output.show(lambda: node_table(rows, title=title, kills=lines), record)
         if output.closed:
             stop.set()
 
