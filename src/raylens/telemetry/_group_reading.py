@@ -427,9 +427,7 @@ def _largest(
             rss = round_.rss(pid, started)
             if rss is not None:
                 found.append((rss[0], pid, group))
-    return tuple(
-        (pid, group, rss) for rss, pid, group in heapq.nlargest(LARGEST_PROCESSES, found)
-    )
+    return tuple((pid, group, rss) for rss, pid, group in heapq.nlargest(LARGEST_PROCESSES, found))
 
 
 class _Round:

@@ -57,7 +57,11 @@ def test_the_kernel_count_is_published_and_a_kill_keeps_the_reading_before_it(
     loop.sample_and_publish_once()
     assert loop.largest_processes() == {
         "sampled_at": 1000.0,
-        "processes": [[210, "policy", 30 * MB], [300, "rollout", 20 * MB], [200, "policy", 10 * MB]],
+        "processes": [
+            [210, "policy", 30 * MB],
+            [300, "rollout", 20 * MB],
+            [200, "policy", 10 * MB],
+        ],
     }
 
     procfs.remove_process(210)  # the kernel killed it between two readings

@@ -62,7 +62,10 @@ def _field(text: bytes) -> int | None:
 
 
 def read_kernel_oom_count(
-    procfs_root: str = "/proc", *, cgroup_root: str | None = CGROUP_ROOT, opener: Opener | None = None
+    procfs_root: str = "/proc",
+    *,
+    cgroup_root: str | None = CGROUP_ROOT,
+    opener: Opener | None = None,
 ) -> KernelOomCount | None:
     """The kernel's OOM-kill count here, or None when neither file gives one. Never raises.
 

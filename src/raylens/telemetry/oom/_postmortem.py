@@ -21,6 +21,7 @@ the phase the job was in. :class:`PostMortemWriter` writes it:
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import json
 import logging
@@ -147,7 +148,7 @@ def build_postmortem(
         other = _series(history, (node_id, None), monotonic_at)
         names = sorted(
             key[1]
-            for key in history.keys()
+            for key in history
             if isinstance(key, tuple) and key[0] == node_id and key[1] is not None
         )
         for name in names:
@@ -198,7 +199,9 @@ class PostMortemWriter:
     Thread-safe. :attr:`written` counts the files written so far.
     """
 
-    def __init__(self, directory: str | os.PathLike[str] | None = None, *, max_files: int = DEFAULT_MAX_FILES) -> None:
+    def __init__(
+        self, directory: str | os.PathLike[str] | None = None, *, max_files: int = DEFAULT_MAX_FILES
+    ) -> None:
         if isinstance(max_files, bool) or not isinstance(max_files, int) or max_files < 0:
             raise ValueError(f"max_files must be an int of at least 0, got {max_files!r}")
         self._directory = None if directory is None else Path(directory)
@@ -215,7 +218,9 @@ class PostMortemWriter:
 
     def name_for(self, document: Mapping[str, Any]) -> str:
         """The file name of a new post-mortem (unique within this writer)."""
-        stamp = datetime.datetime.fromtimestamp(float(document["unix_time"]), tz=datetime.timezone.utc)
+        stamp = datetime.datetime.fromtimestamp(
+            float(document["unix_time"]), tz=datetime.timezone.utc
+        )
         return (
             f"oom-{stamp.strftime('%Y%m%dT%H%M%S')}-{document['killer']}-"
             f"{_safe_node(str(document['node_id']))}-{os.getpid()}-{self.written + 1}.json"
@@ -241,7 +246,9 @@ class PostMortemWriter:
                     directory.mkdir(parents=True, exist_ok=True)
                     path = directory / self.name_for(document)
                     self.written += 1
-                _write_atomically(path, json.dumps(document, indent=1, allow_nan=False))
+                _write_atomically(
+                    path, json.dumps(document, separators=(",", ":"), allow_nan=False)
+                )
                 return path
             except Exception as error:
                 warn_once(
@@ -263,8 +270,6 @@ def _write_atomically(path: Path, text: str) -> None:
             os.fsync(handle.fileno())
         os.replace(temporary, path)
     except BaseException:
-        try:
+        with contextlib.suppress(OSError):
             os.unlink(temporary)
-        except OSError:
-            pass
         raise

@@ -503,4 +503,3 @@ def _group_words(victim: Victim) -> str:
     ]
     joined = ", ".join(d for d in details if d)
     return f"{words} ({joined})" if joined else words
-

@@ -248,7 +248,9 @@ def test_one_warning_line_names_the_group_and_the_file(
 def test_the_counter_counts_kills_by_node_and_killer(
     tmp_path: Path, metrics_probe: MetricsProbe
 ) -> None:
-    harness = Harness(tmp_path, KillScript([(0, 32.0, "ray"), (1, 33.0, "kernel"), (0, 52.0, "ray")]))
+    harness = Harness(
+        tmp_path, KillScript([(0, 32.0, "ray"), (1, 33.0, "kernel"), (0, 52.0, "ray")])
+    )
     register_oom_counter(harness.ledger)
     harness.run(60)
     metrics_probe.collect()

@@ -48,7 +48,9 @@ def test_a_hostile_node_id_cannot_steer_the_file_name(tmp_path: Path) -> None:
     writer = PostMortemWriter(tmp_path / "made")
     path = writer.write(_document("../../etc/passwd\n\x1b[2J" + "b" * 40))
     assert path is not None and path.parent == tmp_path / "made"
-    assert re.fullmatch(r"oom-20231114T221320-kernel-etcpasswd[0-9A-Za-z]{7}-\d+-1\.json", path.name)
+    assert re.fullmatch(
+        r"oom-20231114T221320-kernel-etcpasswd[0-9A-Za-z]{7}-\d+-1\.json", path.name
+    )
     assert json.loads(path.read_text())["node_id"].startswith("../../etc/passwd\\x0a\\x1b")
     assert [p.name for p in path.parent.iterdir()] == [path.name]  # no temporary file left
 
