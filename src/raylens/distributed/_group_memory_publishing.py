@@ -325,13 +325,8 @@ class PublishingLoop:
             self._forget(self._published - present)
             stamp = self._wall_clock()
             self._publish_kernel_oom_kills()
-            self._largest_before, self._largest = (
-                self._largest,
-                (
-                    self._reader.largest_processes,
-                    stamp,
-                ),
-            )
+            self._largest_before = self._largest
+            self._largest = (self._reader.largest_processes, stamp)
             self._publisher.set_sampled_at(stamp)
             self._passes += 1
             return reading

@@ -148,7 +148,7 @@ def build_postmortem(
         other = _series(history, (node_id, None), monotonic_at)
         names = sorted(
             key[1]
-            for key in history
+            for key in history.keys()  # noqa: SIM118 (a MemoryHistory, not a dict)
             if isinstance(key, tuple) and key[0] == node_id and key[1] is not None
         )
         for name in names:
