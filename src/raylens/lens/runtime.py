@@ -204,10 +204,12 @@ def register_observable_gauge(metric: RecordedMetric, callback: ObservableCallba
     it is logged once and costs that collection its points, never the SDK's loop.
     Registering the same name again replaces the callback.
     """
-    if metric.kind != OBSERVABLE_GAUGE:
-        raise ValueError(
-            f"metric {metric.name!r} has kind {metric.kind!r}, not {OBSERVABLE_GAUGE!r}"
-        )
+    _register_observable(metric, callback, OBSERVABLE_GAUGE)
+
+
+def _register_observable(metric: RecordedMetric, callback: ObservableCallback, kind: str) -> None:
+    if metric.kind != kind:
+        raise ValueError(f"metric {metric.name!r} has kind {metric.kind!r}, not {kind!r}")
     register_recorded_metrics([metric])
     with _HANDLE_LOCK:
         _OBSERVABLES[metric.name] = (metric, callback)
@@ -221,15 +223,7 @@ def register_observable_counter(metric: RecordedMetric, callback: ObservableCall
     As :func:`register_observable_gauge`, for a count that only grows: ``callback``
     returns each attribute set's running total, read from state kept elsewhere.
     """
-    if metric.kind != OBSERVABLE_COUNTER:
-        raise ValueError(
-            f"metric {metric.name!r} has kind {metric.kind!r}, not {OBSERVABLE_COUNTER!r}"
-        )
-    register_recorded_metrics([metric])
-    with _HANDLE_LOCK:
-        _OBSERVABLES[metric.name] = (metric, callback)
-        if _HANDLE is not None:
-            _create_observables(_HANDLE)
+    _register_observable(metric, callback, OBSERVABLE_COUNTER)
 
 
 def unregister_observable_gauge(name: str) -> None:

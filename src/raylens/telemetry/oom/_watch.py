@@ -221,18 +221,9 @@ class OomLedger:
 DEFAULT_LEDGER = OomLedger()
 
 
-def report_worker_oom(
-    *,
-    node_id: str | None,
-    group: str | None,
-    worker_rank: int | None = None,
-    pid: int | None = None,
-    wall_time: float | None = None,
-) -> None:
-    """Tell raylens a worker was lost to Ray's out-of-memory error (the default ledger)."""
-    DEFAULT_LEDGER.report(
-        node_id=node_id, group=group, worker_rank=worker_rank, pid=pid, wall_time=wall_time
-    )
+#: Tell raylens a worker was lost to Ray's out-of-memory error: :meth:`OomLedger.report`
+#: of the default ledger.
+report_worker_oom = DEFAULT_LEDGER.report
 
 
 def reset_oom_state() -> None:
