@@ -77,6 +77,9 @@ DEDUP_WINDOW_S = 60.0
 RECENT_KILLS = 20
 #: Most OutOfMemoryError reports held between two cycles; more are dropped (logged once).
 MAX_PENDING_REPORTS = 256
+#: Most kills per cycle whose node's sampler is asked for its largest processes (each ask
+#: may wait up to its timeout on the monitor's thread); later ones go without the list.
+MAX_ASKS_PER_CYCLE = 4
 #: Most ``(node, killer)`` counts kept for the counter; kills past it are counted under node "other".
 MAX_COUNTED_NODES = 4096
 _OTHER_NODE = "other"
@@ -305,6 +308,7 @@ class OomWatch:
         self._awaiting_counter: list[KillRecord] = []
         #: Ray kills written from the counter alone, waiting for a report naming the victim.
         self._awaiting_victim: list[KillRecord] = []
+        self._asks_left = MAX_ASKS_PER_CYCLE
         self._lock = threading.Lock()
         forking.reset_after_fork_in_child(self)
 
@@ -314,6 +318,7 @@ class OomWatch:
 
     def __call__(self, monitor: OomSource) -> None:
         with self._lock:
+            self._asks_left = MAX_ASKS_PER_CYCLE
             samples = {sample.node_id: sample for sample in monitor.latest()}
             now = self.wall_clock()
             self._expire(now)
@@ -452,7 +457,8 @@ class OomWatch:
             limit = growth.kill_line.limit(sample.total)
         largest: Sequence[LargestProcess] = ()
         largest_at = None
-        if self.largest_processes_of is not None:
+        if self.largest_processes_of is not None and self._asks_left > 0:
+            self._asks_left -= 1
             answer = self.largest_processes_of(kill.node_id)
             if answer is not None:
                 largest, largest_at = answer

@@ -273,3 +273,12 @@ def test_recent_kills_are_bounded_and_plain(tmp_path: Path) -> None:
     assert len(recent) == 20
     assert recent[-1].as_plain()["killer"] == "ray"
     assert recent[-1].as_plain()["postmortem"] is None
+
+
+def test_a_cycle_asks_few_samplers_for_their_largest_processes(tmp_path: Path) -> None:
+    harness = Harness(tmp_path, KillScript([(0, 32.0, "ray")]), nodes=8)
+    asked: list[str] = []
+    harness.watch.largest_processes_of = lambda node: asked.append(node) or None
+    harness.cluster.kills.kills.extend(KillScript([(i, 32.0, "ray") for i in range(1, 8)]).kills)
+    harness.run(40)
+    assert len(harness.files()) == 8 and len(asked) == 4
