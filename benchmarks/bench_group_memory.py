@@ -40,6 +40,11 @@ begin on the node (each group's start reading, and ``5`` written to every proces
 ``clear_refs``) and its end (the end reading and every process's ``VmHWM``), with kernel
 peaks on and off: what a sampler spends at each boundary.
 
+OOM post-mortem: building and writing one post-mortem (:mod:`raylens.telemetry.oom`)
+for a node with 8 worker groups and 10 minutes of 1 s samples in its history (the
+default 600 s growth window), the file written atomically into a temporary
+directory; its size is shown beside it.
+
 Run: ``PYTHONPATH=src:fakes .venv/bin/python benchmarks/bench_group_memory.py
 [--processes 8,64,256] [--threads 0] [--repeat 30] [--nodes 100,1000]``. Linux
 only. Every forked process is killed on the way out.
@@ -55,11 +60,14 @@ import signal
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Callable, Iterator
+from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
+import numpy as np
 import psutil
 
 from raylens.distributed.group_memory_sampler import DEFAULT_PING_EVERY, GroupMemorySamplers
@@ -69,6 +77,14 @@ from raylens.telemetry.group_memory import (
     GroupMemorySnapshot,
     GroupWorkerRegistry,
     NodeGroupMemory,
+)
+from raylens.telemetry.history import GrowthSettings, MemoryHistory
+from raylens.telemetry.oom import (
+    Killer,
+    LargestProcess,
+    PostMortemWriter,
+    Victim,
+    build_postmortem,
 )
 from raylens.telemetry.phase_memory import KERNEL_SOURCE, NodePhaseTracker
 from raylens.telemetry.process_memory import ProcFS
@@ -393,6 +409,47 @@ def phase_boundary(count: int, repeat: int) -> list[tuple[str, ...]]:
     return rows
 
 
+def postmortem_cost(repeat: int) -> list[tuple[str, ...]]:
+    """Build, and build and write, one post-mortem of a node with 8 groups and 10 min of history."""
+    history = MemoryHistory(GrowthSettings(window_s=600.0))
+    times = np.arange(600.0)
+    groups = {f"group{i}": 2e9 + 1e6 * i + 1e5 * np.sin(times / 30 + i) for i in range(8)}
+    history.record_node_many("n" * 56, times, 3e10 + sum(groups.values()), groups)
+    largest = [LargestProcess(1000 + i, f"group{i % 8}", 2**30 - i) for i in range(10)]
+
+    def build() -> dict[str, Any]:
+        return build_postmortem(
+            node_id="n" * 56,
+            host="vm",
+            killer=Killer.RAY,
+            wall_time=time.time(),
+            monotonic_at=599.0,
+            victim=Victim("group0", 0, 1000),
+            phase="train",
+            limit_bytes=9.5e10,
+            used_bytes=4.8e10,
+            total_bytes=1e11,
+            history=history,
+            largest=largest,
+            largest_sampled_at=time.time(),
+        )
+
+    with tempfile.TemporaryDirectory() as directory:
+        writer = PostMortemWriter(directory, max_files=repeat + 1)
+        build_ms = _timed(build, repeat)
+        write_ms = _timed(lambda: writer.write(build()), repeat)
+        size = max(p.stat().st_size for p in Path(directory).iterdir())
+    return [
+        ("build the document", f"{build_ms[0]:.2f}", f"{build_ms[1]:.2f}", ""),
+        (
+            "build + write (atomic)",
+            f"{write_ms[0]:.2f}",
+            f"{write_ms[1]:.2f}",
+            f"{size / 1024:.0f}",
+        ),
+    ]
+
+
 def _table(header: tuple[str, ...], rows: list[tuple[str, ...]]) -> str:
     lines = ["| " + " | ".join(header) + " |"]
     lines.append("|" + "|".join("---:" if i != 1 else "---" for i in range(len(header))) + "|")
@@ -448,6 +505,9 @@ def main() -> None:
             sample_versus_maintain(node_counts, args.repeat),
         )
     )
+    print()
+    print(f"OOM post-mortem, 8 groups, 10 min of 1 s samples (median of {args.repeat}):")
+    print(_table(("step", "CPU ms", "wall ms", "file KiB"), postmortem_cost(args.repeat)))
 
 
 if __name__ == "__main__":

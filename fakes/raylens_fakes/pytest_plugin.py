@@ -255,6 +255,7 @@ def reset_raylens_state() -> None:
         ("raylens.telemetry.group_memory", "reset_group_memory_state"),
         ("raylens.telemetry.phase_memory", "reset_phase_memory_state"),
         ("raylens.distributed.phases", "reset_phase_state"),
+        ("raylens.telemetry.oom", "reset_oom_state"),
     ):
         module = sys.modules.get(module_name)
         if module is not None:

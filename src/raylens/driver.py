@@ -24,6 +24,7 @@ import dataclasses
 import logging
 import os
 from collections.abc import Mapping
+from typing import TYPE_CHECKING
 
 from opentelemetry.sdk.metrics.export import MetricReader
 
@@ -38,6 +39,10 @@ from raylens.lens import (
 from raylens.telemetry import host_memory
 from raylens.telemetry.growth import GrowthCycle, attach_growth
 from raylens.telemetry.history import GrowthSettings, resolve_kill_line_config
+from raylens.telemetry.oom import OomWatch, PostMortemWriter, attach_oom_watch
+
+if TYPE_CHECKING:
+    from raylens.distributed.group_memory_cycle import GroupMemoryCycle
 
 __all__ = ["DRIVER_CONSOLE_INTERVAL_MS", "driver_config_from_env", "init_telemetry_driver"]
 
@@ -109,6 +114,12 @@ def init_telemetry_driver(
     (default ``RAYLENS_KERNEL_PEAKS``, else on); ``phase_log`` names a file that gets one
     JSON line per phase (default ``RAYLENS_PHASE_LOG``, else none). A bad one is logged and
     the default used.
+
+    Each cycle also looks for workers lost to memory (Ray's memory monitor, the
+    kernel's OOM killer, a worker group's call failing with ``OutOfMemoryError``) and
+    writes one post-mortem per kill into ``RAYLENS_POSTMORTEM_DIR`` (default
+    ``<temp dir>/raylens-postmortems``), counted in ``rl.host.oom_kills``; a post-mortem
+    names the phase in progress.
     """
     handle = _start_lens(config, metric_reader)
     interval = (
@@ -118,27 +129,31 @@ def init_telemetry_driver(
     )
     monitor = host_memory.start_host_memory_monitoring(interval)
     if monitor is not None:
-        _attach_group_memory(monitor)
-        _attach_growth(monitor, growth_window)
+        groups = _attach_group_memory(monitor)
+        growth = _attach_growth(monitor, growth_window)
+        _attach_postmortems(monitor, growth, groups)
     _attach_phases(kernel_peaks, phase_log)
     add_shutdown_hook(host_memory.stop_host_memory_monitoring)
     return handle
 
 
-def _attach_group_memory(monitor: host_memory.HostMemoryMonitor) -> None:
+def _attach_group_memory(monitor: host_memory.HostMemoryMonitor) -> GroupMemoryCycle | None:
     try:
         from raylens.distributed.group_memory_cycle import attach_group_memory
 
-        attach_group_memory(monitor)
+        return attach_group_memory(monitor)
     except Exception:
         warn_once(
             "driver.group_memory",
             "could not attach per-group memory to host-memory monitoring; it will not be exported",
             logger=logger,
         )
+        return None
 
 
-def _attach_growth(monitor: host_memory.HostMemoryMonitor, window: float | None) -> None:
+def _attach_growth(
+    monitor: host_memory.HostMemoryMonitor, window: float | None
+) -> GrowthCycle | None:
     try:
         settings = (
             GrowthSettings.from_env()
@@ -154,13 +169,14 @@ def _attach_growth(monitor: host_memory.HostMemoryMonitor, window: float | None)
         logger.error("raylens growth: %s; using Ray's default threshold", error)
         kill_line = resolve_kill_line_config(env={})
     try:
-        attach_growth(monitor, GrowthCycle(settings=settings, kill_line=kill_line))
+        return attach_growth(monitor, GrowthCycle(settings=settings, kill_line=kill_line))
     except Exception:
         warn_once(
             "driver.growth",
             "could not attach memory growth to host-memory monitoring; it will not be exported",
             logger=logger,
         )
+        return None
 
 
 def _attach_phases(kernel_peaks: bool | None, phase_log: str | os.PathLike[str] | None) -> None:
@@ -177,5 +193,30 @@ def _attach_phases(kernel_peaks: bool | None, phase_log: str | os.PathLike[str] 
         warn_once(
             "driver.phases",
             "could not attach phase memory; phase peaks will not be exported",
+            logger=logger,
+        )
+
+
+def _attach_postmortems(
+    monitor: host_memory.HostMemoryMonitor,
+    growth: GrowthCycle | None,
+    groups: GroupMemoryCycle | None,
+) -> None:
+    """Notice OOM kills at every cycle and write a post-mortem for each (see ``telemetry.oom``)."""
+    try:
+        from raylens.distributed.phases import current_phase
+
+        watch = OomWatch(
+            growth=growth,
+            writer=PostMortemWriter(),
+            phase_of=current_phase,
+            largest_processes_of=None if groups is None else groups.samplers.largest_processes,
+        )
+        attach_oom_watch(monitor, watch)
+    except Exception:
+        warn_once(
+            "driver.oom",
+            "could not attach OOM post-mortems to host-memory monitoring; kills will not be "
+            "recorded",
             logger=logger,
         )

@@ -13,7 +13,7 @@ control characters shown as escapes instead of acted on by the terminal.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from itertools import groupby
 from typing import Any
@@ -389,7 +389,35 @@ def node_summary(rows: Iterable[NodeRow]) -> NodeSummary:
     return NodeSummary(nodes, failing, used, total, len(hosts))
 
 
-def node_table(rows: Iterable[NodeRow], *, title: str = "Ray host memory") -> RenderableType:
+#: Most recent OOM kills the node table lists under it.
+KILLS_SHOWN = 5
+
+
+def format_kill(kill: Mapping[str, Any], *, now: float | None = None) -> str:
+    """One line for an OOM kill as :meth:`KillRecord.as_plain` gives it (text is untrusted)."""
+    group = kill.get("worker_group")
+    who = "unknown group" if group is None else f"worker group {printable(str(group)[:80])}"
+    if kill.get("worker_rank") is not None:
+        who += f" rank {kill['worker_rank']}"
+    if kill.get("pid") is not None:
+        who += f" pid {kill['pid']}"
+    when = ""
+    stamp = kill.get("unix_time")
+    if now is not None and isinstance(stamp, (int, float)):
+        when = f" {max(0.0, now - stamp):.0f}s ago"
+    killer = "Ray's memory monitor" if kill.get("killer") == "ray" else "the kernel"
+    path = kill.get("postmortem")
+    where = f"; post-mortem {printable(str(path))}" if path else ""
+    node = printable(str(kill.get("node_id", ""))[:8])
+    return f"OOM kill{when} on {node}: {who}, by {killer}{where}"
+
+
+def node_table(
+    rows: Iterable[NodeRow],
+    *,
+    title: str = "Ray host memory",
+    kills: Sequence[str] = (),
+) -> RenderableType:
     """The live host-memory table: one line per node in natural order of host then node id.
 
     A summary line (nodes, failing, memory used of total) sits under it. Where the
@@ -397,6 +425,8 @@ def node_table(rows: Iterable[NodeRow], *, title: str = "Ray host memory") -> Re
     out and a long error is cut short, so that the node id, the figures and the
     worker groups stay whole. The ``group rss`` column, each worker group's RSS on
     the node, is shown when some row has one, and is the last column left out.
+    ``kills`` (lines from :func:`format_kill`) are listed under it, the latest
+    :data:`KILLS_SHOWN`.
     """
     ordered = sorted(rows, key=lambda r: (natural_key(r.host), natural_key(r.node_id)))
     caption = Text(str(node_summary(ordered)))
@@ -404,6 +434,9 @@ def node_table(rows: Iterable[NodeRow], *, title: str = "Ray host memory") -> Re
         if row.warning:
             caption.append("\n")
             caption.append(Text(f"warning: {printable(row.warning)}", style="bold red"))
+    for line in list(kills)[-KILLS_SHOWN:]:
+        caption.append("\n")
+        caption.append(Text(printable(line), style="bold red"))
     absent = frozenset() if any(row.group_rss for row in ordered) else frozenset({"group rss"})
     if not any(row.growth is not None for row in ordered):
         absent |= {"growth"}

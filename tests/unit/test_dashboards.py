@@ -102,6 +102,7 @@ def exported_names() -> frozenset[str]:
         COUNTER,
         GAUGE,
         HISTOGRAM,
+        OBSERVABLE_COUNTER,
         OBSERVABLE_GAUGE,
         UP_DOWN_COUNTER,
     )
@@ -120,6 +121,8 @@ def exported_names() -> frozenset[str]:
             args = {"name": metric.name, "unit": metric.unit, "description": metric.description}
             if metric.kind == OBSERVABLE_GAUGE:
                 meter.create_observable_gauge(callbacks=[lambda _o: [Observation(1)]], **args)
+            elif metric.kind == OBSERVABLE_COUNTER:
+                meter.create_observable_counter(callbacks=[lambda _o: [Observation(1)]], **args)
             elif metric.kind == GAUGE:
                 meter.create_gauge(**args).set(1)
             elif metric.kind == COUNTER:

@@ -16,7 +16,7 @@ from raylens.cli.output import Output, sample_loop
 from raylens.cli.parser import CliError, cluster_address
 from raylens.cli.pipeline import scrape_timeout_for, start_telemetry, stop_monitoring
 from raylens.demo import keep_sigterm_handler
-from raylens.live_table import NodeRow, counted, node_summary, node_table
+from raylens.live_table import NodeRow, counted, format_kill, node_summary, node_table
 
 if TYPE_CHECKING:
     from raylens.cluster import ClusterView
@@ -106,6 +106,7 @@ def watch_nodes(
     from raylens.cluster import default_cluster_view
     from raylens.distributed.group_memory_cycle import attach_group_memory
     from raylens.telemetry.growth import attach_growth
+    from raylens.telemetry.oom import OomWatch, attach_oom_watch
     from raylens.telemetry.phase_board import read_current_phases
 
     monitor.declare_consumer()  # the table reads every cycle, so every cycle scrapes
@@ -117,6 +118,8 @@ def watch_nodes(
     except ValueError as error:  # RAYLENS_GROWTH_WINDOW or RAYLENS_MEMORY_USAGE_THRESHOLD
         raise CliError(str(error)) from None
     table = NodeTable(monitor, growth=growth.snapshot)
+    # Kills are shown, not written: the driver's monitor writes the post-mortems.
+    kills = attach_oom_watch(monitor, OomWatch(growth=growth))
     interval, duration = args.interval, args.duration
     once = getattr(args, "once", False)
 
@@ -126,15 +129,19 @@ def watch_nodes(
         monitor.collect_once()
         rows = table.rows()
         phases = read_current_phases(cluster if cluster is not None else default_cluster_view())
+        recent = [kill.as_plain() for kill in kills.ledger.recent()]
         record = {
             "time": time.time(),
             "nodes": [row.to_json() for row in rows],
             "totals": node_summary(rows).to_json(),
             "warnings": [row.warning for row in rows if row.warning],
             "phases": [current.to_json() for current in phases],
+            "oom_kills": recent,
         }
         shown = phase_title(title, phases)
-        output.show(lambda: node_table(rows, title=shown), record)
+        now = time.time()
+        lines = [format_kill(kill, now=now) for kill in recent]
+        output.show(lambda: node_table(rows, title=shown, kills=lines), record)
         if output.closed:
             stop.set()
 

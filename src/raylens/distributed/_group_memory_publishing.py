@@ -31,14 +31,17 @@ from raylens.telemetry.group_memory import (
     as_group_worker,
 )
 from raylens.telemetry.history import GrowthSettings, MemoryHistory
+from raylens.telemetry.oom import KernelOomCount, read_kernel_oom_count
 from raylens.telemetry.phase_memory import NodePhaseTracker
-from raylens.telemetry.process_memory import ProcFS
+from raylens.telemetry.procfs import ProcFS
 from raylens.telemetry.raylet_payload import (
     GROUP_GROWTH_GAUGE,
     GROUP_LABEL,
     GROUP_MEMORY_GAUGE,
     GROUP_PROCESSES_GAUGE,
     MEMORY_TYPE_LABEL,
+    NODE_OOM_KILLS_GAUGE,
+    OOM_SOURCE_LABEL,
     SAMPLER_SAMPLED_AT_GAUGE,
 )
 from raylens.validation import positive_seconds
@@ -85,6 +88,14 @@ class GroupMemoryPublisher(Protocol):
 
 
 @runtime_checkable
+class KernelOomPublisher(Protocol):
+    """A publisher that also takes the kernel's OOM-kill count on the node."""
+
+    def set_kernel_oom_kills(self, kills: int, source: str) -> None:
+        """Publish the count (cumulative) and where it was read (``cgroup`` or ``vmstat``)."""
+
+
+@runtime_checkable
 class GrowthPublisher(Protocol):
     """A publisher that also takes each group's growth rate, where the sampler knows one."""
 
@@ -111,6 +122,7 @@ class RayMetricsPublisher:
         self._gauges: tuple[Any, Any, Any, Any] | None = None
         # Groups whose PSS series holds a number, so a PSS that stops being known gets NaN.
         self._with_pss: set[str] = set()
+        self._oom_gauge: Any = None
 
     def _made(self) -> tuple[Any, Any, Any, Any]:
         if self._gauges is None:
@@ -167,6 +179,16 @@ class RayMetricsPublisher:
     def set_growth(self, group: str, bytes_per_second: float) -> None:
         self._made()[3].set(float(bytes_per_second), tags={GROUP_LABEL: group})
 
+    def set_kernel_oom_kills(self, kills: int, source: str) -> None:
+        if self._oom_gauge is None:
+            self._oom_gauge = (self._gauge_class or _ray_gauge_class())(
+                NODE_OOM_KILLS_GAUGE,
+                description="The kernel's OOM kills counted where this node runs (its "
+                "container's memory.events, else /proc/vmstat), read by raylens' sampler.",
+                tag_keys=(OOM_SOURCE_LABEL,),
+            )
+        self._oom_gauge.set(float(kills), tags={OOM_SOURCE_LABEL: source})
+
 
 class PublishingLoop:
     """Reads ``reader``'s workers every interval on a daemon thread and publishes the result.
@@ -190,9 +212,17 @@ class PublishingLoop:
         history: MemoryHistory | None = None,
         clock: Callable[[], float] | None = None,
         on_reading: Callable[[NodeGroupMemory], None] | None = None,
+        kernel_oom_count: Callable[[], KernelOomCount | None] | None = None,
     ) -> None:
         self._reader = reader
         self._on_reading = on_reading
+        self._kernel_oom_count = kernel_oom_count
+        self._kernel_kills: int | None = None
+        # The largest processes of the latest reading, and of the one before it, with
+        # their wall-clock stamps: a post-mortem wants the last reading before the kill.
+        self._largest: tuple[tuple[tuple[int, str, int], ...], float] | None = None
+        self._largest_before: tuple[tuple[tuple[int, str, int], ...], float] | None = None
+        self._killed_since_previous = False
         self._history = history
         self._clock = clock or time.monotonic
         self._publisher = publisher
@@ -284,11 +314,42 @@ class PublishingLoop:
                 self._published.add(group.group)
                 self._publish_growth(group.group, now, group.rss_bytes)
             self._forget(self._published - present)
-            self._publisher.set_sampled_at(self._wall_clock())
+            stamp = self._wall_clock()
+            self._publish_kernel_oom_kills()
+            self._largest_before = self._largest
+            self._largest = (self._reader.largest_processes, stamp)
+            self._publisher.set_sampled_at(stamp)
             self._passes += 1
             if self._on_reading is not None:
                 self._on_reading(reading)
             return reading
+
+    def _publish_kernel_oom_kills(self) -> None:
+        """Read the kernel's OOM-kill count and publish it; note whether it rose since the last."""
+        if self._kernel_oom_count is None or not isinstance(self._publisher, KernelOomPublisher):
+            return
+        found = self._kernel_oom_count()
+        if found is None:
+            return
+        previous, self._kernel_kills = self._kernel_kills, found.kills
+        self._killed_since_previous = previous is not None and found.kills > previous
+        self._publisher.set_kernel_oom_kills(found.kills, found.source)
+
+    def largest_processes(self) -> dict[str, Any] | None:
+        """The node's largest processes at the last reading before a kill, as builtins.
+
+        The latest reading's, unless the kernel's count rose at it: the victim was then
+        already gone, so the reading before it is the one that shows it. None before
+        the first reading.
+        """
+        with self._lock:
+            chosen = self._largest
+            if self._killed_since_previous and self._largest_before is not None:
+                chosen = self._largest_before
+        if chosen is None:
+            return None
+        processes, stamp = chosen
+        return {"sampled_at": stamp, "processes": [list(entry) for entry in processes]}
 
     def _publish_growth(self, group: str, now: float, rss_bytes: int) -> None:
         """Record the group's RSS in this node's history and publish its growth once known."""
@@ -381,6 +442,7 @@ class GroupMemorySamplerActor:
             ),
             clock=clock,
             on_reading=self._phases.observe,
+            kernel_oom_count=lambda: read_kernel_oom_count(procfs.root, opener=procfs.opener),
         )
 
     def read(self, workers: list[tuple[str, int, int | None]]) -> dict[str, Any]:
@@ -416,6 +478,10 @@ class GroupMemorySamplerActor:
         """The figures of phase ``token`` as builtins, ending it; None if it is not in progress."""
         figures = self._phases.end(token)
         return None if figures is None else figures.as_plain()
+
+    def largest_processes(self) -> dict[str, Any] | None:
+        """The node's largest processes at the last reading before a kill (see the loop's)."""
+        return self._loop.largest_processes()
 
     def ping(self) -> int:
         """Readings published so far: an answer at all says the actor is alive."""

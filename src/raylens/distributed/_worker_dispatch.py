@@ -14,6 +14,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from raylens.distributed._oom_reports import report_out_of_memory
 from raylens.distributed.named_sharding import NamedSharding
 from raylens.distributed.ray_seam import DEFAULT_RAY_SEAM, RaySeam
 from raylens.distributed.worker_planning import (
@@ -80,7 +81,14 @@ class MultiWorkerFuture:
             else:
                 plain.append(position)
         if plain:
-            fetched = ray.get([self.futures[position] for position in plain])
+            waited = [self.futures[position] for position in plain]
+            try:
+                fetched = ray.get(waited)
+            except Exception as error:
+                called = self.called_workers
+                ranks = [called[p] if called and p < len(called) else p for p in plain]
+                report_out_of_memory(ray, worker_group, waited, ranks, error)
+                raise
             for position, value in zip(plain, fetched):
                 values[position] = value
         mapping = getattr(worker_group, "worker_to_tied_group_index", None) or {}

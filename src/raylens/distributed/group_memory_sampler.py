@@ -46,6 +46,7 @@ from raylens.telemetry.group_memory import (
     own_process_identity,
 )
 from raylens.telemetry.history import growth_window_from_env
+from raylens.telemetry.oom import LargestProcess
 from raylens.validation import positive_seconds
 
 __all__ = [
@@ -88,6 +89,11 @@ DEFAULT_START_TIMEOUT_S = 300.0
 
 Generous: a sampler's first answer waits for a worker process to start on its node,
 and for the job's runtime environment to be set up there if the node is new to it."""
+
+LARGEST_PROCESSES_TIMEOUT_S = 2.0
+"""How long a post-mortem waits for a node's sampler to list its largest processes."""
+#: Most processes taken from one sampler's answer.
+LARGEST_PROCESSES_KEPT = 32
 
 _LOGGER = logging.getLogger("raylens.distributed")
 #: Most group names one warning quotes.
@@ -572,6 +578,38 @@ class GroupMemorySamplers:
         with self._lock:
             actors = {node: sampler.actor for node, sampler in self._samplers.items()}
         return (self._ray_module() if actors else self._ray), actors
+
+    def largest_processes(
+        self, node_id: str, timeout_s: float = LARGEST_PROCESSES_TIMEOUT_S
+    ) -> tuple[list[LargestProcess], float | None] | None:
+        """A node's largest processes at its sampler's last reading before a kill, or None.
+
+        One Ray call, made only when a kill is noticed, bounded by ``timeout_s``. None
+        when the node has no sampler or it does not answer in time. Never raises.
+        """
+        with self._lock:
+            sampler = self._samplers.get(node_id)
+        if sampler is None:
+            return None
+        try:
+            ray = self._ray_module()
+            plain = ray.get(sampler.actor.largest_processes.remote(), timeout=timeout_s)
+            if not isinstance(plain, dict):
+                return None
+            processes = [
+                LargestProcess(int(pid), printable(str(group))[:200], int(rss))
+                for pid, group, rss in list(plain.get("processes", ()))[:LARGEST_PROCESSES_KEPT]
+            ]
+            stamp = plain.get("sampled_at")
+            return processes, float(stamp) if isinstance(stamp, (int, float)) else None
+        except Exception as error:
+            warn_once(
+                "group_memory.sampler.largest_processes",
+                f"could not ask node {printable(node_id[:80])}'s sampler for its largest "
+                f"processes: {_describe(error)} (warned once)",
+                logger=_LOGGER,
+            )
+            return None
 
     def close(self) -> None:
         """Remove every sampler, stopping ones included (idempotent)."""

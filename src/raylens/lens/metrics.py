@@ -18,12 +18,15 @@ from dataclasses import dataclass
 from raylens import forking
 
 OBSERVABLE_GAUGE = "observable_gauge"
+OBSERVABLE_COUNTER = "observable_counter"
 GAUGE = "gauge"
 COUNTER = "counter"
 UP_DOWN_COUNTER = "up_down_counter"
 HISTOGRAM = "histogram"
 
-METRIC_KINDS = frozenset({OBSERVABLE_GAUGE, GAUGE, COUNTER, UP_DOWN_COUNTER, HISTOGRAM})
+METRIC_KINDS = frozenset(
+    {OBSERVABLE_GAUGE, OBSERVABLE_COUNTER, GAUGE, COUNTER, UP_DOWN_COUNTER, HISTOGRAM}
+)
 
 
 def registry_key(name: str) -> str:

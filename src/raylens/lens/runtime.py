@@ -36,7 +36,12 @@ import threading
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 
-from opentelemetry.metrics import CallbackOptions, Meter, ObservableGauge, Observation
+from opentelemetry.metrics import (
+    CallbackOptions,
+    Meter,
+    ObservableGauge,
+    Observation,
+)
 from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.sdk.metrics.export import MetricReader
 from opentelemetry.sdk.metrics.view import View
@@ -48,7 +53,12 @@ from raylens.lens import _sdk_state
 from raylens.lens._live_sets import LiveAttributeSets, exportable
 from raylens.lens.config import TelemetryConfig
 from raylens.lens.exporters import PrometheusEndpoint, build_exporter_reader
-from raylens.lens.metrics import OBSERVABLE_GAUGE, RecordedMetric, register_recorded_metrics
+from raylens.lens.metrics import (
+    OBSERVABLE_COUNTER,
+    OBSERVABLE_GAUGE,
+    RecordedMetric,
+    register_recorded_metrics,
+)
 from raylens.lens.warnings import warn_once
 from raylens.safe_text import encodable
 from raylens.version import __version__
@@ -164,6 +174,17 @@ def _create_observables(handle: TelemetryHandle) -> None:
         if _CREATED_ON.get(name) == id(handle):
             continue
         callback = _GaugeCallback(name)
+        if metric.kind == OBSERVABLE_COUNTER:
+            # A counter's sets are cumulative: its SDK state is kept, and what its callback
+            # reports is bounded by whoever holds the counts.
+            handle.meter.create_observable_counter(
+                metric.name,
+                callbacks=[callback],
+                unit=metric.unit,
+                description=metric.description,
+            )
+            _CREATED_ON[name] = id(handle)
+            continue
         instrument = handle.meter.create_observable_gauge(
             metric.name,
             callbacks=[callback],
@@ -183,15 +204,26 @@ def register_observable_gauge(metric: RecordedMetric, callback: ObservableCallba
     it is logged once and costs that collection its points, never the SDK's loop.
     Registering the same name again replaces the callback.
     """
-    if metric.kind != OBSERVABLE_GAUGE:
-        raise ValueError(
-            f"metric {metric.name!r} has kind {metric.kind!r}, not {OBSERVABLE_GAUGE!r}"
-        )
+    _register_observable(metric, callback, OBSERVABLE_GAUGE)
+
+
+def _register_observable(metric: RecordedMetric, callback: ObservableCallback, kind: str) -> None:
+    if metric.kind != kind:
+        raise ValueError(f"metric {metric.name!r} has kind {metric.kind!r}, not {kind!r}")
     register_recorded_metrics([metric])
     with _HANDLE_LOCK:
         _OBSERVABLES[metric.name] = (metric, callback)
         if _HANDLE is not None:
             _create_observables(_HANDLE)
+
+
+def register_observable_counter(metric: RecordedMetric, callback: ObservableCallback) -> None:
+    """Export ``metric`` as an observable (monotonic, cumulative) counter read by ``callback``.
+
+    As :func:`register_observable_gauge`, for a count that only grows: ``callback``
+    returns each attribute set's running total, read from state kept elsewhere.
+    """
+    _register_observable(metric, callback, OBSERVABLE_COUNTER)
 
 
 def unregister_observable_gauge(name: str) -> None:

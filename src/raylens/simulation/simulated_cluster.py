@@ -18,6 +18,7 @@ import time
 from collections.abc import Callable, Mapping
 
 from raylens.simulation.group_series import render_group_series
+from raylens.simulation.kill_script import KillScript
 from raylens.simulation.phase_script import PhaseScript
 from raylens.simulation.raylet import FakeRaylet
 from raylens.simulation.scripted_cluster import FakeCluster
@@ -82,6 +83,8 @@ class SimulatedCluster:
     so whatever scrapes the cluster reads per-group memory as from a real one;
     ``sampler_interval_s`` makes those figures change only once per interval. A
     :class:`~raylens.simulation.memory_script.MemoryScript` provides both callables.
+    ``kills`` (a :class:`~raylens.simulation.kill_script.KillScript`) scripts OOM kills:
+    each raylet serves its eviction counter and kernel kill count on the same clock.
 
     ``phases`` scripts the job's phases on the same clock: :meth:`current_phase` names the
     one in progress and :meth:`publish_phase` writes it to the cluster's store, as a
@@ -103,11 +106,13 @@ class SimulatedCluster:
         groups: GroupSchedule | None = None,
         sampler_interval_s: float | None = None,
         phases: PhaseScript | None = None,
+        kills: KillScript | None = None,
     ) -> None:
         if not isinstance(n_nodes, int) or isinstance(n_nodes, bool) or n_nodes < 0:
             raise ValueError(f"n_nodes must be a non-negative int, got {n_nodes!r}")
         self.schedule: Schedule = schedule or constant_schedule
         self.groups: GroupSchedule | None = groups
+        self.kills = kills
         self.sampler_interval_s = (
             None
             if sampler_interval_s is None
@@ -183,6 +188,12 @@ class SimulatedCluster:
             self._published_phase = current
         return current
 
+    def kill_series(self, node_index: int) -> bytes:
+        """The kill counters node ``node_index`` serves now (empty without ``kills``)."""
+        if self.kills is None:
+            return b""
+        return self.kills.series(node_index, self.elapsed())
+
     def hostname(self, node_index: int) -> str:
         """The host name node ``node_index`` is listed under."""
         return "sim-host" if self.same_host else f"sim-node-{node_index}"
@@ -193,7 +204,11 @@ class SimulatedCluster:
         raylet = FakeRaylet(
             memory=lambda: self.expected(index),
             template=self._template,
-            extra=(lambda: self.group_series(index)) if self.groups is not None else None,
+            extra=(
+                (lambda: self.group_series(index) + self.kill_series(index))
+                if self.groups is not None or self.kills is not None
+                else None
+            ),
         )
         try:
             node_id = self.cluster.add_node(

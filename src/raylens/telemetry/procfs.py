@@ -105,6 +105,11 @@ class ProcFS:
         """The mount point this reader reads, as given (without a trailing slash)."""
         return self._root
 
+    @property
+    def opener(self) -> Opener | None:
+        """The opener every read goes through (None: :func:`os.open`)."""
+        return self._opener
+
     def __repr__(self) -> str:
         return f"ProcFS({self._root!r})"
 

@@ -31,6 +31,9 @@ __all__ = [
     "MACHINE_USED_KEY",
     "MAX_GROUPS_PER_NODE",
     "MEMORY_TYPE_LABEL",
+    "NODE_OOM_KILLS_GAUGE",
+    "OOM_SERIES",
+    "OOM_SOURCE_LABEL",
     "RAY_GROUP_GROWTH",
     "RAY_GROUP_MEMORY",
     "RAY_GROUP_PROCESSES",
@@ -38,7 +41,9 @@ __all__ = [
     "RAY_NODE_MEM_TOTAL_HOST",
     "RAY_NODE_MEM_USED",
     "RAY_NODE_MEM_USED_HOST",
+    "RAY_NODE_OOM_KILLS",
     "RAY_SAMPLER_SAMPLED_AT",
+    "RAY_WORKER_EVICTIONS",
     "RAY_WORKER_ID_LABEL",
     "SAMPLER_SAMPLED_AT_GAUGE",
     "SCRAPE_ERROR_TYPES",
@@ -47,8 +52,10 @@ __all__ = [
     "USED_KEY",
     "GroupFigure",
     "NodeGroupFigures",
+    "NodeOomCounts",
     "parse_group_samples",
     "parse_memory_samples",
+    "parse_oom_samples",
 ]
 
 RAY_NODE_MEM_USED = "ray_node_mem_used"
@@ -193,3 +200,48 @@ def parse_group_samples(metrics_text: str | bytes) -> NodeGroupFigures | None:
         for name in sorted(rss)[:MAX_GROUPS_PER_NODE]
     )
     return NodeGroupFigures(sampled_at, groups)
+
+
+# Workers lost to memory. Ray's memory monitor counts its kills in the raylet's own
+# counter (one series per ``Type`` (Actor, Task, Driver) and ``Name``); the kernel's
+# OOM killer is counted by each node's sampler, which publishes the node's count (the
+# container's ``memory.events`` ``oom_kill``, else ``/proc/vmstat``'s) as a gauge.
+#: The raylet's counter of workers its memory monitor killed.
+RAY_WORKER_EVICTIONS = "ray_memory_manager_worker_eviction_total"
+#: The name a sampler gives its gauge of the kernel's OOM kills on its node.
+NODE_OOM_KILLS_GAUGE = "raylens_node_oom_kills"
+RAY_NODE_OOM_KILLS = f"ray_{NODE_OOM_KILLS_GAUGE}"
+#: Label on the kernel's count: where it was read (``cgroup`` or ``vmstat``).
+OOM_SOURCE_LABEL = "oom_source"
+#: The kill counters a scrape keeps.
+OOM_SERIES = (RAY_WORKER_EVICTIONS, RAY_NODE_OOM_KILLS)
+
+
+class NodeOomCounts(NamedTuple):
+    """A node's kill counters as one scrape found them; None where the payload has none.
+
+    ``ray_evictions`` sums every series of Ray's eviction counter; ``kernel_oom_kills``
+    is the largest count any sampler on the node published (all read the same kernel
+    figure, so a replaced sampler's stale series cannot lower it).
+    """
+
+    ray_evictions: float | None
+    kernel_oom_kills: float | None
+
+
+def parse_oom_samples(metrics_text: str | bytes) -> NodeOomCounts | None:
+    """The kill counters one node's payload carries, or None when it carries neither.
+
+    A value that is not finite or is negative is not a sample (the extractor drops it).
+    """
+    samples = extract_labelled_samples(metrics_text, OOM_SERIES)
+    evictions: float | None = None
+    kernel: float | None = None
+    for sample in samples:
+        if sample.name == RAY_WORKER_EVICTIONS:
+            evictions = (evictions or 0.0) + sample.value
+        elif kernel is None or sample.value > kernel:
+            kernel = sample.value
+    if evictions is None and kernel is None:
+        return None
+    return NodeOomCounts(evictions, kernel)

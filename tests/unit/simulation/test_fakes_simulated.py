@@ -11,6 +11,9 @@ import requests
 from prometheus_client.parser import text_string_to_metric_families
 
 from raylens.cluster import ClusterView
+from raylens.simulation.kill_script import KillScript
+from raylens.telemetry.raylet_payload import NodeOomCounts
+from raylens.telemetry.scraping import ScrapeLimits, fetch_once
 from raylens_fakes import FakeCluster, SimulatedCluster
 from raylens_fakes.pytest_plugin import simulated_clusters
 from raylens_fakes.simulated import constant_schedule, ensure_open_file_limit
@@ -159,3 +162,14 @@ def test_the_fakes_paths_hand_out_the_simulation_objects() -> None:
             assert getattr(old, name) is getattr(new, name), f"{old.__name__}.{name}"
     for name in simulation.__all__:
         assert getattr(raylens_fakes, name) is getattr(simulation, name), name
+
+
+@pytest.mark.slow
+def test_a_simulated_raylet_serves_its_scripted_kills() -> None:
+    t = [0.0]
+    with SimulatedCluster(1, clock=lambda: t[0], kills=KillScript([(0, 5.0, "ray")])) as cluster:
+        url = cluster.cluster.nodes()[0]
+        address = f"http://{url['NodeManagerAddress']}:{url['MetricsExportPort']}/metrics"
+        assert fetch_once(address, ScrapeLimits(5.0)).oom == NodeOomCounts(0.0, 0.0)
+        t[0] = 6.0
+        assert fetch_once(address, ScrapeLimits(5.0)).oom == NodeOomCounts(1.0, 0.0)

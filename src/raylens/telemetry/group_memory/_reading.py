@@ -7,6 +7,7 @@ for what the figures mean.
 from __future__ import annotations
 
 import enum
+import heapq
 import socket
 import time
 from collections.abc import Callable, Iterable, Mapping
@@ -246,6 +247,9 @@ class GroupMemoryReader:
         self._trees: dict[tuple[int, int], tuple[float, dict[int, int]]] = {}
         # Start times seen for workers registered without one.
         self._pinned: dict[tuple[str, int], int] = {}
+        #: The largest measured processes of the latest reading, ``(pid, group, rss)``,
+        #: at most :data:`LARGEST_PROCESSES` (what an OOM post-mortem lists).
+        self.largest_processes: tuple[tuple[int, str, int], ...] = ()
 
     def read(self, workers: Iterable[tuple[str, int, int | None]]) -> NodeGroupMemory:
         """Measure every group among ``workers`` now.
@@ -283,6 +287,9 @@ class GroupMemoryReader:
             measured = self._measure(group, tree_members, live_roots, now, due, round_)
             if measured is not None:
                 groups.append(measured)
+        self.largest_processes = _largest(
+            ((group, found[group][1]) for group in measured_groups), round_
+        )
         self._trees = trees
         for stale in self._pss_schedule.keep_only(roots):
             self._pss.pop(stale, None)
@@ -404,6 +411,23 @@ class GroupMemoryReader:
         return GroupMemory(
             group, memory.rss_bytes, pss_value, age, memory.process_count, len(alive)
         )
+
+
+#: How many of a reading's largest processes a reader keeps.
+LARGEST_PROCESSES = 10
+
+
+def _largest(
+    groups: Iterable[tuple[str, dict[int, int]]], round_: _Round
+) -> tuple[tuple[int, str, int], ...]:
+    """The reading's largest processes by RSS, from what the round already read (no I/O)."""
+    found = []
+    for group, members in groups:
+        for pid, started in members.items():
+            rss = round_.rss(pid, started)
+            if rss is not None:
+                found.append((rss[0], pid, group))
+    return tuple((pid, group, rss) for rss, pid, group in heapq.nlargest(LARGEST_PROCESSES, found))
 
 
 class _Round:

@@ -52,6 +52,7 @@ from raylens.telemetry.raylet_payload import (
     TOTAL_KEY,
     USED_KEY,
     NodeGroupFigures,
+    NodeOomCounts,
 )
 from raylens.telemetry.scraping import (
     MAX_BODY_BYTES,
@@ -214,6 +215,7 @@ class HostMemoryMonitor:
         #: Per node: ``(node, used, total, sampled_at, error)``; rows are built on reading.
         self._latest: dict[NodeKey, _Row] = {}
         self._groups: dict[NodeKey, tuple[NodeGroupFigures, float]] = {}
+        self._oom: dict[NodeKey, tuple[NodeOomCounts, float]] = {}
         self._standing: dict[NodeKey, tuple[_Standing, int]] = {}
         self._warned: set[NodeKey] = set()
         self._cycle_hooks: list[tuple[CycleHook, Callable[[], None] | None]] = []
@@ -558,6 +560,11 @@ class HostMemoryMonitor:
             if figures is not None:
                 groups[key] = (figures, sampled[key])
         self._groups = groups
+        self._oom = {
+            key: (oom, sampled[key])
+            for key in samples
+            if key in results and (oom := results[key].oom) is not None
+        }
         self.snapshot.publish(samples, expiry, sampled, health)
 
     def group_figures(self) -> dict[str, tuple[str, NodeGroupFigures, float]]:
@@ -570,6 +577,19 @@ class HostMemoryMonitor:
         return {
             key[0]: (latest[key][0].host, figures, read_at)
             for key, (figures, read_at) in self._groups.items()
+            if key in latest
+        }
+
+    def oom_counts(self) -> dict[str, tuple[str, NodeOomCounts, float]]:
+        """Per node id: host name, the kill counters its latest scrape carried, and when read.
+
+        Only nodes whose latest scrape answered and carried a counter; the time is on
+        this monitor's clock.
+        """
+        latest = self._latest
+        return {
+            key[0]: (latest[key][0].host, counts, read_at)
+            for key, (counts, read_at) in self._oom.items()
             if key in latest
         }
 

@@ -50,14 +50,17 @@ from raylens.telemetry.raylet_payload import (
     ERROR_TIMEOUT,
     ERROR_TOO_LARGE,
     GROUP_SERIES,
+    OOM_SERIES,
     RAY_NODE_MEM_TOTAL,
     RAY_NODE_MEM_USED,
     SERIES_BY_RAY_NAME,
     TOTAL_KEY,
     USED_KEY,
     NodeGroupFigures,
+    NodeOomCounts,
     parse_group_samples,
     parse_memory_samples,
+    parse_oom_samples,
 )
 from raylens.validation import positive_seconds
 
@@ -81,7 +84,7 @@ NOT_ASKED_IN_FLIGHT = "not asked: its previous scrape is still running"
 #: size, and all requests together a bounded amount (see :class:`AsyncScrapeEngine`).
 _READ_CHUNK = 64 * 1024
 _MAX_KEPT_BYTES = 256 * 1024
-_WANTED_SERIES = (*SERIES_BY_RAY_NAME, *GROUP_SERIES)
+_WANTED_SERIES = (*SERIES_BY_RAY_NAME, *GROUP_SERIES, *OOM_SERIES)
 _HEADERS = {"Accept-Encoding": "identity", "Connection": "close"}
 
 #: One node to scrape: ``(key, url, wedged)``; wedged nodes are asked in their own lane.
@@ -110,6 +113,8 @@ class Outcome(NamedTuple):
     duration: float | None = None
     #: The per-group figures the node's sampler last published there, if any.
     groups: NodeGroupFigures | None = None
+    #: The node's kill counters (Ray's memory monitor, the kernel's), if the payload has any.
+    oom: NodeOomCounts | None = None
 
 
 class ScrapeLimits(NamedTuple):
@@ -214,7 +219,7 @@ async def _fetch(
             f"in the {received}-byte payload",
             error_type=ERROR_PARSE,
         )
-    return Outcome(values, None, groups=parse_group_samples(kept))
+    return Outcome(values, None, groups=parse_group_samples(kept), oom=parse_oom_samples(kept))
 
 
 class _PerNameResolver(aiohttp.abc.AbstractResolver):

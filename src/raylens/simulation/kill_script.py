@@ -1,0 +1,86 @@
+"""Scripted OOM kills on a simulated cluster: both kill counters, over simulated time.
+
+A :class:`KillScript` lists kills as ``(node index, t, killer)``: ``"ray"`` increments
+the node's raylet eviction counter (``ray_memory_manager_worker_eviction_total``, as
+Ray's memory monitor does), ``"kernel"`` the kernel OOM-kill count its sampler
+publishes. :meth:`KillScript.series` writes both as the node's endpoint serves them,
+so a scrape of a simulated raylet, or a test feeding the payload parser, reads kills
+exactly as from a real cluster. ``same_machine`` nodes share one kernel count, as
+raylets of one machine do.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from typing import NamedTuple
+
+from raylens.telemetry.oom import SOURCE_VMSTAT, Killer
+from raylens.telemetry.raylet_payload import (
+    OOM_SOURCE_LABEL,
+    RAY_NODE_OOM_KILLS,
+    RAY_WORKER_EVICTIONS,
+    RAY_WORKER_ID_LABEL,
+)
+
+__all__ = ["KillScript", "ScriptedKill"]
+
+
+class ScriptedKill(NamedTuple):
+    """One kill: on node ``node`` at ``t`` seconds of simulated time, by ``killer``."""
+
+    node: int
+    t: float
+    killer: Killer
+
+
+class KillScript:
+    """Kills over simulated time; see the module docstring.
+
+    ``same_machine`` lists groups of node indices that share one machine (one kernel
+    count); a kernel kill on any of them raises the count all of them report.
+    """
+
+    def __init__(
+        self,
+        kills: Iterable[tuple[int, float, Killer | str]] = (),
+        *,
+        same_machine: Sequence[Sequence[int]] = (),
+    ) -> None:
+        self.kills: list[ScriptedKill] = []
+        for node, t, killer in kills:
+            if isinstance(node, bool) or not isinstance(node, int) or node < 0:
+                raise ValueError(f"a kill's node must be an index (int >= 0), got {node!r}")
+            try:
+                who = Killer(killer)
+            except ValueError:
+                raise ValueError(
+                    f"a kill's killer must be 'ray' or 'kernel', got {killer!r:.40}"
+                ) from None
+            self.kills.append(ScriptedKill(node, float(t), who))
+        self._machine = {n: tuple(group) for group in same_machine for n in group}
+
+    def add(self, node: int, t: float, killer: Killer | str) -> None:
+        """Script one more kill."""
+        self.kills.extend(KillScript([(node, t, killer)]).kills)
+
+    def counts(self, node: int, t: float) -> tuple[int, int]:
+        """``(Ray's eviction counter, the kernel's count)`` node ``node`` reports at ``t``."""
+        machine = self._machine.get(node, (node,))
+        ray = sum(1 for k in self.kills if k.node == node and k.t <= t and k.killer is Killer.RAY)
+        kernel = sum(
+            1 for k in self.kills if k.node in machine and k.t <= t and k.killer is Killer.KERNEL
+        )
+        return ray, kernel
+
+    def series(self, node: int, t: float, *, worker_id: str | None = None) -> bytes:
+        """Both counters as node ``node``'s endpoint serves them at ``t``."""
+        ray, kernel = self.counts(node, t)
+        worker = worker_id or f"{node:056x}"
+        lines = [
+            f"# TYPE {RAY_WORKER_EVICTIONS} counter",
+            f'{RAY_WORKER_EVICTIONS}{{Name="MemoryWorker",Type="Actor"}} {float(ray)!r}',
+            f"# TYPE {RAY_NODE_OOM_KILLS} gauge",
+            f'{RAY_NODE_OOM_KILLS}{{{RAY_WORKER_ID_LABEL}="{worker}",'
+            f'{OOM_SOURCE_LABEL}="{SOURCE_VMSTAT}"}} {float(kernel)!r}',
+        ]
+        return ("\n".join(lines) + "\n").encode("ascii")
