@@ -48,11 +48,13 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from multiprocessing.connection import Connection
+from typing import Any
 
 import requests
 
 from raylens.telemetry.host_memory import HostMemoryMonitor, parse_memory_samples, ray_nodes
 from raylens_fakes import FakeCluster
+from raylens_fakes.ray import FakeActor, FakeRay
 
 TARGET_DRIVER_CPU_MS = 0.05
 
@@ -183,13 +185,47 @@ def _helper_cpu_s(pid: int | None) -> float | None:
         return None
 
 
+class _SamplerElsewhere:
+    """What the driver sees of a sampler actor that runs on its own node: its answers.
+
+    Ray runs a sampler in a process on its node, so nothing of it lives in the driver's
+    heap; the fake Ray runs actors in-process, where a thousand real samplers (each
+    with its reader and history) would load the driver's garbage collector with objects
+    the driver never has.
+    """
+
+    def __init__(self, *_args: object, **_kwargs: object) -> None:
+        self.passes = 0
+
+    def ping(self) -> int:
+        self.passes += 1
+        return self.passes
+
+    def set_workers(self, _workers: object) -> None:
+        pass
+
+    def start(self, _interval_s: float) -> None:
+        pass
+
+    def stop(self, *_args: object, **_kwargs: object) -> None:
+        pass
+
+
+class _RayWithSamplersElsewhere(FakeRay):
+    """The fake Ray, with every sampler actor a :class:`_SamplerElsewhere`."""
+
+    def _start_actor(
+        self, cls: type, options: dict[str, Any], args: tuple[Any, ...], kwargs: dict[str, Any]
+    ) -> FakeActor:
+        return super()._start_actor(_SamplerElsewhere, options, (), {})
+
+
 def _attach_groups(monitor: HostMemoryMonitor, cluster: FakeCluster) -> None:
     """Per-group memory and growth on ``monitor``: 64 registered workers per node."""
     from raylens.distributed.group_memory_cycle import GroupMemoryCycle, attach_group_memory
     from raylens.distributed.group_memory_sampler import GroupMemorySamplers
     from raylens.telemetry.group_memory import GroupMemorySnapshot, GroupWorkerRegistry
     from raylens.telemetry.growth import GrowthCycle, attach_growth
-    from raylens_fakes.ray import FakeRay
 
     node_ids = [str(node["NodeID"]) for node in cluster.nodes()]
     registry = GroupWorkerRegistry()
@@ -202,7 +238,7 @@ def _attach_groups(monitor: HostMemoryMonitor, cluster: FakeCluster) -> None:
                 for rank in range(16)
             ],
         )
-    samplers = GroupMemorySamplers(ray=FakeRay(node_ids))
+    samplers = GroupMemorySamplers(ray=_RayWithSamplersElsewhere(node_ids))
     attach_group_memory(
         monitor, GroupMemoryCycle(samplers, registry=registry, snapshot=GroupMemorySnapshot())
     )

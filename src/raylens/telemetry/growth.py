@@ -210,6 +210,8 @@ class GrowthCycle:
         self._stamps: dict[str, float] = {}
         #: Per node: the outlook last built and the sample time it was built at.
         self._outlooks: dict[str, tuple[float, NodeOutlook]] = {}
+        #: Per node: the outlook and figures last merged, and what merging them gave.
+        self._merged: dict[str, tuple[NodeOutlook, NodeGroupFigures, NodeOutlook]] = {}
         self._lock = threading.Lock()
 
     def __call__(self, monitor: FigureSource) -> None:
@@ -233,11 +235,12 @@ class GrowthCycle:
                     self._recorded_at[node] = at
                 outlook = self._outlook_of(sample)
                 if carried is not None:
-                    outlook = _with_published_growth(outlook, carried[1])
+                    outlook = self._merged_with(node, outlook, carried[1])
                 outlooks.append(outlook)
             for gone in set(self._recorded_at) - live:
                 del self._recorded_at[gone]
                 self._outlooks.pop(gone, None)
+                self._merged.pop(gone, None)
                 self._stamps.pop(gone, None)
                 self.history.forget(gone)
             self.snapshot.publish(outlooks)
@@ -259,6 +262,17 @@ class GrowthCycle:
             return False
         self._stamps[node] = stamp
         return True
+
+    def _merged_with(
+        self, node: str, outlook: NodeOutlook, figures: NodeGroupFigures
+    ) -> NodeOutlook:
+        """``outlook`` with the growth ``figures`` published, merged once per pair of them."""
+        previous = self._merged.get(node)
+        if previous is not None and previous[0] is outlook and previous[1] is figures:
+            return previous[2]
+        merged = _with_published_growth(outlook, figures)
+        self._merged[node] = (outlook, figures, merged)
+        return merged
 
     def _outlook_of(self, sample: NodeSample) -> NodeOutlook:
         """The node's outlook, built again once a fit may have changed it.
@@ -289,6 +303,7 @@ class GrowthCycle:
                 self.history.forget(node)
             self._recorded_at.clear()
             self._outlooks.clear()
+            self._merged.clear()
             self._stamps.clear()
             self.snapshot.clear()
 

@@ -773,3 +773,22 @@ def test_a_descendant_whose_stat_is_refused_is_not_counted(fake_procfs: FakeProc
 
     policy = _group(reading, "policy")
     assert (policy.rss_bytes, policy.pss_bytes, policy.process_count) == (15 * MB, 15 * MB, 2)
+
+
+def test_the_same_reading_published_again_stays_fresh_with_the_same_points(
+    metrics_probe, clock: Clock
+):
+    snapshot = GroupMemorySnapshot(clock=clock, max_age=30.0)
+    register_group_memory_gauges(snapshot)
+    reading = _reading("host-a", policy=(100, 60, 3))
+    snapshot.publish({NODE_A: reading})
+    metrics_probe.collect()
+    before = metrics_probe.points(GROUP_MEMORY_USAGE_METRIC)
+
+    clock.advance(20.0)
+    snapshot.publish({NODE_A: reading})  # the sampler published nothing new
+    clock.advance(20.0)  # past the first publication's expiry, within the second's
+    metrics_probe.collect()
+
+    assert metrics_probe.points(GROUP_MEMORY_USAGE_METRIC) == before
+    assert snapshot.latest()[NODE_A][0] is reading

@@ -180,3 +180,21 @@ def test_a_helper_that_cannot_start_falls_back_to_scraping_in_process(
     assert [s.error for s in monitor.latest()] == [None, None]
     messages = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
     assert sum("scraping in this process instead" in m for m in messages) == 1
+
+
+def test_group_figures_the_driver_holds_come_back_whole_without_crossing_again(
+    simulated_cluster: Factory, make_monitor: Callable
+) -> None:
+    # One reading per sampler for the whole test: every scrape after the first carries
+    # the figures the driver already holds.
+    sim = simulated_cluster(2, groups=lambda _i, _t: {"policy": 3.0e9}, sampler_interval_s=3600.0)
+    monitor = make_monitor(sim.cluster, scrape_mode="helper", scrape_timeout=2.0)
+
+    monitor.collect_once()
+    first = {node: figures for node, (_h, figures, _at) in monitor.group_figures().items()}
+    monitor.collect_once()
+    second = {node: figures for node, (_h, figures, _at) in monitor.group_figures().items()}
+
+    assert set(first) == {sim.node_id(0), sim.node_id(1)}
+    assert second == first
+    assert {f.group for figures in second.values() for f in figures.groups} == {"policy"}

@@ -235,11 +235,18 @@ class GroupMemorySnapshot:
         """
         limit = self.max_age if max_age is None else check_positive_seconds("max_age", max_age)
         now = self._clock()
+        with self._lock:
+            previous = self._entries
         entries: dict[str, _NodeEntry] = {}
         for node_id, reading in results.items():
             if not isinstance(reading, NodeGroupMemory):
                 continue
             node = encodable(str(node_id))
+            before = previous.get(node)
+            if before is not None and before.reading is reading:
+                # The same reading again (its sampler published nothing new): its rows stand.
+                entries[node] = _NodeEntry(reading, now, now + limit, before.rows)
+                continue
             host = encodable(reading.host_name)
             rows = tuple(
                 (

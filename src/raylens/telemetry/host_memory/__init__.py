@@ -29,6 +29,7 @@ from raylens.telemetry.host_memory._gauges import (
     SCRAPE_HEALTH_RECORDED_METRICS,
     declare_gauges,
 )
+from raylens.telemetry.host_memory._helper_engine import GroupFiguresMemo
 from raylens.telemetry.host_memory._monitor import (
     SCRAPE_MODE_ENV,
     SCRAPE_TIMEOUT_S,
@@ -97,6 +98,7 @@ __all__ = [
     "SCRAPE_MODE_ENV",
     "SCRAPE_TIMEOUT_S",
     "SHUTDOWN_GRACE_S",
+    "GroupFiguresMemo",
     "HostMemoryMonitor",
     "NodeSample",
     "PlacementRegistry",

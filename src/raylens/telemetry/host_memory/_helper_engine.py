@@ -25,7 +25,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable, Hashable, Sequence
+from collections.abc import Callable, Container, Hashable, Iterable, Sequence
 from pathlib import Path
 
 from raylens import forking
@@ -33,9 +33,7 @@ from raylens.lens import warn_once
 from raylens.telemetry.names import (
     LOGGER_NAME,
 )
-from raylens.telemetry.raylet_payload import (
-    ERROR_INTERNAL,
-)
+from raylens.telemetry.raylet_payload import ERROR_INTERNAL, NodeGroupFigures
 from raylens.telemetry.scraping import (
     BATCH_SLACK_S,
     ChannelBroken,
@@ -45,7 +43,7 @@ from raylens.telemetry.scraping import (
     ScrapeLimits,
 )
 
-__all__ = ["HELPER_GONE", "STALLED_CYCLES", "HelperEngine"]
+__all__ = ["HELPER_GONE", "STALLED_CYCLES", "GroupFiguresMemo", "HelperEngine"]
 
 logger = logging.getLogger(LOGGER_NAME)
 
@@ -80,6 +78,44 @@ def _is_ready(message: object) -> bool:
     return message == ("ready",)
 
 
+class GroupFiguresMemo:
+    """The group figures the driver last received from the helper, per key.
+
+    The helper leaves out a node's figures when their ``sampled_at`` matches what the
+    driver holds (:func:`~raylens.telemetry.scraping.leave_out_known_groups`); this puts
+    them back. It is the driver's own record, so a reply lost on the way never leaves the
+    two sides disagreeing: the helper compares against what the driver says it holds.
+    Not thread-safe; the engine uses it under its lock.
+    """
+
+    def __init__(self) -> None:
+        self._held: dict[Hashable, NodeGroupFigures] = {}
+
+    def known(self, keys: Iterable[Hashable]) -> dict[Hashable, float]:
+        """``{key: sampled_at}`` held for ``keys``; figures of every other key are dropped."""
+        held = self._held
+        kept = {key: held[key] for key in keys if key in held}
+        self._held = kept
+        return {key: figures.sampled_at for key, figures in kept.items()}
+
+    def restore(
+        self, results: dict[Hashable, Outcome], unchanged: Container[Hashable], offset: float
+    ) -> dict[Hashable, Outcome]:
+        """``results`` with the held figures put back and ``offset`` added to each age."""
+        held = self._held
+        restored: dict[Hashable, Outcome] = {}
+        for key, outcome in results.items():
+            groups = outcome.groups
+            if groups is not None:
+                held[key] = groups
+            elif key in unchanged:
+                groups = held.get(key)
+            else:
+                held.pop(key, None)
+            restored[key] = outcome._replace(elapsed=outcome.elapsed + offset, groups=groups)
+        return restored
+
+
 class HelperEngine:
     """Same ``scrape``/``close`` as the in-process engine, run by a helper process.
 
@@ -99,6 +135,7 @@ class HelperEngine:
         #: Cycles in a row whose batch the helper did not take whole.
         self._stalled = 0
         self._batch = 0
+        self._groups = GroupFiguresMemo()
         self._closed = False
         #: What a forked child inherited from its parent: kept, never used or closed.
         self._inherited: list[object] = []
@@ -231,7 +268,8 @@ class HelperEngine:
                     self._note_stalled()
                     return {}
                 self._batch += 1
-                channel.queue(("scrape", self._batch, list(jobs), now + seconds))
+                known = self._groups.known(job[0] for job in jobs)
+                channel.queue(("scrape", self._batch, list(jobs), now + seconds, known))
                 reply = channel.exchange(_is_result_of(self._batch), wait_until, self._abort, alive)
                 if reply is None:
                     if not self._abort.is_set():
@@ -239,10 +277,7 @@ class HelperEngine:
                     return {}
                 self._stalled = 0
                 offset = now - started  # ages count from this call, helper start-up included
-                return {
-                    key: outcome._replace(elapsed=outcome.elapsed + offset)
-                    for key, outcome in reply[2].items()
-                }
+                return self._groups.restore(reply[2], reply[3], offset)
             except ChannelBroken:
                 if not self._ready:
                     self._failed_starts += 1

@@ -28,6 +28,7 @@ from raylens.telemetry.scraping._engine import (
     ScrapeLimits,
     fetch_once,
 )
+from raylens.telemetry.scraping._helper_program import leave_out_known_groups
 from raylens.telemetry.scraping._protocol import PrestartingEngine, ScrapeEngine
 
 __all__ = [
@@ -46,6 +47,7 @@ __all__ = [
     "ScrapeLimits",
     "encode",
     "fetch_once",
+    "leave_out_known_groups",
     "read_message",
     "write_message",
 ]

@@ -7,9 +7,11 @@ the driver's script. It ignores SIGINT (a Ctrl-C in the driver's terminal is the
 driver's to handle; the helper then ends with it) and exits as soon as its
 driver is gone, SIGKILL included, or the channel closes.
 
-Messages in: ``("scrape", batch id, jobs, absolute monotonic deadline)``.
-Messages out: ``("ready",)`` once, then ``("result", batch id, {key: Outcome})``
-per batch.
+Messages in: ``("scrape", batch id, jobs, absolute monotonic deadline, known)``, where
+``known`` is ``{key: sampled_at}`` of the group figures the driver already holds.
+Messages out: ``("ready",)`` once, then ``("result", batch id, {key: Outcome}, unchanged)``
+per batch, where the outcomes of the keys in ``unchanged`` carry no group figures because
+the driver holds them already (:func:`leave_out_known_groups`).
 """
 
 from __future__ import annotations
@@ -20,12 +22,12 @@ import socket
 import sys
 import threading
 import time
-from collections.abc import Hashable
+from collections.abc import Hashable, Mapping
 
 from raylens.telemetry.scraping._channel import ChannelBroken, read_message, write_message
 from raylens.telemetry.scraping._engine import AsyncScrapeEngine, Outcome, ScrapeLimits
 
-__all__ = ["HELPER_SLACK_S", "main", "serve"]
+__all__ = ["HELPER_SLACK_S", "leave_out_known_groups", "main", "serve"]
 
 _PARENT_POLL_S = 0.2
 #: How long past a batch's deadline the helper waits for answers on their way; the
@@ -41,6 +43,23 @@ def _watch_parent(parent_pid: int) -> None:
         time.sleep(_PARENT_POLL_S)  # a watchdog's polling period, not synchronisation
 
 
+def leave_out_known_groups(
+    results: dict[Hashable, Outcome], known: Mapping[Hashable, float]
+) -> tuple[dict[Hashable, Outcome], set[Hashable]]:
+    """Drop the group figures the driver already holds; return the results and those keys.
+
+    A sampler publishes every few seconds and the driver may scrape more often; a reading
+    it has already received would cost it an unpickling and a comparison for nothing.
+    """
+    unchanged: set[Hashable] = set()
+    for key, outcome in results.items():
+        groups = outcome.groups
+        if groups is not None and known.get(key) == groups.sampled_at:
+            results[key] = outcome._replace(groups=None)
+            unchanged.add(key)
+    return results, unchanged
+
+
 def serve(sock: socket.socket, limits: ScrapeLimits) -> None:
     """Answer scrape batches on ``sock`` until it closes or a message says otherwise."""
     engine = AsyncScrapeEngine(limits)
@@ -50,12 +69,13 @@ def serve(sock: socket.socket, limits: ScrapeLimits) -> None:
             message = read_message(sock)
             if not (isinstance(message, tuple) and message and message[0] == "scrape"):
                 return
-            _, batch, jobs, deadline = message
+            _, batch, jobs, deadline, known = message
             seconds = deadline - time.monotonic()
             results: dict[Hashable, Outcome] = (
                 engine.scrape(jobs, seconds, HELPER_SLACK_S) if seconds > 0 else {}
             )
-            write_message(sock, ("result", batch, results))
+            results, unchanged = leave_out_known_groups(results, known)
+            write_message(sock, ("result", batch, results, unchanged))
     except (ChannelBroken, OSError):
         return
     finally:
