@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from raylens.telemetry.host_memory._helper_engine import HelperEngine
+from raylens.telemetry.host_memory._threaded_scrapes import ThreadedScrapes
 from raylens.telemetry.scraping import (
     AsyncScrapeEngine,
     PrestartingEngine,
@@ -39,3 +40,18 @@ def test_a_stand_in_needs_only_scrape_and_close() -> None:
 
     assert isinstance(StandIn(), ScrapeEngine)
     assert not isinstance(StandIn(), PrestartingEngine)
+
+
+def test_the_engine_that_runs_a_replaced_scrape_is_a_scrape_engine_too() -> None:
+    nodes = {"a": "node-a", "b": "node-b"}
+    engine = ThreadedScrapes(2, nodes.__getitem__, lambda node: {"used": float(len(node))})
+    try:
+        assert isinstance(engine, ScrapeEngine)
+        assert not isinstance(engine, PrestartingEngine)
+        results = engine.scrape([("a", "http://unused", False), ("b", "http://unused", False)], 5.0)
+        assert {key: outcome.values for key, outcome in results.items()} == {
+            "a": {"used": 6.0},
+            "b": {"used": 6.0},
+        }
+    finally:
+        engine.close(1.0)

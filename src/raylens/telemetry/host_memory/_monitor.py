@@ -209,7 +209,9 @@ class HostMemoryMonitor:
         self._stop_event = threading.Event()  # replaced on every start()
         self._thread: threading.Thread | None = None
         self._engine: ScrapeEngine | None = None
-        self._threads: ThreadedScrapes | None = None
+        self._threads: ThreadedScrapes[RayNode] | None = None
+        #: The nodes of the cycle in progress, by key, for a replaced ``_scrape``.
+        self._overridden_nodes: dict[Hashable, RayNode] = {}
         self._generation = 0
         self._cycles = 0
         #: Per node: ``(node, used, total, sampled_at, error)``; rows are built on reading.
@@ -429,17 +431,14 @@ class HostMemoryMonitor:
         return "_scrape" in vars(self) or type(self)._scrape is not _DEFAULT_SCRAPE
 
     def _run(self, order: list[RayNode]) -> dict[Hashable, Outcome]:
-        if self._scrape_overridden():
-            with self._lock:
-                if self._threads is None:
-                    self._threads = ThreadedScrapes(min(self.max_concurrency, _OVERRIDE_THREADS))
-                threads = self._threads
-            return threads.run(self._scrape, order, self.scrape_timeout)
         standing = self._standing
         jobs = [
             (node.key, node.metrics_url, standing.get(node.key, _NEW)[0] is _Standing.WEDGED)
             for node in order
         ]
+        if self._scrape_overridden():
+            self._overridden_nodes = {node.key: node for node in order}
+            return self._override_engine().scrape(jobs, self.scrape_timeout)
         try:
             return self._engine_for_use().scrape(jobs, self.scrape_timeout)
         except Exception:
@@ -456,6 +455,17 @@ class HostMemoryMonitor:
             if broken is not None:
                 broken.close(0.5)
             return self._engine_for_use().scrape(jobs, self.scrape_timeout)
+
+    def _override_engine(self) -> ScrapeEngine:
+        """The engine that calls the replaced ``_scrape`` of each node, in this process."""
+        with self._lock:
+            if self._threads is None:
+                self._threads = ThreadedScrapes(
+                    min(self.max_concurrency, _OVERRIDE_THREADS),
+                    self._overridden_nodes.__getitem__,
+                    self._scrape,
+                )
+            return self._threads
 
     def _engine_for_use(self) -> ScrapeEngine:
         with self._lock:
