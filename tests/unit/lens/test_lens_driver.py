@@ -233,3 +233,33 @@ def test_the_driver_exports_phases_and_takes_their_settings(
     with caplog.at_level(logging.ERROR, logger="raylens"):
         init_telemetry_driver(host_memory_interval=1.0, kernel_peaks="no")  # type: ignore[arg-type]
     assert any("kernel_peaks must be a bool" in message for message in _errors(caplog))
+
+
+def test_the_drivers_post_mortems_name_the_phase_in_progress(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    import raylens
+    from raylens.telemetry.oom import OomWatch
+
+    hooks: list[object] = []
+
+    class RecordingMonitor:
+        has_consumer = False
+
+        def add_cycle_hook(self, hook: object, *, on_stop: object = None) -> None:
+            hooks.append(hook)
+
+        def remove_cycle_hook(self, hook: object) -> None:
+            pass
+
+    monkeypatch.setattr(
+        host_memory, "start_host_memory_monitoring", lambda *_a, **_k: RecordingMonitor()
+    )
+    monkeypatch.setattr(host_memory, "stop_host_memory_monitoring", lambda: None)
+    init_telemetry_driver(TelemetryConfig(), host_memory_interval=1.0)
+    (watch,) = [hook for hook in hooks if isinstance(hook, OomWatch)]
+
+    assert watch.phase_of() is None
+    with raylens.phase("checkpoint"):
+        assert watch.phase_of() == "checkpoint"
+    assert watch.phase_of() is None
