@@ -37,10 +37,8 @@ from raylens.distributed.group_memory_sampler import (  # noqa: E402
     worker_identity,
 )
 from raylens.telemetry.raylet_payload import (  # noqa: E402
-    GROUP_LABEL,
-    MEMORY_TYPE_LABEL,
-    RAY_GROUP_MEMORY,
     RAY_SAMPLER_SAMPLED_AT,
+    parse_group_samples,
 )
 
 HERE = Path(__file__).resolve().parent
@@ -133,11 +131,17 @@ def _series(url: str, name: str) -> list[tuple[dict[str, str], float]]:
 
 
 def _group_rss(url: str, group: str) -> list[float]:
-    return [
-        value
-        for labels, value in _series(url, RAY_GROUP_MEMORY)
-        if labels.get(GROUP_LABEL) == group and labels.get(MEMORY_TYPE_LABEL) == "rss"
-    ]
+    """The group's RSS as the newest sampler on the endpoint published it (none: empty).
+
+    Ray serves a stopped sampler's series until they age out, and other tests on the
+    shared cluster may have had a ``policy`` group on this node: only the sampler with
+    the latest ``sampled_at`` speaks for the node, as raylens reads it.
+    """
+    with urllib.request.urlopen(url, timeout=5) as response:
+        figures = parse_group_samples(response.read())
+    if figures is None:
+        return []
+    return [figure.rss_bytes for figure in figures.groups if figure.group == group]
 
 
 def _proc_rss(pid: int) -> int:
