@@ -2,6 +2,7 @@
 
 :class:`FakeProcFS` writes the few files raylens reads (``stat``, ``statm``,
 ``smaps_rollup``, ``status`` with its ``VmHWM`` and ``task/<tid>/children``) under a directory of your choosing,
+and takes the one write raylens makes (``5`` to ``clear_refs``, which resets ``VmHWM``),
 in the kernel's formats, and hands out a :class:`~raylens.telemetry.process_memory.ProcFS`
 reader over it (:attr:`FakeProcFS.procfs`).
 
@@ -64,6 +65,7 @@ class _Process:
     comm: str
     smaps_rollup: bool
     hwm_bytes: int = 0
+    peak_resets: int = 0
     zombie: bool = False
     empty_smaps_rollup: bool = False
     children: dict[int, list[int]] = field(default_factory=dict)
@@ -276,6 +278,14 @@ class FakeProcFS:
         """The start time written in ``pid``'s ``stat``."""
         return self._processes[pid].start_ticks
 
+    def peak_resets(self, pid: int) -> int:
+        """How often a reader has reset ``pid``'s high-water mark through ``clear_refs``."""
+        return self._processes[pid].peak_resets
+
+    def hwm_bytes(self, pid: int) -> int:
+        """The high-water mark (``VmHWM``) ``pid``'s ``status`` shows now."""
+        return self._processes[pid].hwm_bytes
+
     # the reader's opener
 
     def open(self, path: str, flags: int) -> int:
@@ -303,7 +313,23 @@ class FakeProcFS:
             and not process.empty_smaps_rollup
         ):
             raise ProcessLookupError(errno.ESRCH, os.strerror(errno.ESRCH), path)
+        if name == "clear_refs" and flags & (os.O_WRONLY | os.O_RDWR):
+            self._reset_peak(process, path)
         return os.open(path, flags)
+
+    def _reset_peak(self, process: _Process | None, path: str) -> None:
+        """A write to ``clear_refs`` is on its way: ``VmHWM`` drops to the current RSS.
+
+        Applied at the open, since the file on disk cannot react to the write; the only
+        value raylens writes is ``5``, the one that resets the mark.
+        """
+        if process is None:
+            raise FileNotFoundError(errno.ENOENT, os.strerror(errno.ENOENT), path)
+        if process.zombie:
+            raise ProcessLookupError(errno.ESRCH, os.strerror(errno.ESRCH), path)
+        process.hwm_bytes = process.rss_bytes
+        process.peak_resets += 1
+        _put(self.root / str(process.pid) / "status", _status_text(process))
 
     # files
 
@@ -320,6 +346,7 @@ class FakeProcFS:
             statm = f"{pages + 2048} {pages} {min(pages, 64)} 1 0 {pages} 0\n"
         _put(directory / "statm", statm)
         _put(directory / "status", _status_text(process))
+        _put(directory / "clear_refs", "")
         rollup = directory / "smaps_rollup"
         if process.zombie:
             _put(rollup, "")

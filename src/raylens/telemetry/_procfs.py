@@ -19,6 +19,8 @@ every file and directory read, so a test fake sees, refuses or races each one:
 - Peak: ``VmHWM:`` from ``/proc/<pid>/status``, the most the kernel has seen
   resident for that one process since it started. It is per process; the tree's
   figure is the largest of them (see :meth:`ProcFS.tree_peak_rss`).
+- Peak reset: writing ``5`` to ``/proc/<pid>/clear_refs`` sets ``VmHWM`` back to the
+  current RSS (:meth:`ProcFS.reset_peak_rss`), so a later ``VmHWM`` is the peak since.
 - A process that exits while being read is simply not counted.
 
 A tree's figures are summed by :func:`sum_tree_memory`, and when PSS is read is
@@ -251,6 +253,25 @@ class ProcFS:
                     return int(fields[1]) * 1024
                 return None
         return None
+
+    def reset_peak_rss(self, pid: int) -> bool:
+        """Reset the kernel's high-water mark of ``pid`` to its current RSS; whether it took.
+
+        Writes ``5`` to ``/proc/<pid>/clear_refs`` (Linux 4.0 and later), which needs
+        the rights ptrace would (the same user, or ``CAP_SYS_PTRACE``). False when the
+        process is gone or the write is refused. It also resets what ``getrusage``
+        reports as that process's maximum RSS (``ru_maxrss``), from then on.
+        """
+        try:
+            fd = (self._opener or os.open)(f"{self._root}/{pid}/clear_refs", os.O_WRONLY)
+        except OSError:
+            return False
+        try:
+            return os.write(fd, b"5") == 1
+        except OSError:
+            return False
+        finally:
+            os.close(fd)
 
     def tree_peak_rss(self, root_pid: int) -> int | None:
         """The largest ``VmHWM`` among ``root_pid`` and its live descendants, or None.
