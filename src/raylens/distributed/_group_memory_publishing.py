@@ -44,6 +44,7 @@ from raylens.telemetry.group_memory import (
     as_group_worker,
 )
 from raylens.telemetry.history import GrowthSettings, MemoryHistory
+from raylens.telemetry.phase_memory import NodePhaseTracker
 from raylens.telemetry.process_memory import ProcFS
 from raylens.telemetry.raylet_payload import (
     GROUP_GROWTH_GAUGE,
@@ -188,7 +189,8 @@ class PublishingLoop:
     which the thread calls and tests may call directly. A pass that fails is logged
     once per process and the loop carries on. ``wall_clock`` (default
     :func:`time.time`) stamps each reading. ``lock`` guards ``reader``, which other
-    callers in the process may share. Thread-safe.
+    callers in the process may share. ``on_reading`` is called with every reading
+    published (a phase's sampled peaks come from there). Thread-safe.
     """
 
     def __init__(
@@ -200,8 +202,10 @@ class PublishingLoop:
         wall_clock: Callable[[], float] | None = None,
         history: MemoryHistory | None = None,
         clock: Callable[[], float] | None = None,
+        on_reading: Callable[[NodeGroupMemory], None] | None = None,
     ) -> None:
         self._reader = reader
+        self._on_reading = on_reading
         self._history = history
         self._clock = clock or time.monotonic
         self._publisher = publisher
@@ -295,6 +299,8 @@ class PublishingLoop:
             self._forget(self._published - present)
             self._publisher.set_sampled_at(self._wall_clock())
             self._passes += 1
+            if self._on_reading is not None:
+                self._on_reading(reading)
             return reading
 
     def _publish_growth(self, group: str, now: float, rss_bytes: int) -> None:
@@ -344,6 +350,11 @@ class GroupMemorySamplerActor:
     growth history. Each group's RSS also feeds a history on the node, and its growth
     over ``growth_window_s`` (default ``RAYLENS_GROWTH_WINDOW``, else 600 s) is
     published once the window is full, so any reader sees it without keeping history.
+
+    Phases (see :mod:`raylens.distributed.phases`): :meth:`phase_begin` reads the
+    groups' start and resets their processes' peaks; every timed reading raises their
+    sampled peaks; :meth:`phase_end` answers the phase's figures. ``procfs`` replaces the
+    reader over ``procfs_root`` (for an in-process test).
     """
 
     def __init__(
@@ -357,10 +368,14 @@ class GroupMemorySamplerActor:
         clock: Callable[[], float] | None = None,
         wall_clock: Callable[[], float] | None = None,
         growth_window_s: float | None = None,
+        procfs: ProcFS | None = None,
     ) -> None:
         self._lock = threading.Lock()
+        if procfs is None:
+            procfs = ProcFS(procfs_root) if procfs_root is not None else ProcFS()
+        self._phases = NodePhaseTracker(procfs, host_name=host_name)
         self._reader = GroupMemoryReader(
-            ProcFS(procfs_root) if procfs_root is not None else None,
+            procfs,
             pss_interval_seconds=pss_interval_seconds,
             tree_interval_seconds=tree_interval_seconds,
             max_processes=max_processes,
@@ -378,6 +393,7 @@ class GroupMemorySamplerActor:
                 else GrowthSettings.from_env(window_s=growth_window_s)
             ),
             clock=clock,
+            on_reading=self._phases.observe,
         )
 
     def read(self, workers: list[tuple[str, int, int | None]]) -> dict[str, Any]:
@@ -401,6 +417,18 @@ class GroupMemorySamplerActor:
         """One timed reading now, published; as builtins, None once stopped."""
         reading = self._loop.sample_and_publish_once()
         return None if reading is None else reading.as_plain()
+
+    def phase_begin(
+        self, token: str, workers: list[tuple[str, int, int | None]], kernel_peaks: bool = True
+    ) -> bool:
+        """Begin phase ``token`` for ``workers``: start readings and peak resets; True once done."""
+        self._phases.begin(token, workers, kernel_peaks=kernel_peaks)
+        return True
+
+    def phase_end(self, token: str) -> dict[str, Any] | None:
+        """The figures of phase ``token`` as builtins, ending it; None if it is not in progress."""
+        figures = self._phases.end(token)
+        return None if figures is None else figures.as_plain()
 
     def ping(self) -> int:
         """Readings published so far: an answer at all says the actor is alive."""

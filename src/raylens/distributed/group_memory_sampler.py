@@ -575,6 +575,12 @@ class GroupMemorySamplers:
             sampler.answered = True
             sampler.missed = 0
 
+    def sampler_actors(self) -> tuple[Any, dict[str, Any]]:
+        """``(ray, {node id: sampler actor})`` of every running sampler, for phase boundaries."""
+        with self._lock:
+            actors = {node: sampler.actor for node, sampler in self._samplers.items()}
+        return (self._ray_module() if actors else self._ray), actors
+
     def close(self) -> None:
         """Remove every sampler, stopping ones included (idempotent)."""
         with self._lock:

@@ -1,0 +1,550 @@
+"""Phases of a job, marked in the driver: ``with raylens.phase("gen"): ...``.
+
+Entering a phase, in this order:
+
+1. the phase is published cluster-wide under ``phase/<job id>`` (see
+   :mod:`raylens.telemetry.phase_board`), so ``raylens watch`` in any process shows it;
+2. the driver process, which counts as the group ``driver``, has its start read and its peak
+   reset (:class:`~raylens.telemetry.phase_memory.NodePhaseTracker`, the process alone,
+   not its children);
+3. every node's group-memory sampler is told the phase began, with that node's registered
+   workers: it reads each group's start and resets its processes' peaks
+   (``/proc/<pid>/clear_refs``) where permitted. The driver waits for the nodes to confirm,
+   at most ``confirm_timeout_s`` (default :data:`DEFAULT_CONFIRM_TIMEOUT_S`), so that a spike
+   in the first instant of the body belongs to the phase; one warning names the nodes that
+   did not confirm in time;
+4. the body runs.
+
+Leaving it, normally or by an exception (which propagates unchanged): each sampler answers
+every group's start, end and peak on its node (the kernel's ``VmHWM`` summed over the group's
+processes, or the largest sampled reading where that is not permitted or kernel peaks are
+off, labelled ``kernel`` or ``sampled``), within ``end_timeout_s``; the driver records them in
+:data:`~raylens.telemetry.phase_memory.DEFAULT_TABLE` (the gauges
+``rl.worker_group.memory.phase_peak`` and ``rl.worker_group.memory.phase_delta``), logs one
+line on the ``raylens.phases`` logger at INFO, appends the whole table as one JSON line to the
+phase log when one is set, and withdraws the published phase.
+
+Phases do not nest: entering a phase while another is in progress in this driver (in any
+thread) raises :class:`PhaseError` and leaves the running phase alone. Measuring never
+raises into the job: a node, the store or a procfs that fails costs its own figures, logged
+once.
+
+Without Ray, or without :func:`raylens.driver.init_telemetry_driver` (no samplers), a phase
+measures the driver group alone.
+
+State lives in :class:`PhaseMarker`; :data:`DEFAULT_MARKER` is the one :func:`phase`,
+:func:`current_phase` and :func:`configure_phases` use, :func:`reset_phase_state` resets it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import sys
+import threading
+import time
+import uuid
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from types import TracebackType
+from typing import Any, Protocol
+
+from raylens import forking
+from raylens.cluster import ClusterView, default_cluster_view
+from raylens.distributed._group_memory_wiring import default_group_memory_cycle
+from raylens.lens import warn_once
+from raylens.safe_text import printable
+from raylens.telemetry.group_memory import DEFAULT_REGISTRY, GroupWorkerRegistry
+from raylens.telemetry.phase_board import clear_current_phase, publish_current_phase
+from raylens.telemetry.phase_memory import (
+    DEFAULT_TABLE,
+    DRIVER_GROUP,
+    NodePhaseMemory,
+    NodePhaseTracker,
+    PhaseLog,
+    PhaseMemoryTable,
+    PhaseRecord,
+    check_phase_name,
+    kernel_peaks_from_env,
+    phase_log_from_env,
+    phase_log_line,
+)
+from raylens.telemetry.process_memory import ProcFS
+from raylens.validation import positive_seconds
+
+__all__ = [
+    "DEFAULT_CONFIRM_TIMEOUT_S",
+    "DEFAULT_END_TIMEOUT_S",
+    "DEFAULT_MARKER",
+    "LOCAL_NODE_ID",
+    "Phase",
+    "PhaseError",
+    "PhaseMarker",
+    "PhaseNodes",
+    "SamplerPhaseNodes",
+    "configure_phases",
+    "current_phase",
+    "phase",
+    "reset_phase_state",
+]
+
+logger = logging.getLogger("raylens.phases")
+
+DEFAULT_CONFIRM_TIMEOUT_S = 2.0
+"""How long entering a phase waits for every node to confirm it began."""
+DEFAULT_END_TIMEOUT_S = 5.0
+"""How long leaving a phase waits for every node's figures."""
+LOCAL_NODE_ID = "local"
+"""The node id the driver group is reported under when the driver is not connected to Ray."""
+_NODES_QUOTED = 8
+_UNSET: Any = object()
+
+
+class PhaseError(RuntimeError):
+    """A phase was entered while another was in progress: phases do not nest."""
+
+
+class PhaseNodes(Protocol):
+    """Where a phase's boundaries reach beyond the driver: every node's sampler."""
+
+    def begin(
+        self, token: str, kernel_peaks: bool, timeout_s: float
+    ) -> tuple[set[str], list[str]]:
+        """Tell every node the phase ``token`` began; ``(confirmed, not confirmed)`` node ids."""
+
+    def end(self, token: str, timeout_s: float) -> tuple[dict[str, NodePhaseMemory], list[str]]:
+        """Every node's figures of phase ``token``, and the nodes that gave none."""
+
+
+def _default_samplers() -> Any:
+    return default_group_memory_cycle().samplers
+
+
+class SamplerPhaseNodes:
+    """Phase boundaries on the group-memory samplers (one per node that hosts workers).
+
+    ``samplers`` is a :class:`~raylens.distributed.group_memory_sampler.GroupMemorySamplers`
+    or a callable returning one (default: the driver's, made on first use); ``registry``
+    (default the process-wide one) says which workers each node has.
+    """
+
+    def __init__(
+        self,
+        samplers: Any = None,
+        *,
+        registry: GroupWorkerRegistry | None = None,
+    ) -> None:
+        self._samplers = samplers
+        self._registry = registry if registry is not None else DEFAULT_REGISTRY
+        # The phase being measured: its token and the actors told it began.
+        self._begun: tuple[str, Any, dict[str, Any]] | None = None
+
+    def _manager(self) -> Any:
+        if self._samplers is None:
+            return _default_samplers()
+        return self._samplers() if callable(self._samplers) else self._samplers
+
+    def begin(
+        self, token: str, kernel_peaks: bool, timeout_s: float
+    ) -> tuple[set[str], list[str]]:
+        self._begun = None
+        workers = self._registry.workers_by_node()
+        if not workers:
+            return set(), []
+        ray, actors = self._manager().sampler_actors()
+        if not actors:
+            warn_once(
+                "phases.no_samplers",
+                "worker groups are registered but no group-memory sampler runs (start "
+                "telemetry with raylens.driver.init_telemetry_driver): phases measure the "
+                "driver group only (warned once)",
+                logger=logger,
+            )
+            return set(), []
+        missing = sorted(node for node in workers if node not in actors)
+        asked: dict[Any, str] = {}
+        told: dict[str, Any] = {}
+        for node_id, listed in workers.items():
+            actor = actors.get(node_id)
+            if actor is None:
+                continue
+            try:
+                asked[actor.phase_begin.remote(token, listed, kernel_peaks)] = node_id
+                told[node_id] = actor
+            except Exception:
+                missing.append(node_id)
+        self._begun = (token, ray, told)
+        confirmed: set[str] = set()
+        if asked:
+            ready, _ = ray.wait(list(asked), num_returns=len(asked), timeout=timeout_s)
+            for ref in ready:
+                node_id = asked.pop(ref)
+                try:
+                    answer = ray.get(ref, timeout=0)
+                except Exception:
+                    answer = False
+                if answer is True:
+                    confirmed.add(node_id)
+                else:
+                    missing.append(node_id)
+            missing.extend(asked.values())
+        return confirmed, sorted(missing)
+
+    def end(self, token: str, timeout_s: float) -> tuple[dict[str, NodePhaseMemory], list[str]]:
+        begun, self._begun = self._begun, None
+        if begun is None or begun[0] != token:
+            return {}, []
+        _, ray, told = begun
+        asked: dict[Any, str] = {}
+        missing: list[str] = []
+        for node_id, actor in told.items():
+            try:
+                asked[actor.phase_end.remote(token)] = node_id
+            except Exception:
+                missing.append(node_id)
+        figures: dict[str, NodePhaseMemory] = {}
+        if asked:
+            ready, _ = ray.wait(list(asked), num_returns=len(asked), timeout=timeout_s)
+            for ref in ready:
+                node_id = asked.pop(ref)
+                try:
+                    plain = ray.get(ref, timeout=0)
+                    if plain is None:
+                        raise ValueError("the phase had not begun there")
+                    figures[node_id] = NodePhaseMemory.from_plain(plain)
+                except Exception as error:
+                    warn_once(
+                        "phases.node_figures",
+                        f"node {printable(node_id[:56])} gave no phase figures "
+                        f"({type(error).__name__}: {printable(error)[:200]}); warned once",
+                        logger=logger,
+                    )
+                    missing.append(node_id)
+            missing.extend(asked.values())
+        return figures, sorted(missing)
+
+
+def _ray_node_id() -> str:
+    """This driver's Ray node id, or :data:`LOCAL_NODE_ID` when Ray is not connected."""
+    ray = sys.modules.get("ray")
+    if ray is None or not ray.is_initialized():
+        return LOCAL_NODE_ID
+    node_id = ray.get_runtime_context().get_node_id()
+    return node_id if isinstance(node_id, str) and node_id else LOCAL_NODE_ID
+
+
+@dataclass
+class _Running:
+    phase: str
+    token: str
+    started: float
+    started_wall: float
+    missing: tuple[str, ...] = ()
+
+
+class Phase(contextlib.ContextDecorator):
+    """One phase name of a :class:`PhaseMarker`: a context manager, and a decorator.
+
+    As a decorator each call of the function is one run of the phase; a call while another
+    phase is in progress (a recursive call included) raises :class:`PhaseError`.
+    """
+
+    def __init__(self, marker: PhaseMarker, name: str) -> None:
+        self._marker = marker
+        self.name = check_phase_name(name)
+
+    def __enter__(self) -> Phase:
+        self._marker.enter(self.name)
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        traceback: TracebackType | None,
+    ) -> None:
+        self._marker.leave(self.name)
+
+    def __repr__(self) -> str:
+        return f"Phase({self.name!r})"
+
+
+class PhaseMarker:
+    """The driver's phases: where they are published, measured, recorded and logged.
+
+    ``nodes`` reaches the samplers (default :class:`SamplerPhaseNodes` over the driver's);
+    ``cluster`` is where the current phase is published (default: the connected cluster,
+    looked up at each phase); ``table`` receives every phase's figures (default
+    :data:`~raylens.telemetry.phase_memory.DEFAULT_TABLE`); ``procfs`` reads the driver's own
+    process. ``kernel_peaks`` (default ``RAYLENS_KERNEL_PEAKS``, else on) and ``log_path``
+    (default ``RAYLENS_PHASE_LOG``, else none) are the settings, read at each phase's start
+    when not given; :meth:`configure` changes them. ``clock`` times phases,
+    ``wall_clock`` stamps them; ``driver_node_id`` says which node the driver runs on.
+    """
+
+    def __init__(
+        self,
+        *,
+        nodes: PhaseNodes | None = None,
+        cluster: ClusterView | None = None,
+        table: PhaseMemoryTable | None = None,
+        procfs: ProcFS | None = None,
+        kernel_peaks: bool | None = None,
+        log_path: str | os.PathLike[str] | None = None,
+        confirm_timeout_s: float = DEFAULT_CONFIRM_TIMEOUT_S,
+        end_timeout_s: float = DEFAULT_END_TIMEOUT_S,
+        clock: Callable[[], float] | None = None,
+        wall_clock: Callable[[], float] | None = None,
+        driver_node_id: Callable[[], str] | None = None,
+        environ: Mapping[str, str] | None = None,
+    ) -> None:
+        self.nodes: PhaseNodes = nodes if nodes is not None else SamplerPhaseNodes()
+        self._cluster = cluster
+        self.table = table if table is not None else DEFAULT_TABLE
+        self._procfs = procfs
+        self._clock = clock or time.monotonic
+        self._wall_clock = wall_clock or time.time
+        self._driver_node_id = driver_node_id or _ray_node_id
+        self._environ = environ
+        self.kernel_peaks: bool | None = None
+        self.log_path: str | None = None
+        self.confirm_timeout_s = DEFAULT_CONFIRM_TIMEOUT_S
+        self.end_timeout_s = DEFAULT_END_TIMEOUT_S
+        self.configure(
+            kernel_peaks=kernel_peaks,
+            log_path=log_path,
+            confirm_timeout_s=confirm_timeout_s,
+            end_timeout_s=end_timeout_s,
+        )
+        self._lock = threading.Lock()
+        self._running: _Running | None = None
+        self._driver: NodePhaseTracker | None = None
+        forking.reset_after_fork_in_child(self)
+
+    def reset_after_fork(self) -> None:
+        """In a forked child: a fresh lock and no phase (the parent's is the parent's)."""
+        self._lock = threading.Lock()
+        self._running = None
+
+    def configure(
+        self,
+        *,
+        kernel_peaks: bool | None = _UNSET,
+        log_path: str | os.PathLike[str] | None = _UNSET,
+        confirm_timeout_s: float | None = None,
+        end_timeout_s: float | None = None,
+    ) -> None:
+        """Change the settings given; None for ``kernel_peaks`` or ``log_path`` means "from the
+        environment". Raises TypeError or ValueError naming a bad value; nothing changes then."""
+        if kernel_peaks is not _UNSET and kernel_peaks is not None:
+            if not isinstance(kernel_peaks, bool):
+                raise TypeError(f"kernel_peaks must be a bool or None, got {kernel_peaks!r:.80}")
+        if log_path is not _UNSET and log_path is not None:
+            log_path = os.fspath(log_path)
+            if not isinstance(log_path, str) or not log_path:
+                raise ValueError(f"log_path must be a non-empty path or None, got {log_path!r:.80}")
+        confirm = (
+            None
+            if confirm_timeout_s is None
+            else positive_seconds("confirm_timeout_s", confirm_timeout_s)
+        )
+        end = None if end_timeout_s is None else positive_seconds("end_timeout_s", end_timeout_s)
+        if kernel_peaks is not _UNSET:
+            self.kernel_peaks = kernel_peaks
+        if log_path is not _UNSET:
+            self.log_path = None if log_path is None else str(log_path)
+        if confirm is not None:
+            self.confirm_timeout_s = confirm
+        if end is not None:
+            self.end_timeout_s = end
+
+    def phase(self, name: str) -> Phase:
+        """A context manager and decorator marking phase ``name``; TypeError or ValueError
+        for a bad name (a non-empty str of at most 128 printable characters)."""
+        return Phase(self, name)
+
+    def current_phase(self) -> str | None:
+        """The name of the phase in progress in this driver, or None."""
+        running = self._running
+        return None if running is None else running.phase
+
+    # entering and leaving --------------------------------------------------------------
+
+    def enter(self, name: str) -> None:
+        """Begin phase ``name`` (see the module docstring); PhaseError inside another phase."""
+        name = check_phase_name(name)
+        running = _Running(name, uuid.uuid4().hex, self._clock(), self._wall_clock())
+        with self._lock:
+            if self._running is not None:
+                raise PhaseError(
+                    f"phase {printable(name)!r} cannot begin inside phase "
+                    f"{printable(self._running.phase)!r}: phases do not nest; end "
+                    f"{printable(self._running.phase)!r} first"
+                )
+            self._running = running
+        try:
+            kernel = self._kernel_peaks()
+            self._publish(name, running.started_wall)
+            self._driver_tracker().begin(running.token, self._driver_workers(), kernel_peaks=kernel)
+            _, missing = self.nodes.begin(running.token, kernel, self.confirm_timeout_s)
+        except Exception as error:
+            missing = []
+            warn_once(
+                "phases.begin",
+                f"phase {printable(name)!r}: could not tell every node it began "
+                f"({type(error).__name__}: {printable(error)[:200]}); its figures may be "
+                "incomplete (warned once)",
+                logger=logger,
+            )
+        running.missing = tuple(missing)
+        if missing:
+            logger.warning(
+                "phase %r: %s did not confirm its start within %g s; their figures for it "
+                "may miss its first moments",
+                printable(name),
+                _quoted_nodes(missing),
+                self.confirm_timeout_s,
+            )
+
+    def leave(self, name: str) -> PhaseRecord | None:
+        """End phase ``name`` and record it; None (and nothing done) if it is not in progress."""
+        running = self._running
+        if running is None or running.phase != name:
+            return None
+        try:
+            return self._finish(running)
+        except Exception as error:
+            warn_once(
+                "phases.end",
+                f"phase {printable(name)!r}: could not collect its figures "
+                f"({type(error).__name__}: {printable(error)[:200]}); warned once",
+                logger=logger,
+            )
+            return None
+        finally:
+            with self._lock:
+                self._running = None
+            self._publish(None, 0.0)
+
+    def _finish(self, running: _Running) -> PhaseRecord:
+        duration = max(0.0, self._clock() - running.started)
+        nodes, unanswered = self.nodes.end(running.token, self.end_timeout_s)
+        figures = dict(nodes)
+        driver = self._driver_tracker().end(running.token)
+        if driver is not None and driver.groups:
+            node_id = self._driver_node_id()
+            here = figures.get(node_id)
+            if here is None:
+                figures[node_id] = driver
+            else:  # the driver's node hosts workers too: one row more on it
+                groups = tuple(sorted(here.groups + driver.groups, key=lambda g: g.group))
+                figures[node_id] = NodePhaseMemory(here.host_name, groups)
+        missing = tuple(sorted(set(unanswered) | (set(running.missing) - set(figures))))
+        record = PhaseRecord(
+            running.phase,
+            duration_s=duration,
+            ended_at=self._wall_clock(),
+            nodes=figures,
+            missing=missing,
+        )
+        self.table.record(record)
+        logger.info("%s", phase_log_line(record))
+        path = self._log_path()
+        if path is not None:
+            PhaseLog(path).append(record)
+        return record
+
+    # settings and seams -----------------------------------------------------------------
+
+    def _kernel_peaks(self) -> bool:
+        if self.kernel_peaks is not None:
+            return self.kernel_peaks
+        try:
+            return kernel_peaks_from_env(self._environ)
+        except ValueError as error:
+            warn_once(
+                "phases.kernel_peaks_env",
+                f"{error}; kernel peaks stay on (warned once)",
+                logger=logger,
+            )
+            return True
+
+    def _log_path(self) -> str | None:
+        if self.log_path is not None:
+            return self.log_path
+        return phase_log_from_env(self._environ)
+
+    def _driver_tracker(self) -> NodePhaseTracker:
+        if self._driver is None:
+            self._driver = NodePhaseTracker(self._procfs, walk_trees=False)
+        return self._driver
+
+    def _driver_workers(self) -> list[tuple[str, int, int | None]]:
+        procfs = self._procfs if self._procfs is not None else ProcFS()
+        pid = os.getpid()
+        return [(DRIVER_GROUP, pid, procfs.start_ticks(pid))]
+
+    def _publish(self, name: str | None, started_at: float) -> None:
+        try:
+            view = self._cluster if self._cluster is not None else default_cluster_view()
+        except Exception:
+            return
+        if name is None:
+            clear_current_phase(view)
+        else:
+            publish_current_phase(view, name, started_at)
+
+    def reset(self) -> None:
+        """Forget the phase in progress without measuring it (tests)."""
+        with self._lock:
+            self._running = None
+        if self._driver is not None:
+            self._driver.cancel()
+
+
+def _quoted_nodes(nodes: list[str]) -> str:
+    shown = ", ".join(printable(node[:56]) for node in nodes[:_NODES_QUOTED])
+    more = f" and {len(nodes) - _NODES_QUOTED} more" if len(nodes) > _NODES_QUOTED else ""
+    return f"node(s) {shown}{more}"
+
+
+DEFAULT_MARKER = PhaseMarker()
+"""The driver's phases: what :func:`phase`, :func:`current_phase` and :func:`configure_phases` use."""
+
+
+def phase(name: str) -> Phase:
+    """:meth:`PhaseMarker.phase` on :data:`DEFAULT_MARKER`: ``with phase("gen"): ...``."""
+    return DEFAULT_MARKER.phase(name)
+
+
+def current_phase() -> str | None:
+    """The name of the driver's phase in progress, or None (:data:`DEFAULT_MARKER`)."""
+    return DEFAULT_MARKER.current_phase()
+
+
+def configure_phases(
+    *,
+    kernel_peaks: bool | None = _UNSET,
+    log_path: str | os.PathLike[str] | None = _UNSET,
+    confirm_timeout_s: float | None = None,
+    end_timeout_s: float | None = None,
+) -> None:
+    """:meth:`PhaseMarker.configure` on :data:`DEFAULT_MARKER`."""
+    DEFAULT_MARKER.configure(
+        kernel_peaks=kernel_peaks,
+        log_path=log_path,
+        confirm_timeout_s=confirm_timeout_s,
+        end_timeout_s=end_timeout_s,
+    )
+
+
+def reset_phase_state() -> None:
+    """Return :data:`DEFAULT_MARKER` to no phase and its settings to the environment's (tests)."""
+    DEFAULT_MARKER.reset()
+    DEFAULT_MARKER.configure(
+        kernel_peaks=None,
+        log_path=None,
+        confirm_timeout_s=DEFAULT_CONFIRM_TIMEOUT_S,
+        end_timeout_s=DEFAULT_END_TIMEOUT_S,
+    )
