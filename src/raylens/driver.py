@@ -82,6 +82,8 @@ def init_telemetry_driver(
     metric_reader: MetricReader | None = None,
     host_memory_interval: float | None = None,
     growth_window: float | None = None,
+    kernel_peaks: bool | None = None,
+    phase_log: str | os.PathLike[str] | None = None,
 ) -> TelemetryHandle:
     """Start telemetry in the driver, host-memory monitoring included. Never raises.
 
@@ -100,6 +102,13 @@ def init_telemetry_driver(
     ``rl.host.memory.time_to_limit``). ``growth_window`` is its sliding window in
     seconds; it defaults to ``RAYLENS_GROWTH_WINDOW``, else 600. A bad window is
     logged and the default used.
+
+    Phases marked with :func:`raylens.phase` are exported
+    (``rl.worker_group.memory.phase_peak``, ``rl.worker_group.memory.phase_delta``).
+    ``kernel_peaks`` turns the kernel's peaks (``clear_refs`` and ``VmHWM``) on or off
+    (default ``RAYLENS_KERNEL_PEAKS``, else on); ``phase_log`` names a file that gets one
+    JSON line per phase (default ``RAYLENS_PHASE_LOG``, else none). A bad one is logged and
+    the default used.
     """
     handle = _start_lens(config, metric_reader)
     interval = (
@@ -111,6 +120,7 @@ def init_telemetry_driver(
     if monitor is not None:
         _attach_group_memory(monitor)
         _attach_growth(monitor, growth_window)
+    _attach_phases(kernel_peaks, phase_log)
     add_shutdown_hook(host_memory.stop_host_memory_monitoring)
     return handle
 
@@ -149,5 +159,23 @@ def _attach_growth(monitor: host_memory.HostMemoryMonitor, window: float | None)
         warn_once(
             "driver.growth",
             "could not attach memory growth to host-memory monitoring; it will not be exported",
+            logger=logger,
+        )
+
+
+def _attach_phases(kernel_peaks: bool | None, phase_log: str | os.PathLike[str] | None) -> None:
+    try:
+        from raylens.distributed.phases import configure_phases
+        from raylens.telemetry.phase_memory import register_phase_gauges
+
+        try:
+            configure_phases(kernel_peaks=kernel_peaks, log_path=phase_log)
+        except (TypeError, ValueError) as error:
+            logger.error("raylens phases: %s; using the defaults", error)
+        register_phase_gauges()
+    except Exception:
+        warn_once(
+            "driver.phases",
+            "could not attach phase memory; phase peaks will not be exported",
             logger=logger,
         )

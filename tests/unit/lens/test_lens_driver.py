@@ -198,3 +198,37 @@ def test_the_driver_attaches_growth_with_the_window_it_was_given(
     assert len(cycles) == 1
     assert cycles[0].history.settings.window_s == window
     assert bool(_errors(caplog)) == (keyword == "soon")
+
+
+def test_the_driver_exports_phases_and_takes_their_settings(
+    monitor_calls: list[str], tmp_path, caplog: pytest.LogCaptureFixture
+) -> None:
+    from opentelemetry.sdk.metrics.export import InMemoryMetricReader
+
+    from raylens.distributed import phases
+    from raylens.telemetry.phase_memory import PHASE_PEAK_METRIC
+
+    log = tmp_path / "phases.jsonl"
+    reader = InMemoryMetricReader()
+    init_telemetry_driver(
+        host_memory_interval=1.0, metric_reader=reader, kernel_peaks=False, phase_log=log
+    )
+    assert phases.DEFAULT_MARKER.kernel_peaks is False
+    assert phases.DEFAULT_MARKER.log_path == str(log)
+    with phases.phase("gen"):
+        pass
+    data = reader.get_metrics_data()
+    points = [
+        point
+        for resource in data.resource_metrics
+        for scope in resource.scope_metrics
+        for metric in scope.metrics
+        if metric.name == PHASE_PEAK_METRIC
+        for point in metric.data.data_points
+    ]
+    assert {point.attributes["rl.peak.source"] for point in points} <= {"sampled"}
+    assert log.read_text().count("\n") == 1
+    shutdown_telemetry()
+    with caplog.at_level(logging.ERROR, logger="raylens"):
+        init_telemetry_driver(host_memory_interval=1.0, kernel_peaks="no")  # type: ignore[arg-type]
+    assert any("kernel_peaks must be a bool" in message for message in _errors(caplog))
