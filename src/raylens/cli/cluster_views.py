@@ -19,7 +19,9 @@ from raylens.demo import keep_sigterm_handler
 from raylens.live_table import NodeRow, counted, node_summary, node_table
 
 if TYPE_CHECKING:
+    from raylens.cluster import ClusterView
     from raylens.telemetry.growth import GrowthSnapshot
+    from raylens.telemetry.phase_board import CurrentPhase
     from raylens.telemetry.host_memory import HostMemoryMonitor
 
 # How many samples of each node's trend the table keeps.
@@ -91,12 +93,18 @@ def watch_nodes(
     stop: threading.Event,
     deadline: float | None = None,
     clock: Callable[[], float] = time.monotonic,
+    cluster: ClusterView | None = None,
+    before_sample: Callable[[], None] | None = None,
 ) -> None:
     """Sample and show the node table every ``args.interval`` until --once, the end or stop.
 
     The end is ``deadline`` (a reading of ``clock``) when given, else ``args.duration``
-    seconds from the first table.
+    seconds from the first table. The phase each live job is in, as published in
+    ``cluster``'s store (default: the connected one), shows in the title and under
+    ``phases`` in ``--json``. ``before_sample`` runs before every sample.
     """
+    from raylens.cluster import default_cluster_view
+    from raylens.telemetry.phase_board import read_current_phases
     from raylens.distributed._group_memory_wiring import attach_group_memory
     from raylens.telemetry.growth import attach_growth
 
@@ -113,15 +121,20 @@ def watch_nodes(
     once = getattr(args, "once", False)
 
     def sample() -> None:
+        if before_sample is not None:
+            before_sample()
         monitor.collect_once()
         rows = table.rows()
+        phases = read_current_phases(cluster if cluster is not None else default_cluster_view())
         record = {
             "time": time.time(),
             "nodes": [row.to_json() for row in rows],
             "totals": node_summary(rows).to_json(),
             "warnings": [row.warning for row in rows if row.warning],
+            "phases": [current.to_json() for current in phases],
         }
-        output.show(lambda: node_table(rows, title=title), record)
+        shown = phase_title(title, phases)
+        output.show(lambda: node_table(rows, title=shown), record)
         if output.closed:
             stop.set()
 
@@ -135,6 +148,19 @@ def watch_nodes(
             stop=stop,
             clock=clock,
         )
+
+
+def phase_title(title: str, phases: list[CurrentPhase]) -> str:
+    """``title`` followed by the phase in progress (the job's id too when several jobs have one)."""
+    from raylens.safe_text import printable
+
+    if not phases:
+        return title
+    if len(phases) == 1:
+        return f"{title} | phase {printable(phases[0].phase)}"
+    shown = ", ".join(f"{printable(p.phase)} (job {printable(p.job_id[:16])})" for p in phases[:4])
+    more = f" and {len(phases) - 4} more" if len(phases) > 4 else ""
+    return f"{title} | phases {shown}{more}"
 
 
 _GIB = 1024**3
@@ -203,13 +229,19 @@ def run_simulate(args: argparse.Namespace, stop: threading.Event) -> int:
     if args.hung > args.nodes:
         raise CliError(f"--hung {args.hung} is more than --nodes {args.nodes}")
     _check_simulated_size(args.nodes)
+    from raylens.simulation.phase_script import PhaseScript
     from raylens.simulation.simulated_cluster import SimulatedCluster
     from raylens.telemetry import host_memory
 
     start_telemetry(args.exporter, as_json=args.json)
     scrape_timeout = args.scrape_timeout or simulated_scrape_timeout(args.nodes, args.interval)
     output = Output(as_json=args.json)
-    with SimulatedCluster(args.nodes, schedule=_simulated_memory) as simulated:
+    # A training loop's phases, a minute per step, shown in the title as watch shows a job's.
+    phases = PhaseScript(
+        [("generation", 0.0, 40.0), ("training", 40.0, 55.0), ("weight refit", 55.0, 60.0)],
+        repeat_s=60.0,
+    )
+    with SimulatedCluster(args.nodes, schedule=_simulated_memory, phases=phases) as simulated:
         for index in range(args.hung):
             simulated.raylet(args.nodes - 1 - index).hang()
         node_ids = simulated.node_ids
@@ -229,6 +261,8 @@ def run_simulate(args: argparse.Namespace, stop: threading.Event) -> int:
                 output=output,
                 title=simulate_title(args.nodes, args.hung),
                 stop=stop,
+                cluster=simulated.cluster,
+                before_sample=simulated.publish_phase,
             )
         finally:
             stop_monitoring(monitor)

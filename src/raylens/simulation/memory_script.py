@@ -10,6 +10,7 @@ is a sum of *components*:
 * :class:`Steps` - phase boundaries: the level goes up by about ``height`` for one phase
   and back down for the next, phases lasting between ``every[0]`` and ``every[1]``;
 * :class:`Spikes` - rare short transients on top of everything else;
+* :class:`Pulse` - one transient at a time the test chooses (a spike between two samples);
 * :class:`Jitter` - a small reading-to-reading noise.
 
 Everything random is drawn from ``seed`` (with the node index, the group and the
@@ -38,6 +39,7 @@ __all__ = [
     "Jitter",
     "Leak",
     "MemoryScript",
+    "Pulse",
     "Sawtooth",
     "Spikes",
     "Steps",
@@ -145,6 +147,20 @@ class Spikes:
 
 
 @dataclass(frozen=True)
+class Pulse:
+    """``height`` bytes more during ``[at, at + duration)``, once: a spike placed on purpose."""
+
+    at: float
+    duration: float
+    height: float
+
+    def __post_init__(self) -> None:
+        _check("at", self.at, low=-math.inf)
+        _check("duration", self.duration, strict=True)
+        _check("height", self.height)
+
+
+@dataclass(frozen=True)
 class Jitter:
     """Reading-to-reading noise, uniform within ``+-amplitude`` bytes, fixed for each time."""
 
@@ -154,7 +170,7 @@ class Jitter:
         _check("amplitude", self.amplitude)
 
 
-Component = Leak | Sawtooth | Steps | Spikes | Jitter
+Component = Leak | Sawtooth | Steps | Spikes | Pulse | Jitter
 
 
 class _Timeline:
@@ -238,6 +254,9 @@ class _Timeline:
                 if len(t):
                     out += _spike_values(self.spike_events[spikes_seen], t)
                 spikes_seen += 1
+            elif isinstance(component, Pulse):
+                inside = (t >= component.at) & (t < component.at + component.duration)
+                out += np.where(inside, component.height, 0.0)
             elif isinstance(component, Jitter):
                 out += component.amplitude * (2 * _uniform(self.noise_key, t) - 1)
         return out
@@ -312,7 +331,7 @@ class MemoryScript:
             raise ValueError(f"node must be a non-negative int, got {node!r:.80}")
         items = tuple(components)
         for item in items:
-            if not isinstance(item, (Leak, Sawtooth, Steps, Spikes, Jitter)):
+            if not isinstance(item, (Leak, Sawtooth, Steps, Spikes, Pulse, Jitter)):
                 raise ValueError(f"not a memory component: {item!r:.80}")
         timeline = _Timeline(items, (self.seed, node, _name_key(group)))
         self._parts[(node, group)] = (_check("base", base, low=-math.inf), timeline)
@@ -333,6 +352,25 @@ class MemoryScript:
             return np.zeros(len(t))
         base, timeline = part
         return base + timeline.values(t)
+
+    def group_peak(
+        self, node: int, group: str | None, start: float, end: float, resolution: float = 0.001
+    ) -> float:
+        """The most ``group`` held on ``node`` over ``[start, end]``, as the kernel's mark sees it.
+
+        Evaluated every ``resolution`` seconds and at the start of every :class:`Pulse`
+        inside the span, so a pulse at least that long is never missed.
+        """
+        if end < start:
+            raise ValueError(f"end must not be before start, got start={start!r}, end={end!r}")
+        _check("resolution", resolution, strict=True)
+        times = [np.arange(start, end, resolution), np.asarray([end], dtype=np.float64)]
+        part = self._parts.get((node, group))
+        if part is not None:
+            pulses = [c.at for c in part[1].components if isinstance(c, Pulse)]
+            times.append(np.asarray([at for at in pulses if start <= at <= end], dtype=np.float64))
+        grid = np.sort(np.concatenate(times))
+        return float(np.max(self.group_values(node, group, grid)))
 
     def node_values(
         self, node: int, times: npt.ArrayLike

@@ -18,8 +18,10 @@ import time
 from collections.abc import Callable, Mapping
 
 from raylens.simulation.group_series import render_group_series
+from raylens.simulation.phase_script import PhaseScript
 from raylens.simulation.raylet import FakeRaylet
 from raylens.simulation.scripted_cluster import FakeCluster
+from raylens.telemetry.phase_board import publish_current_phase
 from raylens.telemetry.raylet_payload import GroupFigure
 from raylens.validation import positive_seconds
 
@@ -81,6 +83,10 @@ class SimulatedCluster:
     ``sampler_interval_s`` makes those figures change only once per interval. A
     :class:`~raylens.simulation.memory_script.MemoryScript` provides both callables.
 
+    ``phases`` scripts the job's phases on the same clock: :meth:`current_phase` names the
+    one in progress and :meth:`publish_phase` writes it to the cluster's store, as a
+    driver inside ``raylens.phase`` does, for whatever reads it there (``raylens watch``).
+
     Reach a node's raylet with :meth:`raylet` (to make it hang, trickle, ...) and
     its Ray node id with :meth:`node_id`. Close with :meth:`close` or use it as a
     context manager.
@@ -96,6 +102,7 @@ class SimulatedCluster:
         template: str | bytes = "worker",
         groups: GroupSchedule | None = None,
         sampler_interval_s: float | None = None,
+        phases: PhaseScript | None = None,
     ) -> None:
         if not isinstance(n_nodes, int) or isinstance(n_nodes, bool) or n_nodes < 0:
             raise ValueError(f"n_nodes must be a non-negative int, got {n_nodes!r}")
@@ -107,6 +114,8 @@ class SimulatedCluster:
             else positive_seconds("sampler_interval_s", sampler_interval_s)
         )
         self.clock = clock
+        self.phases = phases
+        self._published_phase: str | None = None
         self.same_host = same_host
         self._template = template
         self.cluster = FakeCluster()
@@ -157,6 +166,22 @@ class SimulatedCluster:
             sampled_at=now,
             worker_id=f"{node_index:056x}",
         )
+
+    def current_phase(self) -> str | None:
+        """The scripted phase in progress now (None without ``phases`` or between phases)."""
+        return None if self.phases is None else self.phases.phase_at(self.elapsed())
+
+    def publish_phase(self) -> str | None:
+        """Write the phase in progress to the cluster's store (withdraw it between phases).
+
+        Written only when it changed since the last call, stamped with the wall clock
+        then; returns it.
+        """
+        current = self.current_phase()
+        if current != self._published_phase:
+            publish_current_phase(self.cluster, current, time.time())
+            self._published_phase = current
+        return current
 
     def hostname(self, node_index: int) -> str:
         """The host name node ``node_index`` is listed under."""
