@@ -21,8 +21,8 @@ from raylens.live_table import NodeRow, counted, node_summary, node_table
 if TYPE_CHECKING:
     from raylens.cluster import ClusterView
     from raylens.telemetry.growth import GrowthSnapshot
-    from raylens.telemetry.phase_board import CurrentPhase
     from raylens.telemetry.host_memory import HostMemoryMonitor
+    from raylens.telemetry.phase_board import CurrentPhase
 
 # How many samples of each node's trend the table keeps.
 _HISTORY = 24
@@ -94,7 +94,7 @@ def watch_nodes(
     deadline: float | None = None,
     clock: Callable[[], float] = time.monotonic,
     cluster: ClusterView | None = None,
-    before_sample: Callable[[], None] | None = None,
+    before_sample: Callable[[], object] | None = None,
 ) -> None:
     """Sample and show the node table every ``args.interval`` until --once, the end or stop.
 
@@ -104,9 +104,9 @@ def watch_nodes(
     ``phases`` in ``--json``. ``before_sample`` runs before every sample.
     """
     from raylens.cluster import default_cluster_view
-    from raylens.telemetry.phase_board import read_current_phases
     from raylens.distributed._group_memory_wiring import attach_group_memory
     from raylens.telemetry.growth import attach_growth
+    from raylens.telemetry.phase_board import read_current_phases
 
     monitor.declare_consumer()  # the table reads every cycle, so every cycle scrapes
     # Worker groups of this process (the demo's) get a per-group column; samplers start

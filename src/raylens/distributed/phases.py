@@ -108,9 +108,7 @@ class PhaseError(RuntimeError):
 class PhaseNodes(Protocol):
     """Where a phase's boundaries reach beyond the driver: every node's sampler."""
 
-    def begin(
-        self, token: str, kernel_peaks: bool, timeout_s: float
-    ) -> tuple[set[str], list[str]]:
+    def begin(self, token: str, kernel_peaks: bool, timeout_s: float) -> tuple[set[str], list[str]]:
         """Tell every node the phase ``token`` began; ``(confirmed, not confirmed)`` node ids."""
 
     def end(self, token: str, timeout_s: float) -> tuple[dict[str, NodePhaseMemory], list[str]]:
@@ -145,9 +143,7 @@ class SamplerPhaseNodes:
             return _default_samplers()
         return self._samplers() if callable(self._samplers) else self._samplers
 
-    def begin(
-        self, token: str, kernel_peaks: bool, timeout_s: float
-    ) -> tuple[set[str], list[str]]:
+    def begin(self, token: str, kernel_peaks: bool, timeout_s: float) -> tuple[set[str], list[str]]:
         self._begun = None
         workers = self._registry.workers_by_node()
         if not workers:
@@ -337,9 +333,8 @@ class PhaseMarker:
     ) -> None:
         """Change the settings given; None for ``kernel_peaks`` or ``log_path`` means "from the
         environment". Raises TypeError or ValueError naming a bad value; nothing changes then."""
-        if kernel_peaks is not _UNSET and kernel_peaks is not None:
-            if not isinstance(kernel_peaks, bool):
-                raise TypeError(f"kernel_peaks must be a bool or None, got {kernel_peaks!r:.80}")
+        if kernel_peaks not in (_UNSET, None) and not isinstance(kernel_peaks, bool):
+            raise TypeError(f"kernel_peaks must be a bool or None, got {kernel_peaks!r:.80}")
         if log_path is not _UNSET and log_path is not None:
             log_path = os.fspath(log_path)
             if not isinstance(log_path, str) or not log_path:

@@ -52,7 +52,9 @@ class PhaseScript:
         checked: list[ScriptedPhase] = []
         for entry in phases:
             if not isinstance(entry, tuple) or len(entry) != 3:
-                raise ValueError(f"each phase must be a (name, start, end) tuple, got {entry!r:.80}")
+                raise ValueError(
+                    f"each phase must be a (name, start, end) tuple, got {entry!r:.80}"
+                )
             name, start, end = entry
             phase = ScriptedPhase(
                 check_phase_name(name), _seconds("start", start), _seconds("end", end)

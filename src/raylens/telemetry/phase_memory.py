@@ -340,9 +340,7 @@ class NodePhaseTracker:
         """The token of the phase in progress, or None."""
         return self._token
 
-    def begin(
-        self, token: str, workers: Iterable[object], *, kernel_peaks: bool = True
-    ) -> None:
+    def begin(self, token: str, workers: Iterable[object], *, kernel_peaks: bool = True) -> None:
         """Start the phase ``token`` for ``workers`` (``(group, pid, start_ticks)``).
 
         Reads every group's RSS and, with ``kernel_peaks``, resets the high-water mark of
@@ -564,9 +562,8 @@ def phase_log_line(record: PhaseRecord) -> str:
             f"node {printable(node_id[:12])} ({printable(record.nodes[node_id].host_name[:60])}),"
             f" delta {'+' if delta >= 0 else ''}{_size(delta)}"
         )
-    line = (
-        f"phase {printable(record.phase)!r} ended after {record.duration_s:.2f} s: "
-        + ("; ".join(parts) if parts else "no group figures")
+    line = f"phase {printable(record.phase)!r} ended after {record.duration_s:.2f} s: " + (
+        "; ".join(parts) if parts else "no group figures"
     )
     if record.missing:
         shown = ", ".join(printable(node[:12]) for node in record.missing[:5])

@@ -13,7 +13,9 @@ from raylens.telemetry.phase_board import CurrentPhase
 
 def test_simulate_shows_its_scripted_phase(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["simulate", "--nodes", "2", "--once", "--json"]) == 0
-    (record,) = [json.loads(line) for line in capsys.readouterr().out.splitlines() if line[:1] == "{"]
+    (record,) = [
+        json.loads(line) for line in capsys.readouterr().out.splitlines() if line[:1] == "{"
+    ]
     assert [entry["phase"] for entry in record["phases"]] == ["generation"]
     assert main(["simulate", "--nodes", "2", "--once"]) == 0
     assert "| phase generation" in capsys.readouterr().out

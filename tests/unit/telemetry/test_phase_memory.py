@@ -234,7 +234,9 @@ NODE_A = NodePhaseMemory(
         GroupPhaseMemory("rollout", 50 * MB, 40 * MB, 60 * MB, "sampled"),
     ),
 )
-NODE_B = NodePhaseMemory("host-b", (GroupPhaseMemory("policy", 100 * MB, 90 * MB, 150 * MB, "kernel"),))
+NODE_B = NodePhaseMemory(
+    "host-b", (GroupPhaseMemory("policy", 100 * MB, 90 * MB, 150 * MB, "kernel"),)
+)
 
 
 def test_the_gauges_carry_phase_group_node_host_and_source(metrics_probe: MetricsProbe):
