@@ -35,6 +35,11 @@ no liveness round and averaged over cycles that include them (every
 ``ping_every`` cycles); the registry's ``workers_by_node()``, which builds the
 input of either, is timed apart. FakeRay's bookkeeping is in both figures.
 
+Phase boundary: on ``--phase-processes`` forked workers (64 by default), a phase's
+begin on the node (each group's start reading, and ``5`` written to every process's
+``clear_refs``) and its end (the end reading and every process's ``VmHWM``), with kernel
+peaks on and off: what a sampler spends at each boundary.
+
 Run: ``PYTHONPATH=src:fakes .venv/bin/python benchmarks/bench_group_memory.py
 [--processes 8,64,256] [--threads 0] [--repeat 30] [--nodes 100,1000]``. Linux
 only. Every forked process is killed on the way out.
@@ -51,7 +56,7 @@ import statistics
 import subprocess
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from types import SimpleNamespace
 from typing import Any
 
@@ -65,6 +70,7 @@ from raylens.telemetry.group_memory import (
     GroupWorkerRegistry,
     NodeGroupMemory,
 )
+from raylens.telemetry.phase_memory import KERNEL_SOURCE, NodePhaseTracker
 from raylens.telemetry.process_memory import ProcFS
 from raylens_fakes.ray import FakeRay
 
@@ -158,29 +164,34 @@ def _compare(workers: list[tuple[str, int, int | None]], repeat: int) -> dict[st
     }
 
 
+@contextlib.contextmanager
+def _spawned(count: int, threads: int) -> Iterator[list[tuple[str, int, int | None]]]:
+    """``count`` idle forked workers of the four groups, as ``(group, pid, start_ticks)``."""
+    procfs = ProcFS()
+    spawner = subprocess.Popen(
+        [sys.executable, "-c", SPAWNER, str(count), str(threads)],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
+    try:
+        assert spawner.stdout is not None
+        pids = [int(pid) for pid in spawner.stdout.readline().split()]
+        yield [
+            (GROUPS[i % len(GROUPS)], pid, procfs.start_ticks(pid)) for i, pid in enumerate(pids)
+        ]
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(spawner.pid, signal.SIGKILL)
+        spawner.wait(timeout=60)
+
+
 def node_side(counts: list[int], threads: int, repeat: int) -> list[tuple[str, ...]]:
     rows = []
-    procfs = ProcFS()
     for count in counts:
-        spawner = subprocess.Popen(
-            [sys.executable, "-c", SPAWNER, str(count), str(threads)],
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            text=True,
-            start_new_session=True,
-        )
-        try:
-            assert spawner.stdout is not None
-            pids = [int(pid) for pid in spawner.stdout.readline().split()]
-            workers = [
-                (GROUPS[i % len(GROUPS)], pid, procfs.start_ticks(pid))
-                for i, pid in enumerate(pids)
-            ]
+        with _spawned(count, threads) as workers:
             results = _compare(workers, repeat)
-        finally:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(spawner.pid, signal.SIGKILL)
-            spawner.wait(timeout=60)
         base_cpu = next(iter(results.values()))[0]
         for method, (cpu_ms, wall_ms) in results.items():
             rows.append(
@@ -344,6 +355,47 @@ def _both_ways_ms(
     ]
 
 
+def phase_boundary(count: int, repeat: int) -> list[tuple[str, ...]]:
+    """CPU and wall ms of a phase's begin and end on a node of ``count`` worker processes."""
+    rows = []
+    with _spawned(count, 0) as workers:
+        for kernel in (True, False):
+            tracker = NodePhaseTracker(ProcFS())
+            tracker.begin("warm", workers, kernel_peaks=kernel)
+            figures = tracker.end("warm")
+            assert figures is not None
+            measured = len(figures.groups)
+            assert measured == len(GROUPS), f"measured {measured} groups"
+            if kernel:
+                sources = {g.source for g in figures.groups}
+                assert sources == {KERNEL_SOURCE}, f"kernel peaks not permitted here: {sources}"
+            label = "kernel peaks" if kernel else "sampled peaks (kernel peaks off)"
+            begin_cpu, begin_wall = _timed(
+                lambda kernel=kernel, tracker=tracker: tracker.begin(
+                    "t", workers, kernel_peaks=kernel
+                ),
+                repeat,
+            )
+            tracker.begin("t", workers, kernel_peaks=kernel)
+            end_cpu, end_wall = [], []
+            for _ in range(repeat):
+                tracker.begin("t", workers, kernel_peaks=kernel)
+                cpu_start, wall_start = time.thread_time(), time.perf_counter()
+                tracker.end("t")
+                end_wall.append(time.perf_counter() - wall_start)
+                end_cpu.append(time.thread_time() - cpu_start)
+            rows.append((str(count), f"begin, {label}", f"{begin_cpu:.2f}", f"{begin_wall:.2f}"))
+            rows.append(
+                (
+                    str(count),
+                    f"end, {label}",
+                    f"{statistics.median(end_cpu) * 1e3:.2f}",
+                    f"{statistics.median(end_wall) * 1e3:.2f}",
+                )
+            )
+    return rows
+
+
 def _table(header: tuple[str, ...], rows: list[tuple[str, ...]]) -> str:
     lines = ["| " + " | ".join(header) + " |"]
     lines.append("|" + "|".join("---:" if i != 1 else "---" for i in range(len(header))) + "|")
@@ -357,6 +409,9 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=0, help="extra threads per worker")
     parser.add_argument("--repeat", type=int, default=30, help="readings per figure")
     parser.add_argument("--nodes", default="100,1000", help="node counts for the driver side")
+    parser.add_argument(
+        "--phase-processes", type=int, default=64, help="worker processes for the phase boundary"
+    )
     args = parser.parse_args()
     if not sys.platform.startswith("linux"):
         sys.exit("bench_group_memory needs Linux procfs")
@@ -371,6 +426,17 @@ def main() -> None:
         _table(
             ("workers", "method", "CPU ms", "wall ms", "CPU ms per 64", "CPU x first row"),
             node_side(counts, args.threads, args.repeat),
+        )
+    )
+    print()
+    print(
+        "A phase boundary on a node (reset and start reading at the begin, VmHWM and end "
+        f"reading at the end; median of {args.repeat}):"
+    )
+    print(
+        _table(
+            ("workers", "step", "CPU ms", "wall ms"),
+            phase_boundary(args.phase_processes, args.repeat),
         )
     )
     print()
