@@ -106,10 +106,15 @@ for pid in pids:
 """
 
 
-def _timed(read: Callable[[], object], repeat: int) -> tuple[float, float]:
-    """Median CPU and wall milliseconds of ``repeat`` calls of ``read``."""
+def _timed(
+    read: Callable[[], object], repeat: int, setup: Callable[[], object] | None = None
+) -> tuple[float, float]:
+    """Median CPU and wall milliseconds of ``repeat`` calls of ``read``, each after an
+    untimed ``setup()`` when given."""
     cpu, wall = [], []
     for _ in range(repeat):
+        if setup is not None:
+            setup()
         cpu_start, wall_start = time.thread_time(), time.perf_counter()
         read()
         wall.append(time.perf_counter() - wall_start)
@@ -376,23 +381,15 @@ def phase_boundary(count: int, repeat: int) -> list[tuple[str, ...]]:
                 ),
                 repeat,
             )
-            tracker.begin("t", workers, kernel_peaks=kernel)
-            end_cpu, end_wall = [], []
-            for _ in range(repeat):
-                tracker.begin("t", workers, kernel_peaks=kernel)
-                cpu_start, wall_start = time.thread_time(), time.perf_counter()
-                tracker.end("t")
-                end_wall.append(time.perf_counter() - wall_start)
-                end_cpu.append(time.thread_time() - cpu_start)
-            rows.append((str(count), f"begin, {label}", f"{begin_cpu:.2f}", f"{begin_wall:.2f}"))
-            rows.append(
-                (
-                    str(count),
-                    f"end, {label}",
-                    f"{statistics.median(end_cpu) * 1e3:.2f}",
-                    f"{statistics.median(end_wall) * 1e3:.2f}",
-                )
+            end_cpu, end_wall = _timed(
+                lambda tracker=tracker: tracker.end("t"),
+                repeat,
+                setup=lambda kernel=kernel, tracker=tracker: tracker.begin(
+                    "t", workers, kernel_peaks=kernel
+                ),
             )
+            rows.append((str(count), f"begin, {label}", f"{begin_cpu:.2f}", f"{begin_wall:.2f}"))
+            rows.append((str(count), f"end, {label}", f"{end_cpu:.2f}", f"{end_wall:.2f}"))
     return rows
 
 

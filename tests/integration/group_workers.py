@@ -7,10 +7,11 @@ hands its workers (see ``conftest.py``).
 
 from __future__ import annotations
 
+import contextlib
 import os
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -132,3 +133,29 @@ def is_dead(actor: Any, timeout: float = 30.0) -> bool:
 def wait_until_dead(actor: Any, timeout: float = 30.0) -> None:
     """Block until Ray reports ``actor`` dead; fail if it is still alive after ``timeout``."""
     wait_for(lambda: is_dead(actor, timeout), timeout, f"actor {actor} to die")
+
+
+@contextlib.contextmanager
+def policy_and_rollout(name: str) -> Iterator[dict[str, Any]]:
+    """The groups ``policy`` and ``rollout`` (``EnvWorker``) sharing two one-CPU bundles.
+
+    Shut down, with their virtual cluster ``name``, on the way out. raylens is imported
+    here rather than at the top: the Ray workers import this module for its classes only.
+    """
+    from raylens.distributed.virtual_cluster import RayVirtualCluster
+    from raylens.distributed.worker_groups import RayWorkerBuilder, RayWorkerGroup
+
+    cluster = RayVirtualCluster(
+        [1, 1], use_gpus=False, name=name, placement_timeout_s=60, max_colocated_worker_groups=2
+    )
+    made: dict[str, Any] = {}
+    try:
+        for group in ("policy", "rollout"):
+            made[group] = RayWorkerGroup(
+                cluster, RayWorkerBuilder("group_workers.EnvWorker"), name_prefix=group
+            )
+        yield made
+    finally:
+        for worker_group in made.values():
+            worker_group.shutdown()
+        cluster.shutdown()

@@ -21,15 +21,14 @@ import pytest
 pytestmark = pytest.mark.integration
 ray = pytest.importorskip("ray")
 
-from group_workers import wait_for  # noqa: E402
+from group_workers import policy_and_rollout, wait_for  # noqa: E402
 
 from raylens.distributed._group_memory_wiring import (  # noqa: E402
     GroupMemoryCycle,
     attach_group_memory,
 )
 from raylens.distributed.group_memory_sampler import GroupMemorySamplers  # noqa: E402
-from raylens.distributed.virtual_cluster import RayVirtualCluster  # noqa: E402
-from raylens.distributed.worker_groups import RayWorkerBuilder, RayWorkerGroup  # noqa: E402
+from raylens.distributed.worker_groups import RayWorkerGroup  # noqa: E402
 from raylens.telemetry import host_memory  # noqa: E402
 from raylens.telemetry.growth import GrowthCycle, attach_growth  # noqa: E402
 from raylens.telemetry.history import GrowthSettings  # noqa: E402
@@ -38,7 +37,6 @@ MB = 10**6
 RATE = 10 * MB  # bytes per second
 LEAK_S = 90.0
 WINDOW_S = 30.0
-WORKER = "group_workers.EnvWorker"
 
 
 def _leak(worker: Any, rate: int, seconds: float) -> None:
@@ -56,18 +54,8 @@ def _leak(worker: Any, rate: int, seconds: float) -> None:
 
 @pytest.fixture
 def groups(ray_cluster) -> Iterator[dict[str, RayWorkerGroup]]:
-    cluster = RayVirtualCluster(
-        [1, 1], use_gpus=False, name="growth", placement_timeout_s=60, max_colocated_worker_groups=2
-    )
-    made: dict[str, RayWorkerGroup] = {}
-    try:
-        for name in ("policy", "rollout"):
-            made[name] = RayWorkerGroup(cluster, RayWorkerBuilder(WORKER), name_prefix=name)
+    with policy_and_rollout("growth") as made:
         yield made
-    finally:
-        for group in made.values():
-            group.shutdown()
-        cluster.shutdown()
 
 
 @pytest.mark.timeout(420)

@@ -16,7 +16,7 @@ import pytest
 pytestmark = pytest.mark.integration
 ray = pytest.importorskip("ray")
 
-from group_workers import wait_for  # noqa: E402
+from group_workers import policy_and_rollout, wait_for  # noqa: E402
 
 from raylens.distributed._group_memory_wiring import (  # noqa: E402
     GroupMemoryCycle,
@@ -24,14 +24,12 @@ from raylens.distributed._group_memory_wiring import (  # noqa: E402
 )
 from raylens.distributed.group_memory_sampler import GroupMemorySamplers  # noqa: E402
 from raylens.distributed.phases import PhaseMarker, SamplerPhaseNodes  # noqa: E402
-from raylens.distributed.virtual_cluster import RayVirtualCluster  # noqa: E402
-from raylens.distributed.worker_groups import RayWorkerBuilder, RayWorkerGroup  # noqa: E402
+from raylens.distributed.worker_groups import RayWorkerGroup  # noqa: E402
 from raylens.telemetry import host_memory  # noqa: E402
 from raylens.telemetry.phase_memory import PhaseMemoryTable  # noqa: E402
 
 MB = 10**6
 SPIKE = 300 * MB
-WORKER = "group_workers.EnvWorker"
 
 
 def _spike(_worker: Any, size: int) -> float:
@@ -44,18 +42,8 @@ def _spike(_worker: Any, size: int) -> float:
 
 @pytest.fixture
 def groups(ray_cluster) -> Iterator[dict[str, RayWorkerGroup]]:
-    cluster = RayVirtualCluster(
-        [1, 1], use_gpus=False, name="phases", placement_timeout_s=60, max_colocated_worker_groups=2
-    )
-    made: dict[str, RayWorkerGroup] = {}
-    try:
-        for name in ("policy", "rollout"):
-            made[name] = RayWorkerGroup(cluster, RayWorkerBuilder(WORKER), name_prefix=name)
+    with policy_and_rollout("phases") as made:
         yield made
-    finally:
-        for group in made.values():
-            group.shutdown()
-        cluster.shutdown()
 
 
 @pytest.mark.timeout(300)

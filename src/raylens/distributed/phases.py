@@ -159,66 +159,75 @@ class SamplerPhaseNodes:
             )
             return set(), []
         missing = sorted(node for node in workers if node not in actors)
-        asked: dict[Any, str] = {}
-        told: dict[str, Any] = {}
-        for node_id, listed in workers.items():
-            actor = actors.get(node_id)
-            if actor is None:
-                continue
-            try:
-                asked[actor.phase_begin.remote(token, listed, kernel_peaks)] = node_id
-                told[node_id] = actor
-            except Exception:
-                missing.append(node_id)
+        told = {node: actors[node] for node in workers if node in actors}
         self._begun = (token, ray, told)
-        confirmed: set[str] = set()
-        if asked:
-            ready, _ = ray.wait(list(asked), num_returns=len(asked), timeout=timeout_s)
-            for ref in ready:
-                node_id = asked.pop(ref)
-                try:
-                    answer = ray.get(ref, timeout=0)
-                except Exception:
-                    answer = False
-                if answer is True:
-                    confirmed.add(node_id)
-                else:
-                    missing.append(node_id)
-            missing.extend(asked.values())
-        return confirmed, sorted(missing)
+        answers, unanswered = _gather(
+            ray,
+            {
+                node: (actor, "phase_begin", (token, workers[node], kernel_peaks))
+                for node, actor in told.items()
+            },
+            timeout_s,
+        )
+        confirmed = {node for node, answer in answers.items() if answer is True}
+        return confirmed, sorted([*missing, *unanswered, *(set(answers) - confirmed)])
 
     def end(self, token: str, timeout_s: float) -> tuple[dict[str, NodePhaseMemory], list[str]]:
         begun, self._begun = self._begun, None
         if begun is None or begun[0] != token:
             return {}, []
         _, ray, told = begun
-        asked: dict[Any, str] = {}
-        missing: list[str] = []
-        for node_id, actor in told.items():
-            try:
-                asked[actor.phase_end.remote(token)] = node_id
-            except Exception:
-                missing.append(node_id)
+        answers, missing = _gather(
+            ray,
+            {node: (actor, "phase_end", (token,)) for node, actor in told.items()},
+            timeout_s,
+        )
         figures: dict[str, NodePhaseMemory] = {}
-        if asked:
-            ready, _ = ray.wait(list(asked), num_returns=len(asked), timeout=timeout_s)
-            for ref in ready:
-                node_id = asked.pop(ref)
-                try:
-                    plain = ray.get(ref, timeout=0)
-                    if plain is None:
-                        raise ValueError("the phase had not begun there")
-                    figures[node_id] = NodePhaseMemory.from_plain(plain)
-                except Exception as error:
-                    warn_once(
-                        "phases.node_figures",
-                        f"node {printable(node_id[:56])} gave no phase figures "
-                        f"({type(error).__name__}: {printable(error)[:200]}); warned once",
-                        logger=logger,
-                    )
-                    missing.append(node_id)
-            missing.extend(asked.values())
+        for node_id, plain in answers.items():
+            try:
+                if isinstance(plain, BaseException):
+                    raise plain
+                if plain is None:
+                    raise ValueError("the phase had not begun there")
+                figures[node_id] = NodePhaseMemory.from_plain(plain)
+            except Exception as error:
+                warn_once(
+                    "phases.node_figures",
+                    f"node {printable(node_id[:56])} gave no phase figures "
+                    f"({type(error).__name__}: {printable(error)[:200]}); warned once",
+                    logger=logger,
+                )
+                missing.append(node_id)
         return figures, sorted(missing)
+
+
+def _gather(
+    ray: Any, calls: Mapping[str, tuple[Any, str, tuple[Any, ...]]], timeout_s: float
+) -> tuple[dict[str, Any], list[str]]:
+    """Call every node's ``(actor, method, args)``, and wait for them all together at most
+    ``timeout_s``.
+
+    Returns ``({node: answer or the exception it raised}, [nodes with no answer in time,
+    or whose call could not be made]``.
+    """
+    asked: dict[Any, str] = {}
+    unanswered: list[str] = []
+    for node_id, (actor, method, args) in calls.items():
+        try:
+            asked[getattr(actor, method).remote(*args)] = node_id
+        except Exception:
+            unanswered.append(node_id)
+    answers: dict[str, Any] = {}
+    if asked:
+        ready, _ = ray.wait(list(asked), num_returns=len(asked), timeout=timeout_s)
+        for ref in ready:
+            node_id = asked.pop(ref)
+            try:
+                answers[node_id] = ray.get(ref, timeout=0)
+            except Exception as error:
+                answers[node_id] = error
+        unanswered.extend(asked.values())
+    return answers, unanswered
 
 
 def _ray_node_id() -> str:
