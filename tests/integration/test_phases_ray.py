@@ -2,11 +2,16 @@
 
 Inside ``phase("gen")`` a policy worker allocates 300 MB, touches every page and frees it
 within 0.2 s, while the samplers read every second: only the kernel's high-water mark,
-reset on every node when the phase began, can see it.
+reset on every node when the phase began, can see it. ``raylens watch`` started as another
+process meanwhile shows the phase.
 """
 
 from __future__ import annotations
 
+import json
+import os
+import subprocess
+import sys
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -40,6 +45,18 @@ def _spike(_worker: Any, size: int) -> float:
     return time.perf_counter() - started
 
 
+def _watch_once(address: str) -> dict[str, Any]:
+    run = subprocess.run(
+        [sys.executable, "-m", "raylens", "watch", "--address", address, "--once", "--json"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=dict(os.environ),
+    )
+    assert run.returncode == 0, run.stderr[-2000:]
+    return json.loads(run.stdout.strip().splitlines()[-1])
+
+
 @pytest.fixture
 def groups(ray_cluster) -> Iterator[dict[str, RayWorkerGroup]]:
     with policy_and_rollout("phases") as made:
@@ -71,6 +88,9 @@ def test_a_spike_between_samples_is_policys_kernel_peak_and_rollout_stays_flat(
         with marker.phase("gen"):
             confirmed_s = time.monotonic() - began
             took = ray.get(policy.workers[0].__ray_call__.remote(_spike, SPIKE))
+            # Another process attached to the cluster reads the phase from the store.
+            watched = _watch_once(ray_cluster.address)
+        assert [entry["phase"] for entry in watched["phases"]] == ["gen"], watched["phases"]
         record = table.latest("gen")
         assert record is not None and record.missing == (), record
         # Well within one sampling interval (1 s), so no sample can be taken at its top

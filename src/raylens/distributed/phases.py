@@ -331,6 +331,7 @@ class PhaseMarker:
         """In a forked child: a fresh lock and no phase (the parent's is the parent's)."""
         self._lock = threading.Lock()
         self._running = None
+        self._driver = None
 
     def configure(
         self,

@@ -46,6 +46,7 @@ from typing import Any
 
 from opentelemetry.metrics import CallbackOptions, Observation
 
+from raylens import forking
 from raylens.lens import OBSERVABLE_GAUGE, RecordedMetric, register_observable_gauge, warn_once
 from raylens.safe_text import encodable, printable
 from raylens.telemetry._names import HOST_NAME_ATTR, RAY_NODE_ID_ATTR
@@ -459,6 +460,11 @@ class PhaseMemoryTable:
         self._records: OrderedDict[str, PhaseRecord] = OrderedDict()
         # Per record: (attributes, peak, delta) of every point.
         self._points: dict[str, list[tuple[dict[str, str], int, int]]] = {}
+        forking.reset_after_fork_in_child(self)
+
+    def reset_after_fork(self) -> None:
+        """In a forked child: a fresh lock (an export may have held it at the fork)."""
+        self._lock = threading.Lock()
 
     def record(self, record: PhaseRecord) -> None:
         """Make ``record`` its phase's latest run."""

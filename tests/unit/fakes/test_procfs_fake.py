@@ -220,3 +220,17 @@ def test_peak_of_a_gone_or_unreadable_process_is_unknown(fake):
     fake.deny(100, "status")
     assert fake.procfs.read_peak_rss(100) is None
     assert fake.procfs.read_peak_rss(4242) is None
+
+
+def test_a_clear_refs_write_resets_the_high_water_mark(fake):
+    fake.add_process(200, rss_bytes=4 * PAGE_SIZE, hwm_bytes=64 * PAGE_SIZE)
+    assert fake.procfs.read_peak_rss(200) == 64 * PAGE_SIZE
+    assert fake.procfs.reset_peak_rss(200) is True
+    assert fake.procfs.read_peak_rss(200) == fake.hwm_bytes(200) == 4 * PAGE_SIZE
+    assert fake.peak_resets(200) == 1
+    fake.deny(200, "clear_refs")
+    assert fake.procfs.reset_peak_rss(200) is False
+    assert fake.procfs.reset_peak_rss(999) is False
+    fake.add_process(201)
+    fake.make_zombie(201)
+    assert fake.procfs.reset_peak_rss(201) is False
