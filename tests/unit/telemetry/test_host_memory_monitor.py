@@ -413,6 +413,22 @@ def test_collect_once_never_raises_when_a_replaced_scrape_raises(
     assert monitor.latest()[0].error == "ValueError: bad \\x1b]0;title\\x07 scrape"
 
 
+def test_a_replaced_scrape_is_called_for_the_nodes_of_each_cycle(
+    fake_cluster: FakeCluster, make_monitor: Callable, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def by_port(self: hm.HostMemoryMonitor, node: hm.RayNode) -> dict[str, float]:
+        return {hm._USED_KEY: float(node.metrics_url.rsplit(":", 1)[1].split("/")[0])}
+
+    monkeypatch.setattr(hm.HostMemoryMonitor, "_scrape", by_port)
+    fake_cluster.add_node(port=1)
+    monitor = make_monitor(fake_cluster)
+    monitor.collect_once()
+    fake_cluster.add_node(port=2)  # a node the first cycle did not know
+    monitor.collect_once()
+
+    assert sorted((s.error, s.used) for s in monitor.latest()) == [(None, 1.0), (None, 2.0)]
+
+
 # Answers, and a thousand nodes ----------------------------------------------------------
 
 

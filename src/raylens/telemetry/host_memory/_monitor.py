@@ -462,10 +462,14 @@ class HostMemoryMonitor:
             if self._threads is None:
                 self._threads = ThreadedScrapes(
                     min(self.max_concurrency, _OVERRIDE_THREADS),
-                    self._overridden_nodes.__getitem__,
+                    self._overridden_node,
                     self._scrape,
                 )
             return self._threads
+
+    def _overridden_node(self, key: Hashable) -> RayNode:
+        """The node of ``key`` in the cycle in progress (the table is replaced every cycle)."""
+        return self._overridden_nodes[key]
 
     def _engine_for_use(self) -> ScrapeEngine:
         with self._lock:
