@@ -93,9 +93,9 @@ def test_a_spike_between_samples_is_policys_kernel_peak_and_rollout_stays_flat(
         assert [entry["phase"] for entry in watched["phases"]] == ["gen"], watched["phases"]
         record = table.latest("gen")
         assert record is not None and record.missing == (), record
-        # Well within one sampling interval (1 s), so no sample can be taken at its top
-        # but by chance; 0.2 s on an idle machine, longer when the cores are shared.
-        assert took < 0.5, f"the spike took {took:.3f} s"
+        # The spike lasts about 0.2 s on an idle machine, longer when the cores are shared:
+        # how long is the machine's business, so it is printed, not asserted. What is
+        # asserted holds however long it took: the peak is the kernel's, not a sample's.
         policy_figures = {g.group: g for g in record.nodes[policy_node].groups}["policy"]
         rise = policy_figures.peak_bytes - policy_figures.start_bytes
         assert policy_figures.source == "kernel", policy_figures
