@@ -23,6 +23,15 @@ It stops growing when the median of the confirmed rates of the last window, coun
 those since it started growing, falls below ``calm`` (at least five of them: half a window). A fit that cannot be made keeps the last growth figure
 for one window, then the figure is dropped.
 
+The figure of a fit is the rate since the change point its window shows (``Fit.recent``)
+where it shows one, else its slope: a window that holds the start of a leak reads it low.
+The decision itself rests on the slopes, as above. While a series grows, its *rate* (what a
+node adds up, and its time to the kill line is drawn from) is the median of its last three
+figures within a window, confirmed or not, none from before the evidence that started the
+spell (the fast streak, or the last window for a slow start): once growth is established the latest figures
+say how fast better than the last confirmed one, which may date from the window that held
+the leak's start, and one misread step among three does not move a median.
+
 Memory per series is fixed from the start: the confirmed rates live in a preallocated ring.
 """
 
@@ -47,6 +56,8 @@ _SLOW_POSITIVE = 0.9
 _CALM_MIN_RATES = 5
 _TWIN_TOLERANCE = 0.3
 _RING = _SLOW_WINDOWS * _RATES_PER_WINDOW
+#: Latest figures a growing series' rate is the median of.
+_RATE_FIGURES = 3
 
 
 def _median(values: np.ndarray) -> float:
@@ -60,8 +71,10 @@ def _median(values: np.ndarray) -> float:
 class GrowthTracker:
     """The growth figure and the growing decision of one series, fed one fit at a time.
 
-    ``growth`` (bytes/s) is the latest fit's slope, kept for one window when a fit cannot
-    be made, None before the first fit. ``confirmed`` says whether it is. ``trusted`` is
+    ``growth`` (bytes/s) is the latest fit's figure (its rate since the change point its
+    window shows, else its slope), kept for one window when a fit cannot be made, None
+    before the first fit. ``rate`` is the growing series' rate (module docstring), None
+    while it is not growing. ``confirmed`` says whether it is. ``trusted`` is
     the latest confirmed rate of the last window (None when there was none), the figure to
     add up when several series make a whole. ``growing_since`` is when the current growing
     spell began (None while not growing), ``spells`` how many have begun.
@@ -69,12 +82,17 @@ class GrowthTracker:
 
     __slots__ = (
         "_calm_at",
+        "_counted_from",
         "_fast",
+        "_figure_t",
+        "_figure_v",
+        "_figures",
         "_last_strong",
         "_rate_t",
         "_rate_v",
         "_rates",
         "_settings",
+        "_streak_at",
         "_twins",
         "confirmed",
         "growing_since",
@@ -91,17 +109,33 @@ class GrowthTracker:
         self.growing_since: float | None = None
         self.spells = 0
         self._fast = 0
+        self._streak_at = -math.inf
+        self._counted_from = -math.inf
         self._calm_at = -math.inf
         self._last_strong = math.nan
         self._rate_t = np.full(_RING, -math.inf)
         self._rate_v = np.zeros(_RING)
         self._rates = 0
         self._twins: list[tuple[float, float, tuple[float, ...]]] = []
+        self._figure_t = np.full(_RATE_FIGURES, -math.inf)
+        self._figure_v = np.zeros(_RATE_FIGURES)
+        self._figures = 0
 
     @property
     def growing(self) -> bool:
         """Whether the series is growing now."""
         return self.growing_since is not None
+
+    @property
+    def rate(self) -> float | None:
+        """While growing, the median of the last three figures of the last window; else None."""
+        if self.growing_since is None or self.growth_at is None:
+            return None
+        counted = (self.growth_at - self._figure_t <= self._settings.window_s) & (
+            self._figure_t >= self._counted_from
+        )
+        recent = self._figure_v[counted]
+        return _median(recent) if len(recent) else None
 
     @property
     def trusted(self) -> float | None:
@@ -123,7 +157,11 @@ class GrowthTracker:
             self._judge(now)
             return
         confirmed = fit.confirmed or self._twin(now, fit)
-        self.growth, self.growth_at, self.confirmed = fit.slope, now, confirmed
+        figure = fit.slope if fit.recent is None else fit.recent
+        self.growth, self.growth_at, self.confirmed = figure, now, confirmed
+        k = self._figures % _RATE_FIGURES
+        self._figure_t[k], self._figure_v[k] = now, figure
+        self._figures += 1
         if confirmed:
             self._keep_rate(now, fit.slope)
         strong = confirmed and fit.slope >= settings.grow_fast and fit.agreement >= _FAST_AGREEMENT
@@ -133,6 +171,7 @@ class GrowthTracker:
             self._fast += 1
         else:
             self._fast = 1
+            self._streak_at = now
         self._last_strong = fit.slope if strong else math.nan
         self._judge(now)
 
@@ -172,6 +211,7 @@ class GrowthTracker:
         if self.growing_since is None:
             if self._fast >= _FAST_STREAK:
                 self.growing_since = now
+                self._counted_from = self._streak_at
                 self.spells += 1
                 return
             if self._rates < _SLOW_MIN_RATES:
@@ -185,6 +225,7 @@ class GrowthTracker:
                 and _median(self._recent(now, min(window, span))) >= settings.grow_slow
             ):
                 self.growing_since = now
+                self._counted_from = now - window
                 self.spells += 1
             return
         latest = self._recent(now, min(window, now - self.growing_since))

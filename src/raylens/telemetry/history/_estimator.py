@@ -28,6 +28,10 @@ unconfirmed fit can be wrong when a release and a step land on the same sample, 
 step restarts a cycle and too few troughs surround it, which no single window can tell
 apart.
 
+Where the slope reaches ``recent_from`` (bytes/s), the window is also read as a hinge (see
+:mod:`._change_point`): when growth started inside it, ``Fit.recent`` is the rate since then,
+over the same points, steps taken out, which one line through the whole window reads low.
+
 Many series are fitted at once (:func:`fit_growth_batch`, one row per series): a fit is
 some sixty array operations, and doing each for a whole batch costs little more than for
 one series. :func:`fit_growth` is the batch of one.
@@ -42,6 +46,8 @@ from typing import NamedTuple
 
 import numpy as np
 import numpy.typing as npt
+
+from raylens.telemetry.history._change_point import slope_since_change
 
 __all__ = ["MAX_POINTS", "MIN_SAMPLES", "Fit", "fit_growth", "fit_growth_batch"]
 
@@ -65,7 +71,9 @@ class Fit(NamedTuple):
     a series without releases); ``cuts`` the times of the cuts between them, so that two
     unconfirmed fits can be told to rest on different cuts. ``restart`` is True when a cut
     may also have restarted an allocator cycle, which reads the same as growth across it
-    when too few troughs surround the cut to tell.
+    when too few troughs surround the cut to tell. ``recent`` is the rate since the point
+    where growth started inside the window, None when the window shows no such point (or
+    its slope was below the ``recent_from`` it was fitted with).
     """
 
     slope: float
@@ -75,6 +83,7 @@ class Fit(NamedTuple):
     cuts: tuple[float, ...]
     troughs: bool = True
     restart: bool = False
+    recent: float | None = None
 
 
 def _pairs(m: int, apart: int = 1) -> tuple[IntArray, IntArray]:
@@ -228,7 +237,14 @@ def _line(
     return slope, total, rising, falling, deviation
 
 
-def fit_growth(t: FloatArray, x: FloatArray, *, step_bytes: float, radius_s: float) -> Fit | None:
+def fit_growth(
+    t: FloatArray,
+    x: FloatArray,
+    *,
+    step_bytes: float,
+    radius_s: float,
+    recent_from: float | None = None,
+) -> Fit | None:
     """Fit one window of samples (``t`` seconds ascending, ``x`` bytes); see the module docstring.
 
     None when the window has fewer than :data:`MIN_SAMPLES` samples, spans no time, or has
@@ -236,11 +252,18 @@ def fit_growth(t: FloatArray, x: FloatArray, *, step_bytes: float, radius_s: flo
     """
     t = np.asarray(t, dtype=np.float64)
     x = np.asarray(x, dtype=np.float64)
-    return fit_growth_batch(t[None, :], x[None, :], step_bytes=step_bytes, radius_s=radius_s)[0]
+    return fit_growth_batch(
+        t[None, :], x[None, :], step_bytes=step_bytes, radius_s=radius_s, recent_from=recent_from
+    )[0]
 
 
 def fit_growth_batch(
-    times: FloatArray, values: FloatArray, *, step_bytes: float, radius_s: float
+    times: FloatArray,
+    values: FloatArray,
+    *,
+    step_bytes: float,
+    radius_s: float,
+    recent_from: float | None = None,
 ) -> list[Fit | None]:
     """Fit many windows of one length at once: row ``r`` of ``times`` and ``values`` is one.
 
@@ -264,14 +287,19 @@ def fit_growth_batch(
     for h in np.unique(radius[usable]):
         rows = np.flatnonzero(usable & (radius == h))
         for row, fit in zip(
-            rows, _fit_rows(times[rows], values[rows], int(h), step_bytes, radius_s)
+            rows, _fit_rows(times[rows], values[rows], int(h), step_bytes, radius_s, recent_from)
         ):
             fits[int(row)] = fit
     return fits
 
 
 def _fit_rows(
-    t: FloatArray, x: FloatArray, h: int, step_bytes: float, radius_s: float
+    t: FloatArray,
+    x: FloatArray,
+    h: int,
+    step_bytes: float,
+    radius_s: float,
+    recent_from: float | None,
 ) -> list[Fit | None]:
     k, n = x.shape
     span = t[:, -1] - t[:, 0]
@@ -311,7 +339,7 @@ def _fit_rows(
     fits: list[Fit | None] = [None] * k
     for r in np.flatnonzero(~fitted).tolist():
         edges = [c for pair in spikes.get(r, []) for c in pair]
-        fits[r] = _fit_smooth(t[r], x[r], d[r], cuts[r], raw[r], edges, float(span[r]))
+        fits[r] = _fit_smooth(t[r], x[r], d[r], cuts[r], raw[r], edges, float(span[r]), recent_from)
     chosen = np.flatnonzero(fitted)
     if len(chosen):
         picked = chosen.tolist()
@@ -322,6 +350,7 @@ def _fit_rows(
             [cuts[r] for r in picked],
             [raw[r] for r in picked],
             step_bytes,
+            recent_from,
         )
         for r, fit in zip(chosen.tolist(), results):
             fits[r] = fit
@@ -335,6 +364,7 @@ def _fit_troughs(
     cuts: list[list[int]],
     raw: list[list[float]],
     step_bytes: float,
+    recent_from: float | None,
 ) -> list[Fit | None]:
     k, n = x.shape
     span = t[:, -1] - t[:, 0]
@@ -403,6 +433,20 @@ def _fit_troughs(
         for target, values in zip((slope, total, rising, falling, deviation), line):
             target[rest] = values
     points = ok.sum(axis=1)
+    recent = np.full(k, np.nan)
+    if recent_from is not None:
+        asked = [
+            r
+            for r in range(k)
+            if r not in ambiguous and math.isfinite(slope[r]) and slope[r] >= recent_from
+        ]
+        if asked:
+            rows = np.array(asked, dtype=np.intp)
+            levels = np.zeros((len(rows), MAX_POINTS))
+            for n_row, r in enumerate(asked):
+                if cuts[r]:
+                    levels[n_row] = np.concatenate([[0.0], np.cumsum(raw[r])])[seg[r]]
+            recent[rows] = slope_since_change(tp[rows], xp[rows] - levels, ok[rows], span[rows])[0]
 
     first = np.take_along_axis(idx, np.argmax(ok, axis=1)[:, None], 1)[:, 0].tolist()
     last = np.take_along_axis(idx, (MAX_POINTS - 1 - np.argmax(ok[:, ::-1], axis=1))[:, None], 1)[
@@ -430,7 +474,19 @@ def _fit_troughs(
             sure = True
         elif not sure and kept >= 3 and r not in ambiguous:
             sure = spread <= step_bytes / 16
-        fits.append(Fit(s, sure, agreement, kept, bridged, True, r in ambiguous))
+        since = float(recent[r])
+        fits.append(
+            Fit(
+                s,
+                sure,
+                agreement,
+                kept,
+                bridged,
+                True,
+                r in ambiguous,
+                since if math.isfinite(since) else None,
+            )
+        )
     return fits
 
 
@@ -442,6 +498,7 @@ def _fit_smooth(
     raw: list[float],
     spike_edges: list[int],
     span: float,
+    recent_from: float | None,
 ) -> Fit | None:
     """Fit a series without troughs over its samples, unless it has releases.
 
@@ -480,4 +537,12 @@ def _fit_smooth(
     else:
         agreeing = len(slopes)
     cut_times = tuple(float(t[c]) for c in cuts)
-    return Fit(slope, not cuts, agreeing / len(slopes), len(idx), cut_times, False)
+    since: float | None = None
+    if recent_from is not None and slope >= recent_from:
+        found = float(
+            slope_since_change(
+                tp[None, :], yp[None, :], np.ones((1, len(idx)), dtype=np.bool_), np.array([span])
+            )[0][0]
+        )
+        since = found if math.isfinite(found) else None
+    return Fit(slope, not cuts, agreeing / len(slopes), len(idx), cut_times, False, False, since)

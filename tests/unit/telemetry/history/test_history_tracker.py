@@ -115,3 +115,31 @@ def test_a_figure_is_kept_for_one_window_when_fits_fail() -> None:
     assert tracker.growth == 5 * MIB_MIN
     feed(tracker, [None], start=now)
     assert tracker.growth is None and tracker.trusted is None
+
+
+def since(rate: float, recent: float, *, confirmed: bool = True) -> Fit:
+    """A fit whose window holds the start of growth: ``rate`` over it, ``recent`` since."""
+    return Fit(rate * MIB_MIN, confirmed, 1.0, 12, (), True, False, recent * MIB_MIN)
+
+
+def test_the_figure_is_the_rate_since_the_change_the_window_shows() -> None:
+    tracker = GrowthTracker(SETTINGS)
+    feed(tracker, [since(24, 50)])
+    assert tracker.growth == 50 * MIB_MIN
+    assert tracker.trusted == 24 * MIB_MIN  # the decision's evidence stays the window's slope
+
+
+def test_a_growing_series_rate_is_the_median_of_its_last_three_figures() -> None:
+    tracker = GrowthTracker(SETTINGS)
+    now = feed(tracker, [fit(5)] * 3)
+    assert tracker.rate is None  # not growing
+    now = feed(tracker, [since(24, 48), since(28, 52)], start=now)
+    assert tracker.growing and tracker.rate == 50 * MIB_MIN
+    # Unconfirmed figures count once it grows: one misread among three does not move it.
+    now = feed(tracker, [fit(200, confirmed=False, cuts=(1.0,))], start=now)
+    assert tracker.rate == 52 * MIB_MIN
+    now = feed(tracker, [fit(51, confirmed=False, cuts=(2.0,))], start=now)
+    assert tracker.rate == 52 * MIB_MIN  # 52, 200, 51
+    # Figures older than a window do not count.
+    tracker.update(now + SETTINGS.window_s + 1, fit(49))
+    assert tracker.rate == 49 * MIB_MIN
