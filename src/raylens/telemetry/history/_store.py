@@ -76,7 +76,8 @@ class NodeGrowth:
     them (None when the node was recorded without groups). With groups, ``growth`` adds up
     each growing part's ``rate`` and each other part's ``trusted`` figure (a part without
     one counts its figure if confirmed, else nothing), and is None while any part has no
-    figure yet; ``growing`` needs that sum to
+    figure, unless a part grows: a quiet part without a figure (new, or whose fits have
+    failed for a window) then counts nothing rather than hiding the growth; ``growing`` needs that sum to
     reach ``grow_slow`` and one part to be growing. ``fastest_group`` is the group with the
     highest growth, None when no group has a figure.
     """
@@ -263,7 +264,9 @@ class MemoryHistory:
             other = self._view((node, None))
             parts = [*groups.values(), *([other] if other else [])]
             growth: float | None = None
-            if parts and all(p.growth is not None for p in parts):
+            if parts and (
+                all(p.growth is not None for p in parts) or any(p.rate is not None for p in parts)
+            ):
                 growth = math.fsum(_steady(p) for p in parts)
             growing = (
                 growth is not None
