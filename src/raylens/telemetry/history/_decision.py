@@ -27,10 +27,12 @@ The figure of a fit is the rate since the change point its window shows (``Fit.r
 where it shows one, else its slope: a window that holds the start of a leak reads it low.
 The decision itself rests on the slopes, as above. While a series grows, its *rate* (what a
 node adds up, and its time to the kill line is drawn from) is the median of its last three
-figures within a window, confirmed or not, none from before the evidence that started the
-spell (the fast streak, or the last window for a slow start): once growth is established the latest figures
-say how fast better than the last confirmed one, which may date from the window that held
-the leak's start, and one misread step among three does not move a median.
+confirmed figures within a window, none from before the evidence that started the spell
+(the fast streak, or the last window for a slow start); with none, the median of its last
+three figures of the spell, confirmed or not, however old: once growth is established, a
+fit that rests on steps still says how fast better than nothing, and one misread step
+among three does not move a median. Fits that may read a restarted cycle (``Fit.restart``)
+do not count: which way the step went is what they cannot tell.
 
 Memory per series is fixed from the start: the confirmed rates live in a preallocated ring.
 """
@@ -117,9 +119,10 @@ class GrowthTracker:
         self._rate_v = np.zeros(_RING)
         self._rates = 0
         self._twins: list[tuple[float, float, tuple[float, ...]]] = []
-        self._figure_t = np.full(_RATE_FIGURES, -math.inf)
-        self._figure_v = np.zeros(_RATE_FIGURES)
-        self._figures = 0
+        # Row 0: the last figures, confirmed or not; row 1: the last confirmed ones.
+        self._figure_t = np.full((2, _RATE_FIGURES), -math.inf)
+        self._figure_v = np.zeros((2, _RATE_FIGURES))
+        self._figures = [0, 0]
 
     @property
     def growing(self) -> bool:
@@ -128,14 +131,16 @@ class GrowthTracker:
 
     @property
     def rate(self) -> float | None:
-        """While growing, the median of the last three figures of the last window; else None."""
+        """While growing, the median of its last three figures (module docstring); else None."""
         if self.growing_since is None or self.growth_at is None:
             return None
-        counted = (self.growth_at - self._figure_t <= self._settings.window_s) & (
-            self._figure_t >= self._counted_from
-        )
-        recent = self._figure_v[counted]
-        return _median(recent) if len(recent) else None
+        counted = self._figure_t >= self._counted_from
+        counted[1] &= self.growth_at - self._figure_t[1] <= self._settings.window_s
+        for row in (1, 0):
+            recent = self._figure_v[row][counted[row]]
+            if len(recent):
+                return _median(recent)
+        return None
 
     @property
     def trusted(self) -> float | None:
@@ -159,9 +164,10 @@ class GrowthTracker:
         confirmed = fit.confirmed or self._twin(now, fit)
         figure = fit.slope if fit.recent is None else fit.recent
         self.growth, self.growth_at, self.confirmed = figure, now, confirmed
-        k = self._figures % _RATE_FIGURES
-        self._figure_t[k], self._figure_v[k] = now, figure
-        self._figures += 1
+        for row in () if fit.restart else (0, 1) if confirmed else (0,):
+            k = self._figures[row] % _RATE_FIGURES
+            self._figure_t[row, k], self._figure_v[row, k] = now, figure
+            self._figures[row] += 1
         if confirmed:
             self._keep_rate(now, fit.slope)
         strong = confirmed and fit.slope >= settings.grow_fast and fit.agreement >= _FAST_AGREEMENT

@@ -134,12 +134,19 @@ def test_a_growing_series_rate_is_the_median_of_its_last_three_figures() -> None
     now = feed(tracker, [fit(5)] * 3)
     assert tracker.rate is None  # not growing
     now = feed(tracker, [since(24, 48), since(28, 52)], start=now)
-    assert tracker.growing and tracker.rate == 50 * MIB_MIN
-    # Unconfirmed figures count once it grows: one misread among three does not move it.
+    assert tracker.growing and tracker.rate == 50 * MIB_MIN  # not the 5 from before the streak
+    # Confirmed figures win: an unconfirmed one may rest on a misread step.
     now = feed(tracker, [fit(200, confirmed=False, cuts=(1.0,))], start=now)
-    assert tracker.rate == 52 * MIB_MIN
-    now = feed(tracker, [fit(51, confirmed=False, cuts=(2.0,))], start=now)
-    assert tracker.rate == 52 * MIB_MIN  # 52, 200, 51
-    # Figures older than a window do not count.
-    tracker.update(now + SETTINGS.window_s + 1, fit(49))
-    assert tracker.rate == 49 * MIB_MIN
+    assert tracker.rate == 50 * MIB_MIN
+    now = feed(tracker, [since(30, 56)], start=now)
+    assert tracker.rate == 52 * MIB_MIN  # 48, 52, 56
+    # A window later with only unconfirmed figures: their median, one misread among three.
+    now += SETTINGS.window_s
+    for cut, rate in ((3.0, 60), (3.0, 200), (3.0, 62)):  # one cut: none confirms another
+        now += SETTINGS.fit_interval_s
+        tracker.update(now, fit(rate, confirmed=False, cuts=(cut,)))
+    assert tracker.growing and tracker.rate == 62 * MIB_MIN
+    # A fit that may read a restarted cycle does not count; older figures of the spell do.
+    now += SETTINGS.window_s
+    tracker.update(now, Fit(1 * MIB_MIN, False, 1.0, 2, (9.0,), True, True))
+    assert tracker.growing and tracker.growth == 1 * MIB_MIN and tracker.rate == 62 * MIB_MIN
