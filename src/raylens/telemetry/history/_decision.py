@@ -75,7 +75,8 @@ class GrowthTracker:
 
     ``growth`` (bytes/s) is the latest fit's figure (its rate since the change point its
     window shows, else its slope), kept for one window when a fit cannot be made, None
-    before the first fit. ``rate`` is the growing series' rate (module docstring), None
+    before the first fit. ``onset`` is the latest change point a fit found (the next
+    windows are read from it while they hold it). ``rate`` is the growing series' rate (module docstring), None
     while it is not growing. ``confirmed`` says whether it is. ``trusted`` is
     the latest confirmed rate of the last window (None when there was none), the figure to
     add up when several series make a whole. ``growing_since`` is when the current growing
@@ -98,6 +99,7 @@ class GrowthTracker:
         "_twins",
         "confirmed",
         "growing_since",
+        "onset",
         "growth",
         "growth_at",
         "spells",
@@ -109,6 +111,7 @@ class GrowthTracker:
         self.growth_at: float | None = None
         self.confirmed = False
         self.growing_since: float | None = None
+        self.onset: float | None = None
         self.spells = 0
         self._fast = 0
         self._streak_at = -math.inf
@@ -163,6 +166,8 @@ class GrowthTracker:
             return
         confirmed = fit.confirmed or self._twin(now, fit)
         figure = fit.slope if fit.recent is None else fit.recent
+        if fit.onset is not None:
+            self.onset = fit.onset
         self.growth, self.growth_at, self.confirmed = figure, now, confirmed
         for row in () if fit.restart else (0, 1) if confirmed else (0,):
             k = self._figures[row] % _RATE_FIGURES

@@ -30,7 +30,9 @@ apart.
 
 Where the slope reaches ``recent_from`` (bytes/s), the window is also read as a hinge (see
 :mod:`._change_point`): when growth started inside it, ``Fit.recent`` is the rate since then,
-over the same points, steps taken out, which one line through the whole window reads low.
+over the same points, steps taken out, which one line through the whole window reads low;
+``Fit.onset`` is that point. A change point an earlier window found (``onsets``, one per
+row) reads a window with too few points to find it again.
 
 Many series are fitted at once (:func:`fit_growth_batch`, one row per series): a fit is
 some sixty array operations, and doing each for a whole batch costs little more than for
@@ -73,7 +75,8 @@ class Fit(NamedTuple):
     may also have restarted an allocator cycle, which reads the same as growth across it
     when too few troughs surround the cut to tell. ``recent`` is the rate since the point
     where growth started inside the window, None when the window shows no such point (or
-    its slope was below the ``recent_from`` it was fitted with).
+    its slope was below the ``recent_from`` it was fitted with); ``onset`` is that point's
+    time.
     """
 
     slope: float
@@ -84,6 +87,7 @@ class Fit(NamedTuple):
     troughs: bool = True
     restart: bool = False
     recent: float | None = None
+    onset: float | None = None
 
 
 def _pairs(m: int, apart: int = 1) -> tuple[IntArray, IntArray]:
@@ -244,6 +248,7 @@ def fit_growth(
     step_bytes: float,
     radius_s: float,
     recent_from: float | None = None,
+    onset: float | None = None,
 ) -> Fit | None:
     """Fit one window of samples (``t`` seconds ascending, ``x`` bytes); see the module docstring.
 
@@ -253,7 +258,12 @@ def fit_growth(
     t = np.asarray(t, dtype=np.float64)
     x = np.asarray(x, dtype=np.float64)
     return fit_growth_batch(
-        t[None, :], x[None, :], step_bytes=step_bytes, radius_s=radius_s, recent_from=recent_from
+        t[None, :],
+        x[None, :],
+        step_bytes=step_bytes,
+        radius_s=radius_s,
+        recent_from=recent_from,
+        onsets=None if onset is None else np.array([onset], dtype=np.float64),
     )[0]
 
 
@@ -264,6 +274,7 @@ def fit_growth_batch(
     step_bytes: float,
     radius_s: float,
     recent_from: float | None = None,
+    onsets: FloatArray | None = None,
 ) -> list[Fit | None]:
     """Fit many windows of one length at once: row ``r`` of ``times`` and ``values`` is one.
 
@@ -276,6 +287,7 @@ def fit_growth_batch(
             f"times and values must be 2-D of one shape, got {times.shape} and {values.shape}"
         )
     k, n = values.shape
+    known = np.full(k, np.nan) if onsets is None else np.asarray(onsets, dtype=np.float64)
     fits: list[Fit | None] = [None] * k
     if n < MIN_SAMPLES:
         return fits
@@ -287,7 +299,10 @@ def fit_growth_batch(
     for h in np.unique(radius[usable]):
         rows = np.flatnonzero(usable & (radius == h))
         for row, fit in zip(
-            rows, _fit_rows(times[rows], values[rows], int(h), step_bytes, radius_s, recent_from)
+            rows,
+            _fit_rows(
+                times[rows], values[rows], int(h), step_bytes, radius_s, recent_from, known[rows]
+            ),
         ):
             fits[int(row)] = fit
     return fits
@@ -300,6 +315,7 @@ def _fit_rows(
     step_bytes: float,
     radius_s: float,
     recent_from: float | None,
+    known: FloatArray,
 ) -> list[Fit | None]:
     k, n = x.shape
     span = t[:, -1] - t[:, 0]
@@ -339,7 +355,9 @@ def _fit_rows(
     fits: list[Fit | None] = [None] * k
     for r in np.flatnonzero(~fitted).tolist():
         edges = [c for pair in spikes.get(r, []) for c in pair]
-        fits[r] = _fit_smooth(t[r], x[r], d[r], cuts[r], raw[r], edges, float(span[r]), recent_from)
+        fits[r] = _fit_smooth(
+            t[r], x[r], d[r], cuts[r], raw[r], edges, float(span[r]), recent_from, float(known[r])
+        )
     chosen = np.flatnonzero(fitted)
     if len(chosen):
         picked = chosen.tolist()
@@ -351,6 +369,7 @@ def _fit_rows(
             [raw[r] for r in picked],
             step_bytes,
             recent_from,
+            known[chosen],
         )
         for r, fit in zip(chosen.tolist(), results):
             fits[r] = fit
@@ -365,6 +384,7 @@ def _fit_troughs(
     raw: list[list[float]],
     step_bytes: float,
     recent_from: float | None,
+    known: FloatArray,
 ) -> list[Fit | None]:
     k, n = x.shape
     span = t[:, -1] - t[:, 0]
@@ -434,6 +454,7 @@ def _fit_troughs(
             target[rest] = values
     points = ok.sum(axis=1)
     recent = np.full(k, np.nan)
+    onset = np.full(k, np.nan)
     if recent_from is not None:
         asked = [
             r
@@ -446,7 +467,9 @@ def _fit_troughs(
             for n_row, r in enumerate(asked):
                 if cuts[r]:
                     levels[n_row] = np.concatenate([[0.0], np.cumsum(raw[r])])[seg[r]]
-            recent[rows] = slope_since_change(tp[rows], xp[rows] - levels, ok[rows], span[rows])[0]
+            recent[rows], onset[rows] = slope_since_change(
+                tp[rows], xp[rows] - levels, ok[rows], span[rows], known[rows]
+            )
 
     first = np.take_along_axis(idx, np.argmax(ok, axis=1)[:, None], 1)[:, 0].tolist()
     last = np.take_along_axis(idx, (MAX_POINTS - 1 - np.argmax(ok[:, ::-1], axis=1))[:, None], 1)[
@@ -474,7 +497,7 @@ def _fit_troughs(
             sure = True
         elif not sure and kept >= 3 and r not in ambiguous:
             sure = spread <= step_bytes / 16
-        since = float(recent[r])
+        since, change = float(recent[r]), float(onset[r])
         fits.append(
             Fit(
                 s,
@@ -485,6 +508,7 @@ def _fit_troughs(
                 True,
                 r in ambiguous,
                 since if math.isfinite(since) else None,
+                change if math.isfinite(change) else None,
             )
         )
     return fits
@@ -499,6 +523,7 @@ def _fit_smooth(
     spike_edges: list[int],
     span: float,
     recent_from: float | None,
+    known: float = math.nan,
 ) -> Fit | None:
     """Fit a series without troughs over its samples, unless it has releases.
 
@@ -538,11 +563,17 @@ def _fit_smooth(
         agreeing = len(slopes)
     cut_times = tuple(float(t[c]) for c in cuts)
     since: float | None = None
+    change: float | None = None
     if recent_from is not None and slope >= recent_from:
-        found = float(
-            slope_since_change(
-                tp[None, :], yp[None, :], np.ones((1, len(idx)), dtype=np.bool_), np.array([span])
-            )[0][0]
+        found, when = slope_since_change(
+            tp[None, :],
+            yp[None, :],
+            np.ones((1, len(idx)), dtype=np.bool_),
+            np.array([span]),
+            np.array([known]),
         )
-        since = found if math.isfinite(found) else None
-    return Fit(slope, not cuts, agreeing / len(slopes), len(idx), cut_times, False, False, since)
+        if math.isfinite(found[0]):
+            since, change = float(found[0]), float(when[0])
+    return Fit(
+        slope, not cuts, agreeing / len(slopes), len(idx), cut_times, False, False, since, change
+    )

@@ -395,6 +395,12 @@ class MemoryHistory:
                 rounds.setdefault(len(t), []).append((entry, when, t, x, t0, v0))
             for rows in rounds.values():
                 anchors = np.array([(row[4], row[5]) for row in rows])
+                onsets = np.array(
+                    [
+                        math.nan if row[0].tracker.onset is None else row[0].tracker.onset
+                        for row in rows
+                    ]
+                )
                 times = np.stack([row[2] for row in rows]).astype(np.float64) + anchors[:, :1]
                 values = np.stack([row[3] for row in rows]).astype(np.float64) + anchors[:, 1:]
                 fits = fit_growth_batch(
@@ -403,6 +409,7 @@ class MemoryHistory:
                     step_bytes=settings.step_bytes,
                     radius_s=settings.trough_radius_s,
                     recent_from=settings.grow_slow,
+                    onsets=onsets,
                 )
                 for row, fit in zip(rows, fits):
                     row[0].tracker.update(row[1], fit)

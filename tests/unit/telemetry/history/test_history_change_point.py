@@ -53,3 +53,20 @@ def test_rows_are_independent() -> None:
     for k, row in enumerate(rows):
         alone = slope_since_change(*row)[0][0]
         assert (np.isnan(alone) and np.isnan(slope[k])) or slope[k] == alone
+
+
+def test_a_change_found_earlier_reads_a_window_too_sparse_to_find_it() -> None:
+    t, y, ok, span = troughs(onset=330.0, points=3)  # one point before, two after
+    assert np.isnan(slope_since_change(t, y, ok, span)[0][0])
+    slope, onset = slope_since_change(t, y, ok, span, known=np.array([330.0]))
+    assert slope[0] == pytest.approx(RATE, rel=0.1) and onset[0] == 330.0
+    # A change the window no longer holds (or holds no point after) is not used.
+    for gone in (5.0, 595.0, np.nan):
+        assert np.isnan(slope_since_change(t, y, ok, span, known=np.array([gone]))[0][0])
+
+
+def test_a_change_the_window_finds_itself_wins_over_a_known_one() -> None:
+    t, y, ok, span = troughs(onset=330.0)
+    slope, onset = slope_since_change(t, y, ok, span, known=np.array([100.0]))
+    assert onset[0] == pytest.approx(330.0, abs=60.0)
+    assert slope[0] == pytest.approx(RATE, rel=0.1)

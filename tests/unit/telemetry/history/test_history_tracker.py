@@ -150,3 +150,12 @@ def test_a_growing_series_rate_is_the_median_of_its_last_three_figures() -> None
     now += SETTINGS.window_s
     tracker.update(now, Fit(1 * MIB_MIN, False, 1.0, 2, (9.0,), True, True))
     assert tracker.growing and tracker.growth == 1 * MIB_MIN and tracker.rate == 62 * MIB_MIN
+
+
+def test_the_latest_change_point_found_is_kept_for_the_next_windows() -> None:
+    tracker = GrowthTracker(SETTINGS)
+    assert tracker.onset is None
+    feed(tracker, [Fit(24 * MIB_MIN, True, 1.0, 12, (), True, False, 50 * MIB_MIN, 330.0)])
+    assert tracker.onset == 330.0
+    feed(tracker, [fit(50), None], start=60.0)
+    assert tracker.onset == 330.0
