@@ -145,6 +145,18 @@ class GrowthTracker:
                 return _median(recent)
         return None
 
+    def change_point_from(self, now: float) -> float:
+        """The slope from which the window ending at ``now`` is also read for a change point.
+
+        ``grow_slow``, unless the series has been growing for more than a window: its
+        window then no longer holds the start of the spell, and a change found there would
+        be a misread step rather than the growth the decision is about (infinite: not asked).
+        """
+        since = self.growing_since
+        if since is not None and now - since > self._settings.window_s:
+            return math.inf
+        return self._settings.grow_slow
+
     @property
     def trusted(self) -> float | None:
         """The latest confirmed rate, if one was seen within the last window."""

@@ -28,7 +28,8 @@ unconfirmed fit can be wrong when a release and a step land on the same sample, 
 step restarts a cycle and too few troughs surround it, which no single window can tell
 apart.
 
-Where the slope reaches ``recent_from`` (bytes/s), the window is also read as a hinge (see
+Where the slope reaches ``recent_from`` (bytes/s; one for all rows, or one per row, infinite
+for a row not to be asked), the window is also read as a hinge (see
 :mod:`._change_point`): when growth started inside it, ``Fit.recent`` is the rate since then,
 over the same points, steps taken out, which one line through the whole window reads low;
 ``Fit.onset`` is that point. A change point an earlier window found (``onsets``, one per
@@ -273,7 +274,7 @@ def fit_growth_batch(
     *,
     step_bytes: float,
     radius_s: float,
-    recent_from: float | None = None,
+    recent_from: float | FloatArray | None = None,
     onsets: FloatArray | None = None,
 ) -> list[Fit | None]:
     """Fit many windows of one length at once: row ``r`` of ``times`` and ``values`` is one.
@@ -288,6 +289,9 @@ def fit_growth_batch(
         )
     k, n = values.shape
     known = np.full(k, np.nan) if onsets is None else np.asarray(onsets, dtype=np.float64)
+    asked = np.broadcast_to(
+        np.asarray(np.inf if recent_from is None else recent_from, dtype=np.float64), (k,)
+    )
     fits: list[Fit | None] = [None] * k
     if n < MIN_SAMPLES:
         return fits
@@ -301,7 +305,7 @@ def fit_growth_batch(
         for row, fit in zip(
             rows,
             _fit_rows(
-                times[rows], values[rows], int(h), step_bytes, radius_s, recent_from, known[rows]
+                times[rows], values[rows], int(h), step_bytes, radius_s, asked[rows], known[rows]
             ),
         ):
             fits[int(row)] = fit
@@ -314,7 +318,7 @@ def _fit_rows(
     h: int,
     step_bytes: float,
     radius_s: float,
-    recent_from: float | None,
+    recent_from: FloatArray,
     known: FloatArray,
 ) -> list[Fit | None]:
     k, n = x.shape
@@ -356,7 +360,15 @@ def _fit_rows(
     for r in np.flatnonzero(~fitted).tolist():
         edges = [c for pair in spikes.get(r, []) for c in pair]
         fits[r] = _fit_smooth(
-            t[r], x[r], d[r], cuts[r], raw[r], edges, float(span[r]), recent_from, float(known[r])
+            t[r],
+            x[r],
+            d[r],
+            cuts[r],
+            raw[r],
+            edges,
+            float(span[r]),
+            float(recent_from[r]),
+            float(known[r]),
         )
     chosen = np.flatnonzero(fitted)
     if len(chosen):
@@ -368,7 +380,7 @@ def _fit_rows(
             [cuts[r] for r in picked],
             [raw[r] for r in picked],
             step_bytes,
-            recent_from,
+            recent_from[chosen],
             known[chosen],
         )
         for r, fit in zip(chosen.tolist(), results):
@@ -383,7 +395,7 @@ def _fit_troughs(
     cuts: list[list[int]],
     raw: list[list[float]],
     step_bytes: float,
-    recent_from: float | None,
+    recent_from: FloatArray,
     known: FloatArray,
 ) -> list[Fit | None]:
     k, n = x.shape
@@ -455,12 +467,10 @@ def _fit_troughs(
     points = ok.sum(axis=1)
     recent = np.full(k, np.nan)
     onset = np.full(k, np.nan)
-    if recent_from is not None:
-        asked = [
-            r
-            for r in range(k)
-            if r not in ambiguous and math.isfinite(slope[r]) and slope[r] >= recent_from
-        ]
+    if np.isfinite(recent_from).any():
+        with np.errstate(invalid="ignore"):
+            wanted = np.flatnonzero(np.isfinite(slope) & (slope >= recent_from)).tolist()
+        asked = [r for r in wanted if r not in ambiguous]
         if asked:
             rows = np.array(asked, dtype=np.intp)
             levels = np.zeros((len(rows), MAX_POINTS))
@@ -522,7 +532,7 @@ def _fit_smooth(
     raw: list[float],
     spike_edges: list[int],
     span: float,
-    recent_from: float | None,
+    recent_from: float,
     known: float = math.nan,
 ) -> Fit | None:
     """Fit a series without troughs over its samples, unless it has releases.
@@ -564,7 +574,7 @@ def _fit_smooth(
     cut_times = tuple(float(t[c]) for c in cuts)
     since: float | None = None
     change: float | None = None
-    if recent_from is not None and slope >= recent_from:
+    if slope >= recent_from:
         found, when = slope_since_change(
             tp[None, :],
             yp[None, :],

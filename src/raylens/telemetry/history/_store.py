@@ -395,12 +395,13 @@ class MemoryHistory:
                 rounds.setdefault(len(t), []).append((entry, when, t, x, t0, v0))
             for rows in rounds.values():
                 anchors = np.array([(row[4], row[5]) for row in rows])
-                onsets = np.array(
-                    [
-                        math.nan if row[0].tracker.onset is None else row[0].tracker.onset
-                        for row in rows
-                    ]
-                )
+                # Where each window may hold a change point, and the one found before.
+                asked = np.empty(len(rows))
+                onsets = np.empty(len(rows))
+                for n_row, row in enumerate(rows):
+                    tracker = row[0].tracker
+                    asked[n_row] = tracker.change_point_from(row[1])
+                    onsets[n_row] = math.nan if tracker.onset is None else tracker.onset
                 times = np.stack([row[2] for row in rows]).astype(np.float64) + anchors[:, :1]
                 values = np.stack([row[3] for row in rows]).astype(np.float64) + anchors[:, 1:]
                 fits = fit_growth_batch(
@@ -408,7 +409,7 @@ class MemoryHistory:
                     values,
                     step_bytes=settings.step_bytes,
                     radius_s=settings.trough_radius_s,
-                    recent_from=settings.grow_slow,
+                    recent_from=asked,
                     onsets=onsets,
                 )
                 for row, fit in zip(rows, fits):

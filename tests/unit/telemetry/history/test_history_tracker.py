@@ -159,3 +159,12 @@ def test_the_latest_change_point_found_is_kept_for_the_next_windows() -> None:
     assert tracker.onset == 330.0
     feed(tracker, [fit(50), None], start=60.0)
     assert tracker.onset == 330.0
+
+
+def test_a_change_point_is_looked_for_only_while_the_window_can_hold_the_spells_start() -> None:
+    tracker = GrowthTracker(SETTINGS)
+    assert tracker.change_point_from(0.0) == SETTINGS.grow_slow
+    now = feed(tracker, [fit(50), fit(50)])
+    assert tracker.growing
+    assert tracker.change_point_from(now + SETTINGS.window_s) == SETTINGS.grow_slow
+    assert tracker.change_point_from(now + SETTINGS.window_s + 1) == float("inf")
