@@ -163,6 +163,31 @@ def _merge_spikes(
     return [c for k, c in enumerate(cuts) if k not in gone], spikes
 
 
+def _fold_spike_residues(
+    x: FloatArray,
+    d: FloatArray,
+    spikes: list[tuple[int, int]],
+    cuts: list[int],
+    raw: list[float],
+    within: int,
+) -> None:
+    """Give a step what a spike next to it took of it (updates ``raw`` in place).
+
+    A step that begins as a spike ends (or ends as one begins) puts its first part in the
+    spike's edge, which still cancels the other edge within the tolerance; the level then
+    moves by that part across the spike, and the troughs either side read it as growth.
+    So the level change across each spike, less the typical change over its samples, is
+    added to the step of the nearest cut at most ``within`` samples from it.
+    """
+    for a, b in spikes:
+        near = [k for k, c in enumerate(cuts) if a - within <= c <= b + within]
+        if not near:
+            continue
+        k = min(near, key=lambda n: min(abs(cuts[n] - a), abs(cuts[n] - b)))
+        typical = float(d[cuts[k] - 1]) - raw[k]
+        raw[k] += float(x[b] - x[a - 1]) - typical * (b - a + 1)
+
+
 def _raw_steps(d: FloatArray, rows: IntArray, cuts: IntArray, step_bytes: float) -> FloatArray:
     """The jump at each cut, less the typical change between the samples around it.
 
@@ -339,6 +364,9 @@ def _fit_rows(
     raw: list[list[float]] = [[] for _ in range(k)]
     for r, step in zip(flat_rows.tolist(), flat_raw):
         raw[r].append(step)
+    for r, row_spikes in spikes.items():
+        if cuts[r]:
+            _fold_spike_residues(x[r], d[r], row_spikes, cuts[r], raw[r], h)
 
     valid = x <= _sliding_min(x, h)
     valid[:, :h] = False

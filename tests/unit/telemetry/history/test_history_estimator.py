@@ -268,3 +268,20 @@ def test_a_smooth_rise_that_speeds_up_inside_the_window_reads_its_rate_since() -
     found = fit_growth(t, x, step_bytes=STEP, radius_s=RADIUS, recent_from=0.1 * rate)
     assert found is not None and not found.troughs
     assert found.recent == pytest.approx(rate, rel=0.1)
+
+
+@pytest.mark.parametrize("period", [None, 200.0])
+def test_a_step_that_begins_under_a_spike_is_taken_out_whole(period: float | None) -> None:
+    """A spike's falling edge that also carries the first part of a phase step down: the
+    spike's edges no longer cancel, and what is left of them belongs to the step."""
+    rate = 50 * MIB / 60
+    t = np.arange(0.0, float(WINDOW))
+    x = 6 * GIB + rate * t
+    if period is not None:
+        x += sawtooth(t, 300 * MIB, period, 20.0)
+    x[298:300] += 1.8 * GIB  # the spike
+    x[300:] -= 70 * MIB  # the step starts as the spike ends ...
+    x[301:] -= 1.9 * GIB  # ... and ends one sample later
+    result = fit(t, x)
+    assert result is not None
+    assert result.slope == pytest.approx(rate, rel=0.05)
