@@ -135,10 +135,11 @@ class GrowthTracker:
     @property
     def rate(self) -> float | None:
         """While growing, the median of its last three figures (module docstring); else None."""
-        if self.growing_since is None or self.growth_at is None:
+        if self.growing_since is None:
             return None
+        latest = float(self._figure_t[0].max())
         counted = self._figure_t >= self._counted_from
-        counted[1] &= self.growth_at - self._figure_t[1] <= self._settings.window_s
+        counted[1] &= latest - self._figure_t[1] <= self._settings.window_s
         for row in (1, 0):
             recent = self._figure_v[row][counted[row]]
             if len(recent):

@@ -150,6 +150,9 @@ def test_a_growing_series_rate_is_the_median_of_its_last_three_figures() -> None
     now += SETTINGS.window_s
     tracker.update(now, Fit(1 * MIB_MIN, False, 1.0, 2, (9.0,), True, True))
     assert tracker.growing and tracker.growth == 1 * MIB_MIN and tracker.rate == 62 * MIB_MIN
+    # Fits that fail for a window drop the figure, not the growing series' rate.
+    feed(tracker, [None] * 11, start=now)
+    assert tracker.growing and tracker.growth is None and tracker.rate == 62 * MIB_MIN
 
 
 def test_the_latest_change_point_found_is_kept_for_the_next_windows() -> None:
