@@ -85,17 +85,14 @@ class GrowthTracker:
 
     __slots__ = (
         "_calm_at",
-        "_counted_from",
+        "_evidence_from",
         "_fast",
-        "_figure_t",
-        "_figure_v",
         "_figures",
         "_last_strong",
         "_rate_t",
         "_rate_v",
         "_rates",
         "_settings",
-        "_streak_at",
         "_twins",
         "confirmed",
         "growing_since",
@@ -114,18 +111,18 @@ class GrowthTracker:
         self.onset: float | None = None
         self.spells = 0
         self._fast = 0
-        self._streak_at = -math.inf
-        self._counted_from = -math.inf
+        # Before a spell: when the current fast streak began; during one: the time from
+        # which figures count towards its rate.
+        self._evidence_from = -math.inf
         self._calm_at = -math.inf
         self._last_strong = math.nan
         self._rate_t = np.full(_RING, -math.inf)
         self._rate_v = np.zeros(_RING)
         self._rates = 0
-        self._twins: list[tuple[float, float, tuple[float, ...]]] = []
-        # Row 0: the last figures, confirmed or not; row 1: the last confirmed ones.
-        self._figure_t = np.full((2, _RATE_FIGURES), -math.inf)
-        self._figure_v = np.zeros((2, _RATE_FIGURES))
-        self._figures = [0, 0]
+        self._twins: list[tuple[float, float, tuple[float, ...]]] | None = None
+        # Only while a spell may begin or goes on (a fast streak, or growing): times, then
+        # figures, each of the last figures (row 0) and the last confirmed ones (row 1).
+        self._figures: np.ndarray | None = None
 
     @property
     def growing(self) -> bool:
@@ -135,13 +132,14 @@ class GrowthTracker:
     @property
     def rate(self) -> float | None:
         """While growing, the median of its last three figures (module docstring); else None."""
-        if self.growing_since is None:
+        if self.growing_since is None or self._figures is None:
             return None
-        latest = float(self._figure_t[0].max())
-        counted = self._figure_t >= self._counted_from
-        counted[1] &= latest - self._figure_t[1] <= self._settings.window_s
+        times, values = self._figures
+        latest = float(times[0].max())
+        counted = times >= self._evidence_from
+        counted[1] &= latest - times[1] <= self._settings.window_s
         for row in (1, 0):
-            recent = self._figure_v[row][counted[row]]
+            recent = values[row][counted[row]]
             if len(recent):
                 return _median(recent)
         return None
@@ -182,10 +180,6 @@ class GrowthTracker:
         if fit.onset is not None:
             self.onset = fit.onset
         self.growth, self.growth_at, self.confirmed = figure, now, confirmed
-        for row in () if fit.restart else (0, 1) if confirmed else (0,):
-            k = self._figures[row] % _RATE_FIGURES
-            self._figure_t[row, k], self._figure_v[row, k] = now, figure
-            self._figures[row] += 1
         if confirmed:
             self._keep_rate(now, fit.slope)
         strong = confirmed and fit.slope >= settings.grow_fast and fit.agreement >= _FAST_AGREEMENT
@@ -193,25 +187,44 @@ class GrowthTracker:
             self._fast = 0
         elif self._fast and abs(fit.slope - self._last_strong) <= _FAST_STEADY * self._last_strong:
             self._fast += 1
+        elif self.growing_since is None:
+            self._fast = 1
+            self._evidence_from = now
         else:
             self._fast = 1
-            self._streak_at = now
         self._last_strong = fit.slope if strong else math.nan
         self._judge(now)
+        self._keep_figure(now, figure, confirmed, fit.restart)
+
+    def _keep_figure(self, now: float, figure: float, confirmed: bool, restart: bool) -> None:
+        """Keep the figure for a spell's rate while a spell may begin or goes on."""
+        if self.growing_since is None and self._fast == 0:
+            self._figures = None
+            return
+        if restart:
+            return
+        if self._figures is None:
+            self._figures = np.full((2, 2, _RATE_FIGURES), -math.inf)
+        times, values = self._figures
+        for row in (0, 1) if confirmed else (0,):
+            k = int(np.argmin(times[row]))  # the oldest
+            times[row, k], values[row, k] = now, figure
 
     def _twin(self, now: float, fit: Fit) -> bool:
         """Whether a recent unconfirmed fit over other cuts gives nearly the same rate."""
         window = self._settings.window_s
         if self._twins:
-            self._twins = [twin for twin in self._twins if now - twin[0] <= window]
+            self._twins = [twin for twin in self._twins if now - twin[0] <= window] or None
         if not fit.troughs or fit.restart or not fit.cuts or fit.slope <= 0:
             return False
         mine = set(fit.cuts)
         found = any(
             not mine.intersection(cuts)
             and abs(slope - fit.slope) <= _TWIN_TOLERANCE * max(slope, fit.slope)
-            for _, slope, cuts in self._twins
+            for _, slope, cuts in self._twins or ()
         )
+        if self._twins is None:
+            self._twins = []
         self._twins.append((now, fit.slope, fit.cuts))
         return found
 
@@ -235,7 +248,6 @@ class GrowthTracker:
         if self.growing_since is None:
             if self._fast >= _FAST_STREAK:
                 self.growing_since = now
-                self._counted_from = self._streak_at
                 self.spells += 1
                 return
             if self._rates < _SLOW_MIN_RATES:
@@ -249,7 +261,7 @@ class GrowthTracker:
                 and _median(self._recent(now, min(window, span))) >= settings.grow_slow
             ):
                 self.growing_since = now
-                self._counted_from = now - window
+                self._evidence_from = now - window
                 self.spells += 1
             return
         latest = self._recent(now, min(window, now - self.growing_since))
