@@ -14,7 +14,8 @@ the median residual. The hinge is taken only where it explains the points much b
 one line through all of them (:data:`BETTER`: its summed absolute residual at most half the
 line's) and rises faster than that line; ``b`` is searched over :data:`CANDIDATES` times
 evenly spread from the first point to the last one that leaves a quarter of the window, and
-at least two points, after it (and two before it).
+at least two points, after it (and two before it), then again more finely between the best
+one's neighbours.
 
 The points are what the growth fit already chose (the troughs, or the samples of a series
 without releases, each step taken out), so a row costs a few thousand array elements: the
@@ -35,6 +36,8 @@ BoolArray = npt.NDArray[np.bool_]
 
 #: Times tried as the change point, the first being the window's first point (one line).
 CANDIDATES = 12
+#: Times tried again between the best candidate's neighbours.
+_REFINE = 9
 #: A hinge is kept when its summed absolute residual is at most this share of one line's.
 BETTER = 0.5
 #: The change must leave this share of the window after it.
@@ -105,7 +108,8 @@ def slope_since_change(
         picked = np.flatnonzero(usable)
         grid = np.linspace(0.0, 1.0, CANDIDATES)
         b = first[picked, None] + grid[None, :] * reach[picked, None]  # (rows, candidates)
-        s, l1, after, before = _hinges(t[picked], y[picked], ok[picked], b)
+        tp, yp, okp = t[picked], y[picked], ok[picked]
+        s, l1, after, before = _hinges(tp, yp, okp, b)
         allowed = (
             np.isfinite(s) & (after >= _MIN_POINTS_EACH_SIDE) & (before >= _MIN_POINTS_EACH_SIDE)
         )
@@ -113,6 +117,18 @@ def slope_since_change(
         hinge_l1 = np.where(allowed, l1, np.inf)
         best = np.argmin(hinge_l1, axis=1)
         at = np.arange(len(picked))
+        # Then finer, between the best candidate's neighbours.
+        low = b[at, np.maximum(best - 1, 1)]
+        high = b[at, np.minimum(best + 1, CANDIDATES - 1)]
+        fine = low[:, None] + np.linspace(0.0, 1.0, _REFINE)[None, :] * (high - low)[:, None]
+        s2, l2, after2, before2 = _hinges(tp, yp, okp, fine)
+        allowed2 = (
+            np.isfinite(s2) & (after2 >= _MIN_POINTS_EACH_SIDE) & (before2 >= _MIN_POINTS_EACH_SIDE)
+        )
+        b = np.concatenate([b, fine], axis=1)
+        s = np.concatenate([s, s2], axis=1)
+        hinge_l1 = np.concatenate([hinge_l1, np.where(allowed2, l2, np.inf)], axis=1)
+        best = np.argmin(hinge_l1, axis=1)
         chosen_l1 = hinge_l1[at, best]
         chosen_s = s[at, best]
         line_l1, line_s = l1[:, 0], s[:, 0]
