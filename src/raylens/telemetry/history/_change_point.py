@@ -90,7 +90,8 @@ def slope_since_change(
     ``known`` gives, per row, a change point an earlier window found (NaN for none). Where
     this window finds none of its own but still holds that time, with a point on each side
     of it, the slope is the hinge's at that time: a window with too few points to find a
-    change can still be read from one already found.
+    change can still be read from one already found. Its time is then not returned: the
+    change point returned is one this window found itself.
     """
     t = np.asarray(t, dtype=np.float64)
     y = np.asarray(y, dtype=np.float64)
@@ -149,5 +150,4 @@ def slope_since_change(
             s, _, after, before = _hinges(t[inside], y[inside], ok[inside], b)
             found = np.isfinite(s[:, 0]) & (after[:, 0] >= 1) & (before[:, 0] >= 1)
             slope[inside[found]] = s[found, 0]
-            onset[inside[found]] = given[inside[found]]
     return slope, onset
