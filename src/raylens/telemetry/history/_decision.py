@@ -254,11 +254,13 @@ class GrowthTracker:
                 return
             span = min(_SLOW_WINDOWS * window, now - self._calm_at)
             recent = self._recent(now, span)
+            lately = self._recent(now, min(window, span))
             if (
                 len(recent) >= _SLOW_MIN_RATES
+                and len(lately)
                 and _median(recent) >= settings.grow_slow
                 and np.count_nonzero(recent > 0) >= _SLOW_POSITIVE * len(recent)
-                and _median(self._recent(now, min(window, span))) >= settings.grow_slow
+                and _median(lately) >= settings.grow_slow
             ):
                 self.growing_since = now
                 self._evidence_from = now - window

@@ -171,3 +171,14 @@ def test_a_change_point_is_looked_for_only_while_the_window_can_hold_the_spells_
     assert tracker.growing
     assert tracker.change_point_from(now + SETTINGS.window_s) == SETTINGS.grow_slow
     assert tracker.change_point_from(now + SETTINGS.window_s + 1) == float("inf")
+
+
+def test_slow_evidence_with_no_confirmed_rate_in_the_last_window_is_not_enough() -> None:
+    """Fifteen confirmed rates over the last three windows with a median above the slow
+    threshold, none in the last window: its median cannot be taken, and the series is not
+    flagged (nor does the judgement fail)."""
+    tracker = GrowthTracker(SETTINGS)
+    now = feed(tracker, [fit(8)] * 9 + [fit(1)] * 6)  # the last window's median is low
+    assert not tracker.growing
+    feed(tracker, [fit(80, confirmed=False, cuts=(1.0,))] * 10, start=now)
+    assert not tracker.growing
