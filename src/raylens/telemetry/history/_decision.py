@@ -96,9 +96,9 @@ class GrowthTracker:
         "_twins",
         "confirmed",
         "growing_since",
-        "onset",
         "growth",
         "growth_at",
+        "onset",
         "spells",
     )
 
