@@ -163,6 +163,39 @@ def _merge_spikes(
     return [c for k, c in enumerate(cuts) if k not in gone], spikes
 
 
+def _joined_jumps(
+    x: FloatArray, d: FloatArray, within: int, step_bytes: float
+) -> dict[int, tuple[list[int], list[int]]]:
+    """Steps made of two jumps of one sign, each below ``step_bytes``, at most ``within``
+    samples apart: per row, the cut each makes (at its second jump) and where it began.
+
+    A spike that starts a few samples before a phase step and ends on it splits the step in
+    two: the spike's rise, then the rest of the step less the spike. Neither crosses the
+    threshold alone, yet the level has moved by the whole step, which the fit would read
+    as growth. Each jump must be above a quarter of ``step_bytes`` (an allocator release
+    is not), and the level after the second must stand more than ``step_bytes`` from the
+    one before the first.
+    """
+    big = np.abs(d) > step_bytes / 4
+    big &= np.abs(d) <= step_bytes
+    rows, cols = np.nonzero(big)
+    found: dict[int, tuple[list[int], list[int]]] = {}
+    if len(rows) < 2:
+        return found
+    same_row = rows[1:] == rows[:-1]
+    near = cols[1:] - cols[:-1] <= within
+    one_sign = np.sign(d[rows[1:], cols[1:]]) == np.sign(d[rows[:-1], cols[:-1]])
+    for n in np.flatnonzero(same_row & near & one_sign).tolist():
+        r, first, second = int(rows[n]), int(cols[n]), int(cols[n + 1])
+        if abs(float(x[r, second + 1] - x[r, first])) > step_bytes:
+            ends, starts = found.setdefault(r, ([], []))
+            if starts and ends[-1] >= first + 1:
+                continue  # this jump already ended the previous pair
+            ends.append(second + 1)
+            starts.append(first + 1)
+    return found
+
+
 def _fold_spike_residues(
     x: FloatArray,
     d: FloatArray,
@@ -353,6 +386,11 @@ def _fit_rows(
     cuts: list[list[int]] = [[] for _ in range(k)]
     for r, c in zip(cut_rows.tolist(), cut_cols.tolist()):
         cuts[r].append(c + 1)
+    joined = _joined_jumps(x, d, h, step_bytes)
+    for r, (c, _) in joined.items():
+        cuts[r] = sorted(set(cuts[r]) | set(c))
+    if joined:
+        cut_rows = np.array([r for r, row in enumerate(cuts) for _ in row], dtype=np.intp)
     spikes: dict[int, list[tuple[int, int]]] = {}
     for r in np.unique(cut_rows).tolist():
         row = cuts[r]
@@ -364,6 +402,12 @@ def _fit_rows(
     raw: list[list[float]] = [[] for _ in range(k)]
     for r, step in zip(flat_rows.tolist(), flat_raw):
         raw[r].append(step)
+    for r, (ends, starts) in joined.items():
+        for end, start in zip(ends, starts):
+            if end in cuts[r]:  # not merged away as a spike's edge
+                at = cuts[r].index(end)
+                typical = float(d[r, end - 1]) - raw[r][at]
+                raw[r][at] = float(x[r, end] - x[r, start - 1]) - typical * (end - start + 1)
     for r, row_spikes in spikes.items():
         if cuts[r]:
             _fold_spike_residues(x[r], d[r], row_spikes, cuts[r], raw[r], h)

@@ -285,3 +285,16 @@ def test_a_step_that_begins_under_a_spike_is_taken_out_whole(period: float | Non
     result = fit(t, x)
     assert result is not None
     assert result.slope == pytest.approx(rate, rel=0.05)
+
+
+@pytest.mark.parametrize("leak", [0.0, 50 * MIB / 60])
+def test_a_step_a_spike_splits_in_two_smaller_jumps_is_still_a_step(leak: float) -> None:
+    """A spike that starts a few samples before a phase step up ends on the step: neither
+    jump crosses the step threshold alone, yet the level has moved by the whole step."""
+    t = np.arange(0.0, float(WINDOW))
+    x = 6 * GIB + sawtooth(t, 300 * MIB, 60.0, 5.0) + leak * t
+    x[295:300] += 0.9 * GIB  # the spike, 5 samples
+    x[300:] += 1.85 * GIB  # the step, as the spike ends: +0.9 GiB, then +0.95 GiB
+    result = fit(t, x)
+    assert result is not None
+    assert result.slope == pytest.approx(leak, abs=2 * MIB / 60)
