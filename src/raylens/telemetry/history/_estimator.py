@@ -51,6 +51,7 @@ import numpy as np
 import numpy.typing as npt
 
 from raylens.telemetry.history._change_point import slope_since_change
+from raylens.telemetry.history._split_steps import fold_spike_residues, joined_jumps
 
 __all__ = ["MAX_POINTS", "MIN_SAMPLES", "Fit", "fit_growth", "fit_growth_batch"]
 
@@ -161,64 +162,6 @@ def _merge_spikes(
         gone.update((a, b))
         spikes.append((cuts[a], cuts[b]))
     return [c for k, c in enumerate(cuts) if k not in gone], spikes
-
-
-def _joined_jumps(
-    x: FloatArray, d: FloatArray, within: int, step_bytes: float
-) -> dict[int, tuple[list[int], list[int]]]:
-    """Steps made of two jumps of one sign, each below ``step_bytes``, at most ``within``
-    samples apart: per row, the cut each makes (at its second jump) and where it began.
-
-    A spike that starts a few samples before a phase step and ends on it splits the step in
-    two: the spike's rise, then the rest of the step less the spike. Neither crosses the
-    threshold alone, yet the level has moved by the whole step, which the fit would read
-    as growth. Each jump must be above a quarter of ``step_bytes`` (an allocator release
-    is not), and the level after the second must stand more than ``step_bytes`` from the
-    one before the first.
-    """
-    big = np.abs(d) > step_bytes / 4
-    big &= np.abs(d) <= step_bytes
-    rows, cols = np.nonzero(big)
-    found: dict[int, tuple[list[int], list[int]]] = {}
-    if len(rows) < 2:
-        return found
-    same_row = rows[1:] == rows[:-1]
-    near = cols[1:] - cols[:-1] <= within
-    one_sign = np.sign(d[rows[1:], cols[1:]]) == np.sign(d[rows[:-1], cols[:-1]])
-    for n in np.flatnonzero(same_row & near & one_sign).tolist():
-        r, first, second = int(rows[n]), int(cols[n]), int(cols[n + 1])
-        if abs(float(x[r, second + 1] - x[r, first])) > step_bytes:
-            ends, starts = found.setdefault(r, ([], []))
-            if starts and ends[-1] >= first + 1:
-                continue  # this jump already ended the previous pair
-            ends.append(second + 1)
-            starts.append(first + 1)
-    return found
-
-
-def _fold_spike_residues(
-    x: FloatArray,
-    d: FloatArray,
-    spikes: list[tuple[int, int]],
-    cuts: list[int],
-    raw: list[float],
-    within: int,
-) -> None:
-    """Give a step what a spike next to it took of it (updates ``raw`` in place).
-
-    A step that begins as a spike ends (or ends as one begins) puts its first part in the
-    spike's edge, which still cancels the other edge within the tolerance; the level then
-    moves by that part across the spike, and the troughs either side read it as growth.
-    So the level change across each spike, less the typical change over its samples, is
-    added to the step of the nearest cut at most ``within`` samples from it.
-    """
-    for a, b in spikes:
-        near = [k for k, c in enumerate(cuts) if a - within <= c <= b + within]
-        if not near:
-            continue
-        k = min(near, key=lambda n: min(abs(cuts[n] - a), abs(cuts[n] - b)))
-        typical = float(d[cuts[k] - 1]) - raw[k]
-        raw[k] += float(x[b] - x[a - 1]) - typical * (b - a + 1)
 
 
 def _raw_steps(d: FloatArray, rows: IntArray, cuts: IntArray, step_bytes: float) -> FloatArray:
@@ -386,7 +329,7 @@ def _fit_rows(
     cuts: list[list[int]] = [[] for _ in range(k)]
     for r, c in zip(cut_rows.tolist(), cut_cols.tolist()):
         cuts[r].append(c + 1)
-    joined = _joined_jumps(x, d, h, step_bytes)
+    joined = joined_jumps(x, d, h, step_bytes)
     for r, (c, _) in joined.items():
         cuts[r] = sorted(set(cuts[r]) | set(c))
     if joined:
@@ -410,7 +353,7 @@ def _fit_rows(
                 raw[r][at] = float(x[r, end] - x[r, start - 1]) - typical * (end - start + 1)
     for r, row_spikes in spikes.items():
         if cuts[r]:
-            _fold_spike_residues(x[r], d[r], row_spikes, cuts[r], raw[r], h)
+            fold_spike_residues(x[r], d[r], row_spikes, cuts[r], raw[r], h)
 
     valid = x <= _sliding_min(x, h)
     valid[:, :h] = False
