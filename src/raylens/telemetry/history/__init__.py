@@ -7,6 +7,9 @@ The pieces, each in its own module:
   and older samples in min/max/mean buckets up to a horizon.
 * :mod:`._estimator` - :func:`fit_growth`: the slope of one window, following the floor
   memory returns to after each release, across phase steps and spikes.
+* :mod:`._change_point` - the rate since the point in a window where growth started,
+  which one slope through the whole window reads low.
+* :mod:`._split_steps` - phase steps a spike split, which one-sample cuts miss.
 * :mod:`._decision` - :class:`GrowthTracker`: the figure and the *growing* decision, with
   hysteresis, from successive fits.
 * :mod:`._limit` - :func:`kill_line`, :func:`time_to_limit` and where Ray's

@@ -23,6 +23,17 @@ It stops growing when the median of the confirmed rates of the last window, coun
 those since it started growing, falls below ``calm`` (at least five of them: half a window). A fit that cannot be made keeps the last growth figure
 for one window, then the figure is dropped.
 
+The figure of a fit is the rate since the change point its window shows (``Fit.recent``)
+where it shows one, else its slope: a window that holds the start of a leak reads it low.
+The decision itself rests on the slopes, as above. While a series grows, its *rate* (what a
+node adds up, and its time to the kill line is drawn from) is the median of its last three
+confirmed figures within a window, none from before the evidence that started the spell
+(the fast streak, or the last window for a slow start); with none, the median of its last
+three figures of the spell, confirmed or not, however old: once growth is established, a
+fit that rests on steps still says how fast better than nothing, and one misread step
+among three does not move a median. Fits that may read a restarted cycle (``Fit.restart``)
+do not count: which way the step went is what they cannot tell.
+
 Memory per series is fixed from the start: the confirmed rates live in a preallocated ring.
 """
 
@@ -47,6 +58,8 @@ _SLOW_POSITIVE = 0.9
 _CALM_MIN_RATES = 5
 _TWIN_TOLERANCE = 0.3
 _RING = _SLOW_WINDOWS * _RATES_PER_WINDOW
+#: Latest figures a growing series' rate is the median of.
+_RATE_FIGURES = 3
 
 
 def _median(values: np.ndarray) -> float:
@@ -60,8 +73,11 @@ def _median(values: np.ndarray) -> float:
 class GrowthTracker:
     """The growth figure and the growing decision of one series, fed one fit at a time.
 
-    ``growth`` (bytes/s) is the latest fit's slope, kept for one window when a fit cannot
-    be made, None before the first fit. ``confirmed`` says whether it is. ``trusted`` is
+    ``growth`` (bytes/s) is the latest fit's figure (its rate since the change point its
+    window shows, else its slope), kept for one window when a fit cannot be made, None
+    before the first fit. ``onset`` is the latest change point a fit found (the next
+    windows are read from it while they hold it). ``rate`` is the growing series' rate (module docstring), None
+    while it is not growing. ``confirmed`` says whether it is. ``trusted`` is
     the latest confirmed rate of the last window (None when there was none), the figure to
     add up when several series make a whole. ``growing_since`` is when the current growing
     spell began (None while not growing), ``spells`` how many have begun.
@@ -69,7 +85,9 @@ class GrowthTracker:
 
     __slots__ = (
         "_calm_at",
+        "_evidence_from",
         "_fast",
+        "_figures",
         "_last_strong",
         "_rate_t",
         "_rate_v",
@@ -80,6 +98,7 @@ class GrowthTracker:
         "growing_since",
         "growth",
         "growth_at",
+        "onset",
         "spells",
     )
 
@@ -89,19 +108,53 @@ class GrowthTracker:
         self.growth_at: float | None = None
         self.confirmed = False
         self.growing_since: float | None = None
+        self.onset: float | None = None
         self.spells = 0
         self._fast = 0
+        # Before a spell: when the current fast streak began; during one: the time from
+        # which figures count towards its rate.
+        self._evidence_from = -math.inf
         self._calm_at = -math.inf
         self._last_strong = math.nan
         self._rate_t = np.full(_RING, -math.inf)
         self._rate_v = np.zeros(_RING)
         self._rates = 0
-        self._twins: list[tuple[float, float, tuple[float, ...]]] = []
+        self._twins: list[tuple[float, float, tuple[float, ...]]] | None = None
+        # Only while a spell may begin or goes on (a fast streak, or growing): times, then
+        # figures, each of the last figures (row 0) and the last confirmed ones (row 1).
+        self._figures: np.ndarray | None = None
 
     @property
     def growing(self) -> bool:
         """Whether the series is growing now."""
         return self.growing_since is not None
+
+    @property
+    def rate(self) -> float | None:
+        """While growing, the median of its last three figures (module docstring); else None."""
+        if self.growing_since is None or self._figures is None:
+            return None
+        times, values = self._figures
+        latest = float(times[0].max())
+        counted = times >= self._evidence_from
+        counted[1] &= latest - times[1] <= self._settings.window_s
+        for row in (1, 0):
+            recent = values[row][counted[row]]
+            if len(recent):
+                return _median(recent)
+        return None
+
+    def change_point_from(self, now: float) -> float:
+        """The slope from which the window ending at ``now`` is also read for a change point.
+
+        ``grow_slow``, unless the series has been growing for more than a window: its
+        window then no longer holds the start of the spell, and a change found there would
+        be a misread step rather than the growth the decision is about (infinite: not asked).
+        """
+        since = self.growing_since
+        if since is not None and now - since > self._settings.window_s:
+            return math.inf
+        return self._settings.grow_slow
 
     @property
     def trusted(self) -> float | None:
@@ -123,7 +176,10 @@ class GrowthTracker:
             self._judge(now)
             return
         confirmed = fit.confirmed or self._twin(now, fit)
-        self.growth, self.growth_at, self.confirmed = fit.slope, now, confirmed
+        figure = fit.slope if fit.recent is None else fit.recent
+        if fit.onset is not None:
+            self.onset = fit.onset
+        self.growth, self.growth_at, self.confirmed = figure, now, confirmed
         if confirmed:
             self._keep_rate(now, fit.slope)
         strong = confirmed and fit.slope >= settings.grow_fast and fit.agreement >= _FAST_AGREEMENT
@@ -131,24 +187,44 @@ class GrowthTracker:
             self._fast = 0
         elif self._fast and abs(fit.slope - self._last_strong) <= _FAST_STEADY * self._last_strong:
             self._fast += 1
+        elif self.growing_since is None:
+            self._fast = 1
+            self._evidence_from = now
         else:
             self._fast = 1
         self._last_strong = fit.slope if strong else math.nan
         self._judge(now)
+        self._keep_figure(now, figure, confirmed, fit.restart)
+
+    def _keep_figure(self, now: float, figure: float, confirmed: bool, restart: bool) -> None:
+        """Keep the figure for a spell's rate while a spell may begin or goes on."""
+        if self.growing_since is None and self._fast == 0:
+            self._figures = None
+            return
+        if restart:
+            return
+        if self._figures is None:
+            self._figures = np.full((2, 2, _RATE_FIGURES), -math.inf)
+        times, values = self._figures
+        for row in (0, 1) if confirmed else (0,):
+            k = int(np.argmin(times[row]))  # the oldest
+            times[row, k], values[row, k] = now, figure
 
     def _twin(self, now: float, fit: Fit) -> bool:
         """Whether a recent unconfirmed fit over other cuts gives nearly the same rate."""
         window = self._settings.window_s
         if self._twins:
-            self._twins = [twin for twin in self._twins if now - twin[0] <= window]
+            self._twins = [twin for twin in self._twins if now - twin[0] <= window] or None
         if not fit.troughs or fit.restart or not fit.cuts or fit.slope <= 0:
             return False
         mine = set(fit.cuts)
         found = any(
             not mine.intersection(cuts)
             and abs(slope - fit.slope) <= _TWIN_TOLERANCE * max(slope, fit.slope)
-            for _, slope, cuts in self._twins
+            for _, slope, cuts in self._twins or ()
         )
+        if self._twins is None:
+            self._twins = []
         self._twins.append((now, fit.slope, fit.cuts))
         return found
 
@@ -178,13 +254,16 @@ class GrowthTracker:
                 return
             span = min(_SLOW_WINDOWS * window, now - self._calm_at)
             recent = self._recent(now, span)
+            lately = self._recent(now, min(window, span))
             if (
                 len(recent) >= _SLOW_MIN_RATES
+                and len(lately)
                 and _median(recent) >= settings.grow_slow
                 and np.count_nonzero(recent > 0) >= _SLOW_POSITIVE * len(recent)
-                and _median(self._recent(now, min(window, span))) >= settings.grow_slow
+                and _median(lately) >= settings.grow_slow
             ):
                 self.growing_since = now
+                self._evidence_from = now - window
                 self.spells += 1
             return
         latest = self._recent(now, min(window, now - self.growing_since))

@@ -28,6 +28,13 @@ unconfirmed fit can be wrong when a release and a step land on the same sample, 
 step restarts a cycle and too few troughs surround it, which no single window can tell
 apart.
 
+Where the slope reaches ``recent_from`` (bytes/s; one for all rows, or one per row, infinite
+for a row not to be asked), the window is also read as a hinge (see
+:mod:`._change_point`): when growth started inside it, ``Fit.recent`` is the rate since then,
+over the same points, steps taken out, which one line through the whole window reads low;
+``Fit.onset`` is that point. A change point an earlier window found (``onsets``, one per
+row) reads a window with too few points to find it again.
+
 Many series are fitted at once (:func:`fit_growth_batch`, one row per series): a fit is
 some sixty array operations, and doing each for a whole batch costs little more than for
 one series. :func:`fit_growth` is the batch of one.
@@ -42,6 +49,9 @@ from typing import NamedTuple
 
 import numpy as np
 import numpy.typing as npt
+
+from raylens.telemetry.history._change_point import slope_since_change
+from raylens.telemetry.history._split_steps import fold_spike_residues, joined_jumps
 
 __all__ = ["MAX_POINTS", "MIN_SAMPLES", "Fit", "fit_growth", "fit_growth_batch"]
 
@@ -65,7 +75,10 @@ class Fit(NamedTuple):
     a series without releases); ``cuts`` the times of the cuts between them, so that two
     unconfirmed fits can be told to rest on different cuts. ``restart`` is True when a cut
     may also have restarted an allocator cycle, which reads the same as growth across it
-    when too few troughs surround the cut to tell.
+    when too few troughs surround the cut to tell. ``recent`` is the rate since the point
+    where growth started inside the window, None when the window shows no such point (or
+    its slope was below the ``recent_from`` it was fitted with); ``onset`` is that point's
+    time.
     """
 
     slope: float
@@ -75,6 +88,8 @@ class Fit(NamedTuple):
     cuts: tuple[float, ...]
     troughs: bool = True
     restart: bool = False
+    recent: float | None = None
+    onset: float | None = None
 
 
 def _pairs(m: int, apart: int = 1) -> tuple[IntArray, IntArray]:
@@ -228,7 +243,15 @@ def _line(
     return slope, total, rising, falling, deviation
 
 
-def fit_growth(t: FloatArray, x: FloatArray, *, step_bytes: float, radius_s: float) -> Fit | None:
+def fit_growth(
+    t: FloatArray,
+    x: FloatArray,
+    *,
+    step_bytes: float,
+    radius_s: float,
+    recent_from: float | None = None,
+    onset: float | None = None,
+) -> Fit | None:
     """Fit one window of samples (``t`` seconds ascending, ``x`` bytes); see the module docstring.
 
     None when the window has fewer than :data:`MIN_SAMPLES` samples, spans no time, or has
@@ -236,11 +259,24 @@ def fit_growth(t: FloatArray, x: FloatArray, *, step_bytes: float, radius_s: flo
     """
     t = np.asarray(t, dtype=np.float64)
     x = np.asarray(x, dtype=np.float64)
-    return fit_growth_batch(t[None, :], x[None, :], step_bytes=step_bytes, radius_s=radius_s)[0]
+    return fit_growth_batch(
+        t[None, :],
+        x[None, :],
+        step_bytes=step_bytes,
+        radius_s=radius_s,
+        recent_from=recent_from,
+        onsets=None if onset is None else np.array([onset], dtype=np.float64),
+    )[0]
 
 
 def fit_growth_batch(
-    times: FloatArray, values: FloatArray, *, step_bytes: float, radius_s: float
+    times: FloatArray,
+    values: FloatArray,
+    *,
+    step_bytes: float,
+    radius_s: float,
+    recent_from: float | FloatArray | None = None,
+    onsets: FloatArray | None = None,
 ) -> list[Fit | None]:
     """Fit many windows of one length at once: row ``r`` of ``times`` and ``values`` is one.
 
@@ -253,6 +289,10 @@ def fit_growth_batch(
             f"times and values must be 2-D of one shape, got {times.shape} and {values.shape}"
         )
     k, n = values.shape
+    known = np.full(k, np.nan) if onsets is None else np.asarray(onsets, dtype=np.float64)
+    asked = np.broadcast_to(
+        np.asarray(np.inf if recent_from is None else recent_from, dtype=np.float64), (k,)
+    )
     fits: list[Fit | None] = [None] * k
     if n < MIN_SAMPLES:
         return fits
@@ -264,14 +304,23 @@ def fit_growth_batch(
     for h in np.unique(radius[usable]):
         rows = np.flatnonzero(usable & (radius == h))
         for row, fit in zip(
-            rows, _fit_rows(times[rows], values[rows], int(h), step_bytes, radius_s)
+            rows,
+            _fit_rows(
+                times[rows], values[rows], int(h), step_bytes, radius_s, asked[rows], known[rows]
+            ),
         ):
             fits[int(row)] = fit
     return fits
 
 
 def _fit_rows(
-    t: FloatArray, x: FloatArray, h: int, step_bytes: float, radius_s: float
+    t: FloatArray,
+    x: FloatArray,
+    h: int,
+    step_bytes: float,
+    radius_s: float,
+    recent_from: FloatArray,
+    known: FloatArray,
 ) -> list[Fit | None]:
     k, n = x.shape
     span = t[:, -1] - t[:, 0]
@@ -280,6 +329,11 @@ def _fit_rows(
     cuts: list[list[int]] = [[] for _ in range(k)]
     for r, c in zip(cut_rows.tolist(), cut_cols.tolist()):
         cuts[r].append(c + 1)
+    joined = joined_jumps(x, d, h, step_bytes)
+    for r, (c, _) in joined.items():
+        cuts[r] = sorted(set(cuts[r]) | set(c))
+    if joined:
+        cut_rows = np.array([r for r, row in enumerate(cuts) for _ in row], dtype=np.intp)
     spikes: dict[int, list[tuple[int, int]]] = {}
     for r in np.unique(cut_rows).tolist():
         row = cuts[r]
@@ -291,6 +345,15 @@ def _fit_rows(
     raw: list[list[float]] = [[] for _ in range(k)]
     for r, step in zip(flat_rows.tolist(), flat_raw):
         raw[r].append(step)
+    for r, (ends, starts) in joined.items():
+        for end, start in zip(ends, starts):
+            if end in cuts[r]:  # not merged away as a spike's edge
+                at = cuts[r].index(end)
+                typical = float(d[r, end - 1]) - raw[r][at]
+                raw[r][at] = float(x[r, end] - x[r, start - 1]) - typical * (end - start + 1)
+    for r, row_spikes in spikes.items():
+        if cuts[r]:
+            fold_spike_residues(x[r], d[r], row_spikes, cuts[r], raw[r], h)
 
     valid = x <= _sliding_min(x, h)
     valid[:, :h] = False
@@ -311,7 +374,17 @@ def _fit_rows(
     fits: list[Fit | None] = [None] * k
     for r in np.flatnonzero(~fitted).tolist():
         edges = [c for pair in spikes.get(r, []) for c in pair]
-        fits[r] = _fit_smooth(t[r], x[r], d[r], cuts[r], raw[r], edges, float(span[r]))
+        fits[r] = _fit_smooth(
+            t[r],
+            x[r],
+            d[r],
+            cuts[r],
+            raw[r],
+            edges,
+            float(span[r]),
+            float(recent_from[r]),
+            float(known[r]),
+        )
     chosen = np.flatnonzero(fitted)
     if len(chosen):
         picked = chosen.tolist()
@@ -322,6 +395,8 @@ def _fit_rows(
             [cuts[r] for r in picked],
             [raw[r] for r in picked],
             step_bytes,
+            recent_from[chosen],
+            known[chosen],
         )
         for r, fit in zip(chosen.tolist(), results):
             fits[r] = fit
@@ -335,6 +410,8 @@ def _fit_troughs(
     cuts: list[list[int]],
     raw: list[list[float]],
     step_bytes: float,
+    recent_from: FloatArray,
+    known: FloatArray,
 ) -> list[Fit | None]:
     k, n = x.shape
     span = t[:, -1] - t[:, 0]
@@ -403,6 +480,21 @@ def _fit_troughs(
         for target, values in zip((slope, total, rising, falling, deviation), line):
             target[rest] = values
     points = ok.sum(axis=1)
+    recent = np.full(k, np.nan)
+    onset = np.full(k, np.nan)
+    if np.isfinite(recent_from).any():
+        with np.errstate(invalid="ignore"):
+            wanted = np.flatnonzero(np.isfinite(slope) & (slope >= recent_from)).tolist()
+        asked = [r for r in wanted if r not in ambiguous]
+        if asked:
+            rows = np.array(asked, dtype=np.intp)
+            levels = np.zeros((len(rows), MAX_POINTS))
+            for n_row, r in enumerate(asked):
+                if cuts[r]:
+                    levels[n_row] = np.concatenate([[0.0], np.cumsum(raw[r])])[seg[r]]
+            recent[rows], onset[rows] = slope_since_change(
+                tp[rows], xp[rows] - levels, ok[rows], span[rows], known[rows]
+            )
 
     first = np.take_along_axis(idx, np.argmax(ok, axis=1)[:, None], 1)[:, 0].tolist()
     last = np.take_along_axis(idx, (MAX_POINTS - 1 - np.argmax(ok[:, ::-1], axis=1))[:, None], 1)[
@@ -430,7 +522,20 @@ def _fit_troughs(
             sure = True
         elif not sure and kept >= 3 and r not in ambiguous:
             sure = spread <= step_bytes / 16
-        fits.append(Fit(s, sure, agreement, kept, bridged, True, r in ambiguous))
+        since, change = float(recent[r]), float(onset[r])
+        fits.append(
+            Fit(
+                s,
+                sure,
+                agreement,
+                kept,
+                bridged,
+                True,
+                r in ambiguous,
+                since if math.isfinite(since) else None,
+                change if math.isfinite(change) else None,
+            )
+        )
     return fits
 
 
@@ -442,6 +547,8 @@ def _fit_smooth(
     raw: list[float],
     spike_edges: list[int],
     span: float,
+    recent_from: float,
+    known: float = math.nan,
 ) -> Fit | None:
     """Fit a series without troughs over its samples, unless it has releases.
 
@@ -480,4 +587,18 @@ def _fit_smooth(
     else:
         agreeing = len(slopes)
     cut_times = tuple(float(t[c]) for c in cuts)
-    return Fit(slope, not cuts, agreeing / len(slopes), len(idx), cut_times, False)
+    since: float | None = None
+    change: float | None = None
+    if slope >= recent_from:
+        found, when = slope_since_change(
+            tp[None, :],
+            yp[None, :],
+            np.ones((1, len(idx)), dtype=np.bool_),
+            np.array([span]),
+            np.array([known]),
+        )
+        if math.isfinite(found[0]):
+            since, change = float(found[0]), float(when[0])
+    return Fit(
+        slope, not cuts, agreeing / len(slopes), len(idx), cut_times, False, False, since, change
+    )

@@ -52,7 +52,9 @@ class SeriesGrowth:
     whole window). ``confirmed`` says whether that figure rests on more than one step's jump
     (see :mod:`._estimator`); ``trusted`` is the latest confirmed figure of the last window.
     ``growing`` is the hysteresis decision of :mod:`._decision`, ``growing_since`` when it
-    last became true, ``spells`` how many times it has become true.
+    last became true, ``spells`` how many times it has become true. ``rate`` is, while it
+    grows, the rate a node adds up and draws its time to the kill line from (the median of
+    its last figures, see :mod:`._decision`), None otherwise.
     """
 
     used: float | None
@@ -63,6 +65,7 @@ class SeriesGrowth:
     trusted: float | None = None
     growing_since: float | None = None
     spells: int = 0
+    rate: float | None = None
 
 
 @dataclass(frozen=True)
@@ -71,8 +74,10 @@ class NodeGrowth:
 
     ``groups`` holds the groups of the node's latest record; ``other`` is the memory outside
     them (None when the node was recorded without groups). With groups, ``growth`` adds up
-    each part's ``trusted`` figure (a part without one counts its figure if confirmed, else
-    nothing), and is None while any part has no figure yet; ``growing`` needs that sum to
+    each growing part's ``rate`` and each other part's ``trusted`` figure (a part without
+    one counts its figure if confirmed, else nothing), and is None while any part has no
+    figure, unless a part grows: a quiet part without a figure (new, or whose fits have
+    failed for a window) then counts nothing rather than hiding the growth; ``growing`` needs that sum to
     reach ``grow_slow`` and one part to be growing. ``fastest_group`` is the group with the
     highest growth, None when no group has a figure.
     """
@@ -92,6 +97,8 @@ class NodeGrowth:
 
 
 def _steady(part: SeriesGrowth) -> float:
+    if part.rate is not None:
+        return part.rate
     if part.trusted is not None:
         return part.trusted
     return part.growth if part.confirmed and part.growth is not None else 0.0
@@ -257,7 +264,9 @@ class MemoryHistory:
             other = self._view((node, None))
             parts = [*groups.values(), *([other] if other else [])]
             growth: float | None = None
-            if parts and all(p.growth is not None for p in parts):
+            if parts and (
+                all(p.growth is not None for p in parts) or any(p.rate is not None for p in parts)
+            ):
                 growth = math.fsum(_steady(p) for p in parts)
             growing = (
                 growth is not None
@@ -308,6 +317,7 @@ class MemoryHistory:
             tracker.trusted,
             tracker.growing_since,
             tracker.spells,
+            tracker.rate,
         )
 
     def _entry(self, key: Key) -> _Entry:
@@ -385,10 +395,22 @@ class MemoryHistory:
                 rounds.setdefault(len(t), []).append((entry, when, t, x, t0, v0))
             for rows in rounds.values():
                 anchors = np.array([(row[4], row[5]) for row in rows])
+                # Where each window may hold a change point, and the one found before.
+                asked = np.empty(len(rows))
+                onsets = np.empty(len(rows))
+                for n_row, row in enumerate(rows):
+                    tracker = row[0].tracker
+                    asked[n_row] = tracker.change_point_from(row[1])
+                    onsets[n_row] = math.nan if tracker.onset is None else tracker.onset
                 times = np.stack([row[2] for row in rows]).astype(np.float64) + anchors[:, :1]
                 values = np.stack([row[3] for row in rows]).astype(np.float64) + anchors[:, 1:]
                 fits = fit_growth_batch(
-                    times, values, step_bytes=settings.step_bytes, radius_s=settings.trough_radius_s
+                    times,
+                    values,
+                    step_bytes=settings.step_bytes,
+                    radius_s=settings.trough_radius_s,
+                    recent_from=asked,
+                    onsets=onsets,
                 )
                 for row, fit in zip(rows, fits):
                     row[0].tracker.update(row[1], fit)

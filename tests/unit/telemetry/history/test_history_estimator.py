@@ -227,3 +227,74 @@ def test_a_batch_gives_each_row_what_it_would_get_alone(seed: int, rows: int) ->
 def test_batch_shapes_are_checked() -> None:
     with pytest.raises(ValueError, match="2-D of one shape"):
         fit_growth_batch(np.zeros(5), np.zeros(5), step_bytes=STEP, radius_s=RADIUS)
+
+
+def leak_from(t: np.ndarray, onset: float, rate: float) -> np.ndarray:
+    return rate * np.maximum(0.0, t - onset)
+
+
+@pytest.mark.parametrize("steps", [(), (250, 470)])
+def test_a_window_holding_a_leaks_start_also_reads_the_rate_since_it(
+    steps: tuple[int, ...],
+) -> None:
+    rate = 50 * MIB / 60
+    t = np.arange(0.0, float(WINDOW))
+    x = 6 * GIB + sawtooth(t, 300 * MIB, 45.0, 7.0) + leak_from(t, 330.0, rate)
+    for at in steps:
+        x[at:] += 2 * GIB if at == steps[0] else -2 * GIB
+    whole = fit_growth(t, x, step_bytes=STEP, radius_s=RADIUS)
+    since = fit_growth(t, x, step_bytes=STEP, radius_s=RADIUS, recent_from=0.1 * rate)
+    assert whole is not None and since is not None
+    assert whole.slope < 0.75 * rate and whole.recent is None  # not asked for
+    assert since.slope == whole.slope
+    assert since.recent == pytest.approx(rate, rel=0.1)
+
+
+def test_the_rate_since_a_change_is_asked_only_of_windows_that_grow_enough() -> None:
+    rate = 50 * MIB / 60
+    t = np.arange(0.0, float(WINDOW))
+    x = 6 * GIB + sawtooth(t, 300 * MIB, 45.0, 7.0) + leak_from(t, 330.0, rate)
+    found = fit_growth(t, x, step_bytes=STEP, radius_s=RADIUS, recent_from=2 * rate)
+    assert found is not None and found.recent is None
+    steady = 6 * GIB + sawtooth(t, 300 * MIB, 45.0, 7.0) + leak_from(t, -1e4, rate)
+    line = fit_growth(t, steady, step_bytes=STEP, radius_s=RADIUS, recent_from=0.1 * rate)
+    assert line is not None and line.recent is None  # one line explains it: no change point
+
+
+def test_a_smooth_rise_that_speeds_up_inside_the_window_reads_its_rate_since() -> None:
+    rate = 50 * MIB / 60
+    t = np.arange(0.0, float(WINDOW))
+    x = 6 * GIB + leak_from(t, -1.0, rate / 20) + leak_from(t, 300.0, rate)
+    found = fit_growth(t, x, step_bytes=STEP, radius_s=RADIUS, recent_from=0.1 * rate)
+    assert found is not None and not found.troughs
+    assert found.recent == pytest.approx(rate, rel=0.1)
+
+
+@pytest.mark.parametrize("period", [None, 200.0])
+def test_a_step_that_begins_under_a_spike_is_taken_out_whole(period: float | None) -> None:
+    """A spike's falling edge that also carries the first part of a phase step down: the
+    spike's edges no longer cancel, and what is left of them belongs to the step."""
+    rate = 50 * MIB / 60
+    t = np.arange(0.0, float(WINDOW))
+    x = 6 * GIB + rate * t
+    if period is not None:
+        x += sawtooth(t, 300 * MIB, period, 20.0)
+    x[298:300] += 1.8 * GIB  # the spike
+    x[300:] -= 70 * MIB  # the step starts as the spike ends ...
+    x[301:] -= 1.9 * GIB  # ... and ends one sample later
+    result = fit(t, x)
+    assert result is not None
+    assert result.slope == pytest.approx(rate, rel=0.05)
+
+
+@pytest.mark.parametrize("leak", [0.0, 50 * MIB / 60])
+def test_a_step_a_spike_splits_in_two_smaller_jumps_is_still_a_step(leak: float) -> None:
+    """A spike that starts a few samples before a phase step up ends on the step: neither
+    jump crosses the step threshold alone, yet the level has moved by the whole step."""
+    t = np.arange(0.0, float(WINDOW))
+    x = 6 * GIB + sawtooth(t, 300 * MIB, 60.0, 5.0) + leak * t
+    x[295:300] += 0.9 * GIB  # the spike, 5 samples
+    x[300:] += 1.85 * GIB  # the step, as the spike ends: +0.9 GiB, then +0.95 GiB
+    result = fit(t, x)
+    assert result is not None
+    assert result.slope == pytest.approx(leak, abs=2 * MIB / 60)

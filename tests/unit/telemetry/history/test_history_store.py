@@ -164,3 +164,67 @@ def test_recording_and_reading_from_two_threads() -> None:
     assert not reader.is_alive()
     view = history.node("n0")
     assert view is not None and view.growth == pytest.approx(1.0, abs=1e-3)
+
+
+def test_the_time_to_limit_is_right_from_the_first_flag_on() -> None:
+    """A leak that starts mid-run: the node's rate, hence its time to the kill line, reads
+    the leak's rate at every fit from the flag on, though the windows then still hold the
+    time before the leak."""
+    rate = 50 * MIB_MIN
+    script = MemoryScript(seed=11)
+    script.set_other(0, Jitter(8 * MIB), base=4 * GIB)
+    script.set_group(
+        0,
+        "policy",
+        Sawtooth(300 * MIB, 40.0, 0.1),
+        Leak(rate, start=1200.0),
+        Jitter(4 * MIB),
+        base=6 * GIB,
+    )
+    script.set_group(0, "rollout", Sawtooth(300 * MIB, 70.0, 0.1), Jitter(4 * MIB), base=3 * GIB)
+    history = MemoryHistory()
+    line = kill_line(64 * GIB)
+    assert line is not None
+    flagged_at, errors = None, []
+    for start in range(0, 2400, 60):
+        t = np.arange(float(start), start + 60.0)
+        used, groups = script.node_values(0, t)
+        history.record_node_many("n0", t, used, groups)
+        view = history.node("n0")
+        assert view is not None and view.used is not None
+        if flagged_at is None and view.growing:
+            flagged_at = t[-1]
+            policy = view.groups["policy"]
+            assert policy.rate is not None and policy.rate == view.groups["policy"].rate
+        if flagged_at is not None:
+            seconds = view.time_to_limit(line)
+            assert seconds is not None
+            truth = (line - view.used) / rate
+            errors.append(abs(seconds - truth) / truth)
+    assert flagged_at is not None and flagged_at - 1200.0 <= 480.0
+    assert errors and max(errors) <= 0.1
+
+
+def test_a_growing_group_gives_its_node_a_figure_though_a_new_part_has_none() -> None:
+    """A group that joined the node less than a window ago has no figure yet; a node whose
+    other group grows still has a growth and a time to its kill line."""
+    rate = 50 * MIB_MIN
+    script = MemoryScript(seed=5)
+    script.set_other(0, Jitter(8 * MIB), base=4 * GIB)
+    script.set_group(
+        0, "policy", Sawtooth(300 * MIB, 40.0, 0.1), Leak(rate), Jitter(4 * MIB), base=6 * GIB
+    )
+    script.set_group(0, "rollout", Sawtooth(300 * MIB, 70.0), Jitter(4 * MIB), base=3 * GIB)
+    history = MemoryHistory()
+    t = np.arange(0.0, 1800.0)
+    used, groups = script.node_values(0, t)
+    early, late = slice(0, 1500), slice(1500, 1800)
+    history.record_node_many(
+        "n0", t[early], used[early] - groups["rollout"][early], {"policy": groups["policy"][early]}
+    )
+    history.record_node_many("n0", t[late], used[late], {g: v[late] for g, v in groups.items()})
+    view = history.node("n0")
+    assert view is not None and view.groups["rollout"].growth is None
+    assert view.groups["policy"].growing
+    assert view.growing and view.growth == pytest.approx(rate, rel=0.1)
+    assert view.time_to_limit(kill_line(64 * GIB)) is not None
