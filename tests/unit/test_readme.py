@@ -8,6 +8,9 @@ import re
 from pathlib import Path
 from typing import Any
 
+# Imported here, before any in-process pytester run: such a run unloads the modules it
+# imported, and numpy's extension cannot be loaded a second time in one process.
+import numpy  # noqa: F401
 import pytest
 
 from raylens.cluster import use_cluster_view
