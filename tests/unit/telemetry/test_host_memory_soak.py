@@ -113,12 +113,9 @@ def held_entries(monitor: hm.HostMemoryMonitor, table: NodeTable) -> dict[str, i
     """Every per-node structure of the monitor, its snapshot, the registry and the CLI table."""
     return {
         "monitor standing": len(monitor._standing),
-        "monitor rows": len(monitor._latest),
+        "monitor records": len(monitor.records()),
         "monitor warned nodes": len(monitor._warned),
-        "snapshot samples": len(monitor.snapshot.samples),
-        "snapshot expiry": len(monitor.snapshot.expiry),
-        "snapshot sampled_at": len(monitor.snapshot.sampled_at),
-        "snapshot health": len(monitor.snapshot.health),
+        "snapshot records": len(monitor.snapshot.records),
         "placement registry": len(DEFAULT_REGISTRY.nodes),
         "table trends": len(table.history),
     }
