@@ -51,10 +51,8 @@ def test_public_names_and_values() -> None:
 
 
 def test_recorded_metrics_are_byte_gauges_and_registered() -> None:
-    # A monitor declares the gauges when it is put to use, never at import or reset.
-    monitor = hm.HostMemoryMonitor(1.0, cluster=FakeCluster(), scrape_mode="inprocess")
-    monitor.collect_once()
-    monitor.stop()
+    # A monitor declares the gauges when it is built, never at import or reset.
+    hm.HostMemoryMonitor(1.0, cluster=FakeCluster(), scrape_mode="inprocess").stop()
     rows = {row.name: row for row in hm.HOST_MEMORY_RECORDED_METRICS}
 
     assert set(rows) == {

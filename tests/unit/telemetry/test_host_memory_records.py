@@ -1,5 +1,5 @@
 """One record per node per cycle, labels worked out once per placement change, gauges declared
-when a monitor is put to use."""
+when a monitor is built."""
 
 from __future__ import annotations
 
@@ -26,9 +26,10 @@ from raylens.telemetry.raylet_payload import (
     RAY_SAMPLER_SAMPLED_AT,
     RAY_WORKER_ID_LABEL,
     TOTAL_KEY,
+    USED_KEY,
     parse_group_samples,
 )
-from raylens_fakes import MetricsProbe, SimulatedCluster
+from raylens_fakes import FakeCluster, MetricsProbe, SimulatedCluster
 
 Factory = Callable[..., SimulatedCluster]
 HOST_GAUGES = (
@@ -175,7 +176,7 @@ def test_lens_does_not_clean_the_host_memory_attributes_again(
 ) -> None:
     sim = simulated_cluster(2)
     make_monitor(sim.cluster).collect_once()
-    checked: list[object] = []
+    checked: list[Any] = []
     real = runtime.exportable
 
     def counting(observation: Any) -> Any:
@@ -186,8 +187,9 @@ def test_lens_does_not_clean_the_host_memory_attributes_again(
 
     snapshot = metrics_probe.snapshot()
 
-    assert all(len(snapshot.points(name)) == 2 for name in HOST_GAUGES[:2])
-    assert checked == []
+    assert all(len(snapshot.points(name)) == 2 for name in HOST_GAUGES)
+    ours = set(sim.node_ids)
+    assert [o for o in checked if (o.attributes or {}).get(hm.RAY_NODE_ID_ATTR) in ours] == []
 
 
 def test_group_names_from_a_payload_are_made_encodable_where_they_enter() -> None:
@@ -203,7 +205,7 @@ def test_group_names_from_a_payload_are_made_encodable_where_they_enter() -> Non
     assert [figure.group for figure in figures.groups] == ["p\ufffd"]
 
 
-# Gauges: declared when a monitor is put to use ---------------------------------------------------
+# Gauges: declared when a monitor is built ---------------------------------------------------
 
 
 @pytest.fixture
@@ -216,7 +218,7 @@ def no_recorded_metrics() -> Iterator[None]:
 
 
 @pytest.mark.usefixtures("no_recorded_metrics")
-def test_a_reset_declares_nothing_and_a_monitor_declares_when_put_to_use(
+def test_a_reset_declares_nothing_and_a_monitor_declares_when_built(
     simulated_cluster: Factory,
     make_monitor: Callable[..., hm.HostMemoryMonitor],
     metrics_probe: MetricsProbe,
@@ -225,9 +227,11 @@ def test_a_reset_declares_nothing_and_a_monitor_declares_when_put_to_use(
     assert not set(HOST_GAUGES) & set(recorded_metrics())
 
     sim = simulated_cluster(1)
-    make_monitor(sim.cluster).collect_once()  # as `raylens simulate --once`: no start()
-
+    monitor = make_monitor(sim.cluster)
     assert set(HOST_GAUGES) <= set(recorded_metrics())
+
+    monitor.collect_once()  # as `raylens simulate --once` does: never started
+
     assert metrics_probe.points(hm.RL_HOST_MEMORY_USED_METRIC)
 
 
@@ -242,3 +246,25 @@ def test_importing_host_memory_declares_nothing() -> None:
         [sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True
     )
     assert result.stdout.strip() == "[]"
+
+
+def test_a_replaced_scrape_samples_a_node_that_joined_after_the_first_cycle(
+    make_monitor: Callable[..., hm.HostMemoryMonitor],
+) -> None:
+    cluster = FakeCluster()
+    cluster.add_node(port=8080, hostname="first")
+
+    class Replaced(hm.HostMemoryMonitor):
+        def _scrape(self, node: hm.RayNode) -> dict[str, float]:
+            return {USED_KEY: 1.0, TOTAL_KEY: 2.0}
+
+    monitor = Replaced(1.0, cluster=cluster, consumer=True, scrape_timeout=5.0)
+    try:
+        monitor.collect_once()
+        cluster.add_node(port=8081, hostname="second")
+
+        monitor.collect_once()
+
+        assert {row.host: row.error for row in monitor.latest()} == {"first": None, "second": None}
+    finally:
+        monitor.stop()

@@ -10,7 +10,7 @@ Invariants: starting and stopping the process's monitor and
 :func:`register_worker_group_placement` never raise (a failure is logged once);
 :func:`register_worker_group_nodes` raises for a bad argument. ``_MONITOR`` is read and
 replaced only under ``_MONITOR_LOCK``, which a forked child renews. Nothing is declared at
-import: a monitor declares the gauges when it is put to use (``start()``, ``collect_once()``).
+import: a monitor declares the gauges when it is built, as it registers for them to read it.
 :func:`reset_host_memory_state` (for tests) stops every monitor and clears
 :data:`DEFAULT_SNAPSHOT` and the default placement registry :data:`DEFAULT_REGISTRY`.
 """
@@ -278,7 +278,7 @@ def reset_host_memory_state() -> None:
     """Return this module to its state at import: no monitor, records or placements.
 
     Stops the process's monitor and every other monitor, and forgets every published
-    record and worker-group placement. Declares nothing: the next monitor put to use
+    record and worker-group placement. Declares nothing: the next monitor built
     declares the gauges. Meant for tests.
     """
     stop_host_memory_monitoring()

@@ -150,8 +150,8 @@ def _observe_scrape_duration(options: CallbackOptions) -> list[Observation]:
 def declare_gauges() -> None:
     """Declare every host-memory gauge with lens (idempotent: a second call replaces the callbacks).
 
-    A monitor calls this when it is put to use (:meth:`~._monitor.HostMemoryMonitor.start`,
-    :meth:`~._monitor.HostMemoryMonitor.collect_once`); nothing calls it at import.
+    A monitor calls this when it is built, as it registers itself for the gauges to read;
+    nothing calls it at import or at a reset.
     """
     used, total, machine_used, machine_total = HOST_MEMORY_RECORDED_METRICS
     for metric, callback in (

@@ -218,7 +218,9 @@ class HostMemoryMonitor:
         self._standing: dict[NodeKey, tuple[_Standing, int]] = {}
         self._warned: set[NodeKey] = set()
         self._cycle_hooks: list[tuple[CycleHook, Callable[[], None] | None]] = []
+        # Once the gauges read this monitor, they are declared: by whoever they read.
         register_publisher(self)
+        declare_gauges()
         forking.reset_after_fork_in_child(self)
 
     def reset_after_fork(self) -> None:
@@ -300,11 +302,7 @@ class HostMemoryMonitor:
         return engine.pid if isinstance(engine, HelperEngine) else None
 
     def start(self) -> None:
-        """Start sampling on a background thread (``raylens-host-memory``). Idempotent.
-
-        Declares the host-memory gauges with lens, as :meth:`collect_once` does.
-        """
-        declare_gauges()
+        """Start sampling on a background thread (``raylens-host-memory``). Idempotent."""
         hold_publisher(self)
         with self._lock:
             if self._thread is not None:
@@ -370,9 +368,8 @@ class HostMemoryMonitor:
         Returns within ``scrape_timeout`` plus a fraction of a second (plus, in
         helper mode, the helper's start-up on the first cycle). A node whose
         previous request is still open is not asked again. From here on the monitor
-        is kept alive until :meth:`stop`, and the host-memory gauges are declared.
+        is kept alive until :meth:`stop`.
         """
-        declare_gauges()
         hold_publisher(self)
         self._guarded_cycle(None)
 
@@ -438,7 +435,9 @@ class HostMemoryMonitor:
             for node in order
         ]
         if self._scrape_overridden():
-            self._overridden_nodes = {node.key: node for node in order}
+            # Filled in place: the engine looks nodes up in this very dict.
+            self._overridden_nodes.clear()
+            self._overridden_nodes.update((node.key, node) for node in order)
             return self._override_engine().scrape(jobs, self.scrape_timeout)
         try:
             return self._engine_for_use().scrape(jobs, self.scrape_timeout)
