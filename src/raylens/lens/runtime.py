@@ -121,7 +121,8 @@ class _GaugeCallback:
     """The callback the SDK calls for one lens gauge on one pipeline.
 
     Looks the current user callback up (so re-registering replaces it), never
-    raises, makes every observation exportable, and after each collection drops
+    raises, makes every observation exportable (unless the gauge was declared with
+    ``attributes_encodable``), and after each collection drops
     from the SDK the attribute sets that have gone unreported for
     :data:`IDLE_COLLECTIONS` collections.
     """
