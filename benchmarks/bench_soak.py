@@ -358,12 +358,9 @@ def _run_host(distinct: int, live: int, checkpoints: int, out: Connection) -> No
                 overflow=sum(1 for p in used if "otel.metric.overflow" in p.attributes),
                 missing=sum(1 for i in answering if node_id(i) not in exported),
                 node_entries=len(monitor._standing)
-                + len(monitor._latest)
+                + len(monitor.records())
                 + len(monitor._warned)
-                + len(snapshot.samples)
-                + len(snapshot.expiry)
-                + len(snapshot.sampled_at)
-                + len(snapshot.health)
+                + len(snapshot.records)
                 + len(DEFAULT_REGISTRY.nodes),
                 warnings=remembered_warning_count(),
                 sdk_held=sum(handle.held_attribute_sets(name) for name in gauges),

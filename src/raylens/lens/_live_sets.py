@@ -6,9 +6,10 @@ A set missing from ``idle_collections`` calls in a row is *expired*: handed back
 once, then forgotten. What it holds is therefore bounded by the sets reported in
 the last ``idle_collections`` collections, however many have come and gone before.
 
-Before the count, every observation is made exportable: a ``str`` key or value
-holding a lone surrogate would make an exporter refuse the whole batch, so it is
-replaced by one whose text encodes (see :mod:`raylens.safe_text`).
+Before the count, every observation of a gauge not declared ``attributes_encodable`` is
+made exportable: a ``str`` key or value holding a lone surrogate would make an exporter
+refuse the whole batch, so it is replaced by one whose text encodes (see
+:mod:`raylens.safe_text`).
 """
 
 from __future__ import annotations

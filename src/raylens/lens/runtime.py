@@ -112,6 +112,8 @@ _HANDLE_LOCK = threading.RLock()
 forking.renew_lock_in_child(sys.modules[__name__], "_HANDLE_LOCK", threading.RLock)
 
 _OBSERVABLES: dict[str, tuple[RecordedMetric, ObservableCallback]] = {}
+#: Gauges whose callbacks return attributes made encodable where they entered raylens.
+_ENCODABLE: set[str] = set()
 _CREATED_ON: dict[str, int] = {}
 
 
@@ -119,7 +121,8 @@ class _GaugeCallback:
     """The callback the SDK calls for one lens gauge on one pipeline.
 
     Looks the current user callback up (so re-registering replaces it), never
-    raises, makes every observation exportable, and after each collection drops
+    raises, makes every observation exportable (unless the gauge was declared with
+    ``attributes_encodable``), and after each collection drops
     from the SDK the attribute sets that have gone unreported for
     :data:`IDLE_COLLECTIONS` collections.
     """
@@ -145,7 +148,10 @@ class _GaugeCallback:
         observations: list[Observation] = []
         if entry is not None:
             try:
-                observations = [exportable(o) for o in entry[1](options)]
+                if self.name in _ENCODABLE:
+                    observations = list(entry[1](options))
+                else:
+                    observations = [exportable(o) for o in entry[1](options)]
             except Exception:
                 warn_once(
                     f"lens.callback.{self.name}",
@@ -197,22 +203,35 @@ def _create_observables(handle: TelemetryHandle) -> None:
         _CREATED_ON[name] = id(handle)
 
 
-def register_observable_gauge(metric: RecordedMetric, callback: ObservableCallback) -> None:
+def register_observable_gauge(
+    metric: RecordedMetric, callback: ObservableCallback, *, attributes_encodable: bool = False
+) -> None:
     """Export ``metric`` as an observable gauge whose points ``callback`` returns.
 
     ``callback`` must read state prepared elsewhere (no I/O); an exception inside
     it is logged once and costs that collection its points, never the SDK's loop.
-    Registering the same name again replaces the callback.
+    Registering the same name again replaces the callback. Every point's attributes
+    are made encodable, unless ``attributes_encodable`` says the callback only returns
+    text that was made encodable where it entered (the check then costs nothing).
     """
-    _register_observable(metric, callback, OBSERVABLE_GAUGE)
+    _register_observable(metric, callback, OBSERVABLE_GAUGE, attributes_encodable)
 
 
-def _register_observable(metric: RecordedMetric, callback: ObservableCallback, kind: str) -> None:
+def _register_observable(
+    metric: RecordedMetric,
+    callback: ObservableCallback,
+    kind: str,
+    attributes_encodable: bool = False,
+) -> None:
     if metric.kind != kind:
         raise ValueError(f"metric {metric.name!r} has kind {metric.kind!r}, not {kind!r}")
     register_recorded_metrics([metric])
     with _HANDLE_LOCK:
         _OBSERVABLES[metric.name] = (metric, callback)
+        if attributes_encodable:
+            _ENCODABLE.add(metric.name)
+        else:
+            _ENCODABLE.discard(metric.name)
         if _HANDLE is not None:
             _create_observables(_HANDLE)
 
@@ -230,12 +249,14 @@ def unregister_observable_gauge(name: str) -> None:
     """Stop reporting ``name``: its instrument stays on the current meter but yields no points."""
     with _HANDLE_LOCK:
         _OBSERVABLES.pop(name, None)
+        _ENCODABLE.discard(name)
 
 
 def reset_observable_gauges() -> None:
     """Forget every gauge declaration (tests only)."""
     with _HANDLE_LOCK:
         _OBSERVABLES.clear()
+        _ENCODABLE.clear()
         _CREATED_ON.clear()
 
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from typing import NamedTuple
 
+from raylens.safe_text import encodable
 from raylens.telemetry.prometheus_text import extract_labelled_samples, extract_samples
 
 __all__ = [
@@ -166,7 +167,8 @@ def parse_group_samples(metrics_text: str | bytes) -> NodeGroupFigures | None:
     series until they age out, each with its own ``WorkerId``): only the series of the
     one whose ``sampled_at`` is the latest count. A group whose value is NaN (what a
     sampler publishes for a group that left) is absent, as is a group without an RSS
-    figure. Group names are taken as they come; the caller bounds and cleans them.
+    figure. Group names are made encodable here, where they enter raylens (a name with a
+    lone surrogate, which only a ``str`` payload can hold, has it replaced by U+FFFD).
     """
     samples = extract_labelled_samples(metrics_text, GROUP_SERIES)
     latest: dict[str, float] = {}
@@ -185,6 +187,7 @@ def parse_group_samples(metrics_text: str | bytes) -> NodeGroupFigures | None:
         group = labels.get(GROUP_LABEL)
         if group is None or labels.get(RAY_WORKER_ID_LABEL, "") != worker:
             continue
+        group = encodable(group)
         if sample.name == RAY_GROUP_PROCESSES:
             processes[group] = sample.value
         elif sample.name == RAY_GROUP_GROWTH:

@@ -52,6 +52,22 @@ def test_lone_surrogates_are_replaced_before_the_sdk_sees_them(
     }
 
 
+def test_a_gauge_declared_encodable_is_not_checked_again_and_redeclaring_restores_the_check(
+    metrics_probe: MetricsProbe,
+) -> None:
+    points = [Observation(1.0, {"host.name": f"bad{_LONE}"})]
+    try:
+        register_observable_gauge(_GAUGE, lambda options: points, attributes_encodable=True)
+        # The callback vouched for its text: lens hands it to the SDK as it came.
+        assert metrics_probe.points(_GAUGE.name) == {frozenset({("host.name", f"bad{_LONE}")}): 1.0}
+
+        register_observable_gauge(_GAUGE, lambda options: points)
+
+        assert metrics_probe.points(_GAUGE.name) == {frozenset({("host.name", "bad\ufffd")}): 1.0}
+    finally:
+        unregister_observable_gauge(_GAUGE.name)
+
+
 @pytest.mark.slow
 def test_prometheus_serves_every_series_despite_a_lone_surrogate(
     surrogate_gauge: RecordedMetric,

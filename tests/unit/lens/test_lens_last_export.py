@@ -76,7 +76,10 @@ def test_the_final_export_of_a_driver_still_has_its_host_memory_points(
     with use_cluster_view(sim.cluster):
         # As examples/driver.py does: the driver keeps no reference to the monitor.
         init_telemetry_driver(metric_reader=reader, host_memory_interval=0.2)
-        _wait_for(lambda: len(hm._DEFAULT_SNAPSHOT.samples) == 2, "both nodes sampled")
+        _wait_for(
+            lambda: sum(r.error is None for r in hm.DEFAULT_SNAPSHOT.records.values()) == 2,
+            "both nodes sampled",
+        )
         shutdown_telemetry()
 
     assert recorder.exports, "nothing was exported at shutdown"

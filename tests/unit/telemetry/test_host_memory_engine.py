@@ -215,7 +215,7 @@ def test_what_is_held_about_a_node_ends_when_it_leaves(
         monitor.collect_once()
         assert key not in lens_warnings._WARNED_KEYS
         assert set(monitor._standing) == {n.key for n in hm.ray_nodes(sim.cluster)}
-        assert len(monitor.snapshot.samples) == 2
+        assert len(monitor.snapshot.records) == 2
         sim.cluster.revive_node(sim.node_id(2))
         monitor.collect_once()  # back, still failing: warned about again
 

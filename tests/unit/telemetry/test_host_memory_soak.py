@@ -113,12 +113,9 @@ def held_entries(monitor: hm.HostMemoryMonitor, table: NodeTable) -> dict[str, i
     """Every per-node structure of the monitor, its snapshot, the registry and the CLI table."""
     return {
         "monitor standing": len(monitor._standing),
-        "monitor rows": len(monitor._latest),
+        "monitor records": len(monitor.records()),
         "monitor warned nodes": len(monitor._warned),
-        "snapshot samples": len(monitor.snapshot.samples),
-        "snapshot expiry": len(monitor.snapshot.expiry),
-        "snapshot sampled_at": len(monitor.snapshot.sampled_at),
-        "snapshot health": len(monitor.snapshot.health),
+        "snapshot records": len(monitor.snapshot.records),
         "placement registry": len(DEFAULT_REGISTRY.nodes),
         "table trends": len(table.history),
     }
@@ -201,12 +198,9 @@ def test_churning_nodes_and_groups_stay_exported_and_bounded(
     assert live_nodes(CYCLES - 1)[-1] + 1 >= DISTINCT  # every distinct node went through
     assert largest == {
         "monitor standing": LIVE,
-        "monitor rows": LIVE,
+        "monitor records": LIVE,
         "monitor warned nodes": failing_most,
-        "snapshot samples": answering_most,
-        "snapshot expiry": answering_most,
-        "snapshot sampled_at": answering_most,
-        "snapshot health": LIVE,
+        "snapshot records": LIVE,
         "placement registry": CHURNING + 1,
         "table trends": LIVE,
     }

@@ -317,8 +317,9 @@ def register_group_memory_gauges(snapshot: GroupMemorySnapshot | None = None) ->
     """
     source = snapshot if snapshot is not None else DEFAULT_SNAPSHOT
     usage, processes = GROUP_MEMORY_RECORDED_METRICS
-    register_observable_gauge(usage, source.observe_usage)
-    register_observable_gauge(processes, source.observe_processes)
+    # publish() made every name and host encodable: lens need not check them again.
+    register_observable_gauge(usage, source.observe_usage, attributes_encodable=True)
+    register_observable_gauge(processes, source.observe_processes, attributes_encodable=True)
 
 
 def publish_group_memory(results: Mapping[str, object], *, max_age: float | None = None) -> None:

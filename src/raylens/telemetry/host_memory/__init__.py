@@ -9,9 +9,10 @@ reference; the private modules and one scrape's path are in ``docs/architecture.
 Invariants: starting and stopping the process's monitor and
 :func:`register_worker_group_placement` never raise (a failure is logged once);
 :func:`register_worker_group_nodes` raises for a bad argument. ``_MONITOR`` is read and
-replaced only under ``_MONITOR_LOCK``, which a forked child renews. The gauges are declared
-at import and again at every start and reset; :func:`reset_host_memory_state` (for tests)
-stops every monitor and clears the default snapshot and placement registry.
+replaced only under ``_MONITOR_LOCK``, which a forked child renews. Nothing is declared at
+import: a monitor declares the gauges when it is built, as it registers for them to read it.
+:func:`reset_host_memory_state` (for tests) stops every monitor and clears
+:data:`DEFAULT_SNAPSHOT` and the default placement registry :data:`DEFAULT_REGISTRY`.
 """
 
 from __future__ import annotations
@@ -27,7 +28,6 @@ from raylens.lens import warn_once
 from raylens.telemetry.host_memory._gauges import (
     HOST_MEMORY_RECORDED_METRICS,
     SCRAPE_HEALTH_RECORDED_METRICS,
-    declare_gauges,
 )
 from raylens.telemetry.host_memory._helper_engine import GroupFiguresMemo
 from raylens.telemetry.host_memory._monitor import (
@@ -44,7 +44,9 @@ from raylens.telemetry.host_memory._placement import (
     format_worker_groups,
 )
 from raylens.telemetry.host_memory._snapshot import (
+    NodeRecord,
     NodeSample,
+    ScrapeHealth,
     Snapshot,
     forget_all_monitors,
 )
@@ -76,6 +78,8 @@ from raylens.telemetry.raylet_payload import (
 from raylens.validation import positive_seconds
 
 __all__ = [
+    "DEFAULT_REGISTRY",
+    "DEFAULT_SNAPSHOT",
     "ERROR_TYPE_ATTR",
     "FALLBACK_COLLECTION_INTERVAL",
     "HOST_MEMORY_RECORDED_METRICS",
@@ -100,10 +104,13 @@ __all__ = [
     "SHUTDOWN_GRACE_S",
     "GroupFiguresMemo",
     "HostMemoryMonitor",
+    "NodeRecord",
     "NodeSample",
     "PlacementRegistry",
     "RayNode",
+    "ScrapeHealth",
     "ScrapeMode",
+    "Snapshot",
     "forget_worker_group_nodes",
     "format_worker_groups",
     "parse_memory_samples",
@@ -128,10 +135,8 @@ _SCRAPE_TIMEOUT_S = SCRAPE_TIMEOUT_S
 #: How long past its scrape timeout :meth:`HostMemoryMonitor.stop` may take.
 _SHUTDOWN_GRACE_S = SHUTDOWN_GRACE_S
 
-#: What the process's monitor publishes (``{(node id, host): {registry key: bytes}}``).
-_DEFAULT_SNAPSHOT = Snapshot()
-_SNAPSHOT: dict[tuple[str, str], dict[str, float]] = _DEFAULT_SNAPSHOT.samples
-_SNAPSHOT_LOCK = _DEFAULT_SNAPSHOT.lock
+#: Where the process's monitor publishes its records (``{(node id, host): NodeRecord}``).
+DEFAULT_SNAPSHOT = Snapshot()
 
 #: ``{worker group name: node ids}``: the default placement registry's contents.
 _WORKER_GROUP_NODES: dict[str, frozenset[str]] = DEFAULT_REGISTRY.nodes
@@ -240,8 +245,7 @@ def start_host_memory_monitoring(
         # taking it away before it starts and leaving it running unowned.
         with _MONITOR_LOCK:
             if _MONITOR is None:
-                declare_gauges()
-                _MONITOR = HostMemoryMonitor(interval, cluster=cluster, snapshot=_DEFAULT_SNAPSHOT)
+                _MONITOR = HostMemoryMonitor(interval, cluster=cluster, snapshot=DEFAULT_SNAPSHOT)
             _MONITOR.start()
             return _MONITOR
     except Exception:
@@ -271,17 +275,13 @@ def stop_host_memory_monitoring() -> None:
 
 
 def reset_host_memory_state() -> None:
-    """Return this module to its state at import: no monitor, samples or placements.
+    """Return this module to its state at import: no monitor, records or placements.
 
-    Stops the process's monitor and every other monitor, forgets every published
-    sample and worker-group placement, and declares the gauges again (in case
-    lens' declarations were reset). Meant for tests.
+    Stops the process's monitor and every other monitor, and forgets every published
+    record and worker-group placement. Declares nothing: the next monitor built
+    declares the gauges. Meant for tests.
     """
     stop_host_memory_monitoring()
     forget_all_monitors()
-    _DEFAULT_SNAPSHOT.clear()
+    DEFAULT_SNAPSHOT.clear()
     DEFAULT_REGISTRY.clear()
-    declare_gauges()
-
-
-declare_gauges()

@@ -1,18 +1,29 @@
-"""The host-memory gauges: what they are, and the callbacks that read every monitor's snapshot.
+"""The host-memory gauges: what they are, and the callbacks that read every monitor's records.
 
-A callback reads only published snapshots and the placement registry, never the
-network, so an export never waits on a node; the worker-group label is worked out at
-export time, so a group registered or forgotten since the sample is already reflected.
+A callback reads only published records and the placement registry, never the network,
+so an export never waits on a node. The worker-group label is the one of the moment: a
+record carries the label of its cycle, and when the placement registry changed since, the
+label comes from the registry's table for its current version, worked out once per change
+and shared by all six gauges. Every attribute was made encodable where it entered raylens
+(node records in ``_nodes``, group names in the placement registry), so the gauges are
+declared with lens as already encodable and nothing cleans them again.
 """
 
 from __future__ import annotations
+
+from collections.abc import Mapping
 
 from opentelemetry.metrics import CallbackOptions, Observation
 
 from raylens.lens import OBSERVABLE_GAUGE, RecordedMetric, register_observable_gauge
 from raylens.telemetry import names
-from raylens.telemetry.host_memory._placement import DEFAULT_REGISTRY, format_worker_groups
-from raylens.telemetry.host_memory._snapshot import fresh_health, fresh_samples
+from raylens.telemetry.host_memory._placement import DEFAULT_REGISTRY
+from raylens.telemetry.host_memory._snapshot import (
+    NodeRecord,
+    fresh_health_records,
+    fresh_value_records,
+    node_attributes,
+)
 from raylens.telemetry.raylet_payload import (
     MACHINE_TOTAL_KEY,
     MACHINE_USED_KEY,
@@ -72,30 +83,24 @@ SCRAPE_HEALTH_RECORDED_METRICS: tuple[RecordedMetric, ...] = (
 )
 
 
-def _attributes(node_id: str, host: str, groups: dict[str, list[str]]) -> dict[str, str]:
-    return {
-        names.HOST_NAME_ATTR: host,
-        names.RL_WORKER_GROUPS_ATTR: format_worker_groups(groups.get(node_id, ())),
-        names.RAY_NODE_ID_ATTR: node_id,
-    }
+def _attributes(record: NodeRecord, version: int, labels: Mapping[str, str]) -> Mapping[str, str]:
+    """``record``'s attributes, relabelled when the placement changed since its cycle."""
+    if record.labels_version == version:
+        return record.attributes
+    return node_attributes(record.node, labels.get(record.node.node_id, names.NO_WORKER_GROUPS))
 
 
 def _observations(key: str) -> list[Observation]:
     """One observation per node with a fresh sample of ``key`` (a registry key).
 
-    Reads only the monitors' published snapshots and the placement registry: no
-    I/O, so an export never waits on a node. Samples past their expiry are left
-    out, and the worker-group label is worked out now, so a group registered or
-    forgotten since the sample was taken is already reflected.
+    Reads only the monitors' published records and the placement registry: no I/O, so
+    an export never waits on a node. Samples past their expiry are left out.
     """
-    fresh = fresh_samples(key)
+    fresh = fresh_value_records(key)
     if not fresh:
         return []
-    groups = DEFAULT_REGISTRY.groups_by_node()
-    return [
-        Observation(value, _attributes(node_id, host, groups))
-        for (node_id, host), value in fresh.items()
-    ]
+    version, labels = DEFAULT_REGISTRY.labels_by_node()
+    return [Observation(value, _attributes(record, version, labels)) for record, value in fresh]
 
 
 def _observe_used(options: CallbackOptions) -> list[Observation]:
@@ -116,39 +121,44 @@ def _observe_machine_total(options: CallbackOptions) -> list[Observation]:
 
 def _observe_scrape_up(options: CallbackOptions) -> list[Observation]:
     """``rl.host.scrape.up`` of every listed node, with ``error.type`` on a failure."""
-    health = fresh_health()
-    if not health:
+    fresh = fresh_health_records()
+    if not fresh:
         return []
-    groups = DEFAULT_REGISTRY.groups_by_node()
+    version, labels = DEFAULT_REGISTRY.labels_by_node()
     found = []
-    for (node_id, host), entry in health.items():
-        attributes = _attributes(node_id, host, groups)
-        if entry.error_type is not None:
-            attributes[names.ERROR_TYPE_ATTR] = entry.error_type
-        found.append(Observation(entry.up, attributes))
+    for record, health in fresh:
+        attributes = _attributes(record, version, labels)
+        if health.error_type is not None:
+            attributes = {**attributes, names.ERROR_TYPE_ATTR: health.error_type}
+        found.append(Observation(health.up, attributes))
     return found
 
 
 def _observe_scrape_duration(options: CallbackOptions) -> list[Observation]:
     """``rl.host.scrape.duration`` of every node a request was sent to."""
-    health = fresh_health()
-    if not health:
+    fresh = fresh_health_records()
+    if not fresh:
         return []
-    groups = DEFAULT_REGISTRY.groups_by_node()
+    version, labels = DEFAULT_REGISTRY.labels_by_node()
     return [
-        Observation(entry.duration, _attributes(node_id, host, groups))
-        for (node_id, host), entry in health.items()
-        if entry.duration is not None
+        Observation(health.duration, _attributes(record, version, labels))
+        for record, health in fresh
+        if health.duration is not None
     ]
 
 
 def declare_gauges() -> None:
-    """Declare every host-memory gauge with lens (idempotent: a second call replaces the callbacks)."""
+    """Declare every host-memory gauge with lens (idempotent: a second call replaces the callbacks).
+
+    A monitor calls this when it is built, as it registers itself for the gauges to read;
+    nothing calls it at import or at a reset.
+    """
     used, total, machine_used, machine_total = HOST_MEMORY_RECORDED_METRICS
-    register_observable_gauge(used, _observe_used)
-    register_observable_gauge(total, _observe_total)
-    register_observable_gauge(machine_used, _observe_machine_used)
-    register_observable_gauge(machine_total, _observe_machine_total)
-    up, duration = SCRAPE_HEALTH_RECORDED_METRICS
-    register_observable_gauge(up, _observe_scrape_up)
-    register_observable_gauge(duration, _observe_scrape_duration)
+    for metric, callback in (
+        (used, _observe_used),
+        (total, _observe_total),
+        (machine_used, _observe_machine_used),
+        (machine_total, _observe_machine_total),
+        *zip(SCRAPE_HEALTH_RECORDED_METRICS, (_observe_scrape_up, _observe_scrape_duration)),
+    ):
+        register_observable_gauge(metric, callback, attributes_encodable=True)

@@ -23,7 +23,7 @@ import logging
 import os
 import threading
 import time
-from collections.abc import Callable, Hashable
+from collections.abc import Callable, Hashable, Mapping
 
 from raylens import forking
 from raylens.cluster import ClusterView, default_cluster_view
@@ -32,19 +32,19 @@ from raylens.safe_text import printable
 from raylens.telemetry.host_memory._gauges import declare_gauges
 from raylens.telemetry.host_memory._helper_engine import HelperEngine
 from raylens.telemetry.host_memory._nodes import RayNode, ray_nodes
-from raylens.telemetry.host_memory._placement import DEFAULT_REGISTRY, format_worker_groups
+from raylens.telemetry.host_memory._placement import DEFAULT_REGISTRY
 from raylens.telemetry.host_memory._snapshot import (
+    NodeRecord,
     NodeSample,
     ScrapeHealth,
     Snapshot,
     hold_publisher,
+    node_attributes,
     register_publisher,
     release_publisher,
 )
 from raylens.telemetry.host_memory._threaded_scrapes import ThreadedScrapes
-from raylens.telemetry.names import (
-    LOGGER_NAME,
-)
+from raylens.telemetry.names import LOGGER_NAME, NO_WORKER_GROUPS
 from raylens.telemetry.raylet_payload import (
     ERROR_INTERNAL,
     ERROR_NO_METRICS_PORT,
@@ -89,7 +89,6 @@ _OVERRIDE_THREADS = 32
 Clock = Callable[[], float]
 NodeKey = tuple[str, str]
 CycleHook = Callable[["HostMemoryMonitor"], None]
-_Row = tuple[RayNode, "float | None", "float | None", "float | None", "str | None"]
 
 
 class _Standing(enum.IntEnum):
@@ -214,14 +213,14 @@ class HostMemoryMonitor:
         self._overridden_nodes: dict[Hashable, RayNode] = {}
         self._generation = 0
         self._cycles = 0
-        #: Per node: ``(node, used, total, sampled_at, error)``; rows are built on reading.
-        self._latest: dict[NodeKey, _Row] = {}
-        self._groups: dict[NodeKey, tuple[NodeGroupFigures, float]] = {}
-        self._oom: dict[NodeKey, tuple[NodeOomCounts, float]] = {}
+        #: The latest cycle's record of every live node, as published to the snapshot.
+        self._records: Mapping[NodeKey, NodeRecord] = {}
         self._standing: dict[NodeKey, tuple[_Standing, int]] = {}
         self._warned: set[NodeKey] = set()
         self._cycle_hooks: list[tuple[CycleHook, Callable[[], None] | None]] = []
+        # Once the gauges read this monitor, they are declared: by whoever they read.
         register_publisher(self)
+        declare_gauges()
         forking.reset_after_fork_in_child(self)
 
     def reset_after_fork(self) -> None:
@@ -304,7 +303,6 @@ class HostMemoryMonitor:
 
     def start(self) -> None:
         """Start sampling on a background thread (``raylens-host-memory``). Idempotent."""
-        declare_gauges()
         hold_publisher(self)
         with self._lock:
             if self._thread is not None:
@@ -437,7 +435,9 @@ class HostMemoryMonitor:
             for node in order
         ]
         if self._scrape_overridden():
-            self._overridden_nodes = {node.key: node for node in order}
+            # Filled in place: the engine looks nodes up in this very dict.
+            self._overridden_nodes.clear()
+            self._overridden_nodes.update((node.key, node) for node in order)
             return self._override_engine().scrape(jobs, self.scrape_timeout)
         try:
             return self._engine_for_use().scrape(jobs, self.scrape_timeout)
@@ -488,14 +488,9 @@ class HostMemoryMonitor:
         for key in [key for key in self._warned if key not in live]:
             self._warned.discard(key)
             reset_warn_once(_warning_key(key))
-        if any(key not in live for key in self._latest):
-            self._latest = {key: row for key, row in self._latest.items() if key in live}
-        with self.snapshot.lock:
-            departed = [
-                key for key in {*self.snapshot.samples, *self.snapshot.health} if key not in live
-            ]
-        if departed:
-            self.snapshot.forget(departed)
+        if any(key not in live for key in self._records):
+            self._records = {key: r for key, r in self._records.items() if key in live}
+        self.snapshot.retain(live)
 
     def _publish(
         self,
@@ -505,12 +500,13 @@ class HostMemoryMonitor:
         *,
         stopped: bool,
     ) -> None:
-        """Publish one cycle; ``stopped`` when :meth:`stop` cut it short (nobody is blamed)."""
-        samples: dict[NodeKey, dict[str, float]] = {}
-        expiry: dict[NodeKey, float] = {}
-        sampled: dict[NodeKey, float] = {}
-        health: dict[NodeKey, ScrapeHealth] = {}
-        latest: dict[NodeKey, _Row] = {}
+        """Publish one cycle; ``stopped`` when :meth:`stop` cut it short (nobody is blamed).
+
+        Builds one :class:`NodeRecord` per listed node and publishes them as one mapping.
+        """
+        previous = self._records
+        records: dict[NodeKey, NodeRecord] = {}
+        version, labels = DEFAULT_REGISTRY.labels_by_node()
         stamp = self._cycles
         for node in nodes:
             key = node.key
@@ -527,17 +523,32 @@ class HostMemoryMonitor:
                         duration=self.scrape_timeout,
                     )
                 )
-            if outcome.error != STOPPED_ERROR:
-                health[key] = self._health(outcome, started)
+            health = self._health(outcome, started) if outcome.error != STOPPED_ERROR else None
+            label = labels.get(node.node_id, NO_WORKER_GROUPS)
+            before = previous.get(key)
+            attributes = (
+                before.attributes
+                if before is not None and before.worker_groups == label
+                else node_attributes(node, label)
+            )
             values = outcome.values
             if values:
                 self._standing[key] = (_Standing.ANSWERED, stamp)
                 # Aged from the node's answer, not from the end of the cycle.
                 sampled_at = started + outcome.elapsed
-                samples[key] = values
-                sampled[key] = sampled_at
-                expiry[key] = sampled_at + self.max_age
-                latest[key] = (node, values.get(USED_KEY), values.get(TOTAL_KEY), sampled_at, None)
+                records[key] = NodeRecord(
+                    node,
+                    values,
+                    sampled_at,
+                    None,
+                    health,
+                    label,
+                    version,
+                    attributes,
+                    outcome.groups,
+                    outcome.oom,
+                    sampled_at + self.max_age,
+                )
                 if key in self._warned:
                     self._warned.discard(key)
                     reset_warn_once(_warning_key(key))
@@ -561,25 +572,25 @@ class HostMemoryMonitor:
                     f"{printable(node.metrics_url)}): {error}",
                     logger=logger,
                 )
-            previous = self._latest.get(key)
-            latest[key] = (
-                (node, previous[1], previous[2], previous[3], error)
-                if previous
-                else (node, None, None, None, error)
+            records[key] = NodeRecord(
+                node,
+                None if before is None else before.values,
+                None if before is None else before.sampled_at,
+                error,
+                health,
+                label,
+                version,
+                attributes,
             )
-        self._latest = latest
-        groups: dict[NodeKey, tuple[NodeGroupFigures, float]] = {}
-        for key in samples:
-            figures = results[key].groups if key in results else None
-            if figures is not None:
-                groups[key] = (figures, sampled[key])
-        self._groups = groups
-        self._oom = {
-            key: (oom, sampled[key])
-            for key in samples
-            if key in results and (oom := results[key].oom) is not None
-        }
-        self.snapshot.publish(samples, expiry, sampled, health)
+        self._records = records
+        self.snapshot.publish(records)
+
+    def records(self) -> Mapping[NodeKey, NodeRecord]:
+        """The latest cycle's :class:`NodeRecord` of every live node, by ``(node id, host)``.
+
+        The mapping the cycle published to :attr:`snapshot`; never changed afterwards.
+        """
+        return self._records
 
     def group_figures(self) -> dict[str, tuple[str, NodeGroupFigures, float]]:
         """Per node id: host name, the per-group figures its payload carried, and when read.
@@ -587,11 +598,10 @@ class HostMemoryMonitor:
         Only nodes whose latest scrape answered and carried a sampler's series; the
         time is on this monitor's clock.
         """
-        latest = self._latest
         return {
-            key[0]: (latest[key][0].host, figures, read_at)
-            for key, (figures, read_at) in self._groups.items()
-            if key in latest
+            record.node.node_id: (record.node.host, record.groups, record.sampled_at)
+            for record in self._records.values()
+            if record.groups is not None and record.sampled_at is not None
         }
 
     def oom_counts(self) -> dict[str, tuple[str, NodeOomCounts, float]]:
@@ -600,11 +610,10 @@ class HostMemoryMonitor:
         Only nodes whose latest scrape answered and carried a counter; the time is on
         this monitor's clock.
         """
-        latest = self._latest
         return {
-            key[0]: (latest[key][0].host, counts, read_at)
-            for key, (counts, read_at) in self._oom.items()
-            if key in latest
+            record.node.node_id: (record.node.host, record.oom, record.sampled_at)
+            for record in self._records.values()
+            if record.oom is not None and record.sampled_at is not None
         }
 
     def _health(self, outcome: Outcome, started: float) -> ScrapeHealth:
@@ -655,21 +664,23 @@ class HostMemoryMonitor:
         monitor a consumer: its cycles scrape from now on.
         """
         self._consumer = True
-        groups = DEFAULT_REGISTRY.groups_by_node()
-        rows = [
-            NodeSample(
-                node_id=node.node_id,
-                host=node.host,
-                ip=node.ip,
-                used=used,
-                total=total,
-                worker_groups=format_worker_groups(groups.get(node.node_id, ())),
-                sampled_at=sampled_at,
-                error=error,
-                metrics_url=node.metrics_url,
+        _version, labels = DEFAULT_REGISTRY.labels_by_node()
+        rows = []
+        for record in list(self._records.values()):
+            node, values = record.node, record.values or {}
+            rows.append(
+                NodeSample(
+                    node_id=node.node_id,
+                    host=node.host,
+                    ip=node.ip,
+                    used=values.get(USED_KEY),
+                    total=values.get(TOTAL_KEY),
+                    worker_groups=labels.get(node.node_id, NO_WORKER_GROUPS),
+                    sampled_at=record.sampled_at,
+                    error=record.error,
+                    metrics_url=node.metrics_url,
+                )
             )
-            for node, used, total, sampled_at, error in list(self._latest.values())
-        ]
         return sorted(rows, key=lambda s: (s.host, s.node_id))
 
     def __repr__(self) -> str:

@@ -172,6 +172,10 @@ class PlacementRegistry:
         self._publish = publish
         # Held from reading the map to writing it, so writes land in the order of changes.
         self._publish_lock = threading.Lock()
+        #: Bumped under :attr:`lock` at every change of :attr:`nodes` or :attr:`published`.
+        self.version = 0
+        # (version, label by node id) of the last :meth:`labels_by_node`.
+        self._labels: tuple[int, dict[str, str]] = (-1, {})
         forking.reset_after_fork_in_child(self)
 
     def reset_after_fork(self) -> None:
@@ -212,6 +216,7 @@ class PlacementRegistry:
         with self._publish_lock:
             with self.lock:
                 self.nodes[name] = frozenset(nodes)
+                self.version += 1
             self._publish_map(cluster)
 
     def register_placement(
@@ -256,6 +261,7 @@ class PlacementRegistry:
         with self._publish_lock:
             with self.lock:
                 known = self.nodes.pop(name, None) is not None
+                self.version += known
             if known:
                 self._publish_map(cluster)
 
@@ -279,11 +285,33 @@ class PlacementRegistry:
                         inverted.setdefault(node_id, set()).add(name)
         return {node_id: sorted(names) for node_id, names in inverted.items()}
 
+    def labels_by_node(self) -> tuple[int, Mapping[str, str]]:
+        """``(version, {node id: rl.worker_groups label})`` of every node with a group on it.
+
+        Worked out (one :meth:`groups_by_node`, one :func:`format_worker_groups` per node)
+        once per :attr:`version`, so every reader between two changes shares one table; a
+        node missing from it carries :data:`NO_WORKER_GROUPS`. The table is never changed
+        once returned.
+        """
+        with self.lock:
+            version = self.version
+            cached = self._labels
+        if cached[0] == version:
+            return cached
+        labels = {
+            node_id: format_worker_groups(names) for node_id, names in self.groups_by_node().items()
+        }
+        with self.lock:
+            if self.version == version:
+                self._labels = (version, labels)
+        return version, labels
+
     def clear(self) -> None:
         with self.lock:
             self.nodes.clear()
             self.published.clear()
             self._read = {}
+            self.version += 1
 
     # Sharing through the cluster ------------------------------------------------------
 
@@ -367,6 +395,7 @@ class PlacementRegistry:
             self._read = current
             if published is not None:
                 self.published = published
+                self.version += 1
 
 
 @dataclass(frozen=True)

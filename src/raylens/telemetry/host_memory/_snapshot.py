@@ -1,9 +1,10 @@
-"""What a monitor publishes: per-node samples, and the snapshot the gauges read.
+"""What a monitor publishes: one record per node per cycle, and the registry the gauges read.
 
-Each :class:`~._monitor.HostMemoryMonitor` owns a :class:`Snapshot`; the gauges
-read the unexpired samples of every monitor registered here
-(:func:`fresh_samples`). A sample's expiry is a reading of its monitor's clock,
-so ageing follows whatever clock the monitor was given.
+Each :class:`~._monitor.HostMemoryMonitor` owns a :class:`Snapshot` and publishes into it,
+once per cycle, one mapping of :class:`NodeRecord`: everything the cycle learnt about each
+live node. The gauges read the records of every monitor registered here. A record's times
+are readings of its monitor's clock, so ageing follows whatever clock the monitor was given.
+A published mapping and its records are never changed afterwards.
 """
 
 from __future__ import annotations
@@ -12,20 +13,27 @@ import sys
 import threading
 import time
 import weakref
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import NamedTuple, Protocol
 
 from raylens import forking
+from raylens.telemetry.host_memory._nodes import RayNode
+from raylens.telemetry.names import HOST_NAME_ATTR, RAY_NODE_ID_ATTR, RL_WORKER_GROUPS_ATTR
+from raylens.telemetry.raylet_payload import NodeGroupFigures, NodeOomCounts
 
 __all__ = [
+    "NodeRecord",
     "NodeSample",
     "ScrapeHealth",
     "Snapshot",
     "forget_all_monitors",
     "fresh_health",
+    "fresh_health_records",
     "fresh_samples",
+    "fresh_value_records",
     "hold_publisher",
+    "node_attributes",
     "register_publisher",
     "release_publisher",
 ]
@@ -80,63 +88,90 @@ class ScrapeHealth(NamedTuple):
     expires_at: float
 
 
-@dataclass
-class Snapshot:
-    """Latest good sample of every node and when each stops being exported.
+def node_attributes(node: RayNode, worker_groups: str) -> dict[str, str]:
+    """The attributes every host-memory point of ``node`` carries (all already encodable)."""
+    return {
+        HOST_NAME_ATTR: node.host,
+        RL_WORKER_GROUPS_ATTR: worker_groups,
+        RAY_NODE_ID_ATTR: node.node_id,
+    }
 
-    ``samples`` is ``{(node id, host): {registry key: bytes}}``; ``expiry`` holds
-    clock readings. Written whole by a finished cycle, read by the gauges.
+
+@dataclass(frozen=True, slots=True)
+class NodeRecord:
+    """Everything one cycle learnt about one live node.
+
+    ``error`` is None when the node answered this cycle; then ``values`` (``{registry key:
+    bytes}``), ``groups`` and ``oom`` are what that answer carried, read at ``sampled_at``,
+    and the values are exported until ``expires_at``. A node that did not answer keeps its
+    last good ``values`` and ``sampled_at`` for tables (never exported), and has no groups
+    or counters. ``health`` is the ``rl.host.scrape.*`` entry (None for a node whose request
+    was cut short by a stop). ``worker_groups`` is the node's label when the cycle published,
+    from the placement registry at ``labels_version``, and ``attributes`` the attribute set
+    built from it. Text in a record was cleaned where it entered raylens.
     """
 
-    samples: dict[NodeKey, dict[str, float]] = field(default_factory=dict)
-    expiry: dict[NodeKey, float] = field(default_factory=dict)
-    sampled_at: dict[NodeKey, float] = field(default_factory=dict)
-    #: How each listed node's latest scrape went, failures included.
-    health: dict[NodeKey, ScrapeHealth] = field(default_factory=dict)
+    node: RayNode
+    values: Mapping[str, float] | None
+    sampled_at: float | None
+    error: str | None
+    health: ScrapeHealth | None
+    worker_groups: str
+    labels_version: int
+    attributes: Mapping[str, str]
+    groups: NodeGroupFigures | None = None
+    oom: NodeOomCounts | None = None
+    expires_at: float = float("-inf")
+
+
+@dataclass
+class Snapshot:
+    """The records of a monitor's latest cycle, ``{(node id, host): NodeRecord}``.
+
+    Replaced whole by :meth:`publish`, read by the gauges; never changed in place.
+    """
+
+    records: Mapping[NodeKey, NodeRecord] = field(default_factory=dict)
     lock: threading.Lock = field(default_factory=threading.Lock)
 
-    def publish(
-        self,
-        samples: dict[NodeKey, dict[str, float]],
-        expiry: dict[NodeKey, float],
-        sampled_at: dict[NodeKey, float],
-        health: dict[NodeKey, ScrapeHealth] | None = None,
-    ) -> None:
+    def publish(self, records: Mapping[NodeKey, NodeRecord]) -> None:
+        """Make ``records`` (not to be changed afterwards) the snapshot's whole content."""
         with self.lock:
-            self.health.clear()
-            self.health.update(health or {})
-            self.samples.clear()
-            self.samples.update(samples)
-            self.expiry.clear()
-            self.expiry.update(expiry)
-            self.sampled_at.clear()
-            self.sampled_at.update(sampled_at)
+            self.records = records
 
     def fresh(self, key: str, now: float) -> list[tuple[NodeKey, float, float]]:
         """``(node key, value, sampled at)`` of every unexpired sample of ``key``."""
-        with self.lock:
-            return [
-                (node_key, values[key], self.sampled_at.get(node_key, now))
-                for node_key, values in self.samples.items()
-                if key in values and now <= self.expiry.get(node_key, float("-inf"))
-            ]
+        return [
+            (record.node.key, value, sampled_at)
+            for record, value, sampled_at in self.fresh_values(key, now)
+        ]
 
-    def fresh_health(self, now: float) -> list[tuple[NodeKey, ScrapeHealth]]:
-        """Every node's scrape health that has not expired at ``now``."""
-        with self.lock:
-            return [(key, h) for key, h in self.health.items() if now <= h.expires_at]
+    def fresh_values(self, key: str, now: float) -> list[tuple[NodeRecord, float, float]]:
+        """``(record, value, sampled at)`` of every record with an unexpired sample of ``key``."""
+        found = []
+        for record in self.records.values():
+            values = record.values
+            if record.error is None and values and key in values and now <= record.expires_at:
+                found.append((record, values[key], record.sampled_at or now))
+        return found
 
-    def forget(self, keys: list[NodeKey]) -> None:
-        """Drop everything held about ``keys`` (nodes that left)."""
+    def fresh_health(self, now: float) -> list[tuple[NodeRecord, ScrapeHealth]]:
+        """Every record whose scrape health has not expired at ``now``, with that health."""
+        return [
+            (record, health)
+            for record in self.records.values()
+            if (health := record.health) is not None and now <= health.expires_at
+        ]
+
+    def retain(self, live: set[NodeKey]) -> None:
+        """Drop the records of nodes not in ``live`` (nodes that left)."""
         with self.lock:
-            for key in keys:
-                self.samples.pop(key, None)
-                self.expiry.pop(key, None)
-                self.sampled_at.pop(key, None)
-                self.health.pop(key, None)
+            records = self.records
+            if any(key not in live for key in records):
+                self.records = {key: r for key, r in records.items() if key in live}
 
     def clear(self) -> None:
-        self.publish({}, {}, {})
+        self.publish({})
 
 
 class Publisher(Protocol):
@@ -176,28 +211,52 @@ def release_publisher(monitor: Publisher) -> None:
         _IN_USE.discard(monitor)
 
 
+def _monitors() -> list[Publisher]:
+    with _PUBLISHERS_LOCK:
+        return list(_PUBLISHERS)
+
+
+def fresh_value_records(key: str) -> list[tuple[NodeRecord, float]]:
+    """``(record, value)`` of every monitor's unexpired samples of ``key``, one per node.
+
+    The newest sample wins for a node that two monitors report.
+    """
+    monitors = _monitors()
+    if len(monitors) == 1:
+        monitor = monitors[0]
+        return [(r, value) for r, value, _ in monitor.snapshot.fresh_values(key, monitor.clock())]
+    newest: dict[NodeKey, tuple[NodeRecord, float, float]] = {}
+    for monitor in monitors:
+        for record, value, sampled_at in monitor.snapshot.fresh_values(key, monitor.clock()):
+            node_key = record.node.key
+            if node_key not in newest or sampled_at >= newest[node_key][2]:
+                newest[node_key] = (record, value, sampled_at)
+    return [(record, value) for record, value, _ in newest.values()]
+
+
+def fresh_health_records() -> list[tuple[NodeRecord, ScrapeHealth]]:
+    """Every monitor's unexpired scrape health, one per node: the latest observation wins."""
+    monitors = _monitors()
+    if len(monitors) == 1:
+        monitor = monitors[0]
+        return monitor.snapshot.fresh_health(monitor.clock())
+    newest: dict[NodeKey, tuple[NodeRecord, ScrapeHealth]] = {}
+    for monitor in monitors:
+        for record, health in monitor.snapshot.fresh_health(monitor.clock()):
+            node_key = record.node.key
+            if node_key not in newest or health.observed_at >= newest[node_key][1].observed_at:
+                newest[node_key] = (record, health)
+    return list(newest.values())
+
+
 def fresh_samples(key: str) -> dict[NodeKey, float]:
     """Every monitor's unexpired samples of ``key``; the newest wins for a node two report."""
-    with _PUBLISHERS_LOCK:
-        monitors = list(_PUBLISHERS)
-    newest: dict[NodeKey, tuple[float, float]] = {}
-    for monitor in monitors:
-        for node_key, value, sampled_at in monitor.snapshot.fresh(key, monitor.clock()):
-            if node_key not in newest or sampled_at >= newest[node_key][1]:
-                newest[node_key] = (value, sampled_at)
-    return {node_key: value for node_key, (value, _) in newest.items()}
+    return {record.node.key: value for record, value in fresh_value_records(key)}
 
 
 def fresh_health() -> dict[NodeKey, ScrapeHealth]:
     """Every monitor's unexpired scrape health; the latest observation wins for a node."""
-    with _PUBLISHERS_LOCK:
-        monitors = list(_PUBLISHERS)
-    newest: dict[NodeKey, ScrapeHealth] = {}
-    for monitor in monitors:
-        for node_key, health in monitor.snapshot.fresh_health(monitor.clock()):
-            if node_key not in newest or health.observed_at >= newest[node_key].observed_at:
-                newest[node_key] = health
-    return newest
+    return {record.node.key: health for record, health in fresh_health_records()}
 
 
 def forget_all_monitors() -> None:
