@@ -245,6 +245,12 @@ def register_observable_counter(metric: RecordedMetric, callback: ObservableCall
     _register_observable(metric, callback, OBSERVABLE_COUNTER)
 
 
+def declared_observables() -> frozenset[str]:
+    """The names of every gauge and observable counter declared now (with a callback)."""
+    with _HANDLE_LOCK:
+        return frozenset(_OBSERVABLES)
+
+
 def unregister_observable_gauge(name: str) -> None:
     """Stop reporting ``name``: its instrument stays on the current meter but yields no points."""
     with _HANDLE_LOCK:

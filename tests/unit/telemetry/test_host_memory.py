@@ -44,15 +44,14 @@ def test_public_names_and_values() -> None:
     assert hm._SCRAPE_TIMEOUT_S == 5.0
     assert hm._SHUTDOWN_GRACE_S > 0
     assert hm.logger.name == "raylens.telemetry.host_memory"
-    assert isinstance(hm.DEFAULT_SNAPSHOT, hm.Snapshot)
+    assert isinstance(hm._SNAPSHOT, dict)
     assert isinstance(hm._WORKER_GROUP_NODES, dict)
+    assert hasattr(hm._SNAPSHOT_LOCK, "acquire")
     assert hasattr(hm._WORKER_GROUP_LOCK, "acquire")
     assert hm._MONITOR is None
 
 
 def test_recorded_metrics_are_byte_gauges_and_registered() -> None:
-    # A monitor declares the gauges when it is built, never at import or reset.
-    hm.HostMemoryMonitor(1.0, cluster=FakeCluster(), scrape_mode="inprocess").stop()
     rows = {row.name: row for row in hm.HOST_MEMORY_RECORDED_METRICS}
 
     assert set(rows) == {
@@ -392,15 +391,13 @@ def test_concurrent_placement_registration_loses_nothing(fake_cluster: FakeClust
 
 def test_reset_clears_the_placement_map_and_snapshot() -> None:
     hm.register_worker_group_nodes("policy", [NODE_A])
-    node = hm.RayNode(NODE_A, "h", "http://127.0.0.1:1/metrics")
-    hm.DEFAULT_SNAPSHOT.publish(
-        {node.key: hm.NodeRecord(node, {"host_memory_used": 1.0}, 0.0, None, None, "none", 0, {})}
-    )
+    with hm._SNAPSHOT_LOCK:
+        hm._SNAPSHOT[(NODE_A, "h")] = {"host_memory_used": 1.0}
 
     hm.reset_host_memory_state()
 
     assert hm._WORKER_GROUP_NODES == {}
-    assert hm.DEFAULT_SNAPSHOT.records == {}
+    assert hm._SNAPSHOT == {}
     assert hm._MONITOR is None
 
 

@@ -1,5 +1,5 @@
-"""One record per node per cycle, labels worked out once per placement change, gauges declared
-when a monitor is built."""
+"""One record per node per cycle, labels worked out once per placement change, gauges listed at
+import and declared when a monitor is built."""
 
 from __future__ import annotations
 
@@ -13,8 +13,10 @@ from typing import Any
 import pytest
 
 from raylens.lens import (
+    declared_observables,
     recorded_metrics,
     register_recorded_metrics,
+    reset_observable_gauges,
     reset_recorded_metrics,
     runtime,
 )
@@ -199,30 +201,32 @@ def test_group_names_from_a_payload_are_made_encodable_where_they_enter() -> Non
     assert [figure.group for figure in figures.groups] == ["p\ufffd"]
 
 
-# Gauges: declared when a monitor is built ---------------------------------------------------
+# Gauges: listed at import and reset, declared when a monitor is built -------------------------
 
 
 @pytest.fixture
-def no_recorded_metrics() -> Iterator[None]:
+def nothing_declared() -> Iterator[None]:
     saved = recorded_metrics()
     reset_recorded_metrics()
+    reset_observable_gauges()
     yield
     reset_recorded_metrics()
     register_recorded_metrics(saved.values())
 
 
-@pytest.mark.usefixtures("no_recorded_metrics")
-def test_a_reset_declares_nothing_and_a_monitor_declares_when_built(
+def test_a_reset_lists_the_gauges_and_a_monitor_declares_them_when_built(
+    nothing_declared: None,
     simulated_cluster: Factory,
     make_monitor: Callable[..., hm.HostMemoryMonitor],
     metrics_probe: MetricsProbe,
 ) -> None:
     hm.reset_host_memory_state()
-    assert not set(HOST_GAUGES) & set(recorded_metrics())
+    assert set(HOST_GAUGES) <= set(recorded_metrics())
+    assert not set(HOST_GAUGES) & declared_observables()
 
     sim = simulated_cluster(1)
     monitor = make_monitor(sim.cluster)
-    assert set(HOST_GAUGES) <= set(recorded_metrics())
+    assert set(HOST_GAUGES) <= declared_observables()
 
     monitor.collect_once()  # as `raylens simulate --once` does: never started
 
@@ -230,10 +234,36 @@ def test_a_reset_declares_nothing_and_a_monitor_declares_when_built(
 
 
 @pytest.mark.slow
-def test_importing_host_memory_declares_nothing() -> None:
-    code = "import json, raylens.driver, raylens.lens as lens; print(json.dumps([*lens.recorded_metrics()]))"
-    declared = json.loads(subprocess.check_output([sys.executable, "-c", code], timeout=60))
-    assert not [name for name in declared if name.startswith("rl.host")]  # driver imports hm
+def test_importing_host_memory_lists_its_gauges_and_declares_none() -> None:
+    code = (
+        "import json, raylens.driver, raylens.lens as lens; "
+        "print(json.dumps([[*lens.recorded_metrics()], [*lens.declared_observables()]]))"
+    )
+    listed, declared = json.loads(subprocess.check_output([sys.executable, "-c", code], timeout=60))
+    assert set(HOST_GAUGES) <= set(listed)  # the driver imports host_memory
+    assert not [name for name in declared if name.startswith("rl.host")]
+
+
+def test_the_upstream_snapshot_view_holds_the_nodes_that_answered_the_latest_cycle(
+    simulated_cluster: Factory, make_monitor: Callable[..., hm.HostMemoryMonitor]
+) -> None:
+    sim = simulated_cluster(3)
+    sim.raylet(2).respond_status(503)
+    monitor = make_monitor(sim.cluster, snapshot=hm.DEFAULT_SNAPSHOT)
+
+    monitor.collect_once()
+
+    with hm._SNAPSHOT_LOCK:
+        view = {key: dict(values) for key, values in hm._SNAPSHOT.items()}
+    assert set(view) == {(sim.node_id(i), f"sim-node-{i}") for i in (0, 1)}
+    record = monitor.records()[(sim.node_id(0), "sim-node-0")]
+    assert record.values is not None
+    assert view[(sim.node_id(0), "sim-node-0")] == dict(record.values)
+    sim.cluster.kill_node(sim.node_id(1))
+
+    monitor.collect_once()
+
+    assert set(hm._SNAPSHOT) == {(sim.node_id(0), "sim-node-0")}
 
 
 def test_a_replaced_scrape_samples_a_node_that_joined_after_the_first_cycle(

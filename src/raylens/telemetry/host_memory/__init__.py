@@ -9,8 +9,9 @@ reference; the private modules and one scrape's path are in ``docs/architecture.
 Invariants: starting and stopping the process's monitor and
 :func:`register_worker_group_placement` never raise (a failure is logged once);
 :func:`register_worker_group_nodes` raises for a bad argument. ``_MONITOR`` is read and
-replaced only under ``_MONITOR_LOCK``, which a forked child renews. Nothing is declared at
-import: a monitor declares the gauges when it is built, as it registers for them to read it.
+replaced only under ``_MONITOR_LOCK``, which a forked child renews. The gauges are listed in
+lens' catalogue at import and at a reset, and declared (given their callbacks) only when a
+monitor is built, as it registers for them to read it.
 :func:`reset_host_memory_state` (for tests) stops every monitor and clears
 :data:`DEFAULT_SNAPSHOT` and the default placement registry :data:`DEFAULT_REGISTRY`.
 """
@@ -28,6 +29,7 @@ from raylens.lens import warn_once
 from raylens.telemetry.host_memory._gauges import (
     HOST_MEMORY_RECORDED_METRICS,
     SCRAPE_HEALTH_RECORDED_METRICS,
+    list_gauges,
 )
 from raylens.telemetry.host_memory._helper_engine import GroupFiguresMemo
 from raylens.telemetry.host_memory._monitor import (
@@ -137,6 +139,10 @@ _SHUTDOWN_GRACE_S = SHUTDOWN_GRACE_S
 
 #: Where the process's monitor publishes its records (``{(node id, host): NodeRecord}``).
 DEFAULT_SNAPSHOT = Snapshot()
+#: The same records as upstream's names read them: ``{(node id, host): {registry key:
+#: bytes}}`` of the nodes that answered the latest cycle, and the lock it is refilled under.
+_SNAPSHOT: dict[tuple[str, str], dict[str, float]] = DEFAULT_SNAPSHOT.samples
+_SNAPSHOT_LOCK = DEFAULT_SNAPSHOT.lock
 
 #: ``{worker group name: node ids}``: the default placement registry's contents.
 _WORKER_GROUP_NODES: dict[str, frozenset[str]] = DEFAULT_REGISTRY.nodes
@@ -278,10 +284,14 @@ def reset_host_memory_state() -> None:
     """Return this module to its state at import: no monitor, records or placements.
 
     Stops the process's monitor and every other monitor, and forgets every published
-    record and worker-group placement. Declares nothing: the next monitor built
-    declares the gauges. Meant for tests.
+    record and worker-group placement. Lists the gauges in lens' catalogue again and
+    declares none: the next monitor built declares them. Meant for tests.
     """
     stop_host_memory_monitoring()
     forget_all_monitors()
     DEFAULT_SNAPSHOT.clear()
     DEFAULT_REGISTRY.clear()
+    list_gauges()
+
+
+list_gauges()

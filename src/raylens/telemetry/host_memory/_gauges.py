@@ -15,7 +15,12 @@ from collections.abc import Mapping
 
 from opentelemetry.metrics import CallbackOptions, Observation
 
-from raylens.lens import OBSERVABLE_GAUGE, RecordedMetric, register_observable_gauge
+from raylens.lens import (
+    OBSERVABLE_GAUGE,
+    RecordedMetric,
+    register_observable_gauge,
+    register_recorded_metrics,
+)
 from raylens.telemetry import names
 from raylens.telemetry.host_memory._placement import DEFAULT_REGISTRY
 from raylens.telemetry.host_memory._snapshot import (
@@ -31,7 +36,12 @@ from raylens.telemetry.raylet_payload import (
     USED_KEY,
 )
 
-__all__ = ["HOST_MEMORY_RECORDED_METRICS", "SCRAPE_HEALTH_RECORDED_METRICS", "declare_gauges"]
+__all__ = [
+    "HOST_MEMORY_RECORDED_METRICS",
+    "SCRAPE_HEALTH_RECORDED_METRICS",
+    "declare_gauges",
+    "list_gauges",
+]
 
 HOST_MEMORY_RECORDED_METRICS: tuple[RecordedMetric, ...] = (
     RecordedMetric(
@@ -145,6 +155,16 @@ def _observe_scrape_duration(options: CallbackOptions) -> list[Observation]:
         for record, health in fresh
         if health.duration is not None
     ]
+
+
+def list_gauges() -> None:
+    """List every host-memory gauge in lens' catalogue (``recorded_metrics()``).
+
+    Listing describes a gauge and nothing more: no callback, no instrument. The facade
+    lists them at import and at a reset, as upstream's module does, so that code reading
+    the catalogue finds them before any monitor exists.
+    """
+    register_recorded_metrics((*HOST_MEMORY_RECORDED_METRICS, *SCRAPE_HEALTH_RECORDED_METRICS))
 
 
 def declare_gauges() -> None:
