@@ -1,24 +1,16 @@
-"""What raylens reads from a Ray cluster, behind one small interface.
+"""What raylens asks a Ray cluster, behind one small interface: :class:`ClusterView`.
 
-raylens needs three answers from Ray: is this process connected, which nodes
-exist, and where the bundles of a placement group were scheduled. :class:`ClusterView`
-names exactly those three calls, with the shapes Ray itself returns, so that the
-code which uses them can be handed :class:`RayClusterView` (the real cluster) or
-``raylens.simulation.FakeCluster`` (a scripted one) without knowing which.
+Invariants a maintainer must keep:
 
-Ray is imported lazily: ``import raylens`` works where Ray is not installed, and
-asking whether Ray is initialised never imports it as a side effect.
+- Ray is imported lazily, inside the calls that need it: ``import raylens`` works
+  without Ray, and :meth:`RayClusterView.is_initialized` never imports it.
+- :class:`RayClusterView` never starts Ray: unconnected, its calls raise instead.
+- :func:`use_cluster_view` swaps the default for every thread of the process.
+- The key-value methods (:data:`KEY_VALUE_METHODS`) are optional: callers check
+  :func:`supports_key_value` and do without them.
 
-Code that takes no ``cluster=`` argument (a driver's start-up, the worker groups)
-asks :func:`default_cluster_view`. Inside ``with use_cluster_view(view):`` that is
-``view``, for every thread of the process (a monitor's background thread included),
-so a test can point all of raylens at a fake cluster without patching anything.
-
-Beyond those three calls, a view may offer a small key-value store shared by every
-process connected to the cluster, and say which jobs are alive: the methods listed
-in :data:`KEY_VALUE_METHODS`. They are optional (:func:`supports_key_value` tells
-whether a view has them); raylens uses them to make worker-group placement visible
-to other processes, and does without when a view lacks them.
+The view, its optional methods and who uses them: ``docs/architecture.md``,
+*``raylens.cluster``: the cluster seam*.
 """
 
 from __future__ import annotations

@@ -1,26 +1,11 @@
-"""The ``raylens`` command: a cluster's memory, live, in one command.
+"""The ``raylens`` command's entry point, :func:`main`.
 
-``demo``      a local multi-node Ray cluster with two worker groups, and its memory table
-``watch``     the same table for a running cluster
-``simulate``  the same table over a simulated cluster (no Ray needed)
-``profile``   a command's process-tree memory (RSS, PSS, peaks) while it runs
+Invariant: this module imports nothing heavy. The parts of the command (``app`` and
+what it loads) are imported inside :func:`main`, after Ctrl-C is set to note itself,
+so that a Ctrl-C typed while they load still ends the command quietly with status 130.
 
-Every command feeds the OpenTelemetry pipeline chosen with ``--exporter`` (or
-``RAYLENS_EXPORTER``) at the same time. Errors a user can cause print one line
-and exit with status 2; Ctrl-C exits with 130 and SIGTERM with 143, each after
-cleaning up, and a reader of stdout that goes away (``| head``), or a stdout closed
-from the start, ends watch, simulate and demo with 141.
-
-This module stays small and imports nothing heavy: the parts of the command load
-inside :func:`main`, so that a Ctrl-C typed while they load still ends it quietly.
-
-``parser``         flags and their validators
-``output``         tables, JSON lines, notes and the log
-``pipeline``       the run's OpenTelemetry pipeline
-``cluster_views``  watch, simulate and demo
-``gcs_probe``      checks that an address is a Ray GCS
-``profile``        the profile command and the supervision of its command
-``app``            dispatch and exit statuses
+The commands, their flags and exit statuses: the README's *The commands*; what each
+module of this package does: ``docs/architecture.md``, *Entry points and the command*.
 """
 
 from __future__ import annotations
