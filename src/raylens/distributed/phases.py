@@ -1,39 +1,18 @@
 """Phases of a job, marked in the driver: ``with raylens.phase("gen"): ...``.
 
-Entering a phase, in this order:
+:class:`PhaseMarker` publishes the phase, begins and ends it on the driver's own process
+and on every node's sampler (:class:`SamplerPhaseNodes`), and records, logs and exports
+the figures. Invariants a maintainer must keep:
 
-1. the phase is published cluster-wide under ``phase/<job id>`` (see
-   :mod:`raylens.telemetry.phase_board`), so ``raylens watch`` in any process shows it;
-2. the driver process, which counts as the group ``driver``, has its start read and its peak
-   reset (:class:`~raylens.telemetry.phase_memory.NodePhaseTracker`, the process alone,
-   not its children);
-3. every node's group-memory sampler is told the phase began, with that node's registered
-   workers: it reads each group's start and resets its processes' peaks
-   (``/proc/<pid>/clear_refs``) where permitted. The driver waits for the nodes to confirm,
-   at most ``confirm_timeout_s`` (default :data:`DEFAULT_CONFIRM_TIMEOUT_S`), so that a spike
-   in the first instant of the body belongs to the phase; one warning names the nodes that
-   did not confirm in time;
-4. the body runs.
+- phases do not nest: entering one while another is in progress (in any thread) raises
+  :class:`PhaseError` and leaves the running one alone;
+- measuring never raises into the job: whatever fails costs its own figures, logged once;
+- the driver waits for nodes only at the boundaries, each wait bounded
+  (``confirm_timeout_s``, ``end_timeout_s``).
 
-Leaving it, normally or by an exception (which propagates unchanged): each sampler answers
-every group's start, end and peak on its node (the kernel's ``VmHWM`` summed over the group's
-processes, or the largest sampled reading where that is not permitted or kernel peaks are
-off, labelled ``kernel`` or ``sampled``), within ``end_timeout_s``; the driver records them in
-:data:`~raylens.telemetry.phase_memory.DEFAULT_TABLE` (the gauges
-``rl.worker_group.memory.phase_peak`` and ``rl.worker_group.memory.phase_delta``), logs one
-line on the ``raylens.phases`` logger at INFO, appends the whole table as one JSON line to the
-phase log when one is set, and withdraws the published phase.
-
-Phases do not nest: entering a phase while another is in progress in this driver (in any
-thread) raises :class:`PhaseError` and leaves the running phase alone. Measuring never
-raises into the job: a node, the store or a procfs that fails costs its own figures, logged
-once.
-
-Without Ray, or without :func:`raylens.driver.init_telemetry_driver` (no samplers), a phase
-measures the driver group alone.
-
-State lives in :class:`PhaseMarker`; :data:`DEFAULT_MARKER` is the one :func:`phase`,
-:func:`current_phase` and :func:`configure_phases` use, :func:`reset_phase_state` resets it.
+State: :data:`DEFAULT_MARKER`, reset by :func:`reset_phase_state`. The sequence of a
+phase: ``docs/architecture.md``, *Phases, in one paragraph*; what a user sees: the README's
+*Memory per phase*.
 """
 
 from __future__ import annotations

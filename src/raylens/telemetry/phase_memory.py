@@ -1,35 +1,17 @@
-"""Memory per training phase: each worker group's start, end and true peak over one phase.
+"""Memory per training phase, the part that needs no Ray: each group's start, end and peak.
 
-A phase is a stretch of the job the program names (``gen``, ``train``, ``checkpoint``),
-marked in the driver by :func:`raylens.phase` (see :mod:`raylens.distributed.phases`). This
-module holds what does not need Ray:
+:class:`NodePhaseTracker` runs on a node (in its sampler, and in the driver for the driver's
+own process); :class:`PhaseMemoryTable` keeps the latest run of every phase name for the
+gauges (at most :data:`MAX_PHASE_NAMES`); :func:`phase_log_line` and :class:`PhaseLog` are
+the log line and the JSON-lines log. Invariants a maintainer must keep:
 
-- :class:`NodePhaseTracker` runs on a node (in its sampler process, and in the driver for
-  the driver's own process). :meth:`~NodePhaseTracker.begin` reads each group's RSS and,
-  with kernel peaks on, resets the kernel's high-water mark of every process of the group
-  (``5`` to ``/proc/<pid>/clear_refs``); :meth:`~NodePhaseTracker.end` reads the RSS again
-  and sums the processes' ``VmHWM``: the kernel's own peak over the phase, spikes between
-  two samples included (``source`` ``kernel``). Where a reset or a ``VmHWM`` read is
-  refused (another user's process, a kernel before 4.0), or kernel peaks are off, the peak
-  is the largest of the start, the end and every reading the node's sampler took during
-  the phase (:meth:`~NodePhaseTracker.observe`), and says so (``source`` ``sampled``).
-- :class:`PhaseMemoryTable` keeps, per phase name, the latest run's figures of every group
-  on every node, for the gauges; at most :data:`MAX_PHASE_NAMES` names, the oldest evicted.
-- :func:`phase_log_line` and :class:`PhaseLog`: one log line per phase and, optionally,
-  one JSON line per phase appended to a file.
+- a peak is labelled ``kernel`` only when the kernel's marks cover the whole phase for
+  every process of the group; anything less falls back to ``sampled``, never a mix;
+- the table stays bounded whatever names a program makes up;
+- the gauges are registered by :func:`register_phase_gauges`, never at import.
 
-What a peak means: a group's peak is the sum over its processes of each one's own peak,
-reached at its own moment, so it bounds from above what the group held at any one instant
-(equal when one process holds the group's memory). A process that exits during the phase
-takes its peak with it. Resetting the mark also resets what ``getrusage`` reports as that
-process's maximum RSS (``ru_maxrss``): code that reads it for its own purposes sees the peak
-since the latest phase began. Turn kernel peaks off (``RAYLENS_KERNEL_PEAKS=0``) to leave it
-alone.
-
-Series (registered by :func:`register_phase_gauges`, never at import):
-``rl.worker_group.memory.phase_peak`` and ``rl.worker_group.memory.phase_delta`` (end minus
-start), in bytes, with ``rl.phase``, ``rl.worker_group``, ``ray.node.id``, ``host.name`` and
-``rl.peak.source``.
+What the figures mean: the README's *Memory per phase*; how a phase runs:
+``docs/architecture.md``, *Phases, in one paragraph*.
 """
 
 from __future__ import annotations
