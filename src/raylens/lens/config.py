@@ -1,35 +1,15 @@
-"""What lens should export, and where, read from the environment.
+"""What lens should export, and where: :class:`TelemetryConfig`, read from the environment.
 
-Variables (all optional):
+Invariants a maintainer must keep:
 
-``RAYLENS_TELEMETRY``
-    ``on`` or ``off`` (also ``1/0``, ``true/false``, ``yes/no``); default ``on``.
-``RAYLENS_EXPORTER``
-    ``console``, ``otlp``, ``prometheus`` or ``none``. Default: ``otlp`` when an
-    OTLP endpoint is configured (``OTEL_EXPORTER_OTLP_ENDPOINT`` or
-    ``OTEL_EXPORTER_OTLP_METRICS_ENDPOINT``), otherwise ``none``.
-``RAYLENS_PROMETHEUS_ADDR``
-    ``host:port`` the Prometheus exporter listens on; default ``127.0.0.1:9464``.
-``OTEL_SERVICE_NAME``, ``OTEL_RESOURCE_ATTRIBUTES``
-    The resource, as the OpenTelemetry SDK reads them (service name default ``raylens``).
-``OTEL_EXPORTER_OTLP_ENDPOINT``, ``OTEL_EXPORTER_OTLP_METRICS_ENDPOINT``
-    The OTLP/HTTP base endpoint (``/v1/metrics`` is appended), or the full metrics
-    URL, which wins; default ``http://localhost:4318/v1/metrics``.
-``OTEL_METRIC_EXPORT_INTERVAL``
-    Milliseconds between pushes of a periodic exporter; default 60000. At most
-    :data:`MAX_EXPORT_INTERVAL_MS` (what a Python thread can wait for at once).
-``RAYLENS_WORKER_GROUP``, ``NRL_WORKER_GROUP``
-    The worker group this process belongs to, exported as the ``rl.worker_group``
-    resource attribute. raylens' worker groups set both in every worker; the
-    raylens name wins when both are set, and either wins over an ``rl.worker_group``
-    given in ``OTEL_RESOURCE_ATTRIBUTES``.
+- every value is checked here, up front, with an error naming the variable, the value and
+  what is allowed, so that nothing fails later on every export;
+- a variable set to an empty or blank value reads as unset (OpenTelemetry's rule for its
+  own variables);
+- the export interval stays within what a Python thread can wait for at once
+  (:data:`MAX_EXPORT_INTERVAL_MS`), or the SDK's export thread dies.
 
-OTLP endpoints must be absolute ``http://`` or ``https://`` URLs with a host; a
-malformed one (``http://[::1``, a port that is not a number) is refused here rather
-than failing every export later.
-
-As OpenTelemetry defines it for its own variables, a variable set to an empty
-(or blank) value is treated as unset, for every variable above.
+The variables, their defaults and precedence: the README's *Configuration*.
 """
 
 from __future__ import annotations

@@ -1,29 +1,17 @@
 """The process's one telemetry pipeline: start it, reach it, stop it.
 
-:func:`init_telemetry` builds a private ``MeterProvider`` (never the global one,
-so raylens neither takes over nor is taken over by an application's own
-OpenTelemetry setup) with the reader the configuration asks for, or the reader a
-test passes in. Observable gauges are declared with :func:`register_observable_gauge`;
-the declaration outlives any one pipeline, so a gauge registered before
-``init_telemetry`` or across a shutdown and re-init is created on every new meter.
+Invariants a maintainer must keep:
 
-Cardinality and memory: the SDK keeps every attribute set an asynchronous
-instrument has seen and sends sets past its limit to ``otel.metric.overflow``.
-lens bounds both by liveness: an attribute set that none of a gauge's last
-:data:`IDLE_COLLECTIONS` collections reported is dropped from the SDK's state
-(see :mod:`raylens.lens._sdk_state`), so what the SDK holds follows what is live,
-not everything ever seen. Live sets are never dropped, so their series continue
-unbroken. :data:`CARDINALITY_LIMIT`, set through a view, is then a bound on the
-sets live at once.
+- the ``MeterProvider`` is private, never the global one;
+- a gauge declaration outlives any one pipeline, and nothing creates an instrument
+  before a pipeline runs;
+- attribute sets idle for :data:`IDLE_COLLECTIONS` collections are dropped from the
+  SDK's state, live ones never;
+- :func:`shutdown_telemetry` exports one last time before it runs the shutdown hooks.
 
-Shutdown: :func:`add_shutdown_hook` lets layers above lens (the driver's
-host-memory monitor, for one) stop their own work when the pipeline stops,
-without lens knowing them. The hooks run after the pipeline's final export, so
-that export still carries what that work published.
-
-State: the current handle, the gauge declarations and the shutdown hooks.
-:func:`shutdown_telemetry` clears the handle and runs the hooks;
-:func:`reset_observable_gauges` clears the declarations.
+State: the current handle, the gauge declarations and the shutdown hooks
+(``docs/architecture.md``, *State, and the one reset*); the rest of the design:
+its *``raylens.lens``* section.
 """
 
 from __future__ import annotations
