@@ -1,27 +1,15 @@
-"""Scripted memory over simulated time: leaks, allocator sawtooth, phase steps and spikes.
+"""Scripted memory over simulated time: :class:`MemoryScript` and its components.
 
-A :class:`MemoryScript` says what every worker group on every node holds at any time ``t``
-(seconds since the script's start), and what the node holds outside its groups. Each part
-is a sum of *components*:
+Invariants a maintainer must keep:
 
-* :class:`Leak` - a steady rise at ``rate`` bytes/s between ``start`` and ``stop``;
-* :class:`Sawtooth` - an allocator cycle: a linear rise from ``-amplitude`` to
-  ``+amplitude`` over each period, then a release back down at once;
-* :class:`Steps` - phase boundaries: the level goes up by about ``height`` for one phase
-  and back down for the next, phases lasting between ``every[0]`` and ``every[1]``;
-* :class:`Spikes` - rare short transients on top of everything else;
-* :class:`Pulse` - one transient at a time the test chooses (a spike between two samples);
-* :class:`Jitter` - a small reading-to-reading noise.
+- determinism: the bytes for a given ``t`` depend only on the script (its seed, the node,
+  the group and the components), never on what was asked before or in which order: what
+  one component draws never depends on how far the others were drawn;
+- values are computed for arrays of times at once (numpy), never in a Python loop per
+  sample, so a day of samples for a whole cluster stays cheap.
 
-Everything random is drawn from ``seed`` (with the node index, the group and the
-component's position), lazily but in a fixed order, so the same script gives the same
-bytes for the same ``t`` whatever was asked before and in whatever order. Values are
-computed for arrays of times at once (:meth:`MemoryScript.group_values`), which lets a day
-of one-second samples for a whole cluster be made in a second or two.
-
-Use it behind a :class:`~raylens.simulation.simulated_cluster.SimulatedCluster` with
-``schedule=script.schedule`` and ``groups=script.groups``, or feed its arrays directly to
-whatever consumes memory samples.
+The components and how to use a script: ``docs/architecture.md``, *``raylens.distributed``
+and ``raylens.simulation``*.
 """
 
 from __future__ import annotations
