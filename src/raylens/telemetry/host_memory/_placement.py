@@ -1,41 +1,18 @@
 """Which worker groups sit on which Ray node: the placement registry.
 
-Worker groups register the nodes their workers were placed on; the host-memory
-gauges read the registry when they export, so a node's ``rl.worker_groups`` label
-always reflects the groups alive at that moment. The registry is an object
-(:class:`PlacementRegistry`) with one process-wide default instance
-(:data:`DEFAULT_REGISTRY`) that the module-level functions of
-:mod:`raylens.telemetry.host_memory` are bound to; tests may build their own.
+:class:`PlacementRegistry` (default :data:`DEFAULT_REGISTRY`, which publishes to the
+cluster's key-value store) holds ``{group: node ids}`` and the ``rl.worker_groups`` label
+table worked out from it once per :attr:`~PlacementRegistry.version`. Invariants a
+maintainer must keep:
 
-The registry lives in the process that built the groups, normally the driver. So
-that other processes connected to the cluster (``raylens watch``, say) label nodes
-the same way, a publishing registry writes its whole map to the cluster's shared
-key-value store after every change, under ``placement/<job id>`` (Ray's internal KV,
-namespace ``raylens``), and deletes the key once no group is left. A monitor reads
-every other job's entry each cycle (:meth:`PlacementRegistry.refresh_published`),
-ignores, and removes, the entries of jobs whose driver has exited, and merges the
-rest into the labels.
+- every change of the map or of what other jobs published bumps ``version``;
+- other jobs' entries are untrusted: each is bounded (:data:`MAX_ENTRY_BYTES`,
+  :data:`MAX_GROUPS_PER_ENTRY`, :data:`MAX_GROUP_NAME_CHARS`, the nesting) before it is
+  decoded, and a bad one costs only itself, with one warning naming its key;
+- publishing and refreshing never raise; names are stored encodable.
 
-Any job connected to the cluster can write any key of the namespace, so entries are
-untrusted: a job can forge another job's labels, and nothing here can stop it. What raylens
-does guarantee is that one entry costs at most what these bounds allow, and that a bad
-entry costs only itself (skipped, with one warning naming its key):
-
-* :data:`MAX_ENTRY_BYTES` (8 MiB): a larger entry is refused before it is decoded. 32 groups
-  on 4,096 nodes each take under 8 MB.
-* :data:`MAX_GROUPS_PER_ENTRY` (256): worker groups one entry may name; a driver with more
-  publishes nothing and says so.
-* :data:`MAX_GROUP_NAME_CHARS` (256): characters in one group name, here or published.
-* an entry holding more than ``2 * MAX_GROUPS_PER_ENTRY`` ``[`` or ``{`` is refused before it
-  is decoded, which bounds how deeply it can nest (a valid one nests two deep).
-* :data:`MAX_LABEL_CHARS` (2,048): characters in one node's ``rl.worker_groups`` label. A
-  longer one keeps the first names, in sorted order, that fit with a last element
-  ``(+N more)`` counting the names left out (:func:`format_worker_groups`).
-
-A refresh decodes only the entries whose bytes changed since the last one (it keeps a
-digest of each, not the bytes), so its cost is that of fetching the entries plus decoding
-the changed ones. Group names are stored as published; code that prints them escapes
-control and format characters (:func:`raylens.safe_text.printable`).
+How placement is shared: ``docs/architecture.md``, *Worker-group placement across
+processes*; the bounds: the README's *Trust boundaries*.
 """
 
 from __future__ import annotations
