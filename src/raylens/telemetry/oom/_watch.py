@@ -1,27 +1,17 @@
 """Noticing workers lost to memory, once each, and leaving a post-mortem for every one.
 
-Three sources tell of a kill:
+:class:`OomWatch` is the monitor cycle hook that joins the three sources of a kill (Ray's
+eviction counter, a group call's ``OutOfMemoryError``, the kernel's count);
+:class:`OomLedger` holds the reports not yet handled, the counts and the recent kills
+(:data:`DEFAULT_LEDGER`, emptied by :func:`reset_oom_state`). Invariants a maintainer must keep:
 
-- Ray's memory monitor: the raylet's eviction counter, carried by the host-memory
-  scrape (:meth:`HostMemoryMonitor.oom_counts`); an increase between two scrapes of a
-  node is a kill there (:class:`~raylens.telemetry.oom._kills.CounterWatch`);
-- a worker group's call failing with Ray's ``OutOfMemoryError``: the worker group
-  reports it with :func:`report_worker_oom`, naming the victim's group, rank, pid and
-  node;
-- the kernel's OOM killer: the count each node's sampler publishes, carried by the
-  same scrape. Nodes that share a machine (and so its count) report one kill once.
+- one kill is recorded once, whichever sources saw it and in whatever order
+  (:data:`DEDUP_WINDOW_S`);
+- the only Ray call is the ask for a node's largest processes, made only for a kill;
+- everything the ledger keeps is bounded, and nothing here raises into the monitor.
 
-:class:`OomWatch` is a host-memory monitor cycle hook that joins them. A counted Ray
-kill and a reported ``OutOfMemoryError`` on one node within :data:`DEDUP_WINDOW_S`
-are one kill, whichever came first: when the report comes later, the post-mortem
-already written gains the victim (rewritten under its name). Each kill gets one
-post-mortem (:mod:`._postmortem`), one warning line naming the group (or "unknown
-group") and the file, one count on ``rl.host.oom_kills`` (``ray.node.id``,
-``killer``), and a place among the recent kills that ``watch`` shows.
-
-State: the reports not yet handled, the counts and the recent kills live in an
-:class:`OomLedger`; :data:`DEFAULT_LEDGER` is the process's, used by the module
-functions, and :func:`reset_oom_state` empties it (tests).
+The sources, what each kill gets and why: ``docs/architecture.md``, *OOM post-mortems*,
+and the README's *OOM kills*.
 """
 
 from __future__ import annotations
