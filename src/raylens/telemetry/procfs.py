@@ -1,31 +1,15 @@
 """What the operating system says about memory: procfs for process trees, psutil for the host.
 
-Platform code lives here, apart from the profiler that schedules it and the
-series it feeds, as ``psutil`` and ``prometheus_client`` keep theirs.
+Invariants a maintainer must keep:
 
-How a tree is read (Linux only), through :class:`ProcFS`, whose opener opens
-every file and directory read, so a test fake sees, refuses or races each one:
+- every ``/proc`` file and directory is opened through :class:`ProcFS`'s opener, so a
+  test fake sees, refuses or races each read;
+- a process that exits while being read is not counted, and no read raises for it;
+- :func:`sum_tree_memory` is the one tree sum and :class:`PssSchedule` the one PSS
+  schedule, for the profiler and the group reader alike; the schedule is the only state
+  here, held by its owner.
 
-- Descendants: ``/proc/<pid>/task/<tid>/children`` for every thread of every
-  process, starting at the root. Children are listed under the thread that
-  forked them, so a server that spawns from a worker thread is still covered.
-- Memory: ``Rss:`` and ``Pss:`` from ``/proc/<pid>/smaps_rollup``. When that file
-  cannot be read (another user's process, a kernel older than 4.14), RSS comes
-  from ``/proc/<pid>/statm`` and the PSS of that process, hence of the tree, is
-  unknown.
-- Identity: the start time in ``/proc/<pid>/stat`` tells a reused pid from the
-  process that held it before; the same read gives the resident pages, so a
-  sampler that reads ``stat`` anyway gets RSS with it (:meth:`ProcFS.read_stat`).
-- Peak: ``VmHWM:`` from ``/proc/<pid>/status``, the most the kernel has seen
-  resident for that one process since it started. It is per process; the tree's
-  figure is the largest of them (see :meth:`ProcFS.tree_peak_rss`).
-- Peak reset: writing ``5`` to ``/proc/<pid>/clear_refs`` sets ``VmHWM`` back to the
-  current RSS (:meth:`ProcFS.reset_peak_rss`), so a later ``VmHWM`` is the peak since.
-- A process that exits while being read is simply not counted.
-
-A tree's figures are summed by :func:`sum_tree_memory`, and when PSS is read is
-decided by :class:`PssSchedule`, for the profiler and the group reader alike. The
-schedule is the one thing here that keeps state between calls, held by its owner.
+Which files a tree is read from, and why: ``docs/architecture.md``, *``raylens.telemetry``*.
 """
 
 from __future__ import annotations
