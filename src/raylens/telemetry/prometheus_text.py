@@ -1,67 +1,17 @@
 """Read a few named samples out of Prometheus or OpenMetrics exposition text, quickly.
 
-A raylet's metrics endpoint answers with 50-400 KB of text covering hundreds of series, and
-raylens wants a handful of them (the memory series and the per-group series named in
-:mod:`raylens.telemetry.raylet_payload`) from every node on every cycle. A full parser such as
-``prometheus_client``'s tokenises every line, unescapes every label value and builds an object
-per sample (``docs/performance.md`` compares the two). Nearly all of that work is thrown away,
-so this module never parses a line it was not asked about.
+:func:`extract_samples` and :func:`extract_labelled_samples` find the wanted series without
+parsing any other line; :class:`WantedLines` keeps, from a body arriving in chunks, only the
+lines they could need. Invariants a maintainer must keep:
 
-How a sample is found: the payload is searched, with the C-speed ``find`` of ``bytes``/``str``,
-for each wanted name (or for a long prefix that all wanted names share, so a single pass serves
-them all). A hit counts only if it starts a line, optionally after blanks, which is what rules
-out a name quoted in a label value, in a ``# HELP``/``# TYPE``/``# UNIT`` line or in any other
-comment: label values and help text cannot hold a raw newline, so nothing inside them starts a
-line. The whole metric name at the hit must then equal a wanted name, so ``ray_node_mem_used_host``
-is never read as ``ray_node_mem_used``. Only then is that one line parsed: a regular expression
-walks from the name through the label set (quote- and escape-aware, so ``}``, ``,``, ``#``,
-``\\"`` and ``\\\\`` inside values do not end it early) to the value, and a few forward steps
-then accept an optional timestamp, an optional OpenMetrics exemplar and the line end.
+- time is linear in the payload whatever it holds: single ``find`` passes, and a regular
+  expression that can match any part of a line in only one way (no backtracking);
+- a sample counts only where a wanted name starts a line and is the whole metric name;
+- the payload is never decoded, but for the label sets asked for;
+- a bad line costs only its own sample, and what comes back is bounded.
 
-Time is linear in the payload, whatever it holds. The searches are single passes; the blanks
-walked back over from a hit lie between it and the previous hit, so none is visited twice; and
-no parsing step reads past the end of its line. The expression is written so that any part of a
-line can be matched in only one way: every run it repeats is followed by a character the run
-cannot hold (a run of blanks by a name, a quote, ``=``, ``,`` or a brace; a quoted value by its
-closing quote), and an empty label set's blanks have a branch of their own rather than also
-being a possible start of a label. A line that does not match therefore costs a bounded number
-of steps per character, never a retry of every way to split a run between two repetitions,
-which is what turns a hostile line of blanks after ``{`` into quadratic time. The expression
-stops at the value; what may follow it is checked by steps that only move forward.
-
-What a caller may rely on:
-
-* The payload is handled as raw bytes and never decoded (but for the labels asked for, below),
-  so bytes that are not UTF-8 anywhere do no harm. ``str`` payloads are searched as they are.
-* Both the Prometheus text format 0.0.4 and OpenMetrics are read; comments (``# EOF`` included)
-  are skipped like any other line that does not start with a wanted name, and ``\\r\\n`` line ends
-  are accepted.
-* Samples with and without labels, and with an empty label set, are all samples of the name.
-* Values are decimal or scientific-notation numbers. ``NaN``, ``Inf`` in any spelling, negative
-  numbers and numbers too large for a float are not memory figures: such a sample is dropped.
-* When a name has several samples, the last one in the payload that was kept wins (the order in
-  which ``prometheus_client`` would report them). A dropped sample therefore never hides an
-  earlier good one.
-* A malformed line for a wanted name drops that sample and nothing else. What counts as
-  malformed: an unterminated or unquoted label value, a missing comma between labels, anything
-  other than one value and at most one timestamp after the labels (exemplars excepted), and
-  values written other than in plain decimal or scientific notation (``1_000``, ``0x1p4``).
-* Not recognised: a metric name given only inside the braces (``{__name__="x"}`` or the quoted
-  ``{"x"}`` form of UTF-8 names). Raylets do not write them.
-
-With labels: :func:`extract_labelled_samples` keeps the samples above and returns all of them,
-in payload order, with their labels, read by a forward search inside the already matched label
-set. Label values and quoted label names are unescaped (``\\\\``, ``\\"``, ``\\n``; another
-backslash pair stays as written, as in ``prometheus_client``) and, from bytes, decoded as UTF-8
-with undecodable bytes read as U+FFFD. The label sets of valid wanted lines are the only bytes
-ever decoded, and of a set longer than 4 KiB only the start of each name and value. For hostile
-payloads, what comes back is bounded: at most ``max_samples`` samples (default 10,000), the
-first in payload order; label values cut to ``max_label_value_chars`` characters (default 256)
-after unescaping; a line is dropped when it has more than :data:`MAX_LABELS` (32) labels, a
-label name longer than ``max_label_value_chars`` (a cut name would name another label) or a
-label named twice (ambiguous; ``prometheus_client`` rejects it too). A Ray 2.60 user gauge
-arrives as ``ray_<name>`` with its tags plus ``Component``, ``NodeAddress``, ``SessionName``,
-``Version``, ``WorkerId`` and three ``otel_scope_*`` labels.
+The rules in full: ``docs/architecture.md``, *Reading exposition text*; the figures:
+``docs/performance.md``, *Reading a raylet payload*.
 """
 
 from __future__ import annotations
