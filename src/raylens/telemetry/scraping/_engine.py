@@ -1,25 +1,16 @@
-"""The scrape engine: every node of a cycle fetched concurrently on one event loop.
+"""The scrape engine: every node of a batch fetched concurrently on one event loop.
 
-One ``asyncio`` loop on one daemon thread (``raylens-host-memory-engine``) runs
-every request of a cycle through :mod:`aiohttp`; there is no thread per request.
-The HTTP library holds the deadline: each request runs under
-``aiohttp.ClientTimeout(total=...)``, which bounds connecting, the status line,
-the headers and the body together, so a raylet that trickles its answer a byte at
-a time still ends at the deadline. Bodies are capped at ``max_body_bytes``,
-redirects are not followed, only ``identity`` encoding is asked for and a body
-that arrives with any other ``Content-Encoding`` is refused unread (it could
-inflate far past the cap). A body is never held whole: it is read in 64 KiB
-chunks and only the lines that name a wanted series are kept
-(:class:`~raylens.telemetry.prometheus_text.WantedLines`), so each open request
-holds a few chunks at most and the helper's memory stays bounded however many
-nodes answer huge bodies at once; parsing then touches only those lines, which
-keeps the event loop free for the other nodes. Connections are not kept, so two node records that
-point at one ``host:port`` never share one. A host name is looked up under the
-same deadline, on a thread of its own (:class:`_PerNameResolver`), so a name
-whose lookup hangs or fails delays no other.
+:class:`AsyncScrapeEngine` runs in the helper process and, in in-process mode, in the
+driver; :func:`fetch_once` runs the same fetch once. Invariants a maintainer must keep:
 
-The same engine runs in the helper process (:mod:`._helper_program`) and, in
-in-process mode, in the driver: both modes share this one fetch path.
+- every request ends by its deadline, whatever the raylet does (one total
+  ``aiohttp.ClientTimeout``, a name lookup on a thread of its own);
+- a body is never held whole nor inflated: identity encoding only, a byte cap, and only
+  the wanted lines kept (:class:`~raylens.telemetry.prometheus_text.WantedLines`);
+- one request per node at a time: a key still in flight is not asked again;
+- this module imports neither lens nor OpenTelemetry (the ``light-helper`` contract).
+
+How the engine fetches and why: ``docs/architecture.md``, *One scrape's path* (step 3).
 """
 
 from __future__ import annotations
