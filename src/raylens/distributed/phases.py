@@ -1,18 +1,14 @@
 """Phases of a job, marked in the driver: ``with raylens.phase("gen"): ...``.
 
-:class:`PhaseMarker` publishes the phase, begins and ends it on the driver's own process
-and on every node's sampler (:class:`SamplerPhaseNodes`), and records, logs and exports
-the figures. Invariants a maintainer must keep:
+:class:`PhaseMarker` (:data:`DEFAULT_MARKER`) publishes the phase, begins and ends it on the
+driver's process and every node's sampler, and records, logs and exports the figures.
+Invariants: phases do not nest (entering one inside another, from any thread, raises
+:class:`PhaseError` and leaves the running one alone); measuring never raises into the job
+(what fails costs its own figures, logged once); the driver waits on nodes only at the
+boundaries, each wait bounded (``confirm_timeout_s``, ``end_timeout_s``).
 
-- phases do not nest: entering one while another is in progress (in any thread) raises
-  :class:`PhaseError` and leaves the running one alone;
-- measuring never raises into the job: whatever fails costs its own figures, logged once;
-- the driver waits for nodes only at the boundaries, each wait bounded
-  (``confirm_timeout_s``, ``end_timeout_s``).
-
-State: :data:`DEFAULT_MARKER`, reset by :func:`reset_phase_state`. The sequence of a
-phase: ``docs/architecture.md``, *Phases, in one paragraph*; what a user sees: the README's
-*Memory per phase*.
+The sequence: ``docs/architecture.md``, *Phases, in one paragraph*; what a user sees: the
+README's *Memory per phase*.
 """
 
 from __future__ import annotations

@@ -1,15 +1,12 @@
 """Which worker groups sit on which Ray node: the placement registry.
 
-:class:`PlacementRegistry` (default :data:`DEFAULT_REGISTRY`, which publishes to the
-cluster's key-value store) holds ``{group: node ids}`` and the ``rl.worker_groups`` label
-table worked out from it once per :attr:`~PlacementRegistry.version`. Invariants a
-maintainer must keep:
-
-- every change of the map or of what other jobs published bumps ``version``;
-- other jobs' entries are untrusted: each is bounded (:data:`MAX_ENTRY_BYTES`,
-  :data:`MAX_GROUPS_PER_ENTRY`, :data:`MAX_GROUP_NAME_CHARS`, the nesting) before it is
-  decoded, and a bad one costs only itself, with one warning naming its key;
-- publishing and refreshing never raise; names are stored encodable.
+:class:`PlacementRegistry` (:data:`DEFAULT_REGISTRY` publishes to the cluster's key-value
+store) holds ``{group: node ids}`` and the ``rl.worker_groups`` labels worked out once per
+``version``. Invariants: every change of the map or of what other jobs published bumps
+``version``; other jobs' entries are untrusted, each bounded (:data:`MAX_ENTRY_BYTES`,
+:data:`MAX_GROUPS_PER_ENTRY`, :data:`MAX_GROUP_NAME_CHARS`, the nesting) before it is
+decoded, a bad one costing only itself, and a label is cut at :data:`MAX_LABEL_CHARS`;
+publishing and refreshing never raise.
 
 How placement is shared: ``docs/architecture.md``, *Worker-group placement across
 processes*; the bounds: the README's *Trust boundaries*.
