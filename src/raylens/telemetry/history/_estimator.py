@@ -23,7 +23,9 @@ apart cannot be fitted: the result is None.
 
 A fit is *confirmed* when it does not rest on a cut's jump alone: two troughs inside one
 segment a quarter of the window apart support it, or three or more troughs across cuts lie
-on one line within ``step_bytes / 16`` and no cut may have restarted an allocator cycle. An
+on one line within ``step_bytes / 16`` and no cut may have restarted an allocator cycle, or
+(for a rising fit) the allocator tooth around each cut it crosses gives the same rate from
+its ramp and release alone, no step size entering it (see :mod:`._teeth`). An
 unconfirmed fit can be wrong when a release and a step land on the same sample, or when a
 step restarts a cycle and too few troughs surround it, which no single window can tell
 apart.
