@@ -23,7 +23,9 @@ apart cannot be fitted: the result is None.
 
 A fit is *confirmed* when it does not rest on a cut's jump alone: two troughs inside one
 segment a quarter of the window apart support it, or three or more troughs across cuts lie
-on one line within ``step_bytes / 16`` and no cut may have restarted an allocator cycle. An
+on one line within ``step_bytes / 16`` and no cut may have restarted an allocator cycle, or
+(for a rising fit) the allocator tooth around each cut it crosses gives the same rate from
+its ramp and release alone, no step size entering it (see :mod:`._teeth`). An
 unconfirmed fit can be wrong when a release and a step land on the same sample, or when a
 step restarts a cycle and too few troughs surround it, which no single window can tell
 apart.
@@ -52,6 +54,7 @@ import numpy.typing as npt
 
 from raylens.telemetry.history._change_point import slope_since_change
 from raylens.telemetry.history._split_steps import fold_spike_residues, joined_jumps
+from raylens.telemetry.history._teeth import tooth_confirms
 
 __all__ = ["MAX_POINTS", "MIN_SAMPLES", "Fit", "fit_growth", "fit_growth_batch"]
 
@@ -394,6 +397,8 @@ def _fit_rows(
             valid[chosen],
             [cuts[r] for r in picked],
             [raw[r] for r in picked],
+            [_mended_cuts(cuts[r], joined.get(r), spikes.get(r), h) for r in picked],
+            h,
             step_bytes,
             recent_from[chosen],
             known[chosen],
@@ -403,12 +408,28 @@ def _fit_rows(
     return fits
 
 
+def _mended_cuts(
+    cuts: list[int],
+    joined: tuple[list[int], list[int]] | None,
+    spikes: list[tuple[int, int]] | None,
+    h: int,
+) -> set[int]:
+    """The cuts whose step was mended from more than their own jump: a step a spike split in
+    two jumps, or one within ``h`` samples of a spike (whose residue was given to it)."""
+    mended = set(joined[0]) if joined else set()
+    for a, b in spikes or ():
+        mended.update(c for c in cuts if a - h <= c <= b + h)
+    return mended
+
+
 def _fit_troughs(
     t: FloatArray,
     x: FloatArray,
     valid: BoolArray,
     cuts: list[list[int]],
     raw: list[list[float]],
+    mended: list[set[int]],
+    h: int,
     step_bytes: float,
     recent_from: FloatArray,
     known: FloatArray,
@@ -517,11 +538,14 @@ def _fit_troughs(
             fits.append(None)
             continue
         agreement = (up if s > 0 else down if s < 0 else count) / count
-        bridged = tuple(float(t[r, c]) for c in cuts[r] if low < c <= high)
+        crossed = [c for c in cuts[r] if low < c <= high]
+        bridged = tuple(float(t[r, c]) for c in crossed)
         if not bridged:
             sure = True
-        elif not sure and kept >= 3 and r not in ambiguous:
-            sure = spread <= step_bytes / 16
+        elif not sure and r not in ambiguous:
+            sure = kept >= 3 and spread <= step_bytes / 16
+            if not sure and s > 0 and mended[r].isdisjoint(crossed):
+                sure = tooth_confirms(t[r], x[r], valid[r], cuts[r], crossed, s, h)
         since, change = float(recent[r]), float(onset[r])
         fits.append(
             Fit(
