@@ -267,7 +267,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     detail = f"{count} over {max(1, args.nodes // 8)} nodes"
     if events:
         detail += ": " + ", ".join(events[:5]) + (" ..." if len(events) > 5 else "")
-    rows.append((f"false flags, {args.hours:g} h, cycles restarted at each step", "0", detail))
+    rows.append(
+        (f"false flags, {args.hours:g} h, cycles restarted at each step", "- (stress)", detail)
+    )
 
     per_cycle = cpu_per_cycle(args.nodes, 1_200, args.seed)
     rows.append(
