@@ -27,12 +27,11 @@ from __future__ import annotations
 import warnings
 
 import numpy as np
-import numpy.typing as npt
+
+from raylens.telemetry.history._arrays import BoolArray, FloatArray
 
 __all__ = ["BETTER", "CANDIDATES", "slope_since_change"]
 
-FloatArray = npt.NDArray[np.float64]
-BoolArray = npt.NDArray[np.bool_]
 
 #: Times tried as the change point, the first being the window's first point (one line).
 CANDIDATES = 12

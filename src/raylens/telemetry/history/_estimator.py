@@ -50,17 +50,14 @@ import math
 from typing import NamedTuple
 
 import numpy as np
-import numpy.typing as npt
 
+from raylens.telemetry.history._arrays import BoolArray, FloatArray, IntArray
 from raylens.telemetry.history._change_point import slope_since_change
 from raylens.telemetry.history._split_steps import fold_spike_residues, joined_jumps
 from raylens.telemetry.history._teeth import tooth_confirms
 
 __all__ = ["MAX_POINTS", "MIN_SAMPLES", "Fit", "fit_growth", "fit_growth_batch"]
 
-FloatArray = npt.NDArray[np.float64]
-IntArray = npt.NDArray[np.intp]
-BoolArray = npt.NDArray[np.bool_]
 
 #: Troughs kept per fit: the lowest in each of this many equal slices of the window.
 MAX_POINTS = 24
@@ -309,24 +306,37 @@ def fit_growth_batch(
         for row, fit in zip(
             rows,
             _fit_rows(
-                times[rows], values[rows], int(h), step_bytes, radius_s, asked[rows], known[rows]
+                _Rows(times[rows], values[rows], asked[rows], known[rows]),
+                int(h),
+                step_bytes,
+                radius_s,
             ),
         ):
             fits[int(row)] = fit
     return fits
 
 
-def _fit_rows(
-    t: FloatArray,
-    x: FloatArray,
-    h: int,
-    step_bytes: float,
-    radius_s: float,
-    recent_from: FloatArray,
-    known: FloatArray,
-) -> list[Fit | None]:
+class _Rows(NamedTuple):
+    """Windows fitted together: times, values, and per row the slope from which the recent
+    rate is asked for and the onset already known (NaN for none)."""
+
+    t: FloatArray
+    x: FloatArray
+    recent_from: FloatArray
+    known: FloatArray
+
+    def take(self, chosen: IntArray) -> _Rows:
+        return _Rows(self.t[chosen], self.x[chosen], self.recent_from[chosen], self.known[chosen])
+
+    @property
+    def span(self) -> FloatArray:
+        return self.t[:, -1] - self.t[:, 0]
+
+
+def _fit_rows(batch: _Rows, h: int, step_bytes: float, radius_s: float) -> list[Fit | None]:
+    t, x, recent_from, known = batch
     k, n = x.shape
-    span = t[:, -1] - t[:, 0]
+    span = batch.span
     d = np.diff(x, axis=1)
     cut_rows, cut_cols = np.nonzero(np.abs(d) > step_bytes)
     cuts: list[list[int]] = [[] for _ in range(k)]
@@ -392,16 +402,13 @@ def _fit_rows(
     if len(chosen):
         picked = chosen.tolist()
         results = _fit_troughs(
-            t[chosen],
-            x[chosen],
+            batch.take(chosen),
             valid[chosen],
             [cuts[r] for r in picked],
             [raw[r] for r in picked],
             [_mended_cuts(cuts[r], joined.get(r), spikes.get(r), h) for r in picked],
             h,
             step_bytes,
-            recent_from[chosen],
-            known[chosen],
         )
         for r, fit in zip(chosen.tolist(), results):
             fits[r] = fit
@@ -423,19 +430,17 @@ def _mended_cuts(
 
 
 def _fit_troughs(
-    t: FloatArray,
-    x: FloatArray,
+    batch: _Rows,
     valid: BoolArray,
     cuts: list[list[int]],
     raw: list[list[float]],
     mended: list[set[int]],
     h: int,
     step_bytes: float,
-    recent_from: FloatArray,
-    known: FloatArray,
 ) -> list[Fit | None]:
+    t, x, recent_from, known = batch
     k, n = x.shape
-    span = t[:, -1] - t[:, 0]
+    span = batch.span
     # The lowest trough in each of MAX_POINTS slices of equal sample count.
     width = -(-n // MAX_POINTS)
     padded = np.full((k, MAX_POINTS * width), np.inf)

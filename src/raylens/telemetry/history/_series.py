@@ -19,9 +19,10 @@ from typing import NamedTuple
 import numpy as np
 import numpy.typing as npt
 
+from raylens.telemetry.history._arrays import FloatArray
+
 __all__ = ["Bucket", "SeriesBuffer"]
 
-FloatArray = npt.NDArray[np.float64]
 
 _TIME_REBASE_S = float(1 << 16)
 _VALUE_REBASE = float(1 << 34)

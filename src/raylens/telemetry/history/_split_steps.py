@@ -13,11 +13,10 @@ hides part of the step from that rule, and the fit would read the hidden part as
 from __future__ import annotations
 
 import numpy as np
-import numpy.typing as npt
+
+from raylens.telemetry.history._arrays import FloatArray
 
 __all__ = ["fold_spike_residues", "joined_jumps"]
-
-FloatArray = npt.NDArray[np.float64]
 
 
 def joined_jumps(

@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import numpy.typing as npt
 
+from raylens.telemetry.history._arrays import FloatArray
 from raylens.telemetry.history._decision import GrowthTracker
 from raylens.telemetry.history._estimator import fit_growth_batch
 from raylens.telemetry.history._limit import time_to_limit
@@ -35,7 +36,6 @@ __all__ = ["Key", "MemoryHistory", "NodeGrowth", "SeriesGrowth"]
 
 #: A node id, or ``(node id, group)``; group None is the node's memory outside its groups.
 Key = str | tuple[str, str | None]
-FloatArray = npt.NDArray[np.float64]
 
 #: A window must span this share of the window setting before it is fitted.
 _FULL_WINDOW = 0.9

@@ -22,12 +22,11 @@ confirms the step reading independently of it.
 from __future__ import annotations
 
 import numpy as np
-import numpy.typing as npt
+
+from raylens.telemetry.history._arrays import BoolArray, FloatArray
 
 __all__ = ["AGREEMENT", "MAX_RISE_PER_RELEASE", "tooth_confirms", "tooth_rate"]
 
-FloatArray = npt.NDArray[np.float64]
-BoolArray = npt.NDArray[np.bool_]
 
 #: A tooth rising more than this many times its release is taken to hide a release.
 MAX_RISE_PER_RELEASE = 1.5
