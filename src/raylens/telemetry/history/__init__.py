@@ -1,28 +1,13 @@
 """Memory over time: bounded history, a robust growth rate, the kill line and the time to it.
 
-The pieces, each in its own module:
+:class:`MemoryHistory` is the front: record a node (and its groups) per cycle, read a
+:class:`NodeGrowth`, draw its time to the line from :func:`resolve_kill_line_config`.
 
-* :mod:`._settings` - :class:`GrowthSettings` and ``RAYLENS_GROWTH_WINDOW``.
-* :mod:`._series` - :class:`SeriesBuffer`: one series, its last window at full resolution
-  and older samples in min/max/mean buckets up to a horizon.
-* :mod:`._estimator` - :func:`fit_growth`: the slope of one window, following the floor
-  memory returns to after each release, across phase steps and spikes.
-* :mod:`._change_point` - the rate since the point in a window where growth started,
-  which one slope through the whole window reads low.
-* :mod:`._split_steps` - phase steps a spike split, which one-sample cuts miss.
-* :mod:`._decision` - :class:`GrowthTracker`: the figure and the *growing* decision, with
-  hysteresis, from successive fits.
-* :mod:`._limit` - :func:`kill_line`, :func:`time_to_limit` and where Ray's
-  ``memory_usage_threshold`` is learnt (:func:`resolve_kill_line_config`).
-* :mod:`._store` - :class:`MemoryHistory`: all of it for every node and worker group.
+Invariants: memory per series is bounded whatever the run's length; figures depend on the
+samples only, never on when they are read; no clock is read here (times are the caller's).
 
-A monitor uses it as::
-
-    history = MemoryHistory(GrowthSettings.from_env())
-    history.record_node(node_id, t, used, groups={"policy": 3.1e9, "rollout": 2.0e9})
-    view = history.node(node_id)           # NodeGrowth: growth, growing, groups, fastest_group
-    line = resolve_kill_line_config(system_config=...).limit(host_total, cgroup_total)
-    seconds = view.time_to_limit(line)     # None unless growing
+What each private module does, the fit, the decision and the kill line:
+``docs/architecture.md``, *Memory over time: telemetry/history/*.
 """
 
 from raylens.telemetry.history._decision import GrowthTracker

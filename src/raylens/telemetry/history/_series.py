@@ -1,14 +1,12 @@
 """The samples of one memory series: the last window at full resolution, older ones in buckets.
 
-Memory is bounded per series whatever the run's length: the full-resolution part holds only
-samples newer than the window, and the downsampled part a fixed number of buckets (min, max
-and mean of the samples that fell in each) reaching back to the horizon.
+Invariants a maintainer must keep: memory per series is bounded whatever the run's length
+(full resolution only for the window and what a due fit still needs, then a fixed number of
+buckets back to the horizon); samples are float32 offsets from a float64 anchor per series,
+and the anchors move forward before an offset loses the precision below (about 1 KiB at
+16 GiB, 4 ms at 18 hours), so it holds for runs of any length and any host size.
 
-Samples are stored as float32 offsets from a float64 anchor kept per series (one for time,
-one for bytes), which halves the memory of float64 pairs. An offset is exact to 2**-24 of its
-size: about 1 KiB for a value 16 GiB away from the anchor and 4 ms for a time 18 hours away.
-The anchors move forward when offsets grow past those sizes, so the precision holds for runs
-of any length and any host size.
+The layout and its memory: ``docs/architecture.md``, *Memory over time*, *Series and keys*.
 """
 
 from __future__ import annotations

@@ -1,18 +1,14 @@
 """MemoryHistory: the samples, growth and growing state of every node and worker group.
 
-Keys are a node id (``str``) for a node's used memory and ``(node, group)`` for a worker
-group on it. When a node is recorded with its groups, the memory outside them is kept as
-its own series, ``(node, None)``; the node's growth is then the sum of its parts' growth,
-because each part's allocator cycle is fitted on its own while the sum of several cycles
-has no clean floor to follow. A node recorded without groups is fitted as one series.
+Invariants a maintainer must keep:
 
-A series is fitted every tenth of a window of its own time, over the window ending at the
-first sample past that point, so figures depend on the samples only, not on when they are
-read. Fits wait until the next read (or until a few are due for one series) and then run
-together, all series at once: a batch of many series costs little more than one.
+- keys are a node id, or ``(node, group)``; with groups, ``(node, None)`` is the memory
+  outside them and the node's growth is the sum of its parts', not a fit of its own;
+- a series is fitted every ``refit_every_s`` of its own time, so figures depend on the
+  samples only, not on when they are read; due fits run together, in batches;
+- one lock guards every call, so a monitor thread may record while another reads.
 
-Thread safety: one lock guards every call, so a monitor thread may record while another
-reads.
+Why the parts are summed, and when fits run: ``docs/architecture.md``, *Memory over time*.
 """
 
 from __future__ import annotations
