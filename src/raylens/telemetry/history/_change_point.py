@@ -1,25 +1,13 @@
 """The rate since a change point: when in the window memory started to grow.
 
-A window that holds the start of a leak holds two regimes: a level before it, a rise after.
-One line through both reads the rise low (a fit four minutes after a leak began, over a
-ten-minute window, reads about half its rate), and a time to the kill line drawn from that
-figure is twice too long. So a window is also read as a *hinge*: flat until a time ``b``,
-then rising at a slope ``s``::
+A window holding a leak's start is read as a hinge (flat, then rising), and its slope since
+the change is taken only where the hinge explains the points much better than one line
+(:data:`BETTER`) and rises faster than it. Invariants: the points are those the growth fit
+already chose, each step taken out; the search runs only for the rows whose slope reaches
+the fit's ``recent_from``, so a window that shows no growth costs nothing here.
 
-    y = a + s * max(0, t - b)
-
-The slope for a given ``b`` is Theil-Sen's over the hinge's time axis (the median of
-``(y_j - y_i) / (u_j - u_i)`` over every pair whose ``u = max(0, t - b)`` differs), its level
-the median residual. The hinge is taken only where it explains the points much better than
-one line through all of them (:data:`BETTER`: its summed absolute residual at most half the
-line's) and rises faster than that line; ``b`` is searched over :data:`CANDIDATES` times
-evenly spread from the first point to the last one that leaves a quarter of the window, and
-at least two points, after it (and two before it), then again more finely between the best
-one's neighbours.
-
-The points are what the growth fit already chose (the troughs, or the samples of a series
-without releases, each step taken out), so a row costs a few thousand array elements: the
-fit asks for it only where the window's slope already shows growth.
+The hinge, its search over :data:`CANDIDATES` and why: ``docs/architecture.md``, *Memory
+over time*, *The rate since a change point*.
 """
 
 from __future__ import annotations

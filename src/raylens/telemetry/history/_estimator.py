@@ -1,45 +1,16 @@
 """One growth fit: a robust slope of a memory series over one window.
 
-Host and worker memory is not a line plus noise. Allocators and caches grow memory and give
-it back in cycles (a sawtooth of hundreds of MiB, periods of seconds to minutes); training
-phases move the level by gigabytes at once (steps); short transients add spikes. A leak is
-none of these: it is what keeps rising *after* each release. So the fit follows the floor
-the memory returns to:
+The fit follows the floor memory returns to after each release (troughs between cuts), so
+an allocator's sawtooth, phase steps larger than ``step_bytes`` and spikes are not read as
+growth. Invariants a maintainer must keep:
 
-1. **Cuts.** A change between two consecutive samples larger than ``step_bytes`` is a phase
-   step or the edge of a spike. Two opposite edges close together that cancel are a spike and
-   are ignored; every other one splits the window into segments.
-2. **Troughs.** Points that are the lowest within ``radius`` on both sides, with that whole
-   neighbourhood inside one segment. After every release the series passes through one.
-3. **Slope.** Theil-Sen (the median of pairwise slopes) over the troughs (the lowest in
-   each of :data:`MAX_POINTS` equal slices of the window). Where some segment holds
-   troughs a quarter of the window apart, only such same-segment pairs count, so no
-   cut's size matters. Otherwise every pair at least a sixth of the window apart counts,
-   after taking each cut's own jump out as a step.
+- ``Fit.confirmed`` is true only when the fit does not rest on a cut's jump alone;
+- a series with releases but too few troughs has no fit (None), never a guess;
+- :func:`fit_growth_batch` gives each row what :func:`fit_growth` gives it alone: rows
+  never influence each other.
 
-A series without releases (a smooth rise, a constant) has no troughs; it is fitted over its
-samples instead. A series with releases but fewer than two troughs a quarter of the window
-apart cannot be fitted: the result is None.
-
-A fit is *confirmed* when it does not rest on a cut's jump alone: two troughs inside one
-segment a quarter of the window apart support it, or three or more troughs across cuts lie
-on one line within ``step_bytes / 16`` and no cut may have restarted an allocator cycle, or
-(for a rising fit) the allocator tooth around each cut it crosses gives the same rate from
-its ramp and release alone, no step size entering it (see :mod:`._teeth`). An
-unconfirmed fit can be wrong when a release and a step land on the same sample, or when a
-step restarts a cycle and too few troughs surround it, which no single window can tell
-apart.
-
-Where the slope reaches ``recent_from`` (bytes/s; one for all rows, or one per row, infinite
-for a row not to be asked), the window is also read as a hinge (see
-:mod:`._change_point`): when growth started inside it, ``Fit.recent`` is the rate since then,
-over the same points, steps taken out, which one line through the whole window reads low;
-``Fit.onset`` is that point. A change point an earlier window found (``onsets``, one per
-row) reads a window with too few points to find it again.
-
-Many series are fitted at once (:func:`fit_growth_batch`, one row per series): a fit is
-some sixty array operations, and doing each for a whole batch costs little more than for
-one series. :func:`fit_growth` is the batch of one.
+Cuts, troughs, the slope and what confirms it: ``docs/architecture.md``, *Memory over time*,
+*The fit*.
 """
 
 from __future__ import annotations

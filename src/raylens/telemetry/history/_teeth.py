@@ -1,22 +1,14 @@
 """Checking a step reading against the allocator tooth the step fell in.
 
-A growth fit whose troughs lie either side of a phase step rests on that step's jump (see
-:mod:`._estimator`): the jump, less the typical change around it, is taken out as the
-step. That reading is wrong by a whole release when a release lands on the step's sample,
-and with only two or three troughs in the window nothing in the troughs tells the two
-apart. The tooth around the step does. Between the trough ``a`` before the step and the
-trough ``b`` after it, the memory ramps up at a slope ``s`` that the step does not change
-(it is read from differences that do not cross a cut), then drops by a release ``D``
-just before ``b`` (the drop from the ramp's top, plus what the ramp would have risen
-meanwhile). So the tooth gives a rate of its own, which no step size enters::
+A fit whose troughs lie either side of a phase step rests on that step's jump, which is
+wrong by a whole release when a release lands on the step's sample. The tooth around the
+step gives a rate of its own, ``s - D / (t_b - t_a)``, in which no step size enters.
+Invariants: the ramp slope ``s`` is read only from differences that cross no cut; a tooth
+rising more than :data:`MAX_RISE_PER_RELEASE` releases (a release hidden in the step) never
+confirms.
 
-    rate = s - D / (t_b - t_a)
-
-and its rise ``s * (t_b - t_a)`` is one release plus what leaked over the tooth. A release
-hidden in the step makes the tooth two teeth long: its rise is then about two releases and
-its rate about half a release per tooth, which :data:`MAX_RISE_PER_RELEASE` rejects. A
-tooth whose rate agrees with the window's slope, and whose rise stays under that bound,
-confirms the step reading independently of it.
+The tooth's terms and why the bound: ``docs/architecture.md``, *Memory over time*, *The
+tooth check*.
 """
 
 from __future__ import annotations
