@@ -1,40 +1,15 @@
 """Whether one series is growing: the fits of successive windows, judged with hysteresis.
 
-One window can mislead: a fit that rests on a single cut's jump may be off by a whole
-allocator release (see :mod:`._estimator`). So a series is called *growing* only on
-confirmed evidence:
+Invariants a maintainer must keep:
 
-- **fast**: two fits in a row, each confirmed, at least ``grow_fast`` with at least three
-  quarters of their pairs agreeing, the second within a quarter of the first (a rate still
-  climbing into the window is not yet the rate); or
-- **slow**: over the last three windows, at least fifteen confirmed rates (one kept per
-  tenth of a window) whose median reaches ``grow_slow``, nine in ten of them positive, and
-  the median of the last window's reaching it too. Rates from before the end of the last
-  growing spell do not count, so a spell that has just calmed cannot start again at once.
+- a series is called *growing* only on confirmed evidence (a fast streak of two, or the slow
+  rule over three windows); the decision rests on the fits' slopes, never on ``Fit.recent``;
+- a growing series' *rate* is the median of its last three confirmed figures of the spell
+  within a window, else of its last three figures of the spell; fits that may read a
+  restarted cycle (``Fit.restart``) never count towards it, nor confirm one another;
+- memory per series is fixed from the start: the confirmed rates live in a preallocated ring.
 
-An unconfirmed, rising fit over troughs counts as confirmed when another one from the last
-window, resting on entirely different cuts, gives a rate within 30 % of it: one misread
-step cannot produce both. Two fits that may each read a cycle restarted by a step as growth
-(``Fit.restart``) can agree for that very reason, so they do not confirm anything; nor does
-a fit over a series without troughs that has cuts (rises between steps may be a cycle that
-each step releases).
-
-It stops growing when the median of the confirmed rates of the last window, counting only
-those since it started growing, falls below ``calm`` (at least five of them: half a window). A fit that cannot be made keeps the last growth figure
-for one window, then the figure is dropped.
-
-The figure of a fit is the rate since the change point its window shows (``Fit.recent``)
-where it shows one, else its slope: a window that holds the start of a leak reads it low.
-The decision itself rests on the slopes, as above. While a series grows, its *rate* (what a
-node adds up, and its time to the kill line is drawn from) is the median of its last three
-confirmed figures within a window, none from before the evidence that started the spell
-(the fast streak, or the last window for a slow start); with none, the median of its last
-three figures of the spell, confirmed or not, however old: once growth is established, a
-fit that rests on steps still says how fast better than nothing, and one misread step
-among three does not move a median. Fits that may read a restarted cycle (``Fit.restart``)
-do not count: which way the step went is what they cannot tell.
-
-Memory per series is fixed from the start: the confirmed rates live in a preallocated ring.
+The rules and their thresholds: ``docs/architecture.md``, *Memory over time*, *The decision*.
 """
 
 from __future__ import annotations

@@ -1,24 +1,17 @@
 """The kill line of a node and the time left before memory reaches it.
 
-Ray's memory monitor (the raylet's ``ThresholdMemoryMonitor``) kills workers once a node's
-used memory passes ``memory_usage_threshold`` of its total, 0.95 unless the cluster says
-otherwise. The total that matters is the smaller of the host's and the container's
-(cgroup) limit: Ray 2.60 serves both (``ray_node_mem_total_host``,
-``ray_node_cgroup_mem_total``), and the kernel's OOM killer acts on whichever is hit first.
-When ``min_memory_free_bytes`` is set (above -1), Ray keeps at least that much free as well
-and uses the higher of the two lines. With ``memory_monitor_refresh_ms`` at 0 the monitor is
-off and only the kernel kills, at the total itself.
+The line is drawn as Ray's memory monitor draws it: the smaller of the host's and the
+container's total times ``memory_usage_threshold``, raised by ``min_memory_free_bytes``,
+the total itself when the monitor is off. The threshold, first match wins:
 
-Where the threshold comes from, first match wins:
-
-1. a value raylens is given (keyword, or ``RAYLENS_MEMORY_USAGE_THRESHOLD``);
-2. the cluster's system config, as the GCS holds it (what ``ray.init(_system_config=...)``
-   or ``ray start --system-config`` set; a driver reads it with
-   ``ray._private.state.state.get_system_config()``);
-3. ``RAY_memory_usage_threshold`` in the driver's environment (Ray reads it in every raylet
-   at start, so it is the cluster's value when the driver started Ray or shares its
-   environment with the nodes; a node started with another value cannot be seen from here);
+1. a value raylens is given (keyword, or ``RAYLENS_MEMORY_USAGE_THRESHOLD``), which raises
+   when bad;
+2. the cluster's system config, as the GCS holds it;
+3. ``RAY_memory_usage_threshold`` in the driver's environment;
 4. Ray's default, 0.95.
+
+A value from 2 or 3 that Ray would refuse is skipped, never raised. Why each source, and the
+other two settings: ``docs/architecture.md``, *Memory over time*, *The kill line*.
 """
 
 from __future__ import annotations
