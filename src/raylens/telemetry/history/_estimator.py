@@ -24,7 +24,7 @@ import numpy as np
 
 from raylens.telemetry.history._arrays import BoolArray, FloatArray, IntArray
 from raylens.telemetry.history._change_point import slope_since_change
-from raylens.telemetry.history._split_steps import fold_spike_residues, joined_jumps
+from raylens.telemetry.history._split_steps import fold_spike_residues, joined_jumps, spike_spans
 from raylens.telemetry.history._teeth import tooth_confirms
 
 __all__ = ["MAX_POINTS", "MIN_SAMPLES", "Fit", "fit_growth", "fit_growth_batch"]
@@ -313,10 +313,18 @@ def _fit_rows(batch: _Rows, h: int, step_bytes: float, radius_s: float) -> list[
     cuts: list[list[int]] = [[] for _ in range(k)]
     for r, c in zip(cut_rows.tolist(), cut_cols.tolist()):
         cuts[r].append(c + 1)
-    joined = joined_jumps(x, d, h, step_bytes)
-    for r, (c, _) in joined.items():
-        cuts[r] = sorted(set(cuts[r]) | set(c))
-    if joined:
+    hidden = spike_spans(d, h, step_bytes, step_bytes / 8)
+    joined = joined_jumps(x, d, h, step_bytes, hidden)
+    added = {r: set(c) for r, (c, _) in joined.items()}
+    for r, row_spikes in hidden.items():
+        # A spike whose one edge crosses the threshold and the other not: both are cuts.
+        over = set(cuts[r])
+        added.setdefault(r, set()).update(
+            c for a, b in row_spikes if a in over or b in over for c in (a, b)
+        )
+    for r, more in added.items():
+        cuts[r] = sorted(set(cuts[r]) | more)
+    if any(added.values()):
         cut_rows = np.array([r for r, row in enumerate(cuts) for _ in row], dtype=np.intp)
     spikes: dict[int, list[tuple[int, int]]] = {}
     for r in np.unique(cut_rows).tolist():
@@ -348,6 +356,10 @@ def _fit_rows(batch: _Rows, h: int, step_bytes: float, radius_s: float) -> list[
     for r, row_spikes in spikes.items():
         for a, b in row_spikes:
             valid[r, a:b] = False
+    for r, row_spikes in hidden.items():
+        for a, b in row_spikes:
+            if x[r, b] < x[r, a - 1]:  # a release under the spike: no trough near it
+                valid[r, max(0, a - h) : b + h] = False
     count = valid.sum(axis=1)
     first = np.argmax(valid, axis=1)
     last = n - 1 - np.argmax(valid[:, ::-1], axis=1)
