@@ -201,8 +201,6 @@ def forget_group_workers(group: str) -> None:
 @dataclass(frozen=True)
 class _NodeEntry:
     reading: NodeGroupMemory
-    received_at: float
-    expires_at: float
     # Per group: (attributes without memory.type, rss, pss, process count).
     rows: tuple[tuple[dict[str, str], int, int | None, int], ...]
 
@@ -227,6 +225,11 @@ class GroupMemorySnapshot:
         self.max_age = check_positive_seconds("max_age", max_age)
         self._lock = threading.Lock()
         self._entries: dict[str, _NodeEntry] = {}
+        # Every entry was received in the one publish that made the content: when, and
+        # until when it is exported. Kept once, so that a reading published again costs
+        # no new entry.
+        self._received_at = float("-inf")
+        self._expires_at = float("-inf")
 
     def publish(self, results: Mapping[str, object], *, max_age: float | None = None) -> None:
         """Make ``results`` (``{node id: reading or error}``) the snapshot's whole content.
@@ -244,8 +247,8 @@ class GroupMemorySnapshot:
             node = encodable(str(node_id))
             before = previous.get(node)
             if before is not None and before.reading is reading:
-                # The same reading again (its sampler published nothing new): its rows stand.
-                entries[node] = _NodeEntry(reading, now, now + limit, before.rows)
+                # The same reading again (its sampler published nothing new): its entry stands.
+                entries[node] = before
                 continue
             host = encodable(reading.host_name)
             rows = tuple(
@@ -261,15 +264,16 @@ class GroupMemorySnapshot:
                 )
                 for g in reading.groups
             )
-            entries[node] = _NodeEntry(reading, now, now + limit, rows)
+            entries[node] = _NodeEntry(reading, rows)
         with self._lock:
             self._entries = entries
+            self._received_at, self._expires_at = now, now + limit
 
     def _fresh(self) -> list[_NodeEntry]:
         now = self._clock()
         with self._lock:
-            entries = list(self._entries.values())
-        return [entry for entry in entries if now <= entry.expires_at]
+            entries, expires_at = self._entries, self._expires_at
+        return list(entries.values()) if now <= expires_at else []
 
     def observe_usage(self, _options: CallbackOptions | None = None) -> list[Observation]:
         """Points of ``rl.worker_group.memory.usage`` for every fresh reading."""
@@ -293,17 +297,17 @@ class GroupMemorySnapshot:
         """``{node id: (reading, seconds since published)}`` for every fresh reading, for tables."""
         now = self._clock()
         with self._lock:
-            entries = dict(self._entries)
-        return {
-            node: (entry.reading, max(0.0, now - entry.received_at))
-            for node, entry in entries.items()
-            if now <= entry.expires_at
-        }
+            entries, received_at, expires_at = self._entries, self._received_at, self._expires_at
+        if now > expires_at:
+            return {}
+        age = max(0.0, now - received_at)
+        return {node: (entry.reading, age) for node, entry in entries.items()}
 
     def clear(self) -> None:
         """Forget every reading."""
         with self._lock:
             self._entries = {}
+            self._received_at = self._expires_at = float("-inf")
 
 
 DEFAULT_SNAPSHOT = GroupMemorySnapshot()
