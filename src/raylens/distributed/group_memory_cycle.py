@@ -189,8 +189,12 @@ class GroupMemoryCycle:
         """In a forked child: a fresh lock (a collection may have held it at the fork)."""
         self._lock = threading.Lock()
 
-    def _registered(self) -> tuple[WorkersByNode, dict[str, Counter[str]]]:
-        """The registered workers by node, rebuilt only when the registration changed."""
+    def _registered(self) -> tuple[int, WorkersByNode, dict[str, Counter[str]]]:
+        """The registry's version, its workers by node and their count per group there.
+
+        Rebuilt only when the registration changed; the version is the one read before
+        the workers, so a registration made in between only brings the next rebuild.
+        """
         version = self.registry.version
         if self._workers is None or self._workers[0] != version:
             workers = self.registry.workers_by_node()
@@ -199,7 +203,7 @@ class GroupMemoryCycle:
                 for node, listed in workers.items()
             }
             self._workers = (version, workers, counts)
-        return self._workers[1], self._workers[2]
+        return self._workers
 
     def __call__(self, monitor: HostMemoryMonitor) -> None:
         """Collect once for ``monitor``'s cycle (nothing while nobody consumes it)."""
@@ -222,16 +226,28 @@ class GroupMemoryCycle:
             )
 
     def _from_scrape(self, monitor: HostMemoryMonitor) -> dict[str, NodeGroupMemory | SamplerError]:
-        """Keep the samplers running, and publish the figures the scrape brought back."""
-        workers, counts_by_node = self._registered()
-        results: dict[str, NodeGroupMemory | SamplerError] = dict(self.samplers.maintain(workers))
-        version = self.registry.version
+        """Keep the samplers running, and publish the figures the scrape brought back.
+
+        Only the nodes whose sampler published anew (or whose host or registration
+        changed) get a new reading; every other node's reading stands as built, so a
+        cycle costs what changed plus one look per node.
+        """
+        version, workers, counts_by_node = self._registered()
+        # The samplers walk the worker lists only when the registry's version moved.
+        maintained = self.samplers.maintain(workers, version=version)
+        results: dict[str, NodeGroupMemory | SamplerError] = dict(maintained)
+        before = self._built
         built: dict[str, tuple[float, str, int, NodeGroupMemory]] = {}
         for node_id, (host, figures, _read_at) in monitor.group_figures().items():
             if node_id in results:
                 continue
-            previous = self._built.get(node_id)
-            if previous is not None and previous[:3] == (figures.sampled_at, host, version):
+            previous = before.get(node_id)
+            if (
+                previous is not None
+                and previous[0] == figures.sampled_at
+                and previous[1] == host
+                and previous[2] == version
+            ):
                 # The sampler has published nothing new since: the same reading stands.
                 results[node_id] = previous[3]
                 built[node_id] = previous
