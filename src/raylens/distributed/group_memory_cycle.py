@@ -20,7 +20,7 @@ import sys
 import threading
 import time
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -42,9 +42,11 @@ from raylens.telemetry.group_memory import (
     NodeGroupMemory,
     register_group_memory_gauges,
 )
+from raylens.telemetry.growth import RecordSource
 
 if TYPE_CHECKING:
     from raylens.telemetry.host_memory import HostMemoryMonitor
+    from raylens.telemetry.raylet_payload import NodeGroupFigures
 
 __all__ = [
     "IDENTITY_TIMEOUT_S",
@@ -238,7 +240,7 @@ class GroupMemoryCycle:
         results: dict[str, NodeGroupMemory | SamplerError] = dict(maintained)
         before = self._built
         built: dict[str, tuple[float, str, int, NodeGroupMemory]] = {}
-        for node_id, (host, figures, _read_at) in monitor.group_figures().items():
+        for node_id, host, figures in _carried_figures(monitor):
             if node_id in results:
                 continue
             previous = before.get(node_id)
@@ -277,6 +279,21 @@ class GroupMemoryCycle:
         """Remove every sampler; the next collection starts them again."""
         with self._lock:
             self.samplers.close()
+
+
+def _carried_figures(monitor: HostMemoryMonitor) -> Iterator[tuple[str, str, NodeGroupFigures]]:
+    """``(node id, host, figures)`` of every node whose latest scrape carried group figures.
+
+    Read from the monitor's records where it has them (no table of copies is built),
+    else from its ``group_figures()``.
+    """
+    if isinstance(monitor, RecordSource):
+        for record in monitor.records().values():
+            if record.groups is not None and record.sampled_at is not None:
+                yield record.node.node_id, record.node.host, record.groups
+        return
+    for node_id, (host, figures, _read_at) in monitor.group_figures().items():
+        yield node_id, host, figures
 
 
 _DEFAULT_CYCLE: GroupMemoryCycle | None = None

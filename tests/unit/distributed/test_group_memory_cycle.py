@@ -571,3 +571,41 @@ def test_readings_kept_from_cycle_to_cycle_equal_a_rebuild_from_scratch() -> Non
         )  # type: ignore[arg-type]
         rebuilt(_ScrapedMonitor(dict(carried)))  # type: ignore[arg-type]
         assert _readings(kept_snapshot) == _readings(rebuilt_snapshot)
+
+
+class _FiguresOnly:
+    """A monitor seen only through ``group_figures()``, the copies it hands out."""
+
+    has_consumer = True
+
+    def __init__(self, monitor: hm.HostMemoryMonitor) -> None:
+        self._monitor = monitor
+        self.max_age = monitor.max_age
+
+    def group_figures(self) -> dict[str, tuple[str, NodeGroupFigures, float]]:
+        return self._monitor.group_figures()
+
+
+def test_reading_the_monitor_s_records_gives_the_readings_its_figures_give(
+    simulated_cluster: Callable[..., Any], make_monitor: Callable[..., hm.HostMemoryMonitor]
+) -> None:
+    rss = {"policy": 3e9, "rollout": 1e9}
+    sim = simulated_cluster(3, groups=lambda index, _t: rss if index else {})
+    registry = GroupWorkerRegistry()
+    registry.register("policy", [(sim.node_id(1), 101, 1), (sim.node_id(2), 102, 1)])
+    monitor = make_monitor(sim.cluster)
+    snapshots = GroupMemorySnapshot(), GroupMemorySnapshot()
+    from_records, from_figures = (
+        GroupMemoryCycle(_MaintainedSamplers(), registry=registry, snapshot=snapshot)  # type: ignore[arg-type]
+        for snapshot in snapshots
+    )
+
+    for step in range(3):
+        if step == 2:
+            rss["policy"] = 4e9
+        monitor.collect_once()
+        from_records(monitor)
+        from_figures(_FiguresOnly(monitor))  # type: ignore[arg-type]
+        assert _readings(snapshots[0]) == _readings(snapshots[1])
+
+    assert set(_readings(snapshots[0])) == {sim.node_id(1), sim.node_id(2)}
