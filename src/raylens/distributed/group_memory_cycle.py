@@ -20,7 +20,7 @@ import sys
 import threading
 import time
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -42,9 +42,11 @@ from raylens.telemetry.group_memory import (
     NodeGroupMemory,
     register_group_memory_gauges,
 )
+from raylens.telemetry.growth import RecordSource
 
 if TYPE_CHECKING:
     from raylens.telemetry.host_memory import HostMemoryMonitor
+    from raylens.telemetry.raylet_payload import NodeGroupFigures
 
 __all__ = [
     "IDENTITY_TIMEOUT_S",
@@ -189,8 +191,12 @@ class GroupMemoryCycle:
         """In a forked child: a fresh lock (a collection may have held it at the fork)."""
         self._lock = threading.Lock()
 
-    def _registered(self) -> tuple[WorkersByNode, dict[str, Counter[str]]]:
-        """The registered workers by node, rebuilt only when the registration changed."""
+    def _registered(self) -> tuple[int, WorkersByNode, dict[str, Counter[str]]]:
+        """The registry's version, its workers by node and their count per group there.
+
+        Rebuilt only when the registration changed; the version is the one read before
+        the workers, so a registration made in between only brings the next rebuild.
+        """
         version = self.registry.version
         if self._workers is None or self._workers[0] != version:
             workers = self.registry.workers_by_node()
@@ -199,7 +205,7 @@ class GroupMemoryCycle:
                 for node, listed in workers.items()
             }
             self._workers = (version, workers, counts)
-        return self._workers[1], self._workers[2]
+        return self._workers
 
     def __call__(self, monitor: HostMemoryMonitor) -> None:
         """Collect once for ``monitor``'s cycle (nothing while nobody consumes it)."""
@@ -222,35 +228,33 @@ class GroupMemoryCycle:
             )
 
     def _from_scrape(self, monitor: HostMemoryMonitor) -> dict[str, NodeGroupMemory | SamplerError]:
-        """Keep the samplers running, and publish the figures the scrape brought back."""
-        workers, counts_by_node = self._registered()
-        results: dict[str, NodeGroupMemory | SamplerError] = dict(self.samplers.maintain(workers))
-        version = self.registry.version
+        """Keep the samplers running, and publish the figures the scrape brought back.
+
+        Only the nodes whose sampler published anew (or whose host or registration
+        changed) get a new reading; every other node's reading stands as built, so a
+        cycle costs what changed plus one look per node.
+        """
+        version, workers, counts_by_node = self._registered()
+        # The samplers walk the worker lists only when the registry's version moved.
+        maintained = self.samplers.maintain(workers, version=version)
+        results: dict[str, NodeGroupMemory | SamplerError] = dict(maintained)
+        before = self._built
         built: dict[str, tuple[float, str, int, NodeGroupMemory]] = {}
-        for node_id, (host, figures, _read_at) in monitor.group_figures().items():
+        for node_id, host, figures in _carried_figures(monitor):
             if node_id in results:
                 continue
-            previous = self._built.get(node_id)
-            if previous is not None and previous[:3] == (figures.sampled_at, host, version):
+            previous = before.get(node_id)
+            if (
+                previous is not None
+                and previous[0] == figures.sampled_at
+                and previous[1] == host
+                and previous[2] == version
+            ):
                 # The sampler has published nothing new since: the same reading stands.
                 results[node_id] = previous[3]
                 built[node_id] = previous
                 continue
-            counts = counts_by_node.get(node_id, _NO_WORKERS)
-            reading = NodeGroupMemory(
-                host_name=host,
-                groups=tuple(
-                    GroupMemory(
-                        group=figure.group,
-                        rss_bytes=round(figure.rss_bytes),
-                        pss_bytes=None if figure.pss_bytes is None else round(figure.pss_bytes),
-                        pss_age_seconds=None if figure.pss_bytes is None else 0.0,
-                        process_count=round(figure.process_count or 0),
-                        workers=counts.get(figure.group, 0),
-                    )
-                    for figure in figures.groups
-                ),
-            )
+            reading = _reading(host, figures, counts_by_node.get(node_id, _NO_WORKERS))
             results[node_id] = reading
             built[node_id] = (figures.sampled_at, host, version, reading)
         self._built = built
@@ -261,6 +265,43 @@ class GroupMemoryCycle:
         """Remove every sampler; the next collection starts them again."""
         with self._lock:
             self.samplers.close()
+
+
+def _reading(host: str, figures: NodeGroupFigures, workers: Counter[str]) -> NodeGroupMemory:
+    """The reading a sampler's published ``figures`` make, with each group's ``workers``.
+
+    Built once per node per new reading, so written for speed: positional fields, a
+    plain loop, no generator.
+    """
+    groups = []
+    for figure in figures.groups:
+        pss = figure.pss_bytes
+        groups.append(
+            GroupMemory(
+                figure.group,  # group
+                round(figure.rss_bytes),  # rss_bytes
+                None if pss is None else round(pss),  # pss_bytes
+                None if pss is None else 0.0,  # pss_age_seconds
+                round(figure.process_count or 0),  # process_count
+                workers.get(figure.group, 0),  # workers
+            )
+        )
+    return NodeGroupMemory(host, tuple(groups))
+
+
+def _carried_figures(monitor: HostMemoryMonitor) -> Iterator[tuple[str, str, NodeGroupFigures]]:
+    """``(node id, host, figures)`` of every node whose latest scrape carried group figures.
+
+    Read from the monitor's records where it has them (no table of copies is built),
+    else from its ``group_figures()``.
+    """
+    if isinstance(monitor, RecordSource):
+        for record in monitor.records().values():
+            if record.groups is not None and record.sampled_at is not None:
+                yield record.node.node_id, record.node.host, record.groups
+        return
+    for node_id, (host, figures, _read_at) in monitor.group_figures().items():
+        yield node_id, host, figures
 
 
 _DEFAULT_CYCLE: GroupMemoryCycle | None = None

@@ -24,7 +24,7 @@ import contextlib
 import logging
 import threading
 import time
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Hashable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -98,6 +98,8 @@ LARGEST_PROCESSES_KEPT = 32
 _LOGGER = logging.getLogger("raylens.distributed")
 #: Most group names one warning quotes.
 _NAMES_QUOTED = 5
+#: No version stands: the next :meth:`GroupMemorySamplers.maintain` walks every list.
+_UNSETTLED = object()
 
 
 @dataclass(frozen=True)
@@ -223,6 +225,9 @@ class GroupMemorySamplers:
         self._round = 0
         self._pings_out = False
         self._stopping: list[tuple[Any, float]] = []
+        # The caller's version of the worker lists every node's sampler was last told,
+        # while nothing has been removed or failed since; see maintain().
+        self._settled: object = _UNSETTLED
 
     @property
     def max_processes(self) -> int:
@@ -256,6 +261,7 @@ class GroupMemorySamplers:
         return _Sampler(actor, started_at=self._clock())
 
     def _remove(self, node_id: str) -> None:
+        self._settled = _UNSETTLED  # a node may now lack its sampler: walk the lists again
         sampler = self._samplers.pop(node_id, None)
         if sampler is None:
             return
@@ -282,6 +288,7 @@ class GroupMemorySamplers:
             if entries:
                 wanted[_check_node_id(node_id)] = entries
         with self._lock:
+            self._settled = _UNSETTLED
             return self._sample(wanted)
 
     def _sample(
@@ -388,7 +395,10 @@ class GroupMemorySamplers:
         return SamplerError(node_id, f"no group-memory reading from node {node_id}: {why}")
 
     def maintain(
-        self, workers_by_node: Mapping[str, Iterable[tuple[str, int, int | None]]]
+        self,
+        workers_by_node: Mapping[str, Iterable[tuple[str, int, int | None]]],
+        *,
+        version: Hashable | None = None,
     ) -> dict[str, SamplerError]:
         """Keep one publishing sampler per node that has workers, waiting on none of them.
 
@@ -405,6 +415,12 @@ class GroupMemorySamplers:
         here returns at once, and a cycle in which nothing changed and no round falls
         makes none. Use either this or :meth:`sample` on one manager.
 
+        ``version``, when given, names the content of ``workers_by_node`` (the
+        registry's version, say): while it is the version of the last call after which
+        every node's sampler stood told its list, and no sampler has been removed or
+        failed to start since, the lists are not walked again; the liveness rounds
+        run all the same, and a sampler they remove is started again the cycle after.
+
         Returns ``{node id: SamplerError}`` for the nodes with a problem this cycle,
         empty when all is well. Raises ValueError, naming it, for a malformed node id or
         worker, before anything is started or told.
@@ -412,6 +428,9 @@ class GroupMemorySamplers:
         present: set[str] = set()
         changed: dict[str, list[tuple[str, int, int | None]]] = {}
         with self._lock:
+            if version is not None and version == self._settled:
+                return self._maintain(None, changed)
+            self._settled = _UNSETTLED
             for node_id, workers in workers_by_node.items():
                 listed = workers if isinstance(workers, list) else list(workers)
                 sampler = self._samplers.get(node_id)
@@ -427,15 +446,19 @@ class GroupMemorySamplers:
                 present.add(_check_node_id(node_id))
                 if sampler is None or sampler.workers != entries:
                     changed[node_id] = entries
+            # Settled unless telling a changed node fails or a sampler is removed below.
+            self._settled = _UNSETTLED if version is None else version
             return self._maintain(present, changed)
 
     def _maintain(
-        self, present: set[str], changed: dict[str, list[tuple[str, int, int | None]]]
+        self, present: set[str] | None, changed: dict[str, list[tuple[str, int, int | None]]]
     ) -> dict[str, SamplerError]:
+        """One cycle's work; ``present`` None when the worker lists were not walked."""
         self._cycle += 1
         results: dict[str, SamplerError] = {}
-        for node_id in [node for node in self._samplers if node not in present]:
-            self._stop_sampler(node_id)
+        if present is not None:
+            for node_id in [node for node in self._samplers if node not in present]:
+                self._stop_sampler(node_id)
         for node_id, entries in changed.items():
             sampler = self._samplers.get(node_id)
             error: SamplerError | None = None
@@ -448,6 +471,7 @@ class GroupMemorySamplers:
                     entries,
                 )
             if error is not None:
+                self._settled = _UNSETTLED
                 results[node_id] = error
         if self._pings_out and self._cycle > self._round:
             self._read_pings(results)

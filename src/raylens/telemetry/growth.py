@@ -21,9 +21,9 @@ from __future__ import annotations
 
 import dataclasses
 import threading
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any, Protocol, runtime_checkable
 
 from opentelemetry.metrics import CallbackOptions, Observation
 
@@ -35,7 +35,14 @@ from raylens.telemetry.history import (
     NodeGrowth,
     resolve_kill_line_config,
 )
-from raylens.telemetry.host_memory import NodeSample
+from raylens.telemetry.host_memory import (
+    DEFAULT_REGISTRY,
+    NO_WORKER_GROUPS,
+    TOTAL_KEY,
+    USED_KEY,
+    NodeRecord,
+    NodeSample,
+)
 from raylens.telemetry.names import HOST_NAME_ATTR, RAY_NODE_ID_ATTR, RL_WORKER_GROUPS_ATTR
 from raylens.telemetry.raylet_payload import NodeGroupFigures
 
@@ -178,6 +185,19 @@ class FigureSource(Protocol):
     def group_figures(self) -> dict[str, tuple[str, NodeGroupFigures, float]]: ...
 
 
+@runtime_checkable
+class RecordSource(Protocol):
+    """A monitor whose cycle's records a growth cycle can read directly (the host-memory one).
+
+    Read this way, a cycle builds no per-node sample or figures table: each node costs
+    a look at its record. Reading marks the monitor as consumed, as ``latest()`` does.
+    """
+
+    def records(self) -> Mapping[tuple[str, str], NodeRecord]: ...
+
+    def declare_consumer(self) -> None: ...
+
+
 class GrowthMonitor(FigureSource, Protocol):
     """A monitor a growth cycle can be attached to."""
 
@@ -216,38 +236,70 @@ class GrowthCycle:
 
     def __call__(self, monitor: FigureSource) -> None:
         with self._lock:
-            figures = monitor.group_figures()
-            outlooks = []
-            live = set()
-            for sample in monitor.latest():
-                node = sample.node_id
-                live.add(node)
-                at = sample.sampled_at
-                carried = figures.get(node)
-                if (
-                    sample.used is not None
-                    and at is not None
-                    and at > self._recorded_at.get(node, float("-inf"))
-                    and self._published_anew(node, carried)
-                ):
-                    groups = {g.group: g.rss_bytes for g in carried[1].groups} if carried else None
-                    self.history.record_node(node, at, sample.used, groups=groups)
-                    self._recorded_at[node] = at
-                outlook = self._outlook_of(sample)
-                if carried is not None:
-                    outlook = self._merged_with(node, outlook, carried[1])
-                outlooks.append(outlook)
-            for gone in set(self._recorded_at) - live:
+            outlooks: dict[str, NodeOutlook] = {}
+            if isinstance(monitor, RecordSource):
+                # The records themselves: what latest() and group_figures() would copy out.
+                monitor.declare_consumer()
+                _version, labels = DEFAULT_REGISTRY.labels_by_node()
+                for record in monitor.records().values():
+                    node, values, at = record.node, record.values, record.sampled_at
+                    node_id = node.node_id
+                    outlooks[node_id] = self._observe(
+                        node_id,
+                        node.host,
+                        labels.get(node_id, NO_WORKER_GROUPS),
+                        values.get(USED_KEY) if values else None,
+                        values.get(TOTAL_KEY) if values else None,
+                        at,
+                        record.groups if at is not None else None,
+                    )
+            else:
+                figures = monitor.group_figures()
+                for sample in monitor.latest():
+                    carried = figures.get(sample.node_id)
+                    outlooks[sample.node_id] = self._observe(
+                        sample.node_id,
+                        sample.host,
+                        sample.worker_groups,
+                        sample.used,
+                        sample.total,
+                        sample.sampled_at,
+                        None if carried is None else carried[1],
+                    )
+            for gone in [node for node in self._recorded_at if node not in outlooks]:
                 del self._recorded_at[gone]
                 self._outlooks.pop(gone, None)
                 self._merged.pop(gone, None)
                 self._stamps.pop(gone, None)
                 self.history.forget(gone)
-            self.snapshot.publish(outlooks)
+            self.snapshot.publish(outlooks.values())
 
-    def _published_anew(
-        self, node: str, carried: tuple[str, NodeGroupFigures, float] | None
-    ) -> bool:
+    def _observe(
+        self,
+        node: str,
+        host: str,
+        worker_groups: str,
+        used: float | None,
+        total: float | None,
+        at: float | None,
+        carried: NodeGroupFigures | None,
+    ) -> NodeOutlook:
+        """Record one node's sample if it is new, and return the node's outlook."""
+        if (
+            used is not None
+            and at is not None
+            and at > self._recorded_at.get(node, float("-inf"))
+            and self._published_anew(node, carried)
+        ):
+            groups = {g.group: g.rss_bytes for g in carried.groups} if carried else None
+            self.history.record_node(node, at, used, groups=groups)
+            self._recorded_at[node] = at
+        outlook = self._outlook_of(node, host, worker_groups, total, at)
+        if carried is not None:
+            outlook = self._merged_with(node, outlook, carried)
+        return outlook
+
+    def _published_anew(self, node: str, carried: NodeGroupFigures | None) -> bool:
         """Whether the node's sampler published since its figures were last recorded.
 
         A node whose groups a sampler reports is recorded once per reading of the
@@ -257,7 +309,7 @@ class GrowthCycle:
         if carried is None:
             self._stamps.pop(node, None)
             return True
-        stamp = carried[1].sampled_at
+        stamp = carried.sampled_at
         if self._stamps.get(node) == stamp:
             return False
         self._stamps[node] = stamp
@@ -274,24 +326,25 @@ class GrowthCycle:
         self._merged[node] = (outlook, figures, merged)
         return merged
 
-    def _outlook_of(self, sample: NodeSample) -> NodeOutlook:
+    def _outlook_of(
+        self, node: str, host: str, worker_groups: str, total: float | None, at: float | None
+    ) -> NodeOutlook:
         """The node's outlook, built again once a fit may have changed it.
 
         Fits run every tenth of a window of a series' own time, so between two of them
         the figures cannot change: the outlook is rebuilt at most that often, which keeps
         a cycle's cost per node to recording its samples.
         """
-        node, at = sample.node_id, sample.sampled_at
         previous = self._outlooks.get(node)
         if (
             previous is not None
             and at is not None
             and at - previous[0] < self.history.settings.fit_interval_s
-            and previous[1].worker_groups == sample.worker_groups
+            and previous[1].worker_groups == worker_groups
         ):
             return previous[1]
-        limit = self.kill_line.limit(sample.total)
-        outlook = _outlook(node, sample.host, sample.worker_groups, self.history.node(node), limit)
+        limit = self.kill_line.limit(total)
+        outlook = _outlook(node, host, worker_groups, self.history.node(node), limit)
         if at is not None:
             self._outlooks[node] = (at, outlook)
         return outlook

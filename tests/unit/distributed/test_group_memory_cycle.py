@@ -34,6 +34,7 @@ from raylens.telemetry.group_memory import (
     DEFAULT_REGISTRY,
     GroupMemorySnapshot,
     GroupWorkerRegistry,
+    NodeGroupMemory,
     register_group_memory_gauges,
 )
 from raylens.telemetry.raylet_payload import GroupFigure, NodeGroupFigures
@@ -438,10 +439,12 @@ class _MaintainedSamplers:
 
     def __init__(self, failing: dict[str, str] | None = None) -> None:
         self.maintained: list[dict[str, list[tuple[str, int, int | None]]]] = []
+        self.versions: list[object] = []
         self.failing = failing or {}
         self.closed = 0
 
-    def maintain(self, workers_by_node: Any) -> dict[str, SamplerError]:
+    def maintain(self, workers_by_node: Any, *, version: object = None) -> dict[str, SamplerError]:
+        self.versions.append(version)
         self.maintained.append({node: list(ws) for node, ws in workers_by_node.items()})
         return {node: SamplerError(node, why) for node, why in self.failing.items()}
 
@@ -513,3 +516,96 @@ def test_a_reading_the_sampler_has_not_renewed_is_not_rebuilt() -> None:
     monitor.figures = {NODES[0]: ("vm", figures._replace(sampled_at=15.0), 2.0)}
     cycle(monitor)  # type: ignore[arg-type]
     assert snapshot.latest()[NODES[0]][0] is not first
+
+
+def test_the_samplers_get_the_registry_version_with_its_lists() -> None:
+    registry = GroupWorkerRegistry()
+    registry.register("policy", [(NODES[0], 101, 1)])
+    samplers = _MaintainedSamplers()
+    cycle = GroupMemoryCycle(samplers, registry=registry, snapshot=GroupMemorySnapshot())  # type: ignore[arg-type]
+    monitor = _ScrapedMonitor({})
+
+    cycle(monitor)  # type: ignore[arg-type]
+    cycle(monitor)  # type: ignore[arg-type]
+    registry.register("rollout", [(NODES[1], 201, 1)])
+    cycle(monitor)  # type: ignore[arg-type]
+
+    first, second, third = samplers.versions
+    assert first == second == registry.version - 1 and third == registry.version
+    assert samplers.maintained[-1] == {
+        NODES[0]: [("policy", 101, 1)],
+        NODES[1]: [("rollout", 201, 1)],
+    }
+
+
+def _readings(snapshot: GroupMemorySnapshot) -> dict[str, NodeGroupMemory]:
+    return {node: reading for node, (reading, _age) in snapshot.latest().items()}
+
+
+def test_readings_kept_from_cycle_to_cycle_equal_a_rebuild_from_scratch() -> None:
+    """Whatever changes between cycles, the kept readings are those a fresh cycle builds."""
+    registry = GroupWorkerRegistry()
+    registry.register("policy", [(NODES[0], 101, 1), (NODES[1], 102, 1)])
+    kept_snapshot = GroupMemorySnapshot()
+    kept = GroupMemoryCycle(_MaintainedSamplers(), registry=registry, snapshot=kept_snapshot)  # type: ignore[arg-type]
+
+    def figures(stamp: float, rss: float) -> NodeGroupFigures:
+        return NodeGroupFigures(stamp, (GroupFigure("policy", rss, None, 1.0),))
+
+    steps: list[Callable[[dict[str, tuple[str, NodeGroupFigures, float]]], None]] = [
+        lambda f: None,  # nothing new
+        lambda f: f.update({NODES[0]: ("vm", figures(15.0, 4e9), 2.0)}),  # one node renewed
+        lambda f: f.update({NODES[1]: ("vm-renamed", f[NODES[1]][1], 3.0)}),  # host changed
+        lambda f: registry.register("rollout", [(NODES[1], 201, 1)]),  # registration changed
+        lambda f: f.pop(NODES[0]),  # a node no longer answered
+        lambda f: f.update({NODES[0]: ("vm", figures(25.0, 5e9), 4.0)}),  # and came back
+    ]
+    carried = {NODES[0]: ("vm", figures(5.0, 3e9), 1.0), NODES[1]: ("vm", figures(5.0, 2e9), 1.0)}
+    kept(_ScrapedMonitor(dict(carried)))  # type: ignore[arg-type]
+    for step in steps:
+        step(carried)
+        kept(_ScrapedMonitor(dict(carried)))  # type: ignore[arg-type]
+        rebuilt_snapshot = GroupMemorySnapshot()
+        rebuilt = GroupMemoryCycle(
+            _MaintainedSamplers(), registry=registry, snapshot=rebuilt_snapshot
+        )  # type: ignore[arg-type]
+        rebuilt(_ScrapedMonitor(dict(carried)))  # type: ignore[arg-type]
+        assert _readings(kept_snapshot) == _readings(rebuilt_snapshot)
+
+
+class _FiguresOnly:
+    """A monitor seen only through ``group_figures()``, the copies it hands out."""
+
+    has_consumer = True
+
+    def __init__(self, monitor: hm.HostMemoryMonitor) -> None:
+        self._monitor = monitor
+        self.max_age = monitor.max_age
+
+    def group_figures(self) -> dict[str, tuple[str, NodeGroupFigures, float]]:
+        return self._monitor.group_figures()
+
+
+def test_reading_the_monitor_s_records_gives_the_readings_its_figures_give(
+    simulated_cluster: Callable[..., Any], make_monitor: Callable[..., hm.HostMemoryMonitor]
+) -> None:
+    rss = {"policy": 3e9, "rollout": 1e9}
+    sim = simulated_cluster(3, groups=lambda index, _t: rss if index else {})
+    registry = GroupWorkerRegistry()
+    registry.register("policy", [(sim.node_id(1), 101, 1), (sim.node_id(2), 102, 1)])
+    monitor = make_monitor(sim.cluster)
+    snapshots = GroupMemorySnapshot(), GroupMemorySnapshot()
+    from_records, from_figures = (
+        GroupMemoryCycle(_MaintainedSamplers(), registry=registry, snapshot=snapshot)  # type: ignore[arg-type]
+        for snapshot in snapshots
+    )
+
+    for step in range(3):
+        if step == 2:
+            rss["policy"] = 4e9
+        monitor.collect_once()
+        from_records(monitor)
+        from_figures(_FiguresOnly(monitor))  # type: ignore[arg-type]
+        assert _readings(snapshots[0]) == _readings(snapshots[1])
+
+    assert set(_readings(snapshots[0])) == {sim.node_id(1), sim.node_id(2)}

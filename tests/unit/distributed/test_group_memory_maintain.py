@@ -309,3 +309,103 @@ def test_a_sampler_started_by_sample_is_started_publishing_by_maintain(fake_ray,
     assert len(fake_ray.actors) == 2
     for actor in fake_ray.actors:
         assert _names(actor) == ["read", "set_workers", "start"]
+
+
+class _CountedLists(dict[str, list[tuple[str, int, int]]]):
+    """Worker lists that count how often the manager went through them."""
+
+    def __init__(self, lists: dict[str, list[tuple[str, int, int]]]) -> None:
+        super().__init__(lists)
+        self.walks = 0
+
+    def items(self) -> Any:
+        self.walks += 1
+        return super().items()
+
+
+def test_with_the_version_unchanged_no_worker_list_is_walked(fake_ray, two_nodes):
+    manager = _manager(fake_ray, ping_every=100)
+    lists = _CountedLists(two_nodes)
+    manager.maintain(lists, version=1)
+    fake_ray.submitted.clear()
+
+    for _ in range(5):
+        assert manager.maintain(lists, version=1) == {}
+
+    assert lists.walks == 1
+    assert fake_ray.submitted == []
+    assert manager.nodes == {NODE_A, NODE_B}
+
+
+def test_a_new_version_still_tells_the_sampler_its_new_workers(fake_ray, nodes, two_nodes):
+    manager = _manager(fake_ray, ping_every=100)
+    manager.maintain(two_nodes, version=1)
+    manager.maintain(two_nodes, version=1)
+    changed = [*two_nodes[NODE_B], _worker(nodes[NODE_B], "reward", 301)]
+
+    manager.maintain({**two_nodes, NODE_B: changed}, version=2)
+    manager.maintain({NODE_A: two_nodes[NODE_A]}, version=3)
+
+    (b,) = _on(fake_ray, NODE_B)
+    assert b.calls[-2:] == [
+        ("set_workers", (changed,), {}),
+        ("stop", (), {"forget_groups": True}),
+    ]
+    assert manager.nodes == {NODE_A}
+
+
+def test_pings_still_fall_due_and_a_dead_sampler_is_replaced_with_the_version_unchanged(
+    fake_ray, two_nodes
+):
+    manager = _manager(fake_ray, ping_every=3)
+    manager.maintain(two_nodes, version=7)  # cycle 1
+    (b,) = _on(fake_ray, NODE_B)
+    b.dead = True
+    for _ in range(2):  # cycles 2 and 3: the round at cycle 3 sends the pings
+        assert manager.maintain(two_nodes, version=7) == {}
+    assert "ping" in _names(b)
+
+    results = manager.maintain(two_nodes, version=7)  # cycle 4: the answers are read
+
+    assert "died" in results[NODE_B].message and "replaced" in results[NODE_B].message
+    assert _names(_on(fake_ray, NODE_B)[-1]) == ["set_workers", "start"]
+
+
+def test_a_sampler_that_could_not_start_is_tried_again_with_the_version_unchanged(
+    fake_ray, two_nodes
+):
+    unknown = "d" * 56  # not a node of this cluster: a hard affinity to it is refused
+    manager = _manager(fake_ray)
+    lists = {**two_nodes, unknown: [("policy", 400, None)]}
+
+    for _ in range(3):
+        results = manager.maintain(lists, version=1)
+        assert set(results) == {unknown} and "could not start" in results[unknown].message
+
+
+def test_a_sampler_removed_by_a_missed_round_is_started_again_with_the_version_unchanged(
+    fake_ray, two_nodes
+):
+    manager = _manager(fake_ray, ping_every=1, max_missed=1)
+    manager.maintain(two_nodes, version=1)  # cycle 1: started, pinged
+    manager.maintain(two_nodes, version=1)  # cycle 2: both answer
+    (b,) = _on(fake_ray, NODE_B)
+    b.hung = True
+    fake_ray.hang_actors_on(NODE_B)  # its replacement cannot answer either
+    manager.maintain(two_nodes, version=1)  # cycle 3: a new ping hangs
+    manager.maintain(two_nodes, version=1)  # cycle 4: missed, replaced
+
+    assert b.killed
+    assert len(_on(fake_ray, NODE_B)) == 2
+    assert _names(_on(fake_ray, NODE_B)[-1])[:2] == ["set_workers", "start"]
+
+
+def test_close_leaves_no_version_standing(fake_ray, two_nodes):
+    manager = _manager(fake_ray, ping_every=100)
+    manager.maintain(two_nodes, version=1)
+    manager.close()
+
+    manager.maintain(two_nodes, version=1)
+
+    assert manager.nodes == {NODE_A, NODE_B}
+    assert len(fake_ray.actors) == 4

@@ -649,6 +649,34 @@ def test_names_are_made_encodable(metrics_probe, clock: Clock):
     assert dict(attributes)["host.name"] == "h\ufffd"
 
 
+def _points(snapshot: GroupMemorySnapshot) -> tuple[set, set]:
+    def flat(observations: list) -> set:
+        return {(o.value, frozenset(dict(o.attributes).items())) for o in observations}
+
+    return flat(snapshot.observe_usage()), flat(snapshot.observe_processes())
+
+
+def test_points_kept_from_publish_to_publish_equal_those_of_a_fresh_snapshot(clock: Clock):
+    """New readings reuse what still holds of the last ones; the points never differ."""
+    kept = GroupMemorySnapshot(clock=clock, max_age=30.0)
+    same = _reading("a", policy=(5, 5, 1))
+    cycles = [
+        {NODE_A: _reading("a", policy=(1, 1, 1), rollout=(2, None, 1)), NODE_B: same},
+        {NODE_A: _reading("a", policy=(3, 2, 2), rollout=(4, None, 1)), NODE_B: same},
+        {NODE_A: _reading("a", policy=(3, 2, 2), reward=(4, 1, 1)), NODE_B: same},
+        {NODE_A: _reading("renamed", policy=(3, 2, 2), reward=(4, 1, 1)), NODE_B: same},
+        {NODE_A: _reading("renamed", policy=(3, 2, 2)), NODE_B: TimeoutError("late")},
+        {NODE_A: _reading("h\ud800", **{"p\udcff": (6, None, 1)}), NODE_B: same},
+        {NODE_A: _reading("h\ud800", **{"p\udcff": (7, None, 1)})},
+    ]
+    for results in cycles:
+        kept.publish(results)
+        fresh = GroupMemorySnapshot(clock=clock, max_age=30.0)
+        fresh.publish(results)
+        assert _points(kept) == _points(fresh)
+        assert kept.latest() == fresh.latest()
+
+
 @pytest.mark.slow
 def test_nothing_is_declared_at_import():
     code = (

@@ -192,3 +192,46 @@ def test_a_reading_scraped_again_is_not_recorded_again() -> None:
 
     times, _values = cycle.history.window(("a", "policy"))
     assert len(times) == 1
+
+
+class _CopiesOnly:
+    """A monitor seen only through the copies it hands out: ``latest()`` and ``group_figures()``."""
+
+    def __init__(self, monitor: Any) -> None:
+        self._monitor = monitor
+
+    def latest(self) -> list[NodeSample]:
+        return self._monitor.latest()
+
+    def group_figures(self) -> dict[str, tuple[str, NodeGroupFigures, float]]:
+        return self._monitor.group_figures()
+
+
+def test_reading_the_monitor_s_records_gives_the_outlooks_its_copies_give(
+    simulated_cluster: Callable[..., SimulatedCluster], make_monitor: Callable[..., Any]
+) -> None:
+    from raylens.simulation.memory_script import Leak, MemoryScript
+    from raylens.telemetry.host_memory import register_worker_group_nodes
+
+    clock = _Clock()
+    script = MemoryScript(seed=2)
+    script.set_group(0, "policy", Leak(4 * 1024**2), base=6 * GIB)
+    script.set_group(1, "rollout", base=3 * GIB)
+    for node in (0, 1, 2):
+        script.set_other(node, base=5 * GIB)
+    sim = simulated_cluster(3, schedule=script.schedule, groups=script.groups, clock=clock)
+    monitor = make_monitor(sim.cluster, scrape_mode="inprocess", clock=clock)
+    from_records = GrowthCycle(settings=GrowthSettings(window_s=30.0))
+    from_copies = GrowthCycle(settings=GrowthSettings(window_s=30.0))
+
+    for second in range(60):
+        clock.now += 1.0
+        if second == 20:  # a label changes on one node
+            register_worker_group_nodes("policy", [sim.node_id(0)])
+        monitor.collect_once()
+        from_records(monitor)
+        from_copies(_CopiesOnly(monitor))
+        assert from_records.snapshot.latest() == from_copies.snapshot.latest()
+
+    assert from_records.snapshot.latest()[sim.node_id(0)].worker_groups == "policy"
+    assert from_records.snapshot.latest()[sim.node_id(0)].growth is not None

@@ -201,10 +201,17 @@ def forget_group_workers(group: str) -> None:
 @dataclass(frozen=True)
 class _NodeEntry:
     reading: NodeGroupMemory
-    received_at: float
-    expires_at: float
-    # Per group: (attributes without memory.type, rss, pss, process count).
-    rows: tuple[tuple[dict[str, str], int, int | None, int], ...]
+    # Per group of the reading, in its order: the point's attributes without memory.type.
+    # Shared with the entry of the node's next reading while its groups and host stay,
+    # so a new reading costs one entry; never changed once built.
+    attributes: tuple[dict[str, str], ...]
+
+    def same_labels(self, reading: NodeGroupMemory) -> bool:
+        """Whether ``reading`` has this entry's host and groups, in the same order."""
+        mine, theirs = self.reading.groups, reading.groups
+        if self.reading.host_name != reading.host_name or len(mine) != len(theirs):
+            return False
+        return all(old.group == new.group for old, new in zip(mine, theirs))
 
 
 class GroupMemorySnapshot:
@@ -227,6 +234,11 @@ class GroupMemorySnapshot:
         self.max_age = check_positive_seconds("max_age", max_age)
         self._lock = threading.Lock()
         self._entries: dict[str, _NodeEntry] = {}
+        # Every entry was received in the one publish that made the content: when, and
+        # until when it is exported. Kept once, so that a reading published again costs
+        # no new entry.
+        self._received_at = float("-inf")
+        self._expires_at = float("-inf")
 
     def publish(self, results: Mapping[str, object], *, max_age: float | None = None) -> None:
         """Make ``results`` (``{node id: reading or error}``) the snapshot's whole content.
@@ -241,69 +253,70 @@ class GroupMemorySnapshot:
         for node_id, reading in results.items():
             if not isinstance(reading, NodeGroupMemory):
                 continue
-            node = encodable(str(node_id))
-            before = previous.get(node)
+            before = previous.get(node_id)
+            if before is None:
+                node = encodable(str(node_id))
+                before = previous.get(node)
+            else:
+                node = node_id  # found as a key: made encodable when that entry was built
             if before is not None and before.reading is reading:
-                # The same reading again (its sampler published nothing new): its rows stand.
-                entries[node] = _NodeEntry(reading, now, now + limit, before.rows)
+                # The same reading again (its sampler published nothing new): its entry stands.
+                entries[node] = before
+                continue
+            if before is not None and before.same_labels(reading):
+                entries[node] = _NodeEntry(reading, before.attributes)
                 continue
             host = encodable(reading.host_name)
-            rows = tuple(
-                (
-                    {
-                        WORKER_GROUP_ATTR: encodable(g.group),
-                        _NODE_ID_ATTR: node,
-                        _HOST_NAME_ATTR: host,
-                    },
-                    g.rss_bytes,
-                    g.pss_bytes,
-                    g.process_count,
-                )
+            attributes = tuple(
+                {WORKER_GROUP_ATTR: encodable(g.group), _NODE_ID_ATTR: node, _HOST_NAME_ATTR: host}
                 for g in reading.groups
             )
-            entries[node] = _NodeEntry(reading, now, now + limit, rows)
+            entries[node] = _NodeEntry(reading, attributes)
         with self._lock:
             self._entries = entries
+            self._received_at, self._expires_at = now, now + limit
 
     def _fresh(self) -> list[_NodeEntry]:
         now = self._clock()
         with self._lock:
-            entries = list(self._entries.values())
-        return [entry for entry in entries if now <= entry.expires_at]
+            entries, expires_at = self._entries, self._expires_at
+        return list(entries.values()) if now <= expires_at else []
 
     def observe_usage(self, _options: CallbackOptions | None = None) -> list[Observation]:
         """Points of ``rl.worker_group.memory.usage`` for every fresh reading."""
         points = []
         for entry in self._fresh():
-            for attributes, rss, pss, _count in entry.rows:
-                points.append(Observation(rss, {**attributes, MEMORY_TYPE_ATTR: _RSS}))
-                if pss is not None:
-                    points.append(Observation(pss, {**attributes, MEMORY_TYPE_ATTR: _PSS}))
+            for attributes, group in zip(entry.attributes, entry.reading.groups):
+                points.append(Observation(group.rss_bytes, {**attributes, MEMORY_TYPE_ATTR: _RSS}))
+                if group.pss_bytes is not None:
+                    points.append(
+                        Observation(group.pss_bytes, {**attributes, MEMORY_TYPE_ATTR: _PSS})
+                    )
         return points
 
     def observe_processes(self, _options: CallbackOptions | None = None) -> list[Observation]:
         """Points of ``rl.worker_group.processes`` for every fresh reading."""
         return [
-            Observation(count, dict(attributes))
+            Observation(group.process_count, dict(attributes))
             for entry in self._fresh()
-            for attributes, _rss, _pss, count in entry.rows
+            for attributes, group in zip(entry.attributes, entry.reading.groups)
         ]
 
     def latest(self) -> dict[str, tuple[NodeGroupMemory, float]]:
         """``{node id: (reading, seconds since published)}`` for every fresh reading, for tables."""
         now = self._clock()
         with self._lock:
-            entries = dict(self._entries)
-        return {
-            node: (entry.reading, max(0.0, now - entry.received_at))
-            for node, entry in entries.items()
-            if now <= entry.expires_at
-        }
+            entries, received_at, expires_at = self._entries, self._received_at, self._expires_at
+        if now > expires_at:
+            return {}
+        age = max(0.0, now - received_at)
+        return {node: (entry.reading, age) for node, entry in entries.items()}
 
     def clear(self) -> None:
         """Forget every reading."""
         with self._lock:
             self._entries = {}
+            self._received_at = self._expires_at = float("-inf")
 
 
 DEFAULT_SNAPSHOT = GroupMemorySnapshot()

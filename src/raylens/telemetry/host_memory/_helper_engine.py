@@ -105,14 +105,17 @@ class GroupFiguresMemo:
         held = self._held
         restored: dict[Hashable, Outcome] = {}
         for key, outcome in results.items():
-            groups = outcome.groups
+            # Unpacked and built again rather than ``_replace``d: half the cost, per node.
+            values, error, wedged, asked, elapsed, error_type, duration, groups, oom = outcome
             if groups is not None:
                 held[key] = groups
             elif key in unchanged:
                 groups = held.get(key)
             else:
                 held.pop(key, None)
-            restored[key] = outcome._replace(elapsed=outcome.elapsed + offset, groups=groups)
+            restored[key] = Outcome(
+                values, error, wedged, asked, elapsed + offset, error_type, duration, groups, oom
+            )
         return restored
 
 

@@ -507,7 +507,8 @@ class HostMemoryMonitor:
         previous = self._records
         records: dict[NodeKey, NodeRecord] = {}
         version, labels = DEFAULT_REGISTRY.labels_by_node()
-        stamp = self._cycles
+        # One standing shared by every node that answers this cycle (a tuple per cycle).
+        answered = (_Standing.ANSWERED, self._cycles)
         for node in nodes:
             key = node.key
             outcome = results.get(key)
@@ -533,7 +534,7 @@ class HostMemoryMonitor:
             )
             values = outcome.values
             if values:
-                self._standing[key] = (_Standing.ANSWERED, stamp)
+                self._standing[key] = answered
                 # Aged from the node's answer, not from the end of the cycle.
                 sampled_at = started + outcome.elapsed
                 records[key] = NodeRecord(

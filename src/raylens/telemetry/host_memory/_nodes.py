@@ -268,16 +268,18 @@ _KEY_FIELDS = ("NodeID", "NodeManagerAddress", "MetricsExportPort", "NodeManager
 
 
 def _record_key(entry: object, unscrapeable: bool) -> tuple[object, ...] | None:
-    """A live record's identifying fields, typed, when all are plain values; else None."""
+    """A live record's identifying fields when all are plain values (str, int, None); else None.
+
+    One flat tuple per record: a str never equals an int or None (and bool, which
+    equals an int, is not a plain value here), so the values alone tell records apart.
+    """
     if not isinstance(entry, dict) or entry.get("Alive") is not True:
         return None
-    key: list[object] = [unscrapeable]
-    for name in _KEY_FIELDS:
-        value = entry.get(name)
-        if value is not None and type(value) not in (str, int):
+    key = (unscrapeable, *map(entry.get, _KEY_FIELDS))
+    for value in key[1:]:
+        if value is not None and type(value) is not str and type(value) is not int:
             return None
-        key.append((type(value).__name__, value))
-    return tuple(key)
+    return key
 
 
 def _malformed_key(entry: object) -> str:
