@@ -16,7 +16,8 @@ Tests script what Ray would do to them:
   hang, ``actor.dead = True`` makes every later call fail as Ray's ``RayActorError`` does,
   ``actor.kill_error = True`` makes ``kill`` of it raise.
 - ``hang_actors_on(node_id)`` makes actors started on that node hang from the start;
-  ``actor_setup`` may adjust an actor's constructor arguments per node;
+  ``actor_setup`` may adjust an actor's constructor arguments per node
+  (:meth:`FakeRay.read_procfs` sets it so that each actor reads its own node's fake ``/proc``);
   ``on_submit`` and ``on_kill`` run for every method call and every kill.
 - ``pending_placement = True`` leaves new placement groups unplaced (``ready()`` hangs).
 
@@ -29,10 +30,11 @@ from __future__ import annotations
 
 import functools
 import itertools
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
+from pathlib import Path
 from types import SimpleNamespace
-from typing import Any
+from typing import Any, Protocol
 
 __all__ = [
     "DEFAULT_NODE_IDS",
@@ -320,6 +322,13 @@ class FakeRayPlacementGroup:
         }
 
 
+class _ProcRoot(Protocol):
+    """A fake ``/proc`` tree, as :class:`raylens_fakes.procfs.FakeProcFS` is."""
+
+    @property
+    def root(self) -> Path: ...
+
+
 class FakeRay:
     """A module-like stand-in for ``ray`` over ``node_ids`` (see the module docstring)."""
 
@@ -449,6 +458,20 @@ class FakeRay:
     def hang_actors_on(self, node_id: str) -> None:
         """Actors started on ``node_id`` from now on hang on every call."""
         self._hang_on.add(node_id)
+
+    @classmethod
+    def over_procfs(cls, procfs: Mapping[str, _ProcRoot]) -> FakeRay:
+        """A fake over ``procfs``' node ids whose every actor reads its own node's fake
+        ``/proc`` (see :meth:`read_procfs`)."""
+        fake = cls(procfs)
+        fake.read_procfs(procfs)
+        return fake
+
+    def read_procfs(self, procfs: Mapping[str, _ProcRoot]) -> None:
+        """Start every later actor with ``procfs_root`` set to its own node's fake ``/proc``."""
+        self.actor_setup = lambda node, _cls, kwargs: kwargs.update(
+            procfs_root=str(procfs[node].root)
+        )
 
     def seam(self) -> Any:
         """A ``RaySeam`` whose connected module is this fake (None once ``shutdown()``)."""

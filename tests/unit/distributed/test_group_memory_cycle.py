@@ -111,9 +111,7 @@ class ClusterRay(FakeRay):
         self.pids = itertools.count(1000)
         self.before_read: Callable[[str], Any] = lambda node: None
         self._ended: set[int] = set()
-        self.actor_setup = lambda node, _cls, kwargs: kwargs.update(
-            procfs_root=str(procfs[node].root)
-        )
+        self.read_procfs(procfs)
         self.on_submit.append(self._submitted)
         self.on_kill.append(self._killed)
 

@@ -30,8 +30,7 @@ def nodes(tmp_path: Path) -> dict[str, FakeProcFS]:
 
 @pytest.fixture
 def fake_ray(nodes: dict[str, FakeProcFS]) -> Iterator[FakeRay]:
-    fake = FakeRay(nodes)
-    fake.actor_setup = lambda node, _cls, kwargs: kwargs.update(procfs_root=str(nodes[node].root))
+    fake = FakeRay.over_procfs(nodes)
     yield fake
     # maintain() never waits: every wait and get it makes returns at once.
     assert all(timeout == 0 for timeout in fake.wait_timeouts), fake.wait_timeouts

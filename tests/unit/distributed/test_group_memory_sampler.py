@@ -40,8 +40,7 @@ def nodes(tmp_path: Path) -> dict[str, FakeProcFS]:
 @pytest.fixture
 def fake_ray(nodes: dict[str, FakeProcFS]) -> Iterator[FakeRay]:
     """A FakeRay over the three nodes; each sampler it starts reads its own node's procfs."""
-    fake = FakeRay(nodes)
-    fake.actor_setup = lambda node, _cls, kwargs: kwargs.update(procfs_root=str(nodes[node].root))
+    fake = FakeRay.over_procfs(nodes)
     yield fake
     # The manager only collects readings that are ready: it never blocks on a hung one.
     assert fake.timed_out_gets == []

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import importlib
 import sys
+from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -157,6 +159,21 @@ def test_actor_setup_sees_the_node_and_may_change_the_arguments(fake_ray: FakeRa
     )
     actor = fake_ray.remote(Counter).options(scheduling_strategy=strategy).remote()
     assert actor.instance.value == 100
+
+
+def test_over_procfs_starts_each_actor_on_its_own_nodes_fake_proc(tmp_path: Path) -> None:
+    class ReadsProc:
+        def __init__(self, procfs_root: str) -> None:
+            self.procfs_root = procfs_root
+
+    trees = {node: SimpleNamespace(root=tmp_path / node[:1]) for node in ("a" * 56, "b" * 56)}
+    fake = FakeRay.over_procfs(trees)
+    strategy = NodeAffinitySchedulingStrategy("b" * 56)
+
+    actor = fake.remote(ReadsProc).options(scheduling_strategy=strategy).remote()
+
+    assert fake.node_ids == list(trees)
+    assert actor.instance.procfs_root == str(tmp_path / "b")
 
 
 def test_an_unknown_node_is_refused_by_name(fake_ray: FakeRay) -> None:
