@@ -685,3 +685,31 @@ def test_driver_telemetry_starts_and_stops_the_monitor_without_importing_ray() -
     shutdown_telemetry()
     assert hm._MONITOR is None
     assert ("ray" in sys.modules) == ray_was_imported
+
+
+def test_a_node_two_monitors_report_exports_the_newest_sample_and_health(
+    simulated_cluster: Factory, metrics_probe: MetricsProbe, make_monitor: Callable
+) -> None:
+    now = [100.0]
+    used = [1e9]
+    sim = simulated_cluster(1, schedule=lambda i, t: (used[0], 64e9), clock=lambda: now[0])
+    first = make_monitor(sim.cluster, clock=lambda: now[0])
+    second = make_monitor(sim.cluster, clock=lambda: now[0])
+    first.collect_once()
+    now[0], used[0] = 101.0, 2e9
+    second.collect_once()
+
+    assert _export(metrics_probe)[sim.node_id(0)][1] == 2e9
+    assert len(metrics_probe.points(hm.RL_HOST_SCRAPE_UP_METRIC)) == 1
+
+    now[0], used[0] = 102.0, 3e9
+    first.collect_once()
+
+    assert _export(metrics_probe)[sim.node_id(0)][1] == 3e9
+    sim.raylet(0).respond_status(503)
+    now[0] = 103.0
+    second.collect_once()  # the latest observation of the node's health is a failure
+    metrics_probe.collect()
+    assert [dict(a)["error.type"] for a in metrics_probe.points(hm.RL_HOST_SCRAPE_UP_METRIC)] == [
+        "http_status"
+    ]

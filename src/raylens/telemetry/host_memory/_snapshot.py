@@ -15,7 +15,7 @@ import time
 import weakref
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import NamedTuple, Protocol
+from typing import NamedTuple, Protocol, TypeVar
 
 from raylens import forking
 from raylens.telemetry.host_memory._nodes import RayNode
@@ -28,9 +28,7 @@ __all__ = [
     "ScrapeHealth",
     "Snapshot",
     "forget_all_monitors",
-    "fresh_health",
     "fresh_health_records",
-    "fresh_samples",
     "fresh_value_records",
     "hold_publisher",
     "node_attributes",
@@ -39,6 +37,7 @@ __all__ = [
 ]
 
 NodeKey = tuple[str, str]
+_Item = TypeVar("_Item")
 
 
 @dataclass(frozen=True)
@@ -151,20 +150,13 @@ class Snapshot:
             self.samples.clear()
             self.samples.update(answered)
 
-    def fresh(self, key: str, now: float) -> list[tuple[NodeKey, float, float]]:
-        """``(node key, value, sampled at)`` of every unexpired sample of ``key``."""
-        return [
-            (record.node.key, value, sampled_at)
-            for record, value, sampled_at in self.fresh_values(key, now)
-        ]
-
-    def fresh_values(self, key: str, now: float) -> list[tuple[NodeRecord, float, float]]:
-        """``(record, value, sampled at)`` of every record with an unexpired sample of ``key``."""
+    def fresh_values(self, key: str, now: float) -> list[tuple[NodeRecord, float]]:
+        """``(record, value)`` of every record with an unexpired sample of ``key``."""
         found = []
         for record in self.records.values():
             values = record.values
             if record.error is None and values and key in values and now <= record.expires_at:
-                found.append((record, values[key], record.sampled_at or now))
+                found.append((record, values[key]))
         return found
 
     def fresh_health(self, now: float) -> list[tuple[NodeRecord, ScrapeHealth]]:
@@ -230,53 +222,46 @@ def _monitors() -> list[Publisher]:
         return list(_PUBLISHERS)
 
 
+def _one_per_node(
+    read: Callable[[Publisher], list[tuple[NodeRecord, _Item]]],
+    stamp: Callable[[NodeRecord, _Item], float],
+) -> list[tuple[NodeRecord, _Item]]:
+    """What ``read`` finds in every monitor, one entry per node: the latest ``stamp`` wins."""
+    monitors = _monitors()
+    if len(monitors) == 1:
+        return read(monitors[0])
+    newest: dict[NodeKey, tuple[NodeRecord, _Item]] = {}
+    for monitor in monitors:
+        for record, item in read(monitor):
+            held = newest.get(record.node.key)
+            if held is None or stamp(record, item) >= stamp(*held):
+                newest[record.node.key] = (record, item)
+    return list(newest.values())
+
+
+def _sampled_at(record: NodeRecord, _value: float) -> float:
+    return record.sampled_at if record.sampled_at is not None else float("-inf")
+
+
+def _observed_at(_record: NodeRecord, health: ScrapeHealth) -> float:
+    return health.observed_at
+
+
 def fresh_value_records(key: str) -> list[tuple[NodeRecord, float]]:
     """``(record, value)`` of every monitor's unexpired samples of ``key``, one per node.
 
     The newest sample wins for a node that two monitors report.
     """
-    monitors = _monitors()
-    if len(monitors) == 1:
-        monitor = monitors[0]
-        return [(r, value) for r, value, _ in monitor.snapshot.fresh_values(key, monitor.clock())]
-    newest: dict[NodeKey, tuple[NodeRecord, float, float]] = {}
-    for monitor in monitors:
-        for record, value, sampled_at in monitor.snapshot.fresh_values(key, monitor.clock()):
-            node_key = record.node.key
-            if node_key not in newest or sampled_at >= newest[node_key][2]:
-                newest[node_key] = (record, value, sampled_at)
-    return [(record, value) for record, value, _ in newest.values()]
+    return _one_per_node(lambda m: m.snapshot.fresh_values(key, m.clock()), _sampled_at)
 
 
 def fresh_health_records() -> list[tuple[NodeRecord, ScrapeHealth]]:
     """Every monitor's unexpired scrape health, one per node: the latest observation wins."""
-    monitors = _monitors()
-    if len(monitors) == 1:
-        monitor = monitors[0]
-        return monitor.snapshot.fresh_health(monitor.clock())
-    newest: dict[NodeKey, tuple[NodeRecord, ScrapeHealth]] = {}
-    for monitor in monitors:
-        for record, health in monitor.snapshot.fresh_health(monitor.clock()):
-            node_key = record.node.key
-            if node_key not in newest or health.observed_at >= newest[node_key][1].observed_at:
-                newest[node_key] = (record, health)
-    return list(newest.values())
-
-
-def fresh_samples(key: str) -> dict[NodeKey, float]:
-    """Every monitor's unexpired samples of ``key``; the newest wins for a node two report."""
-    return {record.node.key: value for record, value in fresh_value_records(key)}
-
-
-def fresh_health() -> dict[NodeKey, ScrapeHealth]:
-    """Every monitor's unexpired scrape health; the latest observation wins for a node."""
-    return {record.node.key: health for record, health in fresh_health_records()}
+    return _one_per_node(lambda m: m.snapshot.fresh_health(m.clock()), _observed_at)
 
 
 def forget_all_monitors() -> None:
     """Stop every monitor and clear every snapshot the gauges read (for resets)."""
-    with _PUBLISHERS_LOCK:
-        monitors = list(_PUBLISHERS)
-    for monitor in monitors:
+    for monitor in _monitors():
         monitor.stop()
         monitor.snapshot.clear()
