@@ -42,7 +42,7 @@ from raylens.telemetry.group_memory import (
     NodeGroupMemory,
     register_group_memory_gauges,
 )
-from raylens.telemetry.growth import RecordSource
+from raylens.telemetry.host_memory import RecordSource
 
 if TYPE_CHECKING:
     from raylens.telemetry.host_memory import HostMemoryMonitor

@@ -21,9 +21,9 @@ from __future__ import annotations
 
 import dataclasses
 import threading
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
-from typing import Any, Protocol, runtime_checkable
+from typing import Any, Protocol
 
 from opentelemetry.metrics import CallbackOptions, Observation
 
@@ -40,8 +40,8 @@ from raylens.telemetry.host_memory import (
     NO_WORKER_GROUPS,
     TOTAL_KEY,
     USED_KEY,
-    NodeRecord,
     NodeSample,
+    RecordSource,
 )
 from raylens.telemetry.names import HOST_NAME_ATTR, RAY_NODE_ID_ATTR, RL_WORKER_GROUPS_ATTR
 from raylens.telemetry.raylet_payload import NodeGroupFigures
@@ -183,19 +183,6 @@ class FigureSource(Protocol):
     def latest(self) -> list[NodeSample]: ...
 
     def group_figures(self) -> dict[str, tuple[str, NodeGroupFigures, float]]: ...
-
-
-@runtime_checkable
-class RecordSource(Protocol):
-    """A monitor whose cycle's records a growth cycle can read directly (the host-memory one).
-
-    Read this way, a cycle builds no per-node sample or figures table: each node costs
-    a look at its record. Reading marks the monitor as consumed, as ``latest()`` does.
-    """
-
-    def records(self) -> Mapping[tuple[str, str], NodeRecord]: ...
-
-    def declare_consumer(self) -> None: ...
 
 
 class GrowthMonitor(FigureSource, Protocol):

@@ -48,6 +48,7 @@ from raylens.telemetry.host_memory._placement import (
 from raylens.telemetry.host_memory._snapshot import (
     NodeRecord,
     NodeSample,
+    RecordSource,
     ScrapeHealth,
     Snapshot,
     forget_all_monitors,
@@ -110,6 +111,7 @@ __all__ = [
     "NodeSample",
     "PlacementRegistry",
     "RayNode",
+    "RecordSource",
     "ScrapeHealth",
     "ScrapeMode",
     "Snapshot",

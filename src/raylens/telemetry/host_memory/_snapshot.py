@@ -15,7 +15,7 @@ import time
 import weakref
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import NamedTuple, Protocol, TypeVar
+from typing import NamedTuple, Protocol, TypeVar, runtime_checkable
 
 from raylens import forking
 from raylens.telemetry.host_memory._nodes import RayNode
@@ -25,6 +25,7 @@ from raylens.telemetry.raylet_payload import NodeGroupFigures, NodeOomCounts
 __all__ = [
     "NodeRecord",
     "NodeSample",
+    "RecordSource",
     "ScrapeHealth",
     "Snapshot",
     "forget_all_monitors",
@@ -178,6 +179,20 @@ class Snapshot:
 
     def clear(self) -> None:
         self.publish({})
+
+
+@runtime_checkable
+class RecordSource(Protocol):
+    """A monitor whose latest cycle can be read as its records (the host-memory one).
+
+    Cycle hooks read it this way when they can: each node then costs a look at its record,
+    with no per-node copy built. ``declare_consumer`` marks the monitor as read, as
+    ``latest()`` does.
+    """
+
+    def records(self) -> Mapping[NodeKey, NodeRecord]: ...
+
+    def declare_consumer(self) -> None: ...
 
 
 class Publisher(Protocol):
