@@ -12,6 +12,7 @@ The layout and its memory: ``docs/architecture.md``, *Memory over time*, *Series
 from __future__ import annotations
 
 import math
+from array import array
 from typing import NamedTuple
 
 import numpy as np
@@ -25,7 +26,8 @@ __all__ = ["Bucket", "SeriesBuffer"]
 _TIME_REBASE_S = float(1 << 16)
 _VALUE_REBASE = float(1 << 34)
 _MIN_CAPACITY = 16
-#: Scalar appends wait in lists until this many, or until the window is read.
+#: Scalar appends wait in raw double arrays (nothing there for the garbage collector to walk)
+#: until this many, or until the window is read.
 _PENDING = 64
 #: Spare room over the live samples when the buffer is resized; a fuller buffer is compacted
 #: (the oldest moved out) every ``_SLACK * window`` samples.
@@ -80,8 +82,8 @@ class SeriesBuffer:
         self._hi = 0
         self._t0 = math.nan
         self._v0 = 0.0
-        self._pending_t: list[float] = []
-        self._pending_v: list[float] = []
+        self._pending_t = array("d")
+        self._pending_v = array("d")
         self._b_id = np.full(buckets, -1, dtype=np.int64)
         self._b_count = np.zeros(buckets, dtype=np.int32)
         self._b_min = np.zeros(buckets, dtype=np.float32)
@@ -130,8 +132,8 @@ class SeriesBuffer:
         last = self.last_time
         if last is not None and t <= last:
             return
-        self._pending_t.append(float(t))
-        self._pending_v.append(float(value))
+        self._pending_t.append(t)
+        self._pending_v.append(value)
         if len(self._pending_t) >= _PENDING:
             self._flush()
 
@@ -139,8 +141,8 @@ class SeriesBuffer:
         if self._pending_t:
             times = np.array(self._pending_t, dtype=np.float64)
             values = np.array(self._pending_v, dtype=np.float64)
-            self._pending_t.clear()
-            self._pending_v.clear()
+            del self._pending_t[:]
+            del self._pending_v[:]
             self._store(times, values)
 
     def extend(self, times: FloatArray, values: FloatArray) -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import math
 
 import numpy as np
@@ -94,3 +95,27 @@ def test_values_keep_their_precision_far_from_where_they_began(
     # float32 offsets from a moving anchor: within 2**-24 of 16 GiB, plus the step's own size.
     assert np.allclose(values, expected, rtol=0, atol=2048.0)
     assert np.allclose(np.diff(times), 10.0, atol=0.01)
+
+
+def _walked_by_the_collector(root: object) -> int:
+    """How many references the garbage collector follows from ``root`` and what it holds."""
+    seen, stack, walked = {id(root)}, [root], 0
+    while stack:
+        for child in gc.get_referents(stack.pop()):
+            walked += 1
+            if gc.is_tracked(child) and id(child) not in seen:
+                seen.add(id(child))
+                stack.append(child)
+    return walked
+
+
+def test_samples_waiting_to_be_stored_give_the_garbage_collector_nothing_to_walk() -> None:
+    # A driver holds thousands of series; a full collection walks all of them, so a sample
+    # must not become an object the collector visits while it waits to be stored.
+    buffer = SeriesBuffer(window_s=600.0, bucket_s=60.0, buckets=10)
+    buffer.append(0.0, GIB)
+    before = _walked_by_the_collector(buffer)
+    for k in range(1, 40):
+        buffer.append(float(k), GIB + k)
+    assert len(buffer) == 40
+    assert _walked_by_the_collector(buffer) == before
