@@ -20,7 +20,7 @@ import sys
 import threading
 import time
 from collections import Counter
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -36,10 +36,10 @@ from raylens.safe_text import printable
 from raylens.telemetry.group_memory import (
     DEFAULT_REGISTRY,
     DEFAULT_SNAPSHOT,
-    GroupMemory,
     GroupMemorySnapshot,
     GroupWorkerRegistry,
     NodeGroupMemory,
+    PublishedReading,
     register_group_memory_gauges,
 )
 from raylens.telemetry.host_memory import RecordSource
@@ -183,8 +183,8 @@ class GroupMemoryCycle:
         self._lock = threading.Lock()
         # The registry's workers per node and their count per group, as of its version.
         self._workers: tuple[int, WorkersByNode, dict[str, Counter[str]]] | None = None
-        # Per node: the reading last built, keyed by the sampler's stamp, host and registry.
-        self._built: dict[str, tuple[float, str, int, NodeGroupMemory]] = {}
+        # Per node: the reading last published, with the stamp, host and registration it had.
+        self._built: dict[str, PublishedReading] = {}
         forking.reset_after_fork_in_child(self)
 
     def reset_after_fork(self) -> None:
@@ -214,6 +214,7 @@ class GroupMemoryCycle:
                 self.samplers.close()
                 return
             wall, cpu = time.perf_counter(), time.thread_time()
+            results: Mapping[str, object]
             if self.mode is CollectionMode.ASK:
                 results = collect_group_memory(
                     self.samplers,
@@ -227,7 +228,9 @@ class GroupMemoryCycle:
                 len(results), time.perf_counter() - wall, time.thread_time() - cpu
             )
 
-    def _from_scrape(self, monitor: HostMemoryMonitor) -> dict[str, NodeGroupMemory | SamplerError]:
+    def _from_scrape(
+        self, monitor: HostMemoryMonitor
+    ) -> dict[str, PublishedReading | NodeGroupMemory | SamplerError]:
         """Keep the samplers running, and publish the figures the scrape brought back.
 
         Only the nodes whose sampler published anew (or whose host or registration
@@ -237,26 +240,28 @@ class GroupMemoryCycle:
         version, workers, counts_by_node = self._registered()
         # The samplers walk the worker lists only when the registry's version moved.
         maintained = self.samplers.maintain(workers, version=version)
-        results: dict[str, NodeGroupMemory | SamplerError] = dict(maintained)
+        results: dict[str, PublishedReading | NodeGroupMemory | SamplerError] = dict(maintained)
         before = self._built
-        built: dict[str, tuple[float, str, int, NodeGroupMemory]] = {}
+        built: dict[str, PublishedReading] = {}
         for node_id, host, figures in _carried_figures(monitor):
             if node_id in results:
                 continue
             previous = before.get(node_id)
             if (
                 previous is not None
-                and previous[0] == figures.sampled_at
-                and previous[1] == host
-                and previous[2] == version
+                and (
+                    previous.figures is figures or previous.figures.sampled_at == figures.sampled_at
+                )
+                and previous.host_name == host
+                and previous.registry_version == version
             ):
                 # The sampler has published nothing new since: the same reading stands.
-                results[node_id] = previous[3]
-                built[node_id] = previous
-                continue
-            reading = _reading(host, figures, counts_by_node.get(node_id, _NO_WORKERS))
-            results[node_id] = reading
-            built[node_id] = (figures.sampled_at, host, version, reading)
+                reading = previous
+            else:
+                reading = PublishedReading(
+                    host, figures, counts_by_node.get(node_id, _NO_WORKERS), version
+                )
+            results[node_id] = built[node_id] = reading
         self._built = built
         self.snapshot.publish(results, max_age=monitor.max_age)
         return results
@@ -265,28 +270,6 @@ class GroupMemoryCycle:
         """Remove every sampler; the next collection starts them again."""
         with self._lock:
             self.samplers.close()
-
-
-def _reading(host: str, figures: NodeGroupFigures, workers: Counter[str]) -> NodeGroupMemory:
-    """The reading a sampler's published ``figures`` make, with each group's ``workers``.
-
-    Built once per node per new reading, so written for speed: positional fields, a
-    plain loop, no generator.
-    """
-    groups = []
-    for figure in figures.groups:
-        pss = figure.pss_bytes
-        groups.append(
-            GroupMemory(
-                figure.group,  # group
-                round(figure.rss_bytes),  # rss_bytes
-                None if pss is None else round(pss),  # pss_bytes
-                None if pss is None else 0.0,  # pss_age_seconds
-                round(figure.process_count or 0),  # process_count
-                workers.get(figure.group, 0),  # workers
-            )
-        )
-    return NodeGroupMemory(host, tuple(groups))
 
 
 def _carried_figures(monitor: HostMemoryMonitor) -> Iterator[tuple[str, str, NodeGroupFigures]]:

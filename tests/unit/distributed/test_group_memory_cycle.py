@@ -9,8 +9,10 @@ samplers running and publishes the figures the scrape carried. Worker groups are
 
 from __future__ import annotations
 
+import gc
 import itertools
 import logging
+from collections import Counter
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from types import SimpleNamespace
@@ -607,3 +609,49 @@ def test_reading_the_monitor_s_records_gives_the_readings_its_figures_give(
         assert _readings(snapshots[0]) == _readings(snapshots[1])
 
     assert set(_readings(snapshots[0])) == {sim.node_id(1), sim.node_id(2)}
+
+
+class _QuietSamplers(_MaintainedSamplers):
+    """Samplers that all stand, and keep no record of what they were told."""
+
+    def maintain(self, workers_by_node: Any, *, version: object = None) -> dict[str, SamplerError]:
+        return {}
+
+
+def _alive_since(before: set[int]) -> list[object]:
+    gc.collect()
+    return [o for o in gc.get_objects() if id(o) not in before]
+
+
+def test_a_new_reading_leaves_the_driver_at_most_two_lasting_objects_per_node() -> None:
+    """The collector's full passes come as often as objects outlive a cycle, so few may."""
+    nodes = [f"{n:056x}" for n in range(200)]
+    registry = GroupWorkerRegistry()
+    registry.register("policy", [(node, 101, 1) for node in nodes])
+    snapshot = GroupMemorySnapshot()
+    cycle = GroupMemoryCycle(_QuietSamplers(), registry=registry, snapshot=snapshot)  # type: ignore[arg-type]
+
+    def carried(stamp: float) -> dict[str, tuple[str, NodeGroupFigures, float]]:
+        groups = (
+            GroupFigure("policy", 3e9 + stamp, 2e9, 5.0),
+            GroupFigure("rollout", 1e9, None, 1.0),
+        )
+        return {
+            node: (f"host-{n}", NodeGroupFigures(stamp, groups), stamp)
+            for n, node in enumerate(nodes)
+        }
+
+    cycle(_ScrapedMonitor(carried(1.0)))  # type: ignore[arg-type]
+    monitor = _ScrapedMonitor(carried(2.0))
+    gc.collect()
+    before = {id(o) for o in gc.get_objects()}
+
+    cycle(monitor)  # type: ignore[arg-type]
+
+    lasting = _alive_since(before)
+    assert len(lasting) <= 2 * len(nodes) + 8, Counter(type(o).__name__ for o in lasting)
+    reading, _age = snapshot.latest()[nodes[7]]
+    assert [(g.group, g.rss_bytes, g.pss_bytes, g.workers) for g in reading.groups] == [
+        ("policy", 3_000_000_002, 2_000_000_000, 1),
+        ("rollout", 1_000_000_000, None, 0),
+    ]

@@ -20,8 +20,9 @@ from __future__ import annotations
 import os
 import threading
 import time
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
+from itertools import zip_longest
 
 from opentelemetry.metrics import CallbackOptions, Observation
 
@@ -34,6 +35,7 @@ from raylens.telemetry.group_memory._reading import (
     GroupMemoryReader,
     GroupWorker,
     NodeGroupMemory,
+    PublishedReading,
     WorkerFate,
     as_group_worker,
     check_positive_seconds,
@@ -57,6 +59,7 @@ __all__ = [
     "GroupWorker",
     "GroupWorkerRegistry",
     "NodeGroupMemory",
+    "PublishedReading",
     "WorkerFate",
     "as_group_worker",
     "forget_group_workers",
@@ -198,27 +201,49 @@ def forget_group_workers(group: str) -> None:
 # --------------------------------------------------------------------------- snapshot
 
 
+Reading = NodeGroupMemory | PublishedReading
+"""What a snapshot holds per node: a reading, or a sampler's published figures."""
+
+
+def _group_names(reading: Reading) -> Iterator[str]:
+    if isinstance(reading, PublishedReading):
+        return reading.group_names()
+    return (group.group for group in reading.groups)
+
+
+def _group_points(reading: Reading) -> Iterable[tuple[int, int | None, int]]:
+    """``(rss, pss or None, processes)`` per group of ``reading``, in its order."""
+    if isinstance(reading, PublishedReading):
+        return reading.points()
+    return ((g.rss_bytes, g.pss_bytes, g.process_count) for g in reading.groups)
+
+
+def _as_reading(reading: Reading) -> NodeGroupMemory:
+    return reading.reading() if isinstance(reading, PublishedReading) else reading
+
+
 @dataclass(frozen=True)
 class _NodeEntry:
-    reading: NodeGroupMemory
+    reading: Reading
     # Per group of the reading, in its order: the point's attributes without memory.type.
     # Shared with the entry of the node's next reading while its groups and host stay,
     # so a new reading costs one entry; never changed once built.
     attributes: tuple[dict[str, str], ...]
 
-    def same_labels(self, reading: NodeGroupMemory) -> bool:
+    def same_labels(self, reading: Reading) -> bool:
         """Whether ``reading`` has this entry's host and groups, in the same order."""
-        mine, theirs = self.reading.groups, reading.groups
-        if self.reading.host_name != reading.host_name or len(mine) != len(theirs):
+        if self.reading.host_name != reading.host_name:
             return False
-        return all(old.group == new.group for old, new in zip(mine, theirs))
+        mine, theirs = _group_names(self.reading), _group_names(reading)
+        return all(old == new for old, new in zip_longest(mine, theirs))
 
 
 class GroupMemorySnapshot:
     """The latest per-node group readings the driver received, as the gauges export them.
 
     :meth:`publish` replaces the whole content with one cycle's results, keyed by node
-    id: a node whose result is not a :class:`NodeGroupMemory` (an error, a timeout)
+    id: a node whose result is neither a :class:`NodeGroupMemory` nor a
+    :class:`PublishedReading` (an error, a timeout)
     or that is missing has no point from then on. A reading is exported until
     ``max_age`` seconds of ``clock`` (default :func:`time.monotonic`) after it was
     published, even if no later cycle replaces it.
@@ -251,7 +276,7 @@ class GroupMemorySnapshot:
             previous = self._entries
         entries: dict[str, _NodeEntry] = {}
         for node_id, reading in results.items():
-            if not isinstance(reading, NodeGroupMemory):
+            if not isinstance(reading, (NodeGroupMemory, PublishedReading)):
                 continue
             before = previous.get(node_id)
             if before is None:
@@ -268,8 +293,8 @@ class GroupMemorySnapshot:
                 continue
             host = encodable(reading.host_name)
             attributes = tuple(
-                {WORKER_GROUP_ATTR: encodable(g.group), _NODE_ID_ATTR: node, _HOST_NAME_ATTR: host}
-                for g in reading.groups
+                {WORKER_GROUP_ATTR: encodable(name), _NODE_ID_ATTR: node, _HOST_NAME_ATTR: host}
+                for name in _group_names(reading)
             )
             entries[node] = _NodeEntry(reading, attributes)
         with self._lock:
@@ -286,20 +311,22 @@ class GroupMemorySnapshot:
         """Points of ``rl.worker_group.memory.usage`` for every fresh reading."""
         points = []
         for entry in self._fresh():
-            for attributes, group in zip(entry.attributes, entry.reading.groups):
-                points.append(Observation(group.rss_bytes, {**attributes, MEMORY_TYPE_ATTR: _RSS}))
-                if group.pss_bytes is not None:
-                    points.append(
-                        Observation(group.pss_bytes, {**attributes, MEMORY_TYPE_ATTR: _PSS})
-                    )
+            for attributes, (rss, pss, _processes) in zip(
+                entry.attributes, _group_points(entry.reading)
+            ):
+                points.append(Observation(rss, {**attributes, MEMORY_TYPE_ATTR: _RSS}))
+                if pss is not None:
+                    points.append(Observation(pss, {**attributes, MEMORY_TYPE_ATTR: _PSS}))
         return points
 
     def observe_processes(self, _options: CallbackOptions | None = None) -> list[Observation]:
         """Points of ``rl.worker_group.processes`` for every fresh reading."""
         return [
-            Observation(group.process_count, dict(attributes))
+            Observation(processes, dict(attributes))
             for entry in self._fresh()
-            for attributes, group in zip(entry.attributes, entry.reading.groups)
+            for attributes, (_rss, _pss, processes) in zip(
+                entry.attributes, _group_points(entry.reading)
+            )
         ]
 
     def latest(self) -> dict[str, tuple[NodeGroupMemory, float]]:
@@ -310,7 +337,7 @@ class GroupMemorySnapshot:
         if now > expires_at:
             return {}
         age = max(0.0, now - received_at)
-        return {node: (entry.reading, age) for node, entry in entries.items()}
+        return {node: (_as_reading(entry.reading), age) for node, entry in entries.items()}
 
     def clear(self) -> None:
         """Forget every reading."""

@@ -10,11 +10,12 @@ import enum
 import heapq
 import socket
 import time
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
 from raylens.telemetry.procfs import PAGE_SIZE, ProcFS, PssSchedule, sum_tree_memory
+from raylens.telemetry.raylet_payload import NodeGroupFigures
 from raylens.validation import non_negative_seconds, positive_seconds
 
 DEFAULT_MAX_PROCESSES = 4096
@@ -123,6 +124,69 @@ class NodeGroupMemory:
         except (KeyError, TypeError, ValueError) as error:
             raise ValueError(f"malformed group-memory reading: {error}") from None
         return cls(host, groups, gone, skipped, cpu, wall)
+
+
+class PublishedReading:
+    """A node's reading as its sampler published it, made a :class:`NodeGroupMemory` when read.
+
+    The driver holds one per node per new reading: two objects in all (this and the
+    figures the scrape brought), where the built reading has one per group more, and
+    every object that outlives a cycle brings the collector's full passes sooner. The
+    gauges read :meth:`points`; tables :meth:`reading`, built once and kept. Each group's
+    ``workers`` are counted from ``workers`` (registered workers on the node, by group);
+    ``registry_version`` is the registration those counts come from.
+    """
+
+    __slots__ = ("_built", "figures", "host_name", "registry_version", "workers")
+
+    def __init__(
+        self,
+        host_name: str,
+        figures: NodeGroupFigures,
+        workers: Mapping[str, int],
+        registry_version: int = 0,
+    ) -> None:
+        self.host_name = host_name
+        self.figures = figures
+        self.workers = workers
+        self.registry_version = registry_version
+        self._built: NodeGroupMemory | None = None
+
+    def group_names(self) -> Iterator[str]:
+        """The groups' names, in the figures' order."""
+        return (figure.group for figure in self.figures.groups)
+
+    def points(self) -> Iterator[tuple[int, int | None, int]]:
+        """``(rss bytes, pss bytes or None, processes)`` per group, in the figures' order."""
+        for figure in self.figures.groups:
+            pss = figure.pss_bytes
+            yield (
+                round(figure.rss_bytes),
+                None if pss is None else round(pss),
+                round(figure.process_count or 0),
+            )
+
+    def reading(self) -> NodeGroupMemory:
+        """The published figures as a reading; PSS is as old as the sampler's reading."""
+        built = self._built
+        if built is None:
+            workers = self.workers
+            groups = tuple(
+                GroupMemory(
+                    figure.group,
+                    rss,
+                    pss,
+                    None if pss is None else 0.0,
+                    processes,
+                    workers.get(figure.group, 0),
+                )
+                for figure, (rss, pss, processes) in zip(self.figures.groups, self.points())
+            )
+            built = self._built = NodeGroupMemory(self.host_name, groups)
+        return built
+
+    def __repr__(self) -> str:
+        return f"PublishedReading({self.host_name!r:.80}, {self.figures!r:.200})"
 
 
 def _plain_count(name: str, value: object) -> int:
