@@ -39,8 +39,11 @@ from raylens.telemetry.scraping import (
     ChannelBroken,
     DriverChannel,
     Job,
+    MalformedRows,
     Outcome,
+    Row,
     ScrapeLimits,
+    decode_outcomes,
 )
 
 __all__ = ["HELPER_GONE", "STALLED_CYCLES", "GroupFiguresMemo", "HelperEngine"]
@@ -97,6 +100,19 @@ class GroupFiguresMemo:
         kept = {key: held[key] for key in keys if key in held}
         self._held = kept
         return {key: figures.sampled_at for key, figures in kept.items()}
+
+    def decode(
+        self, rows: Sequence[Row], keys: Sequence[Hashable], offset: float
+    ) -> dict[Hashable, Outcome]:
+        """The outcomes of the helper's ``rows`` (``keys`` in the order sent), figures put back.
+
+        Raises:
+            ChannelBroken: the rows are not what the helper writes (the helper is broken).
+        """
+        try:
+            return decode_outcomes(rows, keys, offset, self._held)
+        except MalformedRows as exc:
+            raise ChannelBroken(f"the helper sent an unreadable result: {exc}") from exc
 
     def restore(
         self, results: dict[Hashable, Outcome], unchanged: Container[Hashable], offset: float
@@ -271,7 +287,8 @@ class HelperEngine:
                     self._note_stalled()
                     return {}
                 self._batch += 1
-                known = self._groups.known(job[0] for job in jobs)
+                keys = [job[0] for job in jobs]
+                known = self._groups.known(keys)
                 channel.queue(("scrape", self._batch, list(jobs), now + seconds, known))
                 reply = channel.exchange(_is_result_of(self._batch), wait_until, self._abort, alive)
                 if reply is None:
@@ -280,7 +297,7 @@ class HelperEngine:
                     return {}
                 self._stalled = 0
                 offset = now - started  # ages count from this call, helper start-up included
-                return self._groups.restore(reply[2], reply[3], offset)
+                return self._groups.decode(reply[2], keys, offset)
             except ChannelBroken:
                 if not self._ready:
                     self._failed_starts += 1

@@ -30,9 +30,17 @@ from raylens.telemetry.scraping._engine import (
 )
 from raylens.telemetry.scraping._helper_program import leave_out_known_groups
 from raylens.telemetry.scraping._protocol import PrestartingEngine, ScrapeEngine
+from raylens.telemetry.scraping._wire import (
+    GROUPS_UNCHANGED,
+    MalformedRows,
+    Row,
+    decode_outcomes,
+    encode_outcomes,
+)
 
 __all__ = [
     "BATCH_SLACK_S",
+    "GROUPS_UNCHANGED",
     "MAX_BODY_BYTES",
     "MAX_CONCURRENCY",
     "MAX_MESSAGE_BYTES",
@@ -41,11 +49,15 @@ __all__ = [
     "ChannelBroken",
     "DriverChannel",
     "Job",
+    "MalformedRows",
     "Outcome",
     "PrestartingEngine",
+    "Row",
     "ScrapeEngine",
     "ScrapeLimits",
+    "decode_outcomes",
     "encode",
+    "encode_outcomes",
     "fetch_once",
     "leave_out_known_groups",
     "read_message",
