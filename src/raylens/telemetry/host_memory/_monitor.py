@@ -36,9 +36,9 @@ from raylens.telemetry.host_memory._placement import DEFAULT_REGISTRY
 from raylens.telemetry.host_memory._snapshot import (
     NodeRecord,
     NodeSample,
-    ScrapeHealth,
     Snapshot,
     hold_publisher,
+    new_record,
     node_attributes,
     register_publisher,
     release_publisher,
@@ -509,22 +509,9 @@ class HostMemoryMonitor:
         version, labels = DEFAULT_REGISTRY.labels_by_node()
         # One standing shared by every node that answers this cycle (a tuple per cycle).
         answered = (_Standing.ANSWERED, self._cycles)
+        standing, warned, max_age = self._standing, self._warned, self.max_age
         for node in nodes:
             key = node.key
-            outcome = results.get(key)
-            if outcome is None:
-                outcome = (
-                    Outcome(None, STOPPED_ERROR, asked=False)
-                    if stopped
-                    else Outcome(
-                        None,
-                        f"no answer within the {self.scrape_timeout:g} s scrape timeout",
-                        wedged=True,
-                        error_type=ERROR_TIMEOUT,
-                        duration=self.scrape_timeout,
-                    )
-                )
-            health = self._health(outcome, started) if outcome.error != STOPPED_ERROR else None
             label = labels.get(node.node_id, NO_WORKER_GROUPS)
             before = previous.get(key)
             attributes = (
@@ -532,59 +519,97 @@ class HostMemoryMonitor:
                 if before is not None and before.worker_groups == label
                 else node_attributes(node, label)
             )
-            values = outcome.values
-            if values:
-                self._standing[key] = answered
+            outcome = results.get(key)
+            if outcome is None:
+                outcome = self._unanswered(stopped)
+            elif outcome.values:  # the node answered: the common case, kept short
+                values, _, _, asked, elapsed, error_type, duration, groups, oom = outcome
+                standing[key] = answered
                 # Aged from the node's answer, not from the end of the cycle.
-                sampled_at = started + outcome.elapsed
-                records[key] = NodeRecord(
+                sampled_at = started + elapsed
+                expires_at = sampled_at + max_age
+                if duration is None and asked and error_type != ERROR_NO_METRICS_PORT:
+                    duration = elapsed  # a replaced engine that does not time its requests
+                if oom is not None and before is not None and oom == before.oom:
+                    oom = before.oom  # unchanged counters: the object the last record holds
+                records[key] = new_record(
                     node,
                     values,
                     sampled_at,
                     None,
-                    health,
                     label,
                     version,
                     attributes,
-                    outcome.groups,
-                    outcome.oom,
-                    sampled_at + self.max_age,
+                    groups,
+                    oom,
+                    expires_at,
+                    (1, None, duration, sampled_at, expires_at),
                 )
-                if key in self._warned:
-                    self._warned.discard(key)
+                if key in warned:
+                    warned.discard(key)
                     reset_warn_once(_warning_key(key))
                 continue
-            self._note_standing(key, outcome)
-            error = printable(outcome.error or "no sample")
-            if outcome.error_type == ERROR_NO_METRICS_PORT:
-                warn_once(
-                    "host_memory.no_metrics_port",
-                    f"Ray node {node.node_id} ({printable(node.host)}) serves no metrics, so "
-                    "raylens shows no memory for it (nor for any other such node): its Ray was "
-                    "installed without its default extra. Run pip install 'ray[default]' "
-                    "on every node and restart Ray there.",
-                    logger=logger,
-                )
-            elif error != STOPPED_ERROR:
-                self._warned.add(node.key)
-                warn_once(
-                    _warning_key(node.key),
-                    f"no host-memory sample from node {node.node_id} ({printable(node.host)}, "
-                    f"{printable(node.metrics_url)}): {error}",
-                    logger=logger,
-                )
-            records[key] = NodeRecord(
-                node,
-                None if before is None else before.values,
-                None if before is None else before.sampled_at,
-                error,
-                health,
-                label,
-                version,
-                attributes,
+            records[key] = self._unanswered_record(
+                node, outcome, before, label, version, attributes, started
             )
         self._records = records
         self.snapshot.publish(records)
+
+    def _unanswered(self, stopped: bool) -> Outcome:
+        """The outcome of a node missing from an engine's results."""
+        if stopped:
+            return Outcome(None, STOPPED_ERROR, asked=False)
+        return Outcome(
+            None,
+            f"no answer within the {self.scrape_timeout:g} s scrape timeout",
+            wedged=True,
+            error_type=ERROR_TIMEOUT,
+            duration=self.scrape_timeout,
+        )
+
+    def _unanswered_record(
+        self,
+        node: RayNode,
+        outcome: Outcome,
+        before: NodeRecord | None,
+        label: str,
+        version: int,
+        attributes: Mapping[str, str],
+        started: float,
+    ) -> NodeRecord:
+        """The record of a node that gave no sample: its last good figures, why, and a warning."""
+        self._note_standing(node.key, outcome)
+        error = printable(outcome.error or "no sample")
+        if outcome.error_type == ERROR_NO_METRICS_PORT:
+            warn_once(
+                "host_memory.no_metrics_port",
+                f"Ray node {node.node_id} ({printable(node.host)}) serves no metrics, so "
+                "raylens shows no memory for it (nor for any other such node): its Ray was "
+                "installed without its default extra. Run pip install 'ray[default]' "
+                "on every node and restart Ray there.",
+                logger=logger,
+            )
+        elif error != STOPPED_ERROR:
+            self._warned.add(node.key)
+            warn_once(
+                _warning_key(node.key),
+                f"no host-memory sample from node {node.node_id} ({printable(node.host)}, "
+                f"{printable(node.metrics_url)}): {error}",
+                logger=logger,
+            )
+        return new_record(
+            node,
+            None if before is None else before.values,
+            None if before is None else before.sampled_at,
+            error,
+            label,
+            version,
+            attributes,
+            None,
+            None,
+            float("-inf"),
+            self._health(outcome, started) if outcome.error != STOPPED_ERROR else None,
+        )
 
     def records(self) -> Mapping[NodeKey, NodeRecord]:
         """The latest cycle's :class:`NodeRecord` of every live node, by ``(node id, host)``.
@@ -617,8 +642,11 @@ class HostMemoryMonitor:
             if record.oom is not None and record.sampled_at is not None
         }
 
-    def _health(self, outcome: Outcome, started: float) -> ScrapeHealth:
-        """The scrape-health entry for one node's ``outcome`` in a cycle begun at ``started``."""
+    def _health(
+        self, outcome: Outcome, started: float
+    ) -> tuple[int, str | None, float | None, float, float]:
+        """The scrape-health entry's fields (as :class:`ScrapeHealth` orders them) for one
+        node's ``outcome`` in a cycle begun at ``started``."""
         observed_at = started + outcome.elapsed
         if outcome.values:
             up, error_type = 1, None
@@ -628,7 +656,7 @@ class HostMemoryMonitor:
         duration = outcome.duration
         if duration is None and outcome.asked and outcome.error_type != ERROR_NO_METRICS_PORT:
             duration = outcome.elapsed  # a replaced engine that does not time its requests
-        return ScrapeHealth(up, error_type, duration, observed_at, observed_at + self.max_age)
+        return (up, error_type, duration, observed_at, observed_at + self.max_age)
 
     def _note_standing(self, key: NodeKey, outcome: Outcome) -> None:
         if outcome.error == STOPPED_ERROR or outcome.error_type == ERROR_NO_METRICS_PORT:
