@@ -14,6 +14,7 @@ from raylens.telemetry.raylet_payload import GroupFigure, NodeGroupFigures, Node
 from raylens.telemetry.scraping import (
     GROUPS_UNCHANGED,
     ChannelBroken,
+    HeldFigures,
     MalformedRows,
     Outcome,
     decode_outcomes,
@@ -68,7 +69,7 @@ def test_every_outcome_comes_back_equal_with_the_offset_added() -> None:
     keys = list(HOSTILE)
     rows = _across(encode_outcomes(_jobs(*keys), HOSTILE, set()))
 
-    decoded = decode_outcomes(rows, keys, 2.0, {})  # type: ignore[arg-type]
+    decoded = decode_outcomes(rows, keys, 2.0, HeldFigures())  # type: ignore[arg-type]
 
     assert set(decoded) == set(HOSTILE)
     for key, sent in HOSTILE.items():
@@ -85,7 +86,7 @@ def test_rows_are_plain_values_and_decoded_values_leave_the_collector_nothing_to
 
     assert all(type(row) is tuple for row in rows)
     assert all(type(row[8]) in (tuple, type(None)) for row in rows)
-    decoded = decode_outcomes(_across(rows), keys, 0.0, {})  # type: ignore[arg-type]
+    decoded = decode_outcomes(_across(rows), keys, 0.0, HeldFigures())  # type: ignore[arg-type]
     assert not gc.is_tracked(decoded[("n1", "h1")].values)
 
 
@@ -95,7 +96,7 @@ def test_rows_name_the_node_by_its_place_in_the_batch_and_unknown_keys_are_left_
     rows = encode_outcomes(_jobs("a", "b"), results, set())
 
     assert [row[0] for row in rows] == [1]
-    assert decode_outcomes(rows, ["a", "b"], 0.0, {}) == {"b": results["b"]}
+    assert decode_outcomes(rows, ["a", "b"], 0.0, HeldFigures()) == {"b": results["b"]}
 
 
 def test_figures_the_driver_holds_are_not_sent_and_come_back_from_what_it_holds() -> None:
@@ -104,20 +105,20 @@ def test_figures_the_driver_holds_are_not_sent_and_come_back_from_what_it_holds(
     rows = encode_outcomes(_jobs("a"), results, unchanged)
     assert rows[0][8] is GROUPS_UNCHANGED
 
-    held = {"a": _figures(10.0)}
+    held = _holding(a=_figures(10.0))
     decoded = decode_outcomes(_across(rows), ["a"], 0.0, held)  # type: ignore[arg-type]
 
-    assert decoded["a"].groups is held["a"]
+    assert decoded["a"].groups is held.figures["a"]
 
 
 def test_unchanged_figures_the_driver_no_longer_holds_come_back_as_none() -> None:
     rows = [(0, {"used": 1.0}, None, False, True, 0.0, None, 0.1, GROUPS_UNCHANGED, None)]
 
-    assert decode_outcomes(rows, ["a"], 0.0, {})["a"].groups is None
+    assert decode_outcomes(rows, ["a"], 0.0, HeldFigures())["a"].groups is None
 
 
 def test_what_is_held_follows_each_answer_and_an_unanswered_node_keeps_its_figures() -> None:
-    held: dict[Hashable, NodeGroupFigures] = {"gone": _figures(1.0), "silent": _figures(2.0)}
+    held = _holding(gone=_figures(1.0), silent=_figures(2.0))
     results = {
         "gone": Outcome({"used": 1.0}, None),
         "new": Outcome({"used": 1.0}, None, groups=_figures(3.0)),
@@ -128,41 +129,57 @@ def test_what_is_held_follows_each_answer_and_an_unanswered_node_keeps_its_figur
 
     decode_outcomes(rows, keys, 0.0, held)  # type: ignore[arg-type]
 
-    assert sorted(held) == ["new", "silent"]
-    assert _same(held["silent"], _figures(2.0)) and _same(held["new"], _figures(3.0))
-
-
-def test_a_new_reading_shares_every_group_figure_that_did_not_change() -> None:
-    before = _figures(10.0)
-    held: dict[Hashable, NodeGroupFigures] = {"a": before}
-    same = {"a": Outcome({"used": 1.0}, None, groups=_figures(20.0))}
-    rows = _across(encode_outcomes(_jobs("a"), same, set()))
-
-    after = decode_outcomes(rows, ["a"], 0.0, held)["a"].groups  # type: ignore[arg-type]
-
-    assert after is not None and after.sampled_at == 20.0
-    assert after.groups[1] is before.groups[1]
-    # A NaN never equals itself, so the figure holding one is rebuilt, equal all the same.
-    assert after.groups[0] is not before.groups[0]
-    assert _same(after.groups[0], before.groups[0])
-
-    changed = {"a": Outcome({"used": 1.0}, None, groups=_figures(30.0, rss=2e9))}
-    rows = _across(encode_outcomes(_jobs("a"), changed, set()))
-    latest = decode_outcomes(rows, ["a"], 0.0, held)["a"].groups  # type: ignore[arg-type]
-    assert latest is not None and latest.groups[0].rss_bytes == 2e9
-    assert latest.groups[1] is before.groups[1]
-
-
-def test_a_reading_identical_in_every_group_shares_the_whole_tuple() -> None:
-    plain = NodeGroupFigures(1.0, (GroupFigure("policy", 1.0, 2.0, 3.0, None),))
-    held: dict[Hashable, NodeGroupFigures] = {"a": plain}
-    rows = encode_outcomes(
-        _jobs("a"), {"a": Outcome({}, None, groups=plain._replace(sampled_at=2.0))}, set()
+    assert sorted(held.figures) == ["new", "silent"]
+    assert _same(held.figures["silent"], _figures(2.0)) and _same(
+        held.figures["new"], _figures(3.0)
     )
+    assert set(held.bodies) <= {"new", "silent"}
 
-    after = decode_outcomes(_across(rows), ["a"], 0.0, held)["a"].groups  # type: ignore[arg-type]
 
-    assert after is not None and after.groups is plain.groups
+def _decode_one(key: str, figures: NodeGroupFigures, held: HeldFigures) -> NodeGroupFigures:
+    rows = _across(encode_outcomes(_jobs(key), {key: Outcome({}, None, groups=figures)}, set()))
+    decoded = decode_outcomes(rows, [key], 0.0, held)[key].groups  # type: ignore[arg-type]
+    assert decoded is not None
+    return decoded
+
+
+def test_a_new_reading_equal_in_every_group_shares_the_figures_held() -> None:
+    plain = NodeGroupFigures(1.0, (GroupFigure("policy", 1.0, None, 3.0, None),) * 2)
+    held = HeldFigures()
+    first = _decode_one("a", plain, held)
+
+    again = _decode_one("a", plain._replace(sampled_at=2.0), held)
+
+    assert again == plain._replace(sampled_at=2.0) and again.groups is first.groups
+    assert held.figures["a"] is again
+
+
+def test_a_changed_reading_is_built_afresh_and_held_from_then_on() -> None:
+    held = HeldFigures()
+    first = _decode_one("a", _figures(1.0), held)
+
+    changed = _decode_one("a", _figures(2.0, rss=2e9), held)
+    assert changed.groups[0].rss_bytes == 2e9 and changed.groups is not first.groups
+    # A NaN never equals another NaN: a reading holding one is rebuilt, equal all the same.
+    again = _decode_one("a", _figures(3.0, rss=2e9), held)
+    assert _same(again.groups, changed.groups)
+    assert held.figures["a"] is again
+
+
+def test_figures_held_are_forgotten_with_their_node() -> None:
+    held = HeldFigures()
+    _decode_one("a", _figures(1.0), held)
+    _decode_one("b", _figures(1.0), held)
+
+    held.keep_only(["b", "c"])
+
+    assert set(held.figures) == set(held.bodies) == {"b"}
+
+
+def _holding(**figures: NodeGroupFigures) -> HeldFigures:
+    held = HeldFigures()
+    held.figures.update(figures)
+    return held
 
 
 GOOD = (0, {"used": 1.0}, None, False, True, 0.0, None, 0.1, None, None)
@@ -177,16 +194,17 @@ GOOD = (0, {"used": 1.0}, None, False, True, 0.0, None, 0.1, None, None)
         (-1, *GOOD[1:]),
         ("0", *GOOD[1:]),
         (*GOOD[:5], "soon", *GOOD[6:]),
-        (*GOOD[:8], (1.0, "policy", 1.0), None),
+        (*GOOD[:8], (1.0, ("policy", 1.0)), None),
+        (*GOOD[:8], (1.0, "policy"), None),
         (*GOOD[:8], [1.0], None),
+        (*GOOD[:8], (), None),
         (*GOOD[:9], (1.0,)),
         (*GOOD[:9], 7),
     ],
 )
 def test_a_row_not_shaped_as_written_is_refused_whole(row: object) -> None:
-    held: dict[Hashable, NodeGroupFigures] = {}
     with pytest.raises(MalformedRows):
-        decode_outcomes([GOOD, row], ["a"], 0.0, held)  # type: ignore[list-item]
+        decode_outcomes([GOOD, row], ["a"], 0.0, HeldFigures())  # type: ignore[list-item]
 
 
 def test_the_engines_memo_reports_unreadable_rows_as_a_broken_channel() -> None:

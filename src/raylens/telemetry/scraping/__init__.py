@@ -32,6 +32,7 @@ from raylens.telemetry.scraping._helper_program import leave_out_known_groups
 from raylens.telemetry.scraping._protocol import PrestartingEngine, ScrapeEngine
 from raylens.telemetry.scraping._wire import (
     GROUPS_UNCHANGED,
+    HeldFigures,
     MalformedRows,
     Row,
     decode_outcomes,
@@ -48,6 +49,7 @@ __all__ = [
     "AsyncScrapeEngine",
     "ChannelBroken",
     "DriverChannel",
+    "HeldFigures",
     "Job",
     "MalformedRows",
     "Outcome",

@@ -13,7 +13,7 @@ monitor publishes. A row is::
 - ``groups`` is None (the payload carried no sampler's series), :data:`GROUPS_UNCHANGED`
   (the driver holds figures with this very ``sampled_at``:
   :func:`~raylens.telemetry.scraping.leave_out_known_groups`), or
-  ``(sampled_at, group, rss, pss, processes, growth, group, rss, ...)``;
+  ``(sampled_at, (group, rss, pss, processes, growth), ...)``: a plain tuple per group;
 - ``oom`` is None or ``(ray_evictions, kernel_oom_kills)``.
 
 The helper is the driver's own child, so a row is trusted like the driver's memory; one
@@ -23,15 +23,20 @@ half used.
 
 from __future__ import annotations
 
-import operator
-from collections.abc import Container, Hashable, Mapping, MutableMapping, Sequence
-from itertools import chain
+from collections.abc import Container, Hashable, Iterable, Mapping, Sequence
 from typing import Any
 
 from raylens.telemetry.raylet_payload import GroupFigure, NodeGroupFigures, NodeOomCounts
 from raylens.telemetry.scraping._engine import Job, Outcome
 
-__all__ = ["GROUPS_UNCHANGED", "MalformedRows", "Row", "decode_outcomes", "encode_outcomes"]
+__all__ = [
+    "GROUPS_UNCHANGED",
+    "HeldFigures",
+    "MalformedRows",
+    "Row",
+    "decode_outcomes",
+    "encode_outcomes",
+]
 
 #: A row's ``groups`` when the driver already holds the node's figures.
 GROUPS_UNCHANGED = True
@@ -46,8 +51,36 @@ class MalformedRows(ValueError):
     """A result whose rows do not have the shape this module writes."""
 
 
-def _flat_groups(figures: NodeGroupFigures) -> tuple[Any, ...]:
-    return (figures.sampled_at, *chain.from_iterable(figures.groups))
+class HeldFigures:
+    """The group figures the driver holds per key, and the plain form each came in.
+
+    ``bodies`` holds, per key, the groups' part of the row its figures were built from
+    (plain tuples: nothing for the collector to walk once they have been looked at), so a
+    new reading equal in every group is recognised with one comparison. Not thread-safe.
+    """
+
+    __slots__ = ("bodies", "figures")
+
+    def __init__(self) -> None:
+        self.figures: dict[Hashable, NodeGroupFigures] = {}
+        self.bodies: dict[Hashable, tuple[Any, ...]] = {}
+
+    def keep_only(self, keys: Iterable[Hashable]) -> None:
+        """Forget the figures of every key not in ``keys``."""
+        figures = self.figures
+        kept = {key: figures[key] for key in keys if key in figures}
+        if len(kept) != len(figures):
+            bodies = self.bodies
+            self.figures = kept
+            self.bodies = {key: bodies[key] for key in kept if key in bodies}
+
+    def forget(self, key: Hashable) -> None:
+        self.figures.pop(key, None)
+        self.bodies.pop(key, None)
+
+
+def _plain_groups(figures: NodeGroupFigures) -> tuple[Any, ...]:
+    return (figures.sampled_at, *map(tuple, figures.groups))
 
 
 def encode_outcomes(
@@ -67,7 +100,7 @@ def encode_outcomes(
         if key in unchanged:
             flat: object = GROUPS_UNCHANGED
         else:
-            flat = None if groups is None else _flat_groups(groups)
+            flat = None if groups is None else _plain_groups(groups)
         rows.append(
             (
                 position,
@@ -85,45 +118,40 @@ def encode_outcomes(
     return rows
 
 
-def _figures(flat: tuple[Any, ...], before: NodeGroupFigures | None) -> NodeGroupFigures:
-    """The figures ``flat`` describes; a group's figure equal to ``before``'s is that object.
+def _figures(key: Hashable, plain: tuple[Any, ...], held: HeldFigures) -> NodeGroupFigures:
+    """The figures ``plain`` describes, now held for ``key``.
 
-    Sharing what did not change keeps a new reading from leaving a new object per group
-    for the collector to walk until the reading is replaced.
+    A reading equal in every group to the one held shares its tuple of figures: an
+    unchanged reading then leaves one new object, not one per group, for the collector to
+    walk until it is replaced.
     """
-    if type(flat) is not tuple:
-        raise MalformedRows(f"group figures sent as a {type(flat).__name__}, not a tuple")
-    count, rest = divmod(len(flat) - 1, _FIGURE_WIDTH)
-    if rest or count < 0:
-        raise MalformedRows(
-            f"group figures of {len(flat)} items, not 1 + {_FIGURE_WIDTH} per group"
-        )
-    held = before.groups if before is not None else ()
-    new = tuple.__new__
-    figures = []
-    for number in range(count):
-        start = 1 + number * _FIGURE_WIDTH
-        figure = flat[start : start + _FIGURE_WIDTH]
-        if number < len(held) and held[number] == figure:
-            figures.append(held[number])
-        else:
-            figures.append(new(GroupFigure, figure))
-    shared = tuple(figures)
-    if len(held) == count and all(map(operator.is_, held, shared)):
-        shared = held
-    return new(NodeGroupFigures, (flat[0], shared))
+    if type(plain) is not tuple or not plain:
+        raise MalformedRows(f"group figures sent as {plain!r:.80}, not a non-empty tuple")
+    body = plain[1:]
+    before = held.figures.get(key)
+    if before is not None and held.bodies.get(key) == body:
+        figures = before.groups
+    else:
+        new = tuple.__new__
+        for part in body:
+            if type(part) is not tuple or len(part) != _FIGURE_WIDTH:
+                raise MalformedRows(f"a group's figures sent as {part!r:.80}")
+        figures = tuple([new(GroupFigure, part) for part in body])
+        held.bodies[key] = body
+    result = held.figures[key] = tuple.__new__(NodeGroupFigures, (plain[0], figures))
+    return result
 
 
 def decode_outcomes(
     rows: Sequence[Row],
     keys: Sequence[Hashable],
     offset: float,
-    held: MutableMapping[Hashable, NodeGroupFigures],
+    held: HeldFigures,
 ) -> dict[Hashable, Outcome]:
     """``{key: Outcome}`` of ``rows``, ``keys`` being the batch's keys in the order sent.
 
-    ``offset`` is added to each ``elapsed``. ``held`` is the figures the driver holds
-    per key, updated here: figures that came are kept, a node whose payload carried
+    ``offset`` is added to each ``elapsed``. ``held`` is what the driver holds, updated
+    here: figures that came are kept, a node whose payload carried
     none is forgotten, and :data:`GROUPS_UNCHANGED` takes what is held (None when
     nothing is).
 
@@ -131,6 +159,7 @@ def decode_outcomes(
         MalformedRows: a row is not shaped as :func:`encode_outcomes` writes it.
     """
     new = tuple.__new__
+    held_figures = held.figures
     outcomes: dict[Hashable, Outcome] = {}
     try:
         for row in rows:
@@ -142,11 +171,12 @@ def decode_outcomes(
             key = keys[position]
             if flat is None:
                 groups = None
-                held.pop(key, None)
+                if key in held_figures:
+                    held.forget(key)
             elif flat is GROUPS_UNCHANGED:
-                groups = held.get(key)
+                groups = held_figures.get(key)
             else:
-                groups = held[key] = _figures(flat, held.get(key))
+                groups = _figures(key, flat, held)
             if oom is not None:
                 if type(oom) is not tuple or len(oom) != _OOM_WIDTH:
                     raise MalformedRows(f"kill counters sent as {oom!r:.80}")
