@@ -411,19 +411,18 @@ class HostMemoryMonitor:
                 return
             generation = self._generation
             self._cycles += 1
-            order = sorted((n for n in nodes if n.serves_metrics), key=self._priority)
+            scrapeable = [node for node in nodes if node.metrics_url]
+            standing = self._standing.get
+            order = sorted(scrapeable, key=lambda node: standing(node.key, _NEW))
             started = self.clock()
             results = self._run(order) if order else {}
-            for node in nodes:
-                if not node.serves_metrics:
-                    results[node.key] = Outcome(
-                        None, NO_METRICS_ERROR, asked=False, error_type=ERROR_NO_METRICS_PORT
-                    )
+            if len(scrapeable) != len(nodes):
+                for node in nodes:
+                    if not node.serves_metrics:
+                        results[node.key] = Outcome(
+                            None, NO_METRICS_ERROR, asked=False, error_type=ERROR_NO_METRICS_PORT
+                        )
             self._publish(nodes, results, started, stopped=generation != self._generation)
-
-    def _priority(self, node: RayNode) -> tuple[int, int]:
-        standing, last_asked = self._standing.get(node.key, _NEW)
-        return (standing, last_asked)
 
     def _scrape_overridden(self) -> bool:
         return "_scrape" in vars(self) or type(self)._scrape is not _DEFAULT_SCRAPE
@@ -483,12 +482,14 @@ class HostMemoryMonitor:
 
     def _forget_departed(self, live: set[NodeKey]) -> None:
         """Drop everything held about nodes that left, so state stays as large as the cluster."""
-        for key in [key for key in self._standing if key not in live]:
-            del self._standing[key]
+        # Every node stays, cycle after cycle, in a steady cluster: checked in one call each.
+        if not live.issuperset(self._standing):
+            for key in [key for key in self._standing if key not in live]:
+                del self._standing[key]
         for key in [key for key in self._warned if key not in live]:
             self._warned.discard(key)
             reset_warn_once(_warning_key(key))
-        if any(key not in live for key in self._records):
+        if not live.issuperset(self._records):
             self._records = {key: r for key, r in self._records.items() if key in live}
         self.snapshot.retain(live)
 

@@ -302,10 +302,11 @@ class Snapshot:
         """Drop the records of nodes not in ``live`` (nodes that left)."""
         with self.lock:
             records = self.records
-            if any(key not in live for key in records):
+            if not live.issuperset(records):
                 self.records = {key: r for key, r in records.items() if key in live}
-            for key in [key for key in self.samples if key not in live]:
-                del self.samples[key]
+            if not live.issuperset(self.samples):
+                for key in [key for key in self.samples if key not in live]:
+                    del self.samples[key]
 
     def clear(self) -> None:
         self.publish({})
