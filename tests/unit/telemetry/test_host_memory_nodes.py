@@ -248,6 +248,21 @@ def test_each_malformed_node_is_warned_about_once(caplog: pytest.LogCaptureFixtu
     assert len(_warnings(caplog)) == 2
 
 
+def _count_checks(monkeypatch: pytest.MonkeyPatch) -> list[object]:
+    """The records ``ray_nodes`` checks from now on, in order."""
+    from raylens.telemetry.host_memory import _nodes
+
+    checked: list[object] = []
+    original = _nodes._node_from_record
+
+    def counting(entry: object, seen: set[str], unscrapeable: bool) -> object:
+        checked.append(entry)
+        return original(entry, seen, unscrapeable)
+
+    monkeypatch.setattr(_nodes, "_node_from_record", counting)
+    return checked
+
+
 def test_a_record_seen_again_unchanged_is_not_checked_again(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
@@ -257,14 +272,7 @@ def test_a_record_seen_again_unchanged_is_not_checked_again(
     first = cluster.add_node(address="127.0.0.1", port=9100, hostname="a")
     cluster.add_node(address="127.0.0.2", port=9100, hostname="b")
     assert len(_nodes.ray_nodes(cluster)) == 2
-    checked: list[object] = []
-    original = _nodes._node_from_record
-
-    def counting(entry: object, seen: set[str], unscrapeable: bool) -> object:
-        checked.append(entry)
-        return original(entry, seen, unscrapeable)
-
-    monkeypatch.setattr(_nodes, "_node_from_record", counting)
+    checked = _count_checks(monkeypatch)
     again = _nodes.ray_nodes(cluster)
     assert [node.host for node in again] == ["a", "b"] and checked == []
 
@@ -311,14 +319,7 @@ def test_callers_with_and_without_unscrapeable_nodes_each_keep_their_checked_rec
     cluster = _cluster(_record(), _record(NodeID=NODE_A, MetricsExportPort=-1))
     assert len(_nodes.ray_nodes(cluster)) == 1
     assert len(_nodes.ray_nodes(cluster, include_unscrapeable=True)) == 2
-    checked: list[object] = []
-    original = _nodes._node_from_record
-
-    def counting(entry: object, seen: set[str], unscrapeable: bool) -> object:
-        checked.append(entry)
-        return original(entry, seen, unscrapeable)
-
-    monkeypatch.setattr(_nodes, "_node_from_record", counting)
+    checked = _count_checks(monkeypatch)
     assert len(_nodes.ray_nodes(cluster)) == 1
     assert len(_nodes.ray_nodes(cluster, include_unscrapeable=True)) == 2
     # Only the record that the first call leaves out (it yields no node to keep).

@@ -34,11 +34,11 @@ from raylens.telemetry.host_memory._helper_engine import HelperEngine
 from raylens.telemetry.host_memory._nodes import RayNode, ray_nodes
 from raylens.telemetry.host_memory._placement import DEFAULT_REGISTRY
 from raylens.telemetry.host_memory._snapshot import (
+    HealthFields,
     NodeRecord,
     NodeSample,
     Snapshot,
     hold_publisher,
-    new_record,
     node_attributes,
     register_publisher,
     release_publisher,
@@ -533,18 +533,18 @@ class HostMemoryMonitor:
                     duration = elapsed  # a replaced engine that does not time its requests
                 if oom is not None and before is not None and oom == before.oom:
                     oom = before.oom  # unchanged counters: the object the last record holds
-                records[key] = new_record(
+                records[key] = NodeRecord(
                     node,
                     values,
                     sampled_at,
                     None,
+                    (1, None, duration, sampled_at, expires_at),
                     label,
                     version,
                     attributes,
                     groups,
                     oom,
                     expires_at,
-                    (1, None, duration, sampled_at, expires_at),
                 )
                 if key in warned:
                     warned.discard(key)
@@ -598,18 +598,15 @@ class HostMemoryMonitor:
                 f"{printable(node.metrics_url)}): {error}",
                 logger=logger,
             )
-        return new_record(
+        return NodeRecord(
             node,
             None if before is None else before.values,
             None if before is None else before.sampled_at,
             error,
+            self._health(outcome, started) if outcome.error != STOPPED_ERROR else None,
             label,
             version,
             attributes,
-            None,
-            None,
-            float("-inf"),
-            self._health(outcome, started) if outcome.error != STOPPED_ERROR else None,
         )
 
     def records(self) -> Mapping[NodeKey, NodeRecord]:
@@ -643,9 +640,7 @@ class HostMemoryMonitor:
             if record.oom is not None and record.sampled_at is not None
         }
 
-    def _health(
-        self, outcome: Outcome, started: float
-    ) -> tuple[int, str | None, float | None, float, float]:
+    def _health(self, outcome: Outcome, started: float) -> HealthFields:
         """The scrape-health entry's fields (as :class:`ScrapeHealth` orders them) for one
         node's ``outcome`` in a cycle begun at ``started``."""
         observed_at = started + outcome.elapsed

@@ -33,7 +33,6 @@ __all__ = [
     "fresh_health_records",
     "fresh_value_records",
     "hold_publisher",
-    "new_record",
     "node_attributes",
     "register_publisher",
     "release_publisher",
@@ -104,6 +103,8 @@ _NODE, _VALUES, _SAMPLED_AT, _ERROR, _WORKER_GROUPS, _LABELS_VERSION, _ATTRIBUTE
 _GROUPS, _OOM, _EXPIRES_AT, _UP, _ERROR_TYPE, _DURATION, _OBSERVED_AT, _HEALTH_EXPIRES_AT = range(
     7, 15
 )
+#: A :class:`ScrapeHealth`'s fields, in its order: what a record holds of it.
+HealthFields = tuple[int, str | None, float | None, float, float]
 #: A record's health fields when it has no health entry.
 _NO_HEALTH = (None, None, None, None, None)
 
@@ -124,6 +125,7 @@ class NodeRecord(tuple[Any, ...]):
     builds one per node per cycle, so a record is one flat tuple: built in one step, and the
     health entry, held as plain fields, is no object of its own for the garbage collector to
     walk while the record lives; :attr:`health` builds the :class:`ScrapeHealth` when asked.
+    ``health`` is given as a :class:`ScrapeHealth` or as its five fields in a plain tuple.
     """
 
     __slots__ = ()
@@ -157,7 +159,7 @@ class NodeRecord(tuple[Any, ...]):
         values: Mapping[str, float] | None,
         sampled_at: float | None,
         error: str | None,
-        health: ScrapeHealth | None,
+        health: HealthFields | None,
         worker_groups: str,
         labels_version: int,
         attributes: Mapping[str, str],
@@ -165,7 +167,6 @@ class NodeRecord(tuple[Any, ...]):
         oom: NodeOomCounts | None = None,
         expires_at: float = float("-inf"),
     ) -> NodeRecord:
-        entry = _NO_HEALTH if health is None else tuple(health)
         return tuple.__new__(
             cls,
             (
@@ -179,7 +180,7 @@ class NodeRecord(tuple[Any, ...]):
                 groups,
                 oom,
                 expires_at,
-                *entry,
+                *(_NO_HEALTH if health is None else health),
             ),
         )
 
@@ -217,41 +218,6 @@ class NodeRecord(tuple[Any, ...]):
             )
         )
         return f"NodeRecord({fields})"
-
-
-def new_record(
-    node: RayNode,
-    values: Mapping[str, float] | None,
-    sampled_at: float | None,
-    error: str | None,
-    worker_groups: str,
-    labels_version: int,
-    attributes: Mapping[str, str],
-    groups: NodeGroupFigures | None,
-    oom: NodeOomCounts | None,
-    expires_at: float,
-    health: tuple[int, str | None, float | None, float, float] | None,
-) -> NodeRecord:
-    """A :class:`NodeRecord` whose health entry is given as its five plain fields (or None).
-
-    What a monitor's cycle calls once per node: no :class:`ScrapeHealth` is built.
-    """
-    return tuple.__new__(
-        NodeRecord,
-        (
-            node,
-            values,
-            sampled_at,
-            error,
-            worker_groups,
-            labels_version,
-            attributes,
-            groups,
-            oom,
-            expires_at,
-            *(_NO_HEALTH if health is None else health),
-        ),
-    )
 
 
 @dataclass
