@@ -212,3 +212,15 @@ def test_the_engines_memo_reports_unreadable_rows_as_a_broken_channel() -> None:
 
     with pytest.raises(ChannelBroken, match="unreadable result"):
         memo.decode([(3, *GOOD[1:])], ["a"], 0.0)
+
+
+def test_the_helper_imports_raylens_from_where_the_driver_did() -> None:
+    """Rows decode only with the code that wrote them: never another installed copy."""
+    from pathlib import Path
+
+    import raylens
+    from raylens.telemetry.host_memory import _helper_engine
+
+    root = Path(_helper_engine._IMPORT_ROOT)
+    assert root.is_absolute()
+    assert root / "raylens" == Path(raylens.__file__).resolve().parent

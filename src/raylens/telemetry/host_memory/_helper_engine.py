@@ -69,9 +69,10 @@ _PROGRAM = (
 )
 
 
-def _import_root() -> str:
-    """The folder raylens is imported from, so the helper imports this same copy."""
-    return str(Path(__file__).resolve().parents[2])
+#: The folder raylens is imported from, so the helper imports this same copy. Resolved
+#: once, at import: imported through a relative ``sys.path`` entry, ``__file__`` is
+#: relative, and the working directory may have changed by the time a helper starts.
+_IMPORT_ROOT = str(Path(__file__).resolve().parents[3])
 
 
 def _is_result_of(batch: int) -> Callable[[object], bool]:
@@ -185,7 +186,7 @@ class HelperEngine:
         try:
             env = dict(os.environ)
             env["PYTHONPATH"] = os.pathsep.join(
-                part for part in (_import_root(), env.get("PYTHONPATH", "")) if part
+                part for part in (_IMPORT_ROOT, env.get("PYTHONPATH", "")) if part
             )
             limits = self.limits
             process = subprocess.Popen(
