@@ -248,6 +248,21 @@ def test_each_malformed_node_is_warned_about_once(caplog: pytest.LogCaptureFixtu
     assert len(_warnings(caplog)) == 2
 
 
+def _count_checks(monkeypatch: pytest.MonkeyPatch) -> list[object]:
+    """The records ``ray_nodes`` checks from now on, in order."""
+    from raylens.telemetry.host_memory import _nodes
+
+    checked: list[object] = []
+    original = _nodes._node_from_record
+
+    def counting(entry: object, seen: set[str], unscrapeable: bool) -> object:
+        checked.append(entry)
+        return original(entry, seen, unscrapeable)
+
+    monkeypatch.setattr(_nodes, "_node_from_record", counting)
+    return checked
+
+
 def test_a_record_seen_again_unchanged_is_not_checked_again(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
@@ -257,14 +272,7 @@ def test_a_record_seen_again_unchanged_is_not_checked_again(
     first = cluster.add_node(address="127.0.0.1", port=9100, hostname="a")
     cluster.add_node(address="127.0.0.2", port=9100, hostname="b")
     assert len(_nodes.ray_nodes(cluster)) == 2
-    checked: list[object] = []
-    original = _nodes._node_from_record
-
-    def counting(entry: object, seen: set[str], unscrapeable: bool) -> object:
-        checked.append(entry)
-        return original(entry, seen, unscrapeable)
-
-    monkeypatch.setattr(_nodes, "_node_from_record", counting)
+    checked = _count_checks(monkeypatch)
     again = _nodes.ray_nodes(cluster)
     assert [node.host for node in again] == ["a", "b"] and checked == []
 
@@ -273,3 +281,56 @@ def test_a_record_seen_again_unchanged_is_not_checked_again(
     assert [node.host for node in _nodes.ray_nodes(cluster)] == ["b", "c"]
     live = [entry for entry in checked if isinstance(entry, dict) and entry.get("Alive")]
     assert len(live) == 1  # only the new record; a dead one is dropped at its first field
+
+
+def test_a_record_seen_again_is_the_same_node_object() -> None:
+    cluster = _cluster(_record())
+
+    assert hm.ray_nodes(cluster)[0] is hm.ray_nodes(cluster)[0]
+
+
+@pytest.mark.parametrize(
+    "changed",
+    [
+        {"MetricsExportPort": 8080.0},  # equals the int the cached record held
+        {"MetricsExportPort": True, "NodeID": NODE_A},  # True equals 1
+        {"NodeManagerHostname": ["h"]},
+    ],
+)
+def test_a_record_equal_to_a_checked_one_but_not_plain_is_checked_afresh(
+    changed: dict[str, object], caplog: pytest.LogCaptureFixture
+) -> None:
+    plain = _record(**{"NodeID": NODE_A, "MetricsExportPort": 1} if "NodeID" in changed else {})
+    assert len(hm.ray_nodes(_cluster(plain))) == 1
+
+    found = hm.ray_nodes(_cluster(_record(**changed)))
+
+    if "NodeManagerHostname" in changed:  # a non-str host name is shown as the address
+        assert [node.host for node in found] == ["10.0.0.9"]
+    else:
+        assert found == [] and any("MetricsExportPort" in w for w in _warnings(caplog))
+
+
+def test_callers_with_and_without_unscrapeable_nodes_each_keep_their_checked_records(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from raylens.telemetry.host_memory import _nodes
+
+    cluster = _cluster(_record(), _record(NodeID=NODE_A, MetricsExportPort=-1))
+    assert len(_nodes.ray_nodes(cluster)) == 1
+    assert len(_nodes.ray_nodes(cluster, include_unscrapeable=True)) == 2
+    checked = _count_checks(monkeypatch)
+    assert len(_nodes.ray_nodes(cluster)) == 1
+    assert len(_nodes.ray_nodes(cluster, include_unscrapeable=True)) == 2
+    # Only the record that the first call leaves out (it yields no node to keep).
+    assert [entry["MetricsExportPort"] for entry in checked] == [-1]  # type: ignore[index]
+
+
+def test_a_record_of_a_dict_subclass_is_still_read() -> None:
+    class Record(dict):  # type: ignore[type-arg]
+        pass
+
+    cluster = _cluster(Record(_record()))
+
+    assert [node.node_id for node in hm.ray_nodes(cluster)] == [NODE_C]
+    assert [node.node_id for node in hm.ray_nodes(cluster)] == [NODE_C]

@@ -33,14 +33,18 @@ from raylens.lens import warn_once
 from raylens.telemetry.names import (
     LOGGER_NAME,
 )
-from raylens.telemetry.raylet_payload import ERROR_INTERNAL, NodeGroupFigures
+from raylens.telemetry.raylet_payload import ERROR_INTERNAL
 from raylens.telemetry.scraping import (
     BATCH_SLACK_S,
     ChannelBroken,
     DriverChannel,
+    HeldFigures,
     Job,
+    MalformedRows,
     Outcome,
+    Row,
     ScrapeLimits,
+    decode_outcomes,
 )
 
 __all__ = ["HELPER_GONE", "STALLED_CYCLES", "GroupFiguresMemo", "HelperEngine"]
@@ -65,9 +69,10 @@ _PROGRAM = (
 )
 
 
-def _import_root() -> str:
-    """The folder raylens is imported from, so the helper imports this same copy."""
-    return str(Path(__file__).resolve().parents[2])
+#: The folder raylens is imported from, so the helper imports this same copy. Resolved
+#: once, at import: imported through a relative ``sys.path`` entry, ``__file__`` is
+#: relative, and the working directory may have changed by the time a helper starts.
+_IMPORT_ROOT = str(Path(__file__).resolve().parents[3])
 
 
 def _is_result_of(batch: int) -> Callable[[object], bool]:
@@ -89,14 +94,26 @@ class GroupFiguresMemo:
     """
 
     def __init__(self) -> None:
-        self._held: dict[Hashable, NodeGroupFigures] = {}
+        self._held = HeldFigures()
 
     def known(self, keys: Iterable[Hashable]) -> dict[Hashable, float]:
         """``{key: sampled_at}`` held for ``keys``; figures of every other key are dropped."""
         held = self._held
-        kept = {key: held[key] for key in keys if key in held}
-        self._held = kept
-        return {key: figures.sampled_at for key, figures in kept.items()}
+        held.keep_only(keys)
+        return {key: figures.sampled_at for key, figures in held.figures.items()}
+
+    def decode(
+        self, rows: Sequence[Row], keys: Sequence[Hashable], offset: float
+    ) -> dict[Hashable, Outcome]:
+        """The outcomes of the helper's ``rows`` (``keys`` in the order sent), figures put back.
+
+        Raises:
+            ChannelBroken: the rows are not what the helper writes (the helper is broken).
+        """
+        try:
+            return decode_outcomes(rows, keys, offset, self._held)
+        except MalformedRows as exc:
+            raise ChannelBroken(f"the helper sent an unreadable result: {exc}") from exc
 
     def restore(
         self, results: dict[Hashable, Outcome], unchanged: Container[Hashable], offset: float
@@ -105,14 +122,14 @@ class GroupFiguresMemo:
         held = self._held
         restored: dict[Hashable, Outcome] = {}
         for key, outcome in results.items():
-            # Unpacked and built again rather than ``_replace``d: half the cost, per node.
             values, error, wedged, asked, elapsed, error_type, duration, groups, oom = outcome
             if groups is not None:
-                held[key] = groups
+                held.forget(key)
+                held.figures[key] = groups
             elif key in unchanged:
-                groups = held.get(key)
+                groups = held.figures.get(key)
             else:
-                held.pop(key, None)
+                held.forget(key)
             restored[key] = Outcome(
                 values, error, wedged, asked, elapsed + offset, error_type, duration, groups, oom
             )
@@ -169,7 +186,7 @@ class HelperEngine:
         try:
             env = dict(os.environ)
             env["PYTHONPATH"] = os.pathsep.join(
-                part for part in (_import_root(), env.get("PYTHONPATH", "")) if part
+                part for part in (_IMPORT_ROOT, env.get("PYTHONPATH", "")) if part
             )
             limits = self.limits
             process = subprocess.Popen(
@@ -271,7 +288,8 @@ class HelperEngine:
                     self._note_stalled()
                     return {}
                 self._batch += 1
-                known = self._groups.known(job[0] for job in jobs)
+                keys = [job[0] for job in jobs]
+                known = self._groups.known(keys)
                 channel.queue(("scrape", self._batch, list(jobs), now + seconds, known))
                 reply = channel.exchange(_is_result_of(self._batch), wait_until, self._abort, alive)
                 if reply is None:
@@ -280,7 +298,7 @@ class HelperEngine:
                     return {}
                 self._stalled = 0
                 offset = now - started  # ages count from this call, helper start-up included
-                return self._groups.restore(reply[2], reply[3], offset)
+                return self._groups.decode(reply[2], keys, offset)
             except ChannelBroken:
                 if not self._ready:
                     self._failed_starts += 1

@@ -34,9 +34,9 @@ from raylens.telemetry.host_memory._helper_engine import HelperEngine
 from raylens.telemetry.host_memory._nodes import RayNode, ray_nodes
 from raylens.telemetry.host_memory._placement import DEFAULT_REGISTRY
 from raylens.telemetry.host_memory._snapshot import (
+    HealthFields,
     NodeRecord,
     NodeSample,
-    ScrapeHealth,
     Snapshot,
     hold_publisher,
     node_attributes,
@@ -411,19 +411,18 @@ class HostMemoryMonitor:
                 return
             generation = self._generation
             self._cycles += 1
-            order = sorted((n for n in nodes if n.serves_metrics), key=self._priority)
+            scrapeable = [node for node in nodes if node.metrics_url]
+            standing = self._standing.get
+            order = sorted(scrapeable, key=lambda node: standing(node.key, _NEW))
             started = self.clock()
             results = self._run(order) if order else {}
-            for node in nodes:
-                if not node.serves_metrics:
-                    results[node.key] = Outcome(
-                        None, NO_METRICS_ERROR, asked=False, error_type=ERROR_NO_METRICS_PORT
-                    )
+            if len(scrapeable) != len(nodes):
+                for node in nodes:
+                    if not node.serves_metrics:
+                        results[node.key] = Outcome(
+                            None, NO_METRICS_ERROR, asked=False, error_type=ERROR_NO_METRICS_PORT
+                        )
             self._publish(nodes, results, started, stopped=generation != self._generation)
-
-    def _priority(self, node: RayNode) -> tuple[int, int]:
-        standing, last_asked = self._standing.get(node.key, _NEW)
-        return (standing, last_asked)
 
     def _scrape_overridden(self) -> bool:
         return "_scrape" in vars(self) or type(self)._scrape is not _DEFAULT_SCRAPE
@@ -483,12 +482,14 @@ class HostMemoryMonitor:
 
     def _forget_departed(self, live: set[NodeKey]) -> None:
         """Drop everything held about nodes that left, so state stays as large as the cluster."""
-        for key in [key for key in self._standing if key not in live]:
-            del self._standing[key]
+        # Every node stays, cycle after cycle, in a steady cluster: checked in one call each.
+        if not live.issuperset(self._standing):
+            for key in [key for key in self._standing if key not in live]:
+                del self._standing[key]
         for key in [key for key in self._warned if key not in live]:
             self._warned.discard(key)
             reset_warn_once(_warning_key(key))
-        if any(key not in live for key in self._records):
+        if not live.issuperset(self._records):
             self._records = {key: r for key, r in self._records.items() if key in live}
         self.snapshot.retain(live)
 
@@ -509,22 +510,9 @@ class HostMemoryMonitor:
         version, labels = DEFAULT_REGISTRY.labels_by_node()
         # One standing shared by every node that answers this cycle (a tuple per cycle).
         answered = (_Standing.ANSWERED, self._cycles)
+        standing, warned, max_age = self._standing, self._warned, self.max_age
         for node in nodes:
             key = node.key
-            outcome = results.get(key)
-            if outcome is None:
-                outcome = (
-                    Outcome(None, STOPPED_ERROR, asked=False)
-                    if stopped
-                    else Outcome(
-                        None,
-                        f"no answer within the {self.scrape_timeout:g} s scrape timeout",
-                        wedged=True,
-                        error_type=ERROR_TIMEOUT,
-                        duration=self.scrape_timeout,
-                    )
-                )
-            health = self._health(outcome, started) if outcome.error != STOPPED_ERROR else None
             label = labels.get(node.node_id, NO_WORKER_GROUPS)
             before = previous.get(key)
             attributes = (
@@ -532,59 +520,94 @@ class HostMemoryMonitor:
                 if before is not None and before.worker_groups == label
                 else node_attributes(node, label)
             )
-            values = outcome.values
-            if values:
-                self._standing[key] = answered
+            outcome = results.get(key)
+            if outcome is None:
+                outcome = self._unanswered(stopped)
+            elif outcome.values:  # the node answered: the common case, kept short
+                values, _, _, asked, elapsed, error_type, duration, groups, oom = outcome
+                standing[key] = answered
                 # Aged from the node's answer, not from the end of the cycle.
-                sampled_at = started + outcome.elapsed
+                sampled_at = started + elapsed
+                expires_at = sampled_at + max_age
+                if duration is None and asked and error_type != ERROR_NO_METRICS_PORT:
+                    duration = elapsed  # a replaced engine that does not time its requests
+                if oom is not None and before is not None and oom == before.oom:
+                    oom = before.oom  # unchanged counters: the object the last record holds
                 records[key] = NodeRecord(
                     node,
                     values,
                     sampled_at,
                     None,
-                    health,
+                    (1, None, duration, sampled_at, expires_at),
                     label,
                     version,
                     attributes,
-                    outcome.groups,
-                    outcome.oom,
-                    sampled_at + self.max_age,
+                    groups,
+                    oom,
+                    expires_at,
                 )
-                if key in self._warned:
-                    self._warned.discard(key)
+                if key in warned:
+                    warned.discard(key)
                     reset_warn_once(_warning_key(key))
                 continue
-            self._note_standing(key, outcome)
-            error = printable(outcome.error or "no sample")
-            if outcome.error_type == ERROR_NO_METRICS_PORT:
-                warn_once(
-                    "host_memory.no_metrics_port",
-                    f"Ray node {node.node_id} ({printable(node.host)}) serves no metrics, so "
-                    "raylens shows no memory for it (nor for any other such node): its Ray was "
-                    "installed without its default extra. Run pip install 'ray[default]' "
-                    "on every node and restart Ray there.",
-                    logger=logger,
-                )
-            elif error != STOPPED_ERROR:
-                self._warned.add(node.key)
-                warn_once(
-                    _warning_key(node.key),
-                    f"no host-memory sample from node {node.node_id} ({printable(node.host)}, "
-                    f"{printable(node.metrics_url)}): {error}",
-                    logger=logger,
-                )
-            records[key] = NodeRecord(
-                node,
-                None if before is None else before.values,
-                None if before is None else before.sampled_at,
-                error,
-                health,
-                label,
-                version,
-                attributes,
+            records[key] = self._unanswered_record(
+                node, outcome, before, label, version, attributes, started
             )
         self._records = records
         self.snapshot.publish(records)
+
+    def _unanswered(self, stopped: bool) -> Outcome:
+        """The outcome of a node missing from an engine's results."""
+        if stopped:
+            return Outcome(None, STOPPED_ERROR, asked=False)
+        return Outcome(
+            None,
+            f"no answer within the {self.scrape_timeout:g} s scrape timeout",
+            wedged=True,
+            error_type=ERROR_TIMEOUT,
+            duration=self.scrape_timeout,
+        )
+
+    def _unanswered_record(
+        self,
+        node: RayNode,
+        outcome: Outcome,
+        before: NodeRecord | None,
+        label: str,
+        version: int,
+        attributes: Mapping[str, str],
+        started: float,
+    ) -> NodeRecord:
+        """The record of a node that gave no sample: its last good figures, why, and a warning."""
+        self._note_standing(node.key, outcome)
+        error = printable(outcome.error or "no sample")
+        if outcome.error_type == ERROR_NO_METRICS_PORT:
+            warn_once(
+                "host_memory.no_metrics_port",
+                f"Ray node {node.node_id} ({printable(node.host)}) serves no metrics, so "
+                "raylens shows no memory for it (nor for any other such node): its Ray was "
+                "installed without its default extra. Run pip install 'ray[default]' "
+                "on every node and restart Ray there.",
+                logger=logger,
+            )
+        elif error != STOPPED_ERROR:
+            self._warned.add(node.key)
+            warn_once(
+                _warning_key(node.key),
+                f"no host-memory sample from node {node.node_id} ({printable(node.host)}, "
+                f"{printable(node.metrics_url)}): {error}",
+                logger=logger,
+            )
+        return NodeRecord(
+            node,
+            None if before is None else before.values,
+            None if before is None else before.sampled_at,
+            error,
+            self._health(outcome, started) if outcome.error != STOPPED_ERROR else None,
+            label,
+            version,
+            attributes,
+        )
 
     def records(self) -> Mapping[NodeKey, NodeRecord]:
         """The latest cycle's :class:`NodeRecord` of every live node, by ``(node id, host)``.
@@ -617,8 +640,9 @@ class HostMemoryMonitor:
             if record.oom is not None and record.sampled_at is not None
         }
 
-    def _health(self, outcome: Outcome, started: float) -> ScrapeHealth:
-        """The scrape-health entry for one node's ``outcome`` in a cycle begun at ``started``."""
+    def _health(self, outcome: Outcome, started: float) -> HealthFields:
+        """The scrape-health entry's fields (as :class:`ScrapeHealth` orders them) for one
+        node's ``outcome`` in a cycle begun at ``started``."""
         observed_at = started + outcome.elapsed
         if outcome.values:
             up, error_type = 1, None
@@ -628,7 +652,7 @@ class HostMemoryMonitor:
         duration = outcome.duration
         if duration is None and outcome.asked and outcome.error_type != ERROR_NO_METRICS_PORT:
             duration = outcome.elapsed  # a replaced engine that does not time its requests
-        return ScrapeHealth(up, error_type, duration, observed_at, observed_at + self.max_age)
+        return (up, error_type, duration, observed_at, observed_at + self.max_age)
 
     def _note_standing(self, key: NodeKey, outcome: Outcome) -> None:
         if outcome.error == STOPPED_ERROR or outcome.error_type == ERROR_NO_METRICS_PORT:

@@ -227,23 +227,36 @@ def ray_nodes(
     list when Ray is not initialised, so a monitor started before ``ray.init``
     simply finds nothing to do yet. A malformed record is skipped with one warning.
     """
-    global _CHECKED
     view = cluster if cluster is not None else default_cluster_view()
     if not view.is_initialized():
         return []
     found: list[RayNode] = []
     seen: set[str] = set()
-    known = _CHECKED
+    known = _CHECKED.get(include_unscrapeable, {})
     checked: dict[tuple[object, ...], RayNode] = {}
+    plain = _PLAIN_TYPES
     for entry in view.nodes():
-        key = _record_key(entry, include_unscrapeable)
-        cached = known.get(key) if key is not None else None
-        if key is not None and cached is not None:
-            checked[key] = cached
-            if cached.node_id not in seen:
-                seen.add(cached.node_id)
-                found.append(cached)
-            continue
+        # A record already checked is looked up by its identifying fields, read inline:
+        # this loop runs once per node per cycle.
+        key: tuple[object, ...] | None = None
+        if type(entry) is dict and entry.get("Alive") is True:
+            get = entry.get
+            key = (
+                get("NodeID"),
+                get("NodeManagerAddress"),
+                get("MetricsExportPort"),
+                get("NodeManagerHostname"),
+            )
+            if plain.issuperset(map(type, key)):
+                cached = known.get(key)
+                if cached is not None:
+                    checked[key] = cached
+                    if cached.node_id not in seen:
+                        seen.add(cached.node_id)
+                        found.append(cached)
+                    continue
+            else:
+                key = None
         try:
             node = _node_from_record(entry, seen, include_unscrapeable)
         except MalformedRecord as exc:
@@ -257,29 +270,17 @@ def ray_nodes(
             found.append(node)
             if key is not None:
                 checked[key] = node
-    _CHECKED = checked  # only the records seen this time: bounded by the live nodes
+    _CHECKED[include_unscrapeable] = checked  # only the records seen this time: bounded
     return found
 
 
-#: Records already checked, by their fields: a node's record rarely changes, so it is
-#: checked and turned into a RayNode once, not at every cycle.
-_CHECKED: dict[tuple[object, ...], RayNode] = {}
-_KEY_FIELDS = ("NodeID", "NodeManagerAddress", "MetricsExportPort", "NodeManagerHostname")
-
-
-def _record_key(entry: object, unscrapeable: bool) -> tuple[object, ...] | None:
-    """A live record's identifying fields when all are plain values (str, int, None); else None.
-
-    One flat tuple per record: a str never equals an int or None (and bool, which
-    equals an int, is not a plain value here), so the values alone tell records apart.
-    """
-    if not isinstance(entry, dict) or entry.get("Alive") is not True:
-        return None
-    key = (unscrapeable, *map(entry.get, _KEY_FIELDS))
-    for value in key[1:]:
-        if value is not None and type(value) is not str and type(value) is not int:
-            return None
-    return key
+#: Records already checked, by their identifying fields, for each value of
+#: ``include_unscrapeable``: a node's record rarely changes, so it is checked and turned
+#: into a RayNode once, not at every cycle. A key holds only plain values (str, int,
+#: None; not bool, which equals an int): a str never equals an int or None, so the values
+#: alone tell records apart.
+_CHECKED: dict[bool, dict[tuple[object, ...], RayNode]] = {}
+_PLAIN_TYPES = frozenset((str, int, type(None)))
 
 
 def _malformed_key(entry: object) -> str:

@@ -14,8 +14,9 @@ import threading
 import time
 import weakref
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
-from typing import NamedTuple, Protocol, TypeVar, runtime_checkable
+from dataclasses import FrozenInstanceError, dataclass, field
+from operator import itemgetter
+from typing import TYPE_CHECKING, Any, NamedTuple, Protocol, TypeVar, runtime_checkable
 
 from raylens import forking
 from raylens.telemetry.host_memory._nodes import RayNode
@@ -97,8 +98,18 @@ def node_attributes(node: RayNode, worker_groups: str) -> dict[str, str]:
     }
 
 
-@dataclass(frozen=True, slots=True)
-class NodeRecord:
+#: Where a record's fields sit in the tuple it is (see :class:`NodeRecord`).
+_NODE, _VALUES, _SAMPLED_AT, _ERROR, _WORKER_GROUPS, _LABELS_VERSION, _ATTRIBUTES = range(7)
+_GROUPS, _OOM, _EXPIRES_AT, _UP, _ERROR_TYPE, _DURATION, _OBSERVED_AT, _HEALTH_EXPIRES_AT = range(
+    7, 15
+)
+#: A :class:`ScrapeHealth`'s fields, in its order: what a record holds of it.
+HealthFields = tuple[int, str | None, float | None, float, float]
+#: A record's health fields when it has no health entry.
+_NO_HEALTH = (None, None, None, None, None)
+
+
+class NodeRecord(tuple[Any, ...]):
     """Everything one cycle learnt about one live node.
 
     ``error`` is None when the node answered this cycle; then ``values`` (``{registry key:
@@ -109,19 +120,104 @@ class NodeRecord:
     was cut short by a stop). ``worker_groups`` is the node's label when the cycle published,
     from the placement registry at ``labels_version``, and ``attributes`` the attribute set
     built from it. Text in a record was cleaned where it entered raylens.
+
+    Immutable (assigning a field raises :class:`dataclasses.FrozenInstanceError`). A monitor
+    builds one per node per cycle, so a record is one flat tuple: built in one step, and the
+    health entry, held as plain fields, is no object of its own for the garbage collector to
+    walk while the record lives; :attr:`health` builds the :class:`ScrapeHealth` when asked.
+    ``health`` is given as a :class:`ScrapeHealth` or as its five fields in a plain tuple.
     """
 
-    node: RayNode
-    values: Mapping[str, float] | None
-    sampled_at: float | None
-    error: str | None
-    health: ScrapeHealth | None
-    worker_groups: str
-    labels_version: int
-    attributes: Mapping[str, str]
-    groups: NodeGroupFigures | None = None
-    oom: NodeOomCounts | None = None
-    expires_at: float = float("-inf")
+    __slots__ = ()
+
+    if TYPE_CHECKING:
+        node: RayNode
+        values: Mapping[str, float] | None
+        sampled_at: float | None
+        error: str | None
+        worker_groups: str
+        labels_version: int
+        attributes: Mapping[str, str]
+        groups: NodeGroupFigures | None
+        oom: NodeOomCounts | None
+        expires_at: float
+    else:
+        node = property(itemgetter(_NODE))
+        values = property(itemgetter(_VALUES))
+        sampled_at = property(itemgetter(_SAMPLED_AT))
+        error = property(itemgetter(_ERROR))
+        worker_groups = property(itemgetter(_WORKER_GROUPS))
+        labels_version = property(itemgetter(_LABELS_VERSION))
+        attributes = property(itemgetter(_ATTRIBUTES))
+        groups = property(itemgetter(_GROUPS))
+        oom = property(itemgetter(_OOM))
+        expires_at = property(itemgetter(_EXPIRES_AT))
+
+    def __new__(
+        cls,
+        node: RayNode,
+        values: Mapping[str, float] | None,
+        sampled_at: float | None,
+        error: str | None,
+        health: HealthFields | None,
+        worker_groups: str,
+        labels_version: int,
+        attributes: Mapping[str, str],
+        groups: NodeGroupFigures | None = None,
+        oom: NodeOomCounts | None = None,
+        expires_at: float = float("-inf"),
+    ) -> NodeRecord:
+        return tuple.__new__(
+            cls,
+            (
+                node,
+                values,
+                sampled_at,
+                error,
+                worker_groups,
+                labels_version,
+                attributes,
+                groups,
+                oom,
+                expires_at,
+                *(_NO_HEALTH if health is None else health),
+            ),
+        )
+
+    @property
+    def health(self) -> ScrapeHealth | None:
+        """The node's ``rl.host.scrape.*`` entry, or None (a request cut short by a stop)."""
+        if self[_UP] is None:
+            return None
+        return tuple.__new__(ScrapeHealth, self[_UP:])
+
+    def __setattr__(self, name: str, value: object) -> None:
+        raise FrozenInstanceError(f"cannot assign to field {name!r}")
+
+    def __delattr__(self, name: str) -> None:
+        raise FrozenInstanceError(f"cannot delete field {name!r}")
+
+    def __getnewargs__(self) -> tuple[Any, ...]:  # copy and pickle go through __new__
+        return (*self[:_WORKER_GROUPS], self.health, *self[_WORKER_GROUPS:_UP])
+
+    def __repr__(self) -> str:
+        fields = ", ".join(
+            f"{name}={getattr(self, name)!r}"
+            for name in (
+                "node",
+                "values",
+                "sampled_at",
+                "error",
+                "health",
+                "worker_groups",
+                "labels_version",
+                "attributes",
+                "groups",
+                "oom",
+                "expires_at",
+            )
+        )
+        return f"NodeRecord({fields})"
 
 
 @dataclass
@@ -163,19 +259,20 @@ class Snapshot:
     def fresh_health(self, now: float) -> list[tuple[NodeRecord, ScrapeHealth]]:
         """Every record whose scrape health has not expired at ``now``, with that health."""
         return [
-            (record, health)
+            (record, tuple.__new__(ScrapeHealth, record[_UP:]))
             for record in self.records.values()
-            if (health := record.health) is not None and now <= health.expires_at
+            if record[_UP] is not None and now <= record[_HEALTH_EXPIRES_AT]
         ]
 
     def retain(self, live: set[NodeKey]) -> None:
         """Drop the records of nodes not in ``live`` (nodes that left)."""
         with self.lock:
             records = self.records
-            if any(key not in live for key in records):
+            if not live.issuperset(records):
                 self.records = {key: r for key, r in records.items() if key in live}
-            for key in [key for key in self.samples if key not in live]:
-                del self.samples[key]
+            if not live.issuperset(self.samples):
+                for key in [key for key in self.samples if key not in live]:
+                    del self.samples[key]
 
     def clear(self) -> None:
         self.publish({})

@@ -30,9 +30,18 @@ from raylens.telemetry.scraping._engine import (
 )
 from raylens.telemetry.scraping._helper_program import leave_out_known_groups
 from raylens.telemetry.scraping._protocol import PrestartingEngine, ScrapeEngine
+from raylens.telemetry.scraping._wire import (
+    GROUPS_UNCHANGED,
+    HeldFigures,
+    MalformedRows,
+    Row,
+    decode_outcomes,
+    encode_outcomes,
+)
 
 __all__ = [
     "BATCH_SLACK_S",
+    "GROUPS_UNCHANGED",
     "MAX_BODY_BYTES",
     "MAX_CONCURRENCY",
     "MAX_MESSAGE_BYTES",
@@ -40,12 +49,17 @@ __all__ = [
     "AsyncScrapeEngine",
     "ChannelBroken",
     "DriverChannel",
+    "HeldFigures",
     "Job",
+    "MalformedRows",
     "Outcome",
     "PrestartingEngine",
+    "Row",
     "ScrapeEngine",
     "ScrapeLimits",
+    "decode_outcomes",
     "encode",
+    "encode_outcomes",
     "fetch_once",
     "leave_out_known_groups",
     "read_message",

@@ -9,9 +9,9 @@ driver is gone, SIGKILL included, or the channel closes.
 
 Messages in: ``("scrape", batch id, jobs, absolute monotonic deadline, known)``, where
 ``known`` is ``{key: sampled_at}`` of the group figures the driver already holds.
-Messages out: ``("ready",)`` once, then ``("result", batch id, {key: Outcome}, unchanged)``
-per batch, where the outcomes of the keys in ``unchanged`` carry no group figures because
-the driver holds them already (:func:`leave_out_known_groups`).
+Messages out: ``("ready",)`` once, then ``("result", batch id, rows)`` per batch: one row
+per node that answered, as :mod:`raylens.telemetry.scraping._wire` writes it, without the
+group figures the driver holds already (:func:`leave_out_known_groups`).
 """
 
 from __future__ import annotations
@@ -26,6 +26,7 @@ from collections.abc import Hashable, Mapping
 
 from raylens.telemetry.scraping._channel import ChannelBroken, read_message, write_message
 from raylens.telemetry.scraping._engine import AsyncScrapeEngine, Outcome, ScrapeLimits
+from raylens.telemetry.scraping._wire import encode_outcomes
 
 __all__ = ["HELPER_SLACK_S", "leave_out_known_groups", "main", "serve"]
 
@@ -75,7 +76,7 @@ def serve(sock: socket.socket, limits: ScrapeLimits) -> None:
                 engine.scrape(jobs, seconds, HELPER_SLACK_S) if seconds > 0 else {}
             )
             results, unchanged = leave_out_known_groups(results, known)
-            write_message(sock, ("result", batch, results, unchanged))
+            write_message(sock, ("result", batch, encode_outcomes(jobs, results, unchanged)))
     except (ChannelBroken, OSError):
         return
     finally:

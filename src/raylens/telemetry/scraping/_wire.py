@@ -1,0 +1,190 @@
+"""How a batch's outcomes cross from the helper to the driver: one flat tuple per node.
+
+The driver's thread is the one a whole job waits on, so what it receives is shaped for
+the cheapest decoding there: plain values in exact tuples (no class to call per node
+while unpickling, and nothing the garbage collector keeps walking once a cycle is over),
+decoded in one pass straight into the :class:`~raylens.telemetry.scraping.Outcome` the
+monitor publishes. A row is::
+
+    (index, values, error, wedged, asked, elapsed, error_type, duration, groups, oom)
+
+- ``index`` is the node's position in the batch the driver sent: the driver holds the
+  key already, so it is not sent back;
+- ``groups`` is None (the payload carried no sampler's series), :data:`GROUPS_UNCHANGED`
+  (the driver holds figures with this very ``sampled_at``:
+  :func:`~raylens.telemetry.scraping.leave_out_known_groups`), or
+  ``(sampled_at, (group, rss, pss, processes, growth), ...)``: a plain tuple per group;
+- ``oom`` is None or ``(ray_evictions, kernel_oom_kills)``.
+
+The helper is the driver's own child, so a row is trusted like the driver's memory; one
+that does not have this shape is still refused whole (:class:`MalformedRows`), never
+half used.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Container, Hashable, Iterable, Mapping, Sequence
+from typing import Any
+
+from raylens.telemetry.raylet_payload import GroupFigure, NodeGroupFigures, NodeOomCounts
+from raylens.telemetry.scraping._engine import Job, Outcome
+
+__all__ = [
+    "GROUPS_UNCHANGED",
+    "HeldFigures",
+    "MalformedRows",
+    "Row",
+    "decode_outcomes",
+    "encode_outcomes",
+]
+
+#: A row's ``groups`` when the driver already holds the node's figures.
+GROUPS_UNCHANGED = True
+#: One row per node; see the module docstring.
+Row = tuple[Any, ...]
+_ROW_WIDTH = 10
+_FIGURE_WIDTH = len(GroupFigure._fields)
+_OOM_WIDTH = len(NodeOomCounts._fields)
+
+
+class MalformedRows(ValueError):
+    """A result whose rows do not have the shape this module writes."""
+
+
+class HeldFigures:
+    """The group figures the driver holds per key, and the plain form each came in.
+
+    ``bodies`` holds, per key, the groups' part of the row its figures were built from
+    (plain tuples: nothing for the collector to walk once they have been looked at), so a
+    new reading equal in every group is recognised with one comparison. Not thread-safe.
+    """
+
+    __slots__ = ("bodies", "figures")
+
+    def __init__(self) -> None:
+        self.figures: dict[Hashable, NodeGroupFigures] = {}
+        self.bodies: dict[Hashable, tuple[Any, ...]] = {}
+
+    def keep_only(self, keys: Iterable[Hashable]) -> None:
+        """Forget the figures of every key not in ``keys``."""
+        figures = self.figures
+        kept = {key: figures[key] for key in keys if key in figures}
+        if len(kept) != len(figures):
+            bodies = self.bodies
+            self.figures = kept
+            self.bodies = {key: bodies[key] for key in kept if key in bodies}
+
+    def forget(self, key: Hashable) -> None:
+        self.figures.pop(key, None)
+        self.bodies.pop(key, None)
+
+
+def _plain_groups(figures: NodeGroupFigures) -> tuple[Any, ...]:
+    return (figures.sampled_at, *map(tuple, figures.groups))
+
+
+def encode_outcomes(
+    jobs: Sequence[Job], results: Mapping[Hashable, Outcome], unchanged: Container[Hashable]
+) -> list[Row]:
+    """The rows of ``results`` (keys of ``jobs``); keys in ``unchanged`` send no figures.
+
+    A key that is not one of ``jobs`` is left out: the driver could not place it.
+    """
+    index = {job[0]: position for position, job in enumerate(jobs)}
+    rows: list[Row] = []
+    for key, outcome in results.items():
+        position = index.get(key)
+        if position is None:
+            continue
+        values, error, wedged, asked, elapsed, error_type, duration, groups, oom = outcome
+        if key in unchanged:
+            flat: object = GROUPS_UNCHANGED
+        else:
+            flat = None if groups is None else _plain_groups(groups)
+        rows.append(
+            (
+                position,
+                values,
+                error,
+                wedged,
+                asked,
+                elapsed,
+                error_type,
+                duration,
+                flat,
+                None if oom is None else tuple(oom),
+            )
+        )
+    return rows
+
+
+def _figures(key: Hashable, plain: tuple[Any, ...], held: HeldFigures) -> NodeGroupFigures:
+    """The figures ``plain`` describes, now held for ``key``.
+
+    A reading equal in every group to the one held shares its tuple of figures: an
+    unchanged reading then leaves one new object, not one per group, for the collector to
+    walk until it is replaced.
+    """
+    if type(plain) is not tuple or not plain:
+        raise MalformedRows(f"group figures sent as {plain!r:.80}, not a non-empty tuple")
+    body = plain[1:]
+    before = held.figures.get(key)
+    if before is not None and held.bodies.get(key) == body:
+        figures = before.groups
+    else:
+        new = tuple.__new__
+        for part in body:
+            if type(part) is not tuple or len(part) != _FIGURE_WIDTH:
+                raise MalformedRows(f"a group's figures sent as {part!r:.80}")
+        figures = tuple([new(GroupFigure, part) for part in body])
+        held.bodies[key] = body
+    result = held.figures[key] = tuple.__new__(NodeGroupFigures, (plain[0], figures))
+    return result
+
+
+def decode_outcomes(
+    rows: Sequence[Row],
+    keys: Sequence[Hashable],
+    offset: float,
+    held: HeldFigures,
+) -> dict[Hashable, Outcome]:
+    """``{key: Outcome}`` of ``rows``, ``keys`` being the batch's keys in the order sent.
+
+    ``offset`` is added to each ``elapsed``. ``held`` is what the driver holds, updated
+    here: figures that came are kept, a node whose payload carried
+    none is forgotten, and :data:`GROUPS_UNCHANGED` takes what is held (None when
+    nothing is).
+
+    Raises:
+        MalformedRows: a row is not shaped as :func:`encode_outcomes` writes it.
+    """
+    new = tuple.__new__
+    held_figures = held.figures
+    outcomes: dict[Hashable, Outcome] = {}
+    try:
+        for row in rows:
+            if type(row) is not tuple or len(row) != _ROW_WIDTH:
+                raise MalformedRows(f"a row of {type(row).__name__}, not a {_ROW_WIDTH}-tuple")
+            position, values, error, wedged, asked, elapsed, error_type, duration, flat, oom = row
+            if type(position) is not int or position < 0:
+                raise MalformedRows(f"row index {position!r} is not a position in the batch")
+            key = keys[position]
+            if flat is None:
+                groups = None
+                if key in held_figures:
+                    held.forget(key)
+            elif flat is GROUPS_UNCHANGED:
+                groups = held_figures.get(key)
+            else:
+                groups = _figures(key, flat, held)
+            if oom is not None:
+                if type(oom) is not tuple or len(oom) != _OOM_WIDTH:
+                    raise MalformedRows(f"kill counters sent as {oom!r:.80}")
+                oom = new(NodeOomCounts, oom)
+            outcomes[key] = new(
+                Outcome,
+                (values, error, wedged, asked, elapsed + offset, error_type, duration, groups, oom),
+            )
+    except (TypeError, IndexError) as exc:
+        raise MalformedRows(f"a result row could not be read: {exc}") from exc
+    return outcomes
