@@ -303,7 +303,8 @@ def test_a_record_equal_to_a_checked_one_but_not_plain_is_checked_afresh(
     plain = _record(**{"NodeID": NODE_A, "MetricsExportPort": 1} if "NodeID" in changed else {})
     assert len(hm.ray_nodes(_cluster(plain))) == 1
 
-    found = hm.ray_nodes(_cluster(_record(**changed)))
+    with caplog.at_level(logging.WARNING, logger=LOGGER):
+        found = hm.ray_nodes(_cluster(_record(**changed)))
 
     if "NodeManagerHostname" in changed:  # a non-str host name is shown as the address
         assert [node.host for node in found] == ["10.0.0.9"]
