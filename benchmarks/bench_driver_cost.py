@@ -11,7 +11,7 @@ monitor runs several cycles back to back on a background thread. It compares:
 - ``inprocess``: the same aiohttp engine on an event-loop thread of the driver;
 - ``groups``: ``helper`` with per-group memory and growth on: every raylet also serves
   four worker groups' series as a node's metrics agent serves what the samplers
-  publish (a new reading every 10 s, the samplers' default), 64 workers per node are
+  publish (a new reading, with new figures, every 10 s, the samplers' default), 64 workers per node are
   registered, and the monitor runs the group-memory
   cycle (publishing mode: it keeps the samplers running through FakeRay and publishes
   the figures the scrape carried) and the growth cycle;
@@ -66,8 +66,14 @@ def _serve(n_nodes: int, hung: list[int], conn: Connection) -> None:
     """Child process: serve the simulated cluster; answer request counts until told to stop."""
     from raylens_fakes import SimulatedCluster
 
-    def groups(_index: int, _t: float) -> dict[str, float]:
-        return {group: 2.0e9 + i for i, group in enumerate(GROUPS)}
+    def groups(index: int, _t: float) -> dict[str, float]:
+        # New figures at every 10 s reading, as a real group's RSS moves between readings
+        # (so the driver can never keep a reading because it equals the one it holds).
+        reading = int(time.time() // 10)
+        return {
+            group: 2.0e9 + 1e8 * i + 4096 * ((reading + index) % 997)
+            for i, group in enumerate(GROUPS)
+        }
 
     # Each node serves four groups' series as its sampler publishes them: a new reading
     # every 10 s (the samplers' default), whatever the scrape rate.
