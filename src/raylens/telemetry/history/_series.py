@@ -129,12 +129,16 @@ class SeriesBuffer:
         """Add one sample (seconds, bytes); cheap, as a monitor calls it for every series every cycle."""
         if not (math.isfinite(t) and math.isfinite(value)):
             return
-        last = self.last_time
-        if last is not None and t <= last:
+        pending_t = self._pending_t
+        # The newest time held, as :attr:`last_time` reads it (inlined: this runs per series per cycle).
+        if pending_t:
+            if t <= pending_t[-1]:
+                return
+        elif self._hi != self._lo and t <= self._t0 + float(self._t[self._hi - 1]):
             return
-        self._pending_t.append(t)
+        pending_t.append(t)
         self._pending_v.append(value)
-        if len(self._pending_t) >= _PENDING:
+        if len(pending_t) >= _PENDING:
             self._flush()
 
     def _flush(self) -> None:

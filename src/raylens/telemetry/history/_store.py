@@ -111,10 +111,20 @@ class _Entry:
 
 
 class _Node:
-    __slots__ = ("groups",)
+    """A node's group names as last recorded, and its series in the order a record adds to them.
+
+    ``parts`` is the node's own entry, then ``(key, entry)`` of each group in ``parts_of``
+    order, then of the memory outside them: found once per set of groups, so recording a
+    node costs no look-up per series. The entries are those of ``_series`` (only
+    :meth:`MemoryHistory.forget` drops them, and it drops this too).
+    """
+
+    __slots__ = ("groups", "parts", "parts_of")
 
     def __init__(self) -> None:
         self.groups: tuple[str, ...] | None = None
+        self.parts_of: tuple[str, ...] | None = None
+        self.parts: tuple[_Entry, tuple[tuple[Key, _Entry], ...]] | None = None
 
 
 class MemoryHistory:
@@ -165,20 +175,43 @@ class MemoryHistory:
             if state is None:
                 state = self._nodes[node] = _Node()
             t, used = float(t), float(used)
-            self._add_one(node, t, used, fit=groups is None)
             if groups is None:
+                self._add_one(node, t, used)
                 state.groups = None
                 return
             names = tuple(sorted(groups))
-            if names != state.groups:
-                state.groups = names
+            state.groups = names
+            parts = state.parts
+            if parts is None or state.parts_of != names:
+                keys: list[Key] = [(node, name) for name in names]
+                keys.append((node, None))
+                parts = state.parts = (
+                    self._entry(node),
+                    tuple((key, self._entry(key)) for key in keys),
+                )
+                state.parts_of = names
+            own, series = parts
+            own.buffer.append(t, used)
+            if not math.isfinite(t):
+                # No sample is kept (nor fit due) at a time that is not finite.
+                return
+            values = []
             inside = 0.0
             for name in names:
                 value = float(groups[name])
                 if math.isfinite(value):
                     inside += value
-                self._add_one((node, name), t, value)
-            self._add_one((node, None), t, used - inside)
+                values.append(value)
+            values.append(used - inside)  # the memory outside the groups
+            every = self.settings.fit_interval_s
+            for (key, entry), value in zip(series, values):
+                entry.buffer.append(t, value)
+                # What :meth:`_add_one` does, without its look-up.
+                next_fit = entry.next_fit
+                if next_fit == -math.inf:
+                    entry.next_fit = t + every
+                elif t >= next_fit:
+                    self._mark_due(key, entry, t)
 
     def record_node_many(
         self,
