@@ -18,6 +18,7 @@ from raylens.telemetry.growth import (
     GrowthCycle,
     NodeOutlook,
     _outlook,
+    _published_growth,
     _with_published_growth,
     register_growth_gauges,
 )
@@ -377,7 +378,8 @@ class _ReferenceCycle:
             if carried is not None:
                 held = self.merged.get(node)
                 if held is None or held[0] is not outlook or held[1] is not carried:
-                    held = (outlook, carried, _with_published_growth(outlook, carried))
+                    published = _published_growth(outlook, carried)
+                    held = (outlook, carried, _with_published_growth(outlook, published))
                     self.merged[node] = held
                 outlook = held[2]
             out[node] = outlook

@@ -127,8 +127,11 @@ class SeriesBuffer:
 
     def append(self, t: float, value: float) -> None:
         """Add one sample (seconds, bytes); cheap, as a monitor calls it for every series every cycle."""
-        if not (math.isfinite(t) and math.isfinite(value)):
-            return
+        if math.isfinite(t) and math.isfinite(value):
+            self.append_finite(t, value)
+
+    def append_finite(self, t: float, value: float) -> None:
+        """:meth:`append` for a sample whose time and value the caller has found finite."""
         pending_t = self._pending_t
         # The newest time held, as :attr:`last_time` reads it (inlined: this runs per series per cycle).
         if pending_t:

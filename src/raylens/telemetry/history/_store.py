@@ -113,8 +113,8 @@ class _Entry:
 class _Node:
     """A node's group names as last recorded, and its series in the order a record adds to them.
 
-    ``parts`` is the node's own entry, then ``(key, entry)`` of each group in ``parts_of``
-    order, then of the memory outside them: found once per set of groups, so recording a
+    ``parts`` is the node's own buffer, then ``(key, entry, its buffer)`` of each group in
+    ``parts_of`` order, then of the memory outside them: found once per set of groups, so recording a
     node costs no look-up per series. The entries are those of ``_series`` (only
     :meth:`MemoryHistory.forget` drops them, and it drops this too).
     """
@@ -124,7 +124,7 @@ class _Node:
     def __init__(self) -> None:
         self.groups: tuple[str, ...] | None = None
         self.parts_of: tuple[str, ...] | None = None
-        self.parts: tuple[_Entry, tuple[tuple[Key, _Entry], ...]] | None = None
+        self.parts: tuple[SeriesBuffer, tuple[tuple[Key, _Entry, SeriesBuffer], ...]] | None = None
 
 
 class MemoryHistory:
@@ -185,30 +185,35 @@ class MemoryHistory:
             if parts is None or state.parts_of != names:
                 keys: list[Key] = [(node, name) for name in names]
                 keys.append((node, None))
+                own_entry = self._entry(node)  # first: keys() lists series as they came
+                entries = [(key, self._entry(key)) for key in keys]
                 parts = state.parts = (
-                    self._entry(node),
-                    tuple((key, self._entry(key)) for key in keys),
+                    own_entry.buffer,
+                    tuple((key, entry, entry.buffer) for key, entry in entries),
                 )
                 state.parts_of = names
             own, series = parts
-            own.buffer.append(t, used)
-            if not math.isfinite(t):
-                # No sample is kept (nor fit due) at a time that is not finite.
-                return
+            isfinite = math.isfinite
+            if not isfinite(t):
+                return  # no sample is kept, nor fit due, at a time that is not finite
+            if isfinite(used):
+                own.append_finite(t, used)
             values = []
             inside = 0.0
             for name in names:
                 value = float(groups[name])
-                if math.isfinite(value):
+                if isfinite(value):
                     inside += value
                 values.append(value)
             values.append(used - inside)  # the memory outside the groups
             every = self.settings.fit_interval_s
-            for (key, entry), value in zip(series, values):
-                entry.buffer.append(t, value)
+            unset = -math.inf
+            for (key, entry, buffer), value in zip(series, values):
+                if isfinite(value):
+                    buffer.append_finite(t, value)
                 # What :meth:`_add_one` does, without its look-up.
                 next_fit = entry.next_fit
-                if next_fit == -math.inf:
+                if next_fit == unset:
                     entry.next_fit = t + every
                 elif t >= next_fit:
                     self._mark_due(key, entry, t)
