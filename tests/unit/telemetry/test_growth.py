@@ -461,11 +461,22 @@ class _RecordsAsCopies:
         }
 
 
-def test_a_record_seen_again_unchanged_is_not_recorded_again() -> None:
+def _scripted(cycles: int) -> tuple[_Scripted, GrowthCycle]:
+    """A scripted monitor and a growth cycle run after each of its first ``cycles`` cycles."""
     monitor = _Scripted()
     cycle = GrowthCycle(settings=GrowthSettings(window_s=60.0))
-    monitor.advance()
-    cycle(monitor)
+    _advance(monitor, cycle, cycles)
+    return monitor, cycle
+
+
+def _advance(monitor: _Scripted, cycle: GrowthCycle, cycles: int) -> None:
+    for _ in range(cycles):
+        monitor.advance()
+        cycle(monitor)
+
+
+def test_a_record_seen_again_unchanged_is_not_recorded_again() -> None:
+    monitor, cycle = _scripted(1)
     first = cycle.snapshot.latest()
 
     for _ in range(3):  # the same records, read again
@@ -480,11 +491,8 @@ def test_a_record_seen_again_unchanged_is_not_recorded_again() -> None:
 
 
 def test_a_new_scrape_of_an_old_reading_leaves_the_groups_unrecorded() -> None:
-    monitor = _Scripted()
-    cycle = GrowthCycle(settings=GrowthSettings(window_s=60.0))
-    for _ in range(3):  # cycles 1 and 3 scrape the reading cycle 1 brought; cycle 2 a new one
-        monitor.advance()
-        cycle(monitor)
+    # Cycles 1 and 3 scrape the reading cycle 1 brought; cycle 2 brings a new one.
+    _monitor, cycle = _scripted(3)
 
     times, _values = cycle.history.window(("a", "policy"))
     assert times.tolist() == [2.0, 4.0]
@@ -493,32 +501,23 @@ def test_a_new_scrape_of_an_old_reading_leaves_the_groups_unrecorded() -> None:
 
 
 def test_a_node_whose_groups_change_has_its_new_groups_recorded() -> None:
-    monitor = _Scripted()
-    cycle = GrowthCycle(settings=GrowthSettings(window_s=60.0))
-    for _ in range(62):
-        monitor.advance()
-        cycle(monitor)
+    _monitor, cycle = _scripted(62)
 
     node = cycle.history.node("c")
     assert node is not None and set(node.groups) == {"critic", "policy", "rollout"}
     times, _values = cycle.history.window(("c", "critic"))
     assert times.tolist() == [120.0, 124.0]  # from its first reading on
     other = cycle.history.series(("c", None))
-    inside = sum(view.used for view in node.groups.values())  # type: ignore[misc]
-    assert other is not None and node.used == pytest.approx(other.used + inside)  # type: ignore[operator]
+    assert other is not None and other.used is not None and node.used is not None
+    inside = math.fsum(view.used or 0.0 for view in node.groups.values())
+    assert node.used == pytest.approx(other.used + inside)
 
 
 def test_a_node_that_leaves_and_comes_back_starts_a_new_history() -> None:
-    monitor = _Scripted()
-    cycle = GrowthCycle(settings=GrowthSettings(window_s=60.0))
-    for _ in range(101):
-        monitor.advance()
-        cycle(monitor)
+    monitor, cycle = _scripted(101)
     assert "e" not in cycle.snapshot.latest() and cycle.history.node("e") is None
 
-    for _ in range(30):
-        monitor.advance()
-        cycle(monitor)
+    _advance(monitor, cycle, 30)
 
     times, _values = cycle.history.window("e")
     assert times.tolist() == [260.0, 262.0]  # its return, at cycle 130, and one cycle on
