@@ -6,8 +6,8 @@ sampler reading (new group figures) every other cycle, 5% of nodes hung (their r
 keeps its last good figures and carries no groups). Runs ``--warmup`` cycles so the
 windows are full and fits run as in a long run, then times ``--cycles`` cycles of
 :class:`~raylens.telemetry.growth.GrowthCycle` with the garbage collector off, and counts
-the GC-tracked objects that the cycles left alive (per node per cycle). The inputs are
-built before each timed cycle, outside the measure.
+the GC-tracked objects that as many more cycles left alive (per node per cycle). The
+inputs are built before each cycle, outside the measure.
 
 The machine it runs on may be shared: ``--repeat`` runs it again from the start and
 reports the fastest run.
@@ -105,7 +105,11 @@ _COUNTING = _counting_overhead()
 
 
 def _run(args: argparse.Namespace, profiler: cProfile.Profile | None) -> tuple[float, float]:
-    """``(CPU seconds, tracked objects left alive)`` of ``args.cycles`` cycles after the warm-up."""
+    """``(CPU seconds, tracked objects left alive)`` of ``args.cycles`` cycles after the warm-up.
+
+    The cycles are timed first, then as many more are run to count what each leaves alive
+    (counting walks every object, which would leave the timed cycles' caches cold).
+    """
     monitor = _Records(args.nodes)
     cycle = GrowthCycle(settings=GrowthSettings())
     for _ in range(args.warmup):
@@ -118,9 +122,6 @@ def _run(args: argparse.Namespace, profiler: cProfile.Profile | None) -> tuple[f
     try:
         for _ in range(args.cycles):
             monitor.advance()
-            gc.collect()
-            before = gc.get_objects()
-            seen = {id(o) for o in before}
             if profiler is not None:
                 profiler.enable()
             start = time.process_time()
@@ -128,6 +129,12 @@ def _run(args: argparse.Namespace, profiler: cProfile.Profile | None) -> tuple[f
             spent += time.process_time() - start
             if profiler is not None:
                 profiler.disable()
+        for _ in range(args.cycles):
+            monitor.advance()
+            gc.collect()
+            before = gc.get_objects()
+            seen = {id(o) for o in before}
+            cycle(monitor)
             gc.collect()
             left_alive += _new_objects(seen) - _COUNTING
             del before, seen
