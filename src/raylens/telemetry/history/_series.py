@@ -287,6 +287,17 @@ class SeriesBuffer:
         first, stop = self._window_bounds(t, end)
         return t[first:stop], self._v[self._lo + first : self._lo + stop], self._t0, self._v0
 
+    def held_span(self) -> float:
+        """Seconds from the oldest held sample to the newest, as stored; 0 with fewer than two.
+
+        No window :meth:`window_parts` returns spans more (a fit can skip reading one that
+        could not span enough).
+        """
+        self._flush()
+        if self._hi - self._lo < 2:
+            return 0.0
+        return float(self._t[self._hi - 1]) - float(self._t[self._lo])
+
     def _window_bounds(self, t: npt.NDArray[np.float32], end: float) -> tuple[int, int]:
         """Where the window ending at ``end`` starts and stops in ``t``, the held time offsets."""
         first = int(t.searchsorted(np.float32(end - self.window_s - self._t0), side="left"))

@@ -417,13 +417,18 @@ class MemoryHistory:
             rounds: dict[int, list[tuple[_Entry, float, np.ndarray, np.ndarray, float, float]]] = {}
             for key, entry in list(self._due.items()):
                 when = entry.due.pop(0)
-                t, x, t0, v0 = entry.buffer.window_parts(when)
+                buffer = entry.buffer
+                # A series whose samples span too little for a fit has no window to read.
+                window = buffer.window_parts(when) if buffer.held_span() >= needed else None
                 if entry.due:
-                    entry.buffer.hold_from = entry.due[0]
+                    buffer.hold_from = entry.due[0]
                 else:
                     del self._due[key]
-                    entry.buffer.hold_from = None
-                    entry.buffer.trim()
+                    buffer.hold_from = None
+                    buffer.trim()
+                if window is None:
+                    continue
+                t, x, t0, v0 = window
                 if len(t) < 2 or float(t[-1]) - float(t[0]) < needed:
                     continue
                 rounds.setdefault(len(t), []).append((entry, when, t, x, t0, v0))
