@@ -202,8 +202,11 @@ class _Watched:
 
     ``recorded_at`` is the sample time last recorded, ``stamp`` the sampler's reading it
     carried (None without groups); ``built`` the outlook last built from the history, at
-    sample time ``built_at``; ``merged`` what merging ``built_from`` with the figures
-    ``merged_figures`` gave, and ``published`` the growth those figures added to it.
+    sample time ``built_at``; ``merged`` what merging the outlook ``merged_from`` with the
+    figures ``merged_figures`` gave, and ``published`` the growth those figures added to it.
+    Besides floats and a dict of them (which the garbage collector does not track), it
+    refers only to what exists anyway (the monitor's figures, the published outlooks), and
+    is changed in place: a cycle leaves no new tracked object per node.
     """
 
     __slots__ = (
