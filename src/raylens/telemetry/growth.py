@@ -20,6 +20,7 @@ declared by :func:`register_growth_gauges`, never at import.
 from __future__ import annotations
 
 import dataclasses
+import math
 import threading
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
@@ -118,7 +119,10 @@ class GrowthSnapshot:
         self._nodes: dict[str, NodeOutlook] = {}
 
     def publish(self, outlooks: Iterable[NodeOutlook]) -> None:
-        nodes = {outlook.node_id: outlook for outlook in outlooks}
+        self._publish_by_node({outlook.node_id: outlook for outlook in outlooks})
+
+    def _publish_by_node(self, nodes: dict[str, NodeOutlook]) -> None:
+        """Publish ``{node id: outlook}`` as it is; the caller hands it over and keeps no hold."""
         with self._lock:
             self._nodes = nodes
 
@@ -193,6 +197,40 @@ class GrowthMonitor(FigureSource, Protocol):
     ) -> None: ...
 
 
+class _Watched:
+    """What a growth cycle keeps of one node between cycles: one object per node, changed in place.
+
+    ``recorded_at`` is the sample time last recorded, ``stamp`` the sampler's reading it
+    carried (None without groups); ``built`` the outlook last built from the history, at
+    sample time ``built_at``; ``merged`` what merging the outlook ``merged_from`` with the
+    figures ``merged_figures`` gave, and ``published`` the growth those figures added to it.
+    Besides floats and a dict of them (which the garbage collector does not track), it
+    refers only to what exists anyway (the monitor's figures, the published outlooks), and
+    is changed in place: a cycle leaves no new tracked object per node.
+    """
+
+    __slots__ = (
+        "built",
+        "built_at",
+        "merged",
+        "merged_figures",
+        "merged_from",
+        "published",
+        "recorded_at",
+        "stamp",
+    )
+
+    def __init__(self) -> None:
+        self.recorded_at = -math.inf
+        self.stamp: float | None = None
+        self.built: NodeOutlook | None = None
+        self.built_at = -math.inf
+        self.merged_from: NodeOutlook | None = None
+        self.merged_figures: NodeGroupFigures | None = None
+        self.merged: NodeOutlook | None = None
+        self.published: dict[str, float] = {}
+
+
 class GrowthCycle:
     """A monitor cycle hook: record the cycle's figures, then publish every node's outlook.
 
@@ -212,18 +250,14 @@ class GrowthCycle:
         self.history = MemoryHistory(settings or GrowthSettings.from_env())
         self.kill_line = kill_line or resolve_kill_line_config()
         self.snapshot = snapshot if snapshot is not None else GrowthSnapshot()
-        self._recorded_at: dict[str, float] = {}
-        #: Per node: the stamp of the sampler's reading last recorded.
-        self._stamps: dict[str, float] = {}
-        #: Per node: the outlook last built and the sample time it was built at.
-        self._outlooks: dict[str, tuple[float, NodeOutlook]] = {}
-        #: Per node: the outlook and figures last merged, and what merging them gave.
-        self._merged: dict[str, tuple[NodeOutlook, NodeGroupFigures, NodeOutlook]] = {}
+        #: Per node seen in the last cycle: what is kept of it between cycles.
+        self._watched: dict[str, _Watched] = {}
         self._lock = threading.Lock()
 
     def __call__(self, monitor: FigureSource) -> None:
         with self._lock:
             outlooks: dict[str, NodeOutlook] = {}
+            every = self.history.settings.fit_interval_s
             if isinstance(monitor, RecordSource):
                 # The records themselves: what latest() and group_figures() would copy out.
                 monitor.declare_consumer()
@@ -239,6 +273,7 @@ class GrowthCycle:
                         values.get(TOTAL_KEY) if values else None,
                         at,
                         record.groups if at is not None else None,
+                        every,
                     )
             else:
                 figures = monitor.group_figures()
@@ -252,14 +287,14 @@ class GrowthCycle:
                         sample.total,
                         sample.sampled_at,
                         None if carried is None else carried[1],
+                        every,
                     )
-            for gone in [node for node in self._recorded_at if node not in outlooks]:
-                del self._recorded_at[gone]
-                self._outlooks.pop(gone, None)
-                self._merged.pop(gone, None)
-                self._stamps.pop(gone, None)
-                self.history.forget(gone)
-            self.snapshot.publish(outlooks.values())
+            watched = self._watched
+            if len(watched) != len(outlooks):  # every node observed is watched
+                for gone in [node for node in watched if node not in outlooks]:
+                    del watched[gone]
+                    self.history.forget(gone)
+            self.snapshot._publish_by_node(outlooks)
 
     def _observe(
         self,
@@ -270,95 +305,99 @@ class GrowthCycle:
         total: float | None,
         at: float | None,
         carried: NodeGroupFigures | None,
+        every: float,
     ) -> NodeOutlook:
-        """Record one node's sample if it is new, and return the node's outlook."""
-        if (
-            used is not None
-            and at is not None
-            and at > self._recorded_at.get(node, float("-inf"))
-            and self._published_anew(node, carried)
-        ):
-            groups = {g.group: g.rss_bytes for g in carried.groups} if carried else None
-            self.history.record_node(node, at, used, groups=groups)
-            self._recorded_at[node] = at
-        outlook = self._outlook_of(node, host, worker_groups, total, at)
-        if carried is not None:
-            outlook = self._merged_with(node, outlook, carried)
-        return outlook
-
-    def _published_anew(self, node: str, carried: NodeGroupFigures | None) -> bool:
-        """Whether the node's sampler published since its figures were last recorded.
+        """Record one node's sample if it is new, and return the node's outlook.
 
         A node whose groups a sampler reports is recorded once per reading of the
         sampler, not once per scrape: the same reading scraped again is no new sample,
         and counting it again would weigh stale figures as fresh ones in the fit.
+
+        Fits run every ``every`` seconds of a series' own time (a tenth of a window), so
+        between two of them the figures cannot change: the outlook is built again at most
+        that often, and merged with the sampler's figures once per reading, which keeps a
+        cycle's cost per node to recording its samples.
         """
+        watched = self._watched.get(node)
+        if watched is None:
+            watched = self._watched[node] = _Watched()
+        if used is not None and at is not None and at > watched.recorded_at:
+            if carried is None:
+                watched.stamp = None
+                self.history.record_node(node, at, used)
+                watched.recorded_at = at
+            elif carried.sampled_at != watched.stamp:
+                watched.stamp = carried.sampled_at
+                groups = {figure.group: figure.rss_bytes for figure in carried.groups}
+                self.history.record_node(node, at, used, groups=groups)
+                watched.recorded_at = at
+        outlook = watched.built
+        if (
+            outlook is None
+            or at is None
+            or not at - watched.built_at < every
+            or outlook.worker_groups != worker_groups
+        ):
+            limit = self.kill_line.limit(total)
+            outlook = _outlook(node, host, worker_groups, self.history.node(node), limit)
+            if at is not None:
+                watched.built, watched.built_at = outlook, at
         if carried is None:
-            self._stamps.pop(node, None)
-            return True
-        stamp = carried.sampled_at
-        if self._stamps.get(node) == stamp:
-            return False
-        self._stamps[node] = stamp
-        return True
+            return outlook
+        merged = watched.merged
+        if (
+            merged is not None
+            and watched.merged_figures is carried
+            and watched.merged_from is outlook
+        ):
+            return merged
+        return self._merged_with(watched, outlook, carried)
 
+    @staticmethod
     def _merged_with(
-        self, node: str, outlook: NodeOutlook, figures: NodeGroupFigures
+        watched: _Watched, outlook: NodeOutlook, figures: NodeGroupFigures
     ) -> NodeOutlook:
-        """``outlook`` with the growth ``figures`` published, merged once per pair of them."""
-        previous = self._merged.get(node)
-        if previous is not None and previous[0] is outlook and previous[1] is figures:
-            return previous[2]
-        merged = _with_published_growth(outlook, figures)
-        self._merged[node] = (outlook, figures, merged)
-        return merged
-
-    def _outlook_of(
-        self, node: str, host: str, worker_groups: str, total: float | None, at: float | None
-    ) -> NodeOutlook:
-        """The node's outlook, built again once a fit may have changed it.
-
-        Fits run every tenth of a window of a series' own time, so between two of them
-        the figures cannot change: the outlook is rebuilt at most that often, which keeps
-        a cycle's cost per node to recording its samples.
-        """
-        previous = self._outlooks.get(node)
+        """``outlook`` with the growth ``figures`` published; the last merge again when it
+        adds the same growth to the same outlook (so a new reading builds no new outlook)."""
+        published = _published_growth(outlook, figures)
+        previous = watched.merged
         if (
             previous is not None
-            and at is not None
-            and at - previous[0] < self.history.settings.fit_interval_s
-            and previous[1].worker_groups == worker_groups
+            and watched.merged_from is outlook
+            and published == watched.published
         ):
-            return previous[1]
-        limit = self.kill_line.limit(total)
-        outlook = _outlook(node, host, worker_groups, self.history.node(node), limit)
-        if at is not None:
-            self._outlooks[node] = (at, outlook)
-        return outlook
+            merged = previous
+        else:
+            merged = _with_published_growth(outlook, published)
+        watched.merged_from, watched.merged_figures, watched.merged = outlook, figures, merged
+        watched.published = published
+        return merged
 
     def close(self) -> None:
         """Forget every node's history (the monitor stopped)."""
         with self._lock:
-            for node in list(self._recorded_at):
+            for node in list(self._watched):
                 self.history.forget(node)
-            self._recorded_at.clear()
-            self._outlooks.clear()
-            self._merged.clear()
-            self._stamps.clear()
+            self._watched.clear()
             self.snapshot.clear()
 
 
-def _with_published_growth(outlook: NodeOutlook, figures: NodeGroupFigures) -> NodeOutlook:
-    """Fill in, for groups this history has no figure for yet, the growth their sampler published.
-
-    A sampler keeps its node's history from the moment it starts, so a process that
-    has just begun watching (``raylens watch --once``) still shows each group's growth.
-    """
-    published = {
+def _published_growth(outlook: NodeOutlook, figures: NodeGroupFigures) -> dict[str, float]:
+    """The growth ``figures`` publish for groups ``outlook`` has no figure for."""
+    return {
         figure.group: figure.growth
         for figure in figures.groups
         if figure.growth is not None and figure.group not in outlook.group_growth
     }
+
+
+def _with_published_growth(outlook: NodeOutlook, published: dict[str, float]) -> NodeOutlook:
+    """Fill in, for groups this history has no figure for yet, the growth their sampler published.
+
+    A sampler keeps its node's history from the moment it starts, so a process that
+    has just begun watching (``raylens watch --once``) still shows each group's growth.
+    ``published`` is :func:`_published_growth` of the sampler's figures.
+    """
     if not published:
         return outlook
     merged = {**outlook.group_growth, **published}

@@ -127,23 +127,33 @@ class SeriesBuffer:
 
     def append(self, t: float, value: float) -> None:
         """Add one sample (seconds, bytes); cheap, as a monitor calls it for every series every cycle."""
-        if not (math.isfinite(t) and math.isfinite(value)):
+        if math.isfinite(t) and math.isfinite(value):
+            self.append_finite(t, value)
+
+    def append_finite(self, t: float, value: float) -> None:
+        """:meth:`append` for a sample whose time and value the caller has found finite."""
+        pending_t = self._pending_t
+        # The newest time held, as :attr:`last_time` reads it (inlined: this runs per series per cycle).
+        if pending_t:
+            if t <= pending_t[-1]:
+                return
+        elif self._hi != self._lo and t <= self._t0 + float(self._t[self._hi - 1]):
             return
-        last = self.last_time
-        if last is not None and t <= last:
-            return
-        self._pending_t.append(t)
+        pending_t.append(t)
         self._pending_v.append(value)
-        if len(self._pending_t) >= _PENDING:
+        if len(pending_t) >= _PENDING:
             self._flush()
 
     def _flush(self) -> None:
-        if self._pending_t:
+        pending_v = self._pending_v
+        if pending_v:
             times = np.array(self._pending_t, dtype=np.float64)
-            values = np.array(self._pending_v, dtype=np.float64)
+            values = np.array(pending_v, dtype=np.float64)
+            # Read off the few raw doubles: cheaper than numpy's reductions over them.
+            low, high = min(pending_v), max(pending_v)
             del self._pending_t[:]
-            del self._pending_v[:]
-            self._store(times, values)
+            del pending_v[:]
+            self._store(times, values, low, high)
 
     def extend(self, times: FloatArray, values: FloatArray) -> None:
         """Add samples in time order; any not after the newest held (or not finite) are skipped."""
@@ -176,13 +186,24 @@ class SeriesBuffer:
                 return
         self._store(times, values)
 
-    def _store(self, times: FloatArray, values: FloatArray) -> None:
-        """Append samples already checked to be finite and newer than those held."""
+    def _store(
+        self,
+        times: FloatArray,
+        values: FloatArray,
+        low: float | None = None,
+        high: float | None = None,
+    ) -> None:
+        """Append samples already checked to be finite and newer than those held.
+
+        ``low`` and ``high`` are the least and greatest of ``values`` when the caller has them.
+        """
         if math.isnan(self._t0):
             self._t0 = float(times[0])
             self._v0 = float(values[0])
         newest = float(times[-1])
-        self._rebase(newest, values)
+        if low is None or high is None:
+            low, high = float(values.min()), float(values.max())
+        self._rebase(newest, low, high, float(values[-1]))
         cutoff = self._cutoff(newest)
         if times[0] < cutoff:
             # Samples already older than the window go straight to the buckets.
@@ -231,7 +252,7 @@ class SeriesBuffer:
         Returns how many there were, all at the front of ``[_lo, _hi)``; the caller drops them.
         """
         t = self._t[self._lo : self._hi]
-        departed = int(np.searchsorted(t, np.float32(self._cutoff(newest) - self._t0), side="left"))
+        departed = int(t.searchsorted(np.float32(self._cutoff(newest) - self._t0), side="left"))
         if departed:
             start, stop = self._lo, self._lo + departed
             self._fold(self._t[start:stop].astype(np.float64) + self._t0, self._v[start:stop])
@@ -250,8 +271,7 @@ class SeriesBuffer:
             end = self.last_time
             assert end is not None
         t = self._t[self._lo : self._hi]
-        first = int(np.searchsorted(t, np.float32(end - self.window_s - self._t0), side="left"))
-        stop = int(np.searchsorted(t, np.float32(end - self._t0), side="right"))
+        first, stop = self._window_bounds(t, end)
         return (
             t[first:stop].astype(np.float64) + self._t0,
             self._v[self._lo + first : self._lo + stop].astype(np.float64) + self._v0,
@@ -264,9 +284,25 @@ class SeriesBuffer:
         until the next sample is added) and the two anchors they are offsets from."""
         self._flush()
         t = self._t[self._lo : self._hi]
-        first = int(np.searchsorted(t, np.float32(end - self.window_s - self._t0), side="left"))
-        stop = int(np.searchsorted(t, np.float32(end - self._t0), side="right"))
+        first, stop = self._window_bounds(t, end)
         return t[first:stop], self._v[self._lo + first : self._lo + stop], self._t0, self._v0
+
+    def held_span(self) -> float:
+        """Seconds from the oldest held sample to the newest, as stored; 0 with fewer than two.
+
+        No window :meth:`window_parts` returns spans more (a fit can skip reading one that
+        could not span enough).
+        """
+        self._flush()
+        if self._hi - self._lo < 2:
+            return 0.0
+        return float(self._t[self._hi - 1]) - float(self._t[self._lo])
+
+    def _window_bounds(self, t: npt.NDArray[np.float32], end: float) -> tuple[int, int]:
+        """Where the window ending at ``end`` starts and stops in ``t``, the held time offsets."""
+        first = int(t.searchsorted(np.float32(end - self.window_s - self._t0), side="left"))
+        stop = int(t.searchsorted(np.float32(end - self._t0), side="right"))
+        return first, stop
 
     def buckets(self) -> list[Bucket]:
         """The downsampled history, oldest first (samples that have left the window)."""
@@ -288,14 +324,16 @@ class SeriesBuffer:
 
     # internals --------------------------------------------------------------------
 
-    def _rebase(self, newest_t: float, values: FloatArray) -> None:
+    def _rebase(self, newest_t: float, low: float, high: float, last: float) -> None:
+        """Move the anchors forward before offsets to ``newest_t`` or to values from ``low``
+        to ``high`` (the incoming samples, ``last`` the newest of them) lose precision."""
         shift_t = 0.0
         if newest_t - self._t0 > _TIME_REBASE_S:
             oldest = self._t0 + float(self._t[self._lo]) if self._hi > self._lo else newest_t
             shift_t = min(oldest, newest_t) - self._t0
         shift_v = 0.0
-        if max(float(values.max()) - self._v0, self._v0 - float(values.min())) > _VALUE_REBASE:
-            shift_v = float(values[-1]) - self._v0
+        if max(high - self._v0, self._v0 - low) > _VALUE_REBASE:
+            shift_v = last - self._v0
         if shift_t:
             self._t[self._lo : self._hi] -= np.float32(shift_t)
             self._t0 += shift_t

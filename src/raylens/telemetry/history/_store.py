@@ -111,10 +111,20 @@ class _Entry:
 
 
 class _Node:
-    __slots__ = ("groups",)
+    """A node's group names as last recorded, and its series in the order a record adds to them.
+
+    ``parts`` is the node's own buffer, then ``(key, entry, its buffer)`` of each group in
+    ``parts_of`` order, then of the memory outside them: found once per set of groups, so recording a
+    node costs no look-up per series. The entries are those of ``_series`` (only
+    :meth:`MemoryHistory.forget` drops them, and it drops this too).
+    """
+
+    __slots__ = ("groups", "parts", "parts_of")
 
     def __init__(self) -> None:
         self.groups: tuple[str, ...] | None = None
+        self.parts_of: tuple[str, ...] | None = None
+        self.parts: tuple[SeriesBuffer, tuple[tuple[Key, _Entry, SeriesBuffer], ...]] | None = None
 
 
 class MemoryHistory:
@@ -165,20 +175,48 @@ class MemoryHistory:
             if state is None:
                 state = self._nodes[node] = _Node()
             t, used = float(t), float(used)
-            self._add_one(node, t, used, fit=groups is None)
             if groups is None:
+                self._add_one(node, t, used)
                 state.groups = None
                 return
             names = tuple(sorted(groups))
-            if names != state.groups:
-                state.groups = names
+            state.groups = names
+            parts = state.parts
+            if parts is None or state.parts_of != names:
+                keys: list[Key] = [(node, name) for name in names]
+                keys.append((node, None))
+                own_entry = self._entry(node)  # first: keys() lists series as they came
+                entries = [(key, self._entry(key)) for key in keys]
+                parts = state.parts = (
+                    own_entry.buffer,
+                    tuple((key, entry, entry.buffer) for key, entry in entries),
+                )
+                state.parts_of = names
+            own, series = parts
+            isfinite = math.isfinite
+            if not isfinite(t):
+                return  # no sample is kept, nor fit due, at a time that is not finite
+            if isfinite(used):
+                own.append_finite(t, used)
+            values = []
             inside = 0.0
             for name in names:
                 value = float(groups[name])
-                if math.isfinite(value):
+                if isfinite(value):
                     inside += value
-                self._add_one((node, name), t, value)
-            self._add_one((node, None), t, used - inside)
+                values.append(value)
+            values.append(used - inside)  # the memory outside the groups
+            every = self.settings.fit_interval_s
+            unset = -math.inf
+            for (key, entry, buffer), value in zip(series, values):
+                if isfinite(value):
+                    buffer.append_finite(t, value)
+                # What :meth:`_add_one` does, without its look-up.
+                next_fit = entry.next_fit
+                if next_fit == unset:
+                    entry.next_fit = t + every
+                elif t >= next_fit:
+                    self._mark_due(key, entry, t)
 
     def record_node_many(
         self,
@@ -379,13 +417,18 @@ class MemoryHistory:
             rounds: dict[int, list[tuple[_Entry, float, np.ndarray, np.ndarray, float, float]]] = {}
             for key, entry in list(self._due.items()):
                 when = entry.due.pop(0)
-                t, x, t0, v0 = entry.buffer.window_parts(when)
+                buffer = entry.buffer
+                # A series whose samples span too little for a fit has no window to read.
+                window = buffer.window_parts(when) if buffer.held_span() >= needed else None
                 if entry.due:
-                    entry.buffer.hold_from = entry.due[0]
+                    buffer.hold_from = entry.due[0]
                 else:
                     del self._due[key]
-                    entry.buffer.hold_from = None
-                    entry.buffer.trim()
+                    buffer.hold_from = None
+                    buffer.trim()
+                if window is None:
+                    continue
+                t, x, t0, v0 = window
                 if len(t) < 2 or float(t[-1]) - float(t[0]) < needed:
                     continue
                 rounds.setdefault(len(t), []).append((entry, when, t, x, t0, v0))

@@ -119,3 +119,23 @@ def test_samples_waiting_to_be_stored_give_the_garbage_collector_nothing_to_walk
         buffer.append(float(k), GIB + k)
     assert len(buffer) == 40
     assert _walked_by_the_collector(buffer) == before
+
+
+@given(
+    steps=st.lists(st.floats(min_value=0.001, max_value=5_000.0), min_size=0, max_size=80),
+    start=st.floats(min_value=-1e6, max_value=1e9),
+    ends=st.lists(st.floats(min_value=0.0, max_value=1.0), min_size=1, max_size=5),
+)
+def test_no_window_spans_more_than_the_samples_held(
+    steps: list[float], start: float, ends: list[float]
+) -> None:
+    buffer = SeriesBuffer(window_s=600.0, bucket_s=60.0, buckets=10)
+    times = start + np.cumsum([0.0, *steps])
+    for t in times:
+        buffer.append(float(t), 1e9)
+    for share in ends:
+        t, _x, _t0, _v0 = buffer.window_parts(float(times[0] + share * (times[-1] - times[0])))
+        span = float(t[-1]) - float(t[0]) if len(t) >= 2 else 0.0
+        assert span <= buffer.held_span()
+    if len(times) < 2:
+        assert buffer.held_span() == 0.0

@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import math
 import threading
 
 import numpy as np
 import pytest
 
 from raylens.simulation.memory_script import Jitter, Leak, MemoryScript, Sawtooth
-from raylens.telemetry.history import GrowthSettings, MemoryHistory, kill_line
+from raylens.telemetry.history import GrowthSettings, Key, MemoryHistory, kill_line
 
 MIB = float(1 << 20)
 GIB = float(1 << 30)
@@ -228,3 +229,50 @@ def test_a_growing_group_gives_its_node_a_figure_though_a_new_part_has_none() ->
     assert view.groups["policy"].growing
     assert view.growing and view.growth == pytest.approx(rate, rel=0.1)
     assert view.time_to_limit(kill_line(64 * GIB)) is not None
+
+
+def _samples_equal(history: MemoryHistory, reference: MemoryHistory, key: Key) -> None:
+    for mine, theirs in zip(history.window(key), reference.window(key)):
+        np.testing.assert_array_equal(mine, theirs)
+    assert history.buckets(key) == reference.buckets(key), key
+
+
+def test_a_node_s_parts_are_recorded_as_recording_each_alone_would() -> None:
+    """Groups that come and go, a bad value, a time repeated or not finite, a forget."""
+    script = cluster(leak_rate=50 * MIB_MIN)
+    t = np.arange(0.0, 1500.0)
+    used, groups = script.node_values(0, t)
+    by_node, by_key = MemoryHistory(), MemoryHistory()
+
+    def parts(k: int) -> dict[str, float]:
+        held = {g: float(v[k]) for g, v in groups.items()}
+        if 300 <= k < 400:
+            del held["rollout"]  # a group that left for a while
+        if k == 500:
+            held["policy"] = math.nan
+        if 600 <= k < 700:
+            held["critic"] = 1 * GIB + 5e3 * k  # one that came for a while
+        return held
+
+    for k in range(len(t)):
+        at = float(t[k]) if k != 800 else math.inf
+        if k == 650:
+            by_node.forget("n0")
+            by_key.forget("n0")
+        for _ in range(2 if k == 900 else 1):  # the same instant recorded twice
+            held = parts(k)
+            by_node.record_node("n0", at, float(used[k]), held)
+            inside = math.fsum(v for v in held.values() if math.isfinite(v))
+            by_key.record_node("n0", at, float(used[k]))  # the node's own samples
+            for name in sorted(held):
+                by_key.record(("n0", name), at, held[name])
+            by_key.record(("n0", None), at, float(used[k]) - inside)
+
+    keys = by_key.keys()
+    assert by_node.keys() == keys
+    for key in keys:
+        _samples_equal(by_node, by_key, key)
+        if key != "n0":  # with groups the node's own series is not fitted, alone it is
+            assert by_node.series(key) == by_key.series(key), key
+    node = by_node.node("n0")
+    assert node is not None and node.growing and node.fastest_group == "policy"
