@@ -22,8 +22,9 @@ monitor runs several cycles back to back on a background thread. It compares:
 Per mode it reports:
 
 - driver CPU per node per cycle: this process's CPU time (every thread) minus
-  the main thread's own, over nodes x cycles. The helper's CPU, in another
-  process, is reported apart;
+  the main thread's own and minus what the benchmark's own readings between cycles
+  took (the raylets' request counts, the healthy nodes), over nodes x cycles. The
+  helper's CPU, in another process, is reported apart;
 - healthy nodes sampled per cycle (fewest over the cycles);
 - requests each hung node received per cycle (most over nodes and cycles), as
   counted by the fake raylets;
@@ -296,16 +297,22 @@ def _run_mode(
     stop = threading.Event()
     driver_cpu = [0.0]
 
+    instruments = [0.0]  # CPU of this thread spent reading the counts, not monitoring
+
     def cycles() -> None:
         try:
             for _ in range(args.cycles):
+                reading = time.thread_time()
                 before = counts()
+                instruments[0] += time.thread_time() - reading
                 started = time.perf_counter()
                 collect()
                 walls.append(time.perf_counter() - started)
+                reading = time.thread_time()
                 after = counts()
                 sampled.append(healthy())
                 hung_requests.extend(after[i] - before[i] for i in hung)
+                instruments[0] += time.thread_time() - reading
         finally:
             stop.set()
 
@@ -316,7 +323,9 @@ def _run_mode(
     iterations = _spin(stop)
     elapsed = time.perf_counter() - started
     worker.join()
-    driver_cpu[0] = (time.process_time() - process_before) - (time.thread_time() - main_before)
+    driver_cpu[0] = (
+        (time.process_time() - process_before) - (time.thread_time() - main_before) - instruments[0]
+    )
     helper_after = _helper_cpu_s(helper_pid())
     monitor.stop()  # type: ignore[attr-defined]
     n_nodes = len(cluster.nodes())
