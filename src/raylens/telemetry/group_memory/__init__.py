@@ -222,7 +222,7 @@ def _as_reading(reading: Reading) -> NodeGroupMemory:
     return reading.reading() if isinstance(reading, PublishedReading) else reading
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class _NodeEntry:
     reading: Reading
     # Per group of the reading, in its order: the point's attributes without memory.type.
