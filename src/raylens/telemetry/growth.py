@@ -328,7 +328,8 @@ class GrowthCycle:
                 watched.recorded_at = at
             elif carried.sampled_at != watched.stamp:
                 watched.stamp = carried.sampled_at
-                groups = {figure.group: figure.rss_bytes for figure in carried.groups}
+                # Rows hold (group, rss, pss, processes, growth).
+                groups = {row[0]: row[1] for row in carried.rows}
                 self.history.record_node(node, at, used, groups=groups)
                 watched.recorded_at = at
         outlook = watched.built
@@ -384,11 +385,9 @@ class GrowthCycle:
 
 def _published_growth(outlook: NodeOutlook, figures: NodeGroupFigures) -> dict[str, float]:
     """The growth ``figures`` publish for groups ``outlook`` has no figure for."""
-    return {
-        figure.group: figure.growth
-        for figure in figures.groups
-        if figure.growth is not None and figure.group not in outlook.group_growth
-    }
+    known = outlook.group_growth
+    # Rows hold (group, rss, pss, processes, growth).
+    return {row[0]: row[4] for row in figures.rows if row[4] is not None and row[0] not in known}
 
 
 def _with_published_growth(outlook: NodeOutlook, published: dict[str, float]) -> NodeOutlook:

@@ -9,7 +9,8 @@ the fixed set ``error.type`` may take.
 
 from __future__ import annotations
 
-from typing import NamedTuple
+from collections.abc import Iterable
+from typing import Any, NamedTuple
 
 from raylens.safe_text import encodable
 from raylens.telemetry.prometheus_text import extract_labelled_samples, extract_samples
@@ -51,6 +52,7 @@ __all__ = [
     "SERIES_BY_RAY_NAME",
     "TOTAL_KEY",
     "USED_KEY",
+    "FigureRow",
     "GroupFigure",
     "NodeGroupFigures",
     "NodeOomCounts",
@@ -153,11 +155,71 @@ class GroupFigure(NamedTuple):
     growth: float | None = None
 
 
-class NodeGroupFigures(NamedTuple):
-    """What one node's sampler last published: when (its wall clock) and per group, by name."""
+#: One group's figures as a plain tuple, in :class:`GroupFigure`'s field order.
+FigureRow = tuple[str, float, float | None, float | None, float | None]
 
+
+class NodeGroupFigures:
+    """What one node's sampler last published: when (its wall clock) and per group, by name.
+
+    Built and compared as ``NodeGroupFigures(sampled_at, groups)``, and immutable. The
+    groups are held as plain tuples (:attr:`rows`, in :class:`GroupFigure`'s field order),
+    which the garbage collector stops tracking: a driver holds one such reading per node,
+    and every object that outlives its cycles brings the collector's full passes sooner.
+    :attr:`groups` gives them as :class:`GroupFigure`, built when asked.
+    """
+
+    __slots__ = ("rows", "sampled_at")
+
+    rows: tuple[FigureRow, ...]
     sampled_at: float
-    groups: tuple[GroupFigure, ...]
+
+    def __init__(self, sampled_at: float, groups: Iterable[GroupFigure]) -> None:
+        rows = tuple([tuple(GroupFigure(*figure)) for figure in groups])
+        object.__setattr__(self, "sampled_at", sampled_at)
+        object.__setattr__(self, "rows", rows)
+
+    @classmethod
+    def from_rows(cls, sampled_at: float, rows: tuple[FigureRow, ...]) -> NodeGroupFigures:
+        """Figures from ``rows`` already shaped as :attr:`rows` (five values per group)."""
+        figures = object.__new__(cls)
+        object.__setattr__(figures, "sampled_at", sampled_at)
+        object.__setattr__(figures, "rows", rows)
+        return figures
+
+    @property
+    def groups(self) -> tuple[GroupFigure, ...]:
+        """Per group, its figures."""
+        return tuple([GroupFigure._make(row) for row in self.rows])
+
+    def _replace(
+        self, *, sampled_at: float | None = None, groups: Iterable[GroupFigure] | None = None
+    ) -> NodeGroupFigures:
+        """A copy with ``sampled_at`` and/or ``groups`` replaced."""
+        stamp = self.sampled_at if sampled_at is None else sampled_at
+        if groups is None:
+            return NodeGroupFigures.from_rows(stamp, self.rows)
+        return NodeGroupFigures(stamp, groups)
+
+    def __setattr__(self, name: str, value: object) -> None:
+        raise AttributeError(f"NodeGroupFigures is immutable; cannot set {name!r}")
+
+    def __delattr__(self, name: str) -> None:
+        raise AttributeError(f"NodeGroupFigures is immutable; cannot delete {name!r}")
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, NodeGroupFigures):
+            return NotImplemented
+        return self.sampled_at == other.sampled_at and self.rows == other.rows
+
+    def __hash__(self) -> int:
+        return hash((self.sampled_at, self.rows))
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (NodeGroupFigures.from_rows, (self.sampled_at, self.rows))
+
+    def __repr__(self) -> str:
+        return f"NodeGroupFigures(sampled_at={self.sampled_at!r}, groups={self.groups!r})"
 
 
 def parse_group_samples(metrics_text: str | bytes) -> NodeGroupFigures | None:

@@ -154,17 +154,12 @@ class PublishedReading:
 
     def group_names(self) -> Iterator[str]:
         """The groups' names, in the figures' order."""
-        return (figure.group for figure in self.figures.groups)
+        return (row[0] for row in self.figures.rows)
 
     def points(self) -> Iterator[tuple[int, int | None, int]]:
         """``(rss bytes, pss bytes or None, processes)`` per group, in the figures' order."""
-        for figure in self.figures.groups:
-            pss = figure.pss_bytes
-            yield (
-                round(figure.rss_bytes),
-                None if pss is None else round(pss),
-                round(figure.process_count or 0),
-            )
+        for _group, rss, pss, processes, _growth in self.figures.rows:
+            yield (round(rss), None if pss is None else round(pss), round(processes or 0))
 
     def reading(self) -> NodeGroupMemory:
         """The published figures as a reading; PSS is as old as the sampler's reading."""
@@ -173,14 +168,14 @@ class PublishedReading:
             workers = self.workers
             groups = tuple(
                 GroupMemory(
-                    figure.group,
+                    row[0],
                     rss,
                     pss,
                     None if pss is None else 0.0,
                     processes,
-                    workers.get(figure.group, 0),
+                    workers.get(row[0], 0),
                 )
-                for figure, (rss, pss, processes) in zip(self.figures.groups, self.points())
+                for row, (rss, pss, processes) in zip(self.figures.rows, self.points())
             )
             built = self._built = NodeGroupMemory(self.host_name, groups)
         return built

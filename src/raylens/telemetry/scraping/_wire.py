@@ -52,35 +52,30 @@ class MalformedRows(ValueError):
 
 
 class HeldFigures:
-    """The group figures the driver holds per key, and the plain form each came in.
+    """The group figures the driver holds per key. Not thread-safe.
 
-    ``bodies`` holds, per key, the groups' part of the row its figures were built from
-    (plain tuples: nothing for the collector to walk once they have been looked at), so a
-    new reading equal in every group is recognised with one comparison. Not thread-safe.
+    Their rows are the plain tuples they came in, so a new reading equal in every group
+    is recognised with one comparison.
     """
 
-    __slots__ = ("bodies", "figures")
+    __slots__ = ("figures",)
 
     def __init__(self) -> None:
         self.figures: dict[Hashable, NodeGroupFigures] = {}
-        self.bodies: dict[Hashable, tuple[Any, ...]] = {}
 
     def keep_only(self, keys: Iterable[Hashable]) -> None:
         """Forget the figures of every key not in ``keys``."""
         figures = self.figures
         kept = {key: figures[key] for key in keys if key in figures}
         if len(kept) != len(figures):
-            bodies = self.bodies
             self.figures = kept
-            self.bodies = {key: bodies[key] for key in kept if key in bodies}
 
     def forget(self, key: Hashable) -> None:
         self.figures.pop(key, None)
-        self.bodies.pop(key, None)
 
 
 def _plain_groups(figures: NodeGroupFigures) -> tuple[Any, ...]:
-    return (figures.sampled_at, *map(tuple, figures.groups))
+    return (figures.sampled_at, *figures.rows)
 
 
 def encode_outcomes(
@@ -121,24 +116,21 @@ def encode_outcomes(
 def _figures(key: Hashable, plain: tuple[Any, ...], held: HeldFigures) -> NodeGroupFigures:
     """The figures ``plain`` describes, now held for ``key``.
 
-    A reading equal in every group to the one held shares its tuple of figures: an
-    unchanged reading then leaves one new object, not one per group, for the collector to
-    walk until it is replaced.
+    The groups stay the plain tuples that came (the collector stops tracking them); a
+    reading equal in every group to the one held shares its rows.
     """
     if type(plain) is not tuple or not plain:
         raise MalformedRows(f"group figures sent as {plain!r:.80}, not a non-empty tuple")
     body = plain[1:]
     before = held.figures.get(key)
-    if before is not None and held.bodies.get(key) == body:
-        figures = before.groups
+    if before is not None and before.rows == body:
+        rows = before.rows
     else:
-        new = tuple.__new__
         for part in body:
             if type(part) is not tuple or len(part) != _FIGURE_WIDTH:
                 raise MalformedRows(f"a group's figures sent as {part!r:.80}")
-        figures = tuple([new(GroupFigure, part) for part in body])
-        held.bodies[key] = body
-    result = held.figures[key] = tuple.__new__(NodeGroupFigures, (plain[0], figures))
+        rows = body
+    result = held.figures[key] = NodeGroupFigures.from_rows(plain[0], rows)
     return result
 
 
