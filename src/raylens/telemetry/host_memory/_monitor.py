@@ -529,8 +529,7 @@ class HostMemoryMonitor:
                 # Aged from the node's answer, not from the end of the cycle.
                 sampled_at = started + elapsed
                 expires_at = sampled_at + max_age
-                if duration is None and asked and error_type != ERROR_NO_METRICS_PORT:
-                    duration = elapsed  # a replaced engine that does not time its requests
+                duration = _request_seconds(duration, asked, error_type, elapsed)
                 if oom is not None and before is not None and oom == before.oom:
                     oom = before.oom  # unchanged counters: the object the last record holds
                 records[key] = NodeRecord(
@@ -649,9 +648,9 @@ class HostMemoryMonitor:
         else:
             up = 0
             error_type = outcome.error_type or (ERROR_TIMEOUT if outcome.wedged else ERROR_INTERNAL)
-        duration = outcome.duration
-        if duration is None and outcome.asked and outcome.error_type != ERROR_NO_METRICS_PORT:
-            duration = outcome.elapsed  # a replaced engine that does not time its requests
+        duration = _request_seconds(
+            outcome.duration, outcome.asked, outcome.error_type, outcome.elapsed
+        )
         return (up, error_type, duration, observed_at, observed_at + self.max_age)
 
     def _note_standing(self, key: NodeKey, outcome: Outcome) -> None:
@@ -717,6 +716,16 @@ class HostMemoryMonitor:
 
 
 _DEFAULT_SCRAPE = HostMemoryMonitor._scrape
+
+
+def _request_seconds(
+    duration: float | None, asked: bool, error_type: str | None, elapsed: float
+) -> float | None:
+    """How long a node's request took: the engine's own timing, else (for a replaced engine
+    that does not time its requests) the time to its outcome; None when nothing was sent."""
+    if duration is None and asked and error_type != ERROR_NO_METRICS_PORT:
+        return elapsed
+    return duration
 
 
 def _warning_key(key: NodeKey) -> str:
