@@ -4,11 +4,21 @@ from __future__ import annotations
 
 from raylens.telemetry.host_memory import GroupFiguresMemo
 from raylens.telemetry.raylet_payload import GroupFigure, NodeGroupFigures
-from raylens.telemetry.scraping import Outcome, leave_out_known_groups
+from raylens.telemetry.scraping import Outcome, encode_outcomes, leave_out_known_groups
 
 
 def _figures(stamp: float, rss: float = 1e9) -> NodeGroupFigures:
     return NodeGroupFigures(stamp, (GroupFigure("policy", rss, None, 2.0, None),))
+
+
+def _received(
+    memo: GroupFiguresMemo, results: dict[str, Outcome], unchanged: set[str], offset: float
+) -> dict[str, Outcome]:
+    """What the driver makes of the helper's answer to a batch of ``results``' keys."""
+    keys = list(results)
+    jobs = [(key, f"http://127.0.0.1:1/{key}", False) for key in keys]
+    decoded = memo.decode(encode_outcomes(jobs, results, unchanged), keys, offset)
+    return {str(key): outcome for key, outcome in decoded.items()}
 
 
 def test_the_helper_leaves_out_figures_the_driver_already_holds() -> None:
@@ -32,12 +42,12 @@ def test_the_helper_leaves_out_figures_the_driver_already_holds() -> None:
 
 def test_the_driver_restores_what_it_holds_and_learns_what_came() -> None:
     memo = GroupFiguresMemo()
-    first = memo.restore({"a": Outcome({}, None, groups=_figures(10.0))}, set(), offset=0.5)
+    first = _received(memo, {"a": Outcome({}, None, groups=_figures(10.0))}, set(), offset=0.5)
     assert first["a"].groups == _figures(10.0)
     assert first["a"].elapsed == 0.5
     assert memo.known(["a", "b"]) == {"a": 10.0}
 
-    again = memo.restore({"a": Outcome({}, None, elapsed=1.0)}, {"a"}, offset=0.25)
+    again = _received(memo, {"a": Outcome({}, None, elapsed=1.0)}, {"a"}, offset=0.25)
 
     assert again["a"].groups == _figures(10.0)
     assert again["a"].elapsed == 1.25
@@ -45,9 +55,9 @@ def test_the_driver_restores_what_it_holds_and_learns_what_came() -> None:
 
 def test_a_node_whose_payload_lost_its_figures_is_forgotten() -> None:
     memo = GroupFiguresMemo()
-    memo.restore({"a": Outcome({}, None, groups=_figures(10.0))}, set(), offset=0.0)
+    _received(memo, {"a": Outcome({}, None, groups=_figures(10.0))}, set(), offset=0.0)
 
-    after = memo.restore({"a": Outcome({}, None)}, set(), offset=0.0)
+    after = _received(memo, {"a": Outcome({}, None)}, set(), offset=0.0)
 
     assert after["a"].groups is None
     assert memo.known(["a"]) == {}
@@ -55,7 +65,8 @@ def test_a_node_whose_payload_lost_its_figures_is_forgotten() -> None:
 
 def test_an_unanswered_node_keeps_its_figures_and_a_departed_one_is_dropped() -> None:
     memo = GroupFiguresMemo()
-    memo.restore(
+    _received(
+        memo,
         {
             "a": Outcome({}, None, groups=_figures(1.0)),
             "b": Outcome({}, None, groups=_figures(2.0)),
@@ -63,7 +74,7 @@ def test_an_unanswered_node_keeps_its_figures_and_a_departed_one_is_dropped() ->
         set(),
         offset=0.0,
     )
-    memo.restore({}, set(), offset=0.0)  # neither answered this time
+    _received(memo, {}, set(), offset=0.0)  # neither answered this time
 
     assert memo.known(["a"]) == {"a": 1.0}  # b is no longer a job: forgotten
     assert memo.known(["a", "b"]) == {"a": 1.0}
@@ -72,6 +83,6 @@ def test_an_unanswered_node_keeps_its_figures_and_a_departed_one_is_dropped() ->
 def test_a_claim_of_unchanged_figures_the_driver_does_not_hold_yields_none() -> None:
     memo = GroupFiguresMemo()
 
-    after = memo.restore({"a": Outcome({}, None)}, {"a"}, offset=0.0)
+    after = _received(memo, {"a": Outcome({}, None)}, {"a"}, offset=0.0)
 
     assert after["a"].groups is None

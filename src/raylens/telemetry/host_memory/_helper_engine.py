@@ -25,7 +25,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable, Container, Hashable, Iterable, Sequence
+from collections.abc import Callable, Hashable, Iterable, Sequence
 from pathlib import Path
 
 from raylens import forking
@@ -114,26 +114,6 @@ class GroupFiguresMemo:
             return decode_outcomes(rows, keys, offset, self._held)
         except MalformedRows as exc:
             raise ChannelBroken(f"the helper sent an unreadable result: {exc}") from exc
-
-    def restore(
-        self, results: dict[Hashable, Outcome], unchanged: Container[Hashable], offset: float
-    ) -> dict[Hashable, Outcome]:
-        """``results`` with the held figures put back and ``offset`` added to each age."""
-        held = self._held
-        restored: dict[Hashable, Outcome] = {}
-        for key, outcome in results.items():
-            values, error, wedged, asked, elapsed, error_type, duration, groups, oom = outcome
-            if groups is not None:
-                held.forget(key)
-                held.figures[key] = groups
-            elif key in unchanged:
-                groups = held.figures.get(key)
-            else:
-                held.forget(key)
-            restored[key] = Outcome(
-                values, error, wedged, asked, elapsed + offset, error_type, duration, groups, oom
-            )
-        return restored
 
 
 class HelperEngine:
