@@ -12,29 +12,34 @@ of them into a :class:`GrowthSnapshot` that the gauges and the tables read:
   container-aware figure) times Ray's memory-monitor threshold;
 - ``rl.host.memory.time_to_limit`` (``s``): only while the node is growing.
 
-The history lives in the process that runs the monitor (the driver, or ``raylens
-watch``); nothing is asked of the nodes beyond the scrape already made. Gauges are
-declared by :func:`register_growth_gauges`, never at import.
+The history is kept where the monitor parses its scrapes: in its scrape helper process
+when it has one (the default), so recording and fitting cost the driver (or ``raylens
+watch``) nothing but naming the figures the helper sends when they change; in the
+monitor's own process otherwise. Nothing is asked of the nodes beyond the scrape already
+made. Gauges are declared by :func:`register_growth_gauges`, never at import.
 """
 
 from __future__ import annotations
 
-import dataclasses
-import math
 import threading
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Hashable, Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any, Protocol, runtime_checkable
 
 from opentelemetry.metrics import CallbackOptions, Observation
 
 from raylens.lens import OBSERVABLE_GAUGE, RecordedMetric, register_observable_gauge
 from raylens.telemetry.history import (
+    GrowthConfig,
+    GrowthFigures,
+    GrowthKeeper,
     GrowthSettings,
     KillLineConfig,
     MemoryHistory,
-    NodeGrowth,
+    RecentHistory,
+    recent_history,
     resolve_kill_line_config,
+    without_limit,
 )
 from raylens.telemetry.host_memory import (
     DEFAULT_REGISTRY,
@@ -54,6 +59,7 @@ __all__ = [
     "RL_WORKER_GROUP_MEMORY_GROWTH_METRIC",
     "FigureSource",
     "GrowthCycle",
+    "GrowthElsewhere",
     "GrowthMonitor",
     "GrowthSnapshot",
     "NodeOutlook",
@@ -197,47 +203,32 @@ class GrowthMonitor(FigureSource, Protocol):
     ) -> None: ...
 
 
-class _Watched:
-    """What a growth cycle keeps of one node between cycles: one object per node, changed in place.
+@runtime_checkable
+class GrowthElsewhere(Protocol):
+    """A monitor that can have its growth kept where it scrapes (its scrape helper).
 
-    ``recorded_at`` is the sample time last recorded, ``stamp`` the sampler's reading it
-    carried (None without groups); ``built`` the outlook last built from the history, at
-    sample time ``built_at``; ``merged`` what merging the outlook ``merged_from`` with the
-    figures ``merged_figures`` gave, and ``published`` the growth those figures added to it.
-    Besides floats and a dict of them (which the garbage collector does not track), it
-    refers only to what exists anyway (the monitor's figures, the published outlooks), and
-    is changed in place: a cycle leaves no new tracked object per node.
+    :meth:`keep_growth` hands it the keeper's settings (None: stop); :meth:`kept_growth`
+    is every node's figures as of its latest cycle, by ``(node id, host)``, or None while
+    the growth is not kept there (this process must then keep it);
+    :meth:`recent_history` reads a node's history where it is kept.
     """
 
-    __slots__ = (
-        "built",
-        "built_at",
-        "merged",
-        "merged_figures",
-        "merged_from",
-        "published",
-        "recorded_at",
-        "stamp",
-    )
+    def keep_growth(self, config: GrowthConfig | None) -> None: ...
 
-    def __init__(self) -> None:
-        self.recorded_at = -math.inf
-        self.stamp: float | None = None
-        self.built: NodeOutlook | None = None
-        self.built_at = -math.inf
-        self.merged_from: NodeOutlook | None = None
-        self.merged_figures: NodeGroupFigures | None = None
-        self.merged: NodeOutlook | None = None
-        self.published: dict[str, float] = {}
+    def kept_growth(self) -> Mapping[Hashable, GrowthFigures] | None: ...
+
+    def recent_history(self, node_id: str, at: float) -> RecentHistory | None: ...
 
 
 class GrowthCycle:
-    """A monitor cycle hook: record the cycle's figures, then publish every node's outlook.
+    """A monitor cycle hook: every node's growth figures, published as outlooks.
 
     ``settings`` default to the environment (``RAYLENS_GROWTH_WINDOW``); ``kill_line``
     to :func:`~raylens.telemetry.history.resolve_kill_line_config` over the environment.
     A node's figures are recorded once per new sample, at the time it was read (the
-    monitor's clock); a node that left the cluster is forgotten.
+    monitor's clock); a node that left the cluster is forgotten. Where the monitor scrapes
+    in a helper process (:class:`GrowthElsewhere`), the helper keeps the history and this
+    only names its figures; otherwise :attr:`keeper` keeps it here.
     """
 
     def __init__(
@@ -247,187 +238,140 @@ class GrowthCycle:
         kill_line: KillLineConfig | None = None,
         snapshot: GrowthSnapshot | None = None,
     ) -> None:
-        self.history = MemoryHistory(settings or GrowthSettings.from_env())
-        self.kill_line = kill_line or resolve_kill_line_config()
+        self.keeper = GrowthKeeper(
+            GrowthConfig(
+                settings or GrowthSettings.from_env(), kill_line or resolve_kill_line_config()
+            )
+        )
         self.snapshot = snapshot if snapshot is not None else GrowthSnapshot()
-        #: Per node seen in the last cycle: what is kept of it between cycles.
-        self._watched: dict[str, _Watched] = {}
+        #: Per node: the outlook last published, and the figures and names it was made of.
+        self._named: dict[str, tuple[GrowthFigures, str, str, NodeOutlook]] = {}
+        #: The monitor keeping the history, while one does.
+        self._elsewhere: GrowthElsewhere | None = None
         self._lock = threading.Lock()
+
+    @property
+    def history(self) -> MemoryHistory:
+        """The history this process keeps (empty while the monitor's helper keeps it)."""
+        return self.keeper.history
+
+    @property
+    def kill_line(self) -> KillLineConfig:
+        return self.keeper.kill_line
+
+    def attach_to(self, monitor: object) -> None:
+        """Have ``monitor`` keep the growth where it scrapes, if it can."""
+        if isinstance(monitor, GrowthElsewhere):
+            monitor.keep_growth(self.keeper.config)
 
     def __call__(self, monitor: FigureSource) -> None:
         with self._lock:
             outlooks: dict[str, NodeOutlook] = {}
-            every = self.history.settings.fit_interval_s
-            if isinstance(monitor, RecordSource):
+            elsewhere = monitor if isinstance(monitor, GrowthElsewhere) else None
+            kept = None if elsewhere is None else elsewhere.kept_growth()
+            self._elsewhere = elsewhere if kept is not None else None
+            if kept is not None:
+                self.keeper.forget_all()  # the helper keeps it; nothing is recorded here
+            if kept is not None and isinstance(monitor, RecordSource):
+                monitor.declare_consumer()
+                _version, labels = DEFAULT_REGISTRY.labels_by_node()
+                for key, record in monitor.records().items():
+                    node = record.node
+                    figures = kept.get(key, _NOTHING_KEPT)
+                    if record.sampled_at is None:
+                        figures = without_limit(figures)
+                    outlooks[node.node_id] = self._named_outlook(
+                        node.node_id, node.host, labels.get(node.node_id, NO_WORKER_GROUPS), figures
+                    )
+            elif isinstance(monitor, RecordSource):
                 # The records themselves: what latest() and group_figures() would copy out.
                 monitor.declare_consumer()
                 _version, labels = DEFAULT_REGISTRY.labels_by_node()
+                observe = self.keeper.observe
                 for record in monitor.records().values():
                     node, values, at = record.node, record.values, record.sampled_at
                     node_id = node.node_id
-                    outlooks[node_id] = self._observe(
+                    figures = observe(
                         node_id,
-                        node.host,
-                        labels.get(node_id, NO_WORKER_GROUPS),
                         values.get(USED_KEY) if values else None,
                         values.get(TOTAL_KEY) if values else None,
                         at,
                         record.groups if at is not None else None,
-                        every,
+                    )
+                    outlooks[node_id] = self._named_outlook(
+                        node_id, node.host, labels.get(node_id, NO_WORKER_GROUPS), figures
                     )
             else:
-                figures = monitor.group_figures()
+                carried_by_node = monitor.group_figures()
                 for sample in monitor.latest():
-                    carried = figures.get(sample.node_id)
-                    outlooks[sample.node_id] = self._observe(
+                    carried = carried_by_node.get(sample.node_id)
+                    figures = self.keeper.observe(
                         sample.node_id,
-                        sample.host,
-                        sample.worker_groups,
                         sample.used,
                         sample.total,
                         sample.sampled_at,
                         None if carried is None else carried[1],
-                        every,
                     )
-            watched = self._watched
-            if len(watched) != len(outlooks):  # every node observed is watched
-                for gone in [node for node in watched if node not in outlooks]:
-                    del watched[gone]
-                    self.history.forget(gone)
+                    outlooks[sample.node_id] = self._named_outlook(
+                        sample.node_id, sample.host, sample.worker_groups, figures
+                    )
+            if len(self._named) != len(outlooks):  # every node published is named
+                self._named = {node: self._named[node] for node in outlooks if node in self._named}
+                self.keeper.retain(outlooks)
             self.snapshot._publish_by_node(outlooks)
 
-    def _observe(
-        self,
-        node: str,
-        host: str,
-        worker_groups: str,
-        used: float | None,
-        total: float | None,
-        at: float | None,
-        carried: NodeGroupFigures | None,
-        every: float,
+    def _named_outlook(
+        self, node_id: str, host: str, worker_groups: str, figures: GrowthFigures
     ) -> NodeOutlook:
-        """Record one node's sample if it is new, and return the node's outlook.
-
-        A node whose groups a sampler reports is recorded once per reading of the
-        sampler, not once per scrape: the same reading scraped again is no new sample,
-        and counting it again would weigh stale figures as fresh ones in the fit.
-
-        Fits run every ``every`` seconds of a series' own time (a tenth of a window), so
-        between two of them the figures cannot change: the outlook is built again at most
-        that often, and merged with the sampler's figures once per reading, which keeps a
-        cycle's cost per node to recording its samples.
-        """
-        watched = self._watched.get(node)
-        if watched is None:
-            watched = self._watched[node] = _Watched()
-        if used is not None and at is not None and at > watched.recorded_at:
-            if carried is None:
-                watched.stamp = None
-                self.history.record_node(node, at, used)
-                watched.recorded_at = at
-            elif carried.sampled_at != watched.stamp:
-                watched.stamp = carried.sampled_at
-                # Rows hold (group, rss, pss, processes, growth).
-                groups = {row[0]: row[1] for row in carried.rows}
-                self.history.record_node(node, at, used, groups=groups)
-                watched.recorded_at = at
-        outlook = watched.built
+        """``figures`` as ``node_id``'s outlook; the one last published while nothing changed."""
+        named = self._named.get(node_id)
         if (
-            outlook is None
-            or at is None
-            or not at - watched.built_at < every
-            or outlook.worker_groups != worker_groups
+            named is not None
+            and named[0] is figures
+            and named[1] == host
+            and named[2] == worker_groups
         ):
-            limit = self.kill_line.limit(total)
-            outlook = _outlook(node, host, worker_groups, self.history.node(node), limit)
-            if at is not None:
-                watched.built, watched.built_at = outlook, at
-        if carried is None:
-            return outlook
-        merged = watched.merged
-        if (
-            merged is not None
-            and watched.merged_figures is carried
-            and watched.merged_from is outlook
-        ):
-            return merged
-        return self._merged_with(watched, outlook, carried)
+            return named[3]
+        outlook = NodeOutlook(
+            node_id,
+            host,
+            worker_groups,
+            figures.used,
+            figures.growth,
+            figures.growing,
+            figures.limit,
+            figures.time_to_limit,
+            figures.fastest_group,
+            dict(figures.group_growth),
+        )
+        self._named[node_id] = (figures, host, worker_groups, outlook)
+        return outlook
 
-    @staticmethod
-    def _merged_with(
-        watched: _Watched, outlook: NodeOutlook, figures: NodeGroupFigures
-    ) -> NodeOutlook:
-        """``outlook`` with the growth ``figures`` published; the last merge again when it
-        adds the same growth to the same outlook (so a new reading builds no new outlook)."""
-        published = _published_growth(outlook, figures)
-        previous = watched.merged
-        if (
-            previous is not None
-            and watched.merged_from is outlook
-            and published == watched.published
-        ):
-            merged = previous
-        else:
-            merged = _with_published_growth(outlook, published)
-        watched.merged_from, watched.merged_figures, watched.merged = outlook, figures, merged
-        watched.published = published
-        return merged
+    def recent_history(self, node_id: str, at: float) -> RecentHistory | None:
+        """``node_id``'s memory up to ``at``, read where its history is kept."""
+        elsewhere = self._elsewhere
+        if elsewhere is not None:
+            return elsewhere.recent_history(node_id, at)
+        with self._lock:
+            return recent_history(self.keeper.history, node_id, at)
 
     def close(self) -> None:
         """Forget every node's history (the monitor stopped)."""
         with self._lock:
-            for node in list(self._watched):
-                self.history.forget(node)
-            self._watched.clear()
+            self.keeper.forget_all()
+            self._named.clear()
+            self._elsewhere = None
             self.snapshot.clear()
 
 
-def _published_growth(outlook: NodeOutlook, figures: NodeGroupFigures) -> dict[str, float]:
-    """The growth ``figures`` publish for groups ``outlook`` has no figure for."""
-    known = outlook.group_growth
-    # Rows hold (group, rss, pss, processes, growth).
-    return {row[0]: row[4] for row in figures.rows if row[4] is not None and row[0] not in known}
-
-
-def _with_published_growth(outlook: NodeOutlook, published: dict[str, float]) -> NodeOutlook:
-    """Fill in, for groups this history has no figure for yet, the growth their sampler published.
-
-    A sampler keeps its node's history from the moment it starts, so a process that
-    has just begun watching (``raylens watch --once``) still shows each group's growth.
-    ``published`` is :func:`_published_growth` of the sampler's figures.
-    """
-    if not published:
-        return outlook
-    merged = {**outlook.group_growth, **published}
-    fastest = outlook.fastest_group or max(merged, key=lambda group: merged[group])
-    return dataclasses.replace(outlook, group_growth=merged, fastest_group=fastest)
-
-
-def _outlook(
-    node_id: str, host: str, worker_groups: str, growth: NodeGrowth | None, limit: float | None
-) -> NodeOutlook:
-    if growth is None:
-        return NodeOutlook(node_id, host, worker_groups, None, None, False, limit, None, None)
-    return NodeOutlook(
-        node_id=node_id,
-        host=host,
-        worker_groups=worker_groups,
-        used=growth.used,
-        growth=growth.growth,
-        growing=growth.growing,
-        limit=limit,
-        time_to_limit=growth.time_to_limit(limit),
-        fastest_group=growth.fastest_group,
-        group_growth={
-            name: part.growth for name, part in growth.groups.items() if part.growth is not None
-        },
-    )
+#: A node the helper has sent no figures for yet.
+_NOTHING_KEPT = GrowthFigures(None, None, False, None, None, None, ())
 
 
 def attach_growth(monitor: GrowthMonitor, cycle: GrowthCycle | None = None) -> GrowthCycle:
     """Declare the growth gauges and run ``cycle`` (default a new one) after every cycle."""
     cycle = cycle if cycle is not None else GrowthCycle()
     register_growth_gauges(cycle.snapshot)
+    cycle.attach_to(monitor)
     monitor.add_cycle_hook(cycle, on_stop=cycle.close)
     return cycle

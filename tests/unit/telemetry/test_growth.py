@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Callable
 from typing import Any
@@ -17,12 +18,14 @@ from raylens.telemetry.growth import (
     RL_WORKER_GROUP_MEMORY_GROWTH_METRIC,
     GrowthCycle,
     NodeOutlook,
-    _outlook,
-    _published_growth,
-    _with_published_growth,
     register_growth_gauges,
 )
-from raylens.telemetry.history import GrowthSettings, MemoryHistory, resolve_kill_line_config
+from raylens.telemetry.history import (
+    GrowthSettings,
+    MemoryHistory,
+    NodeGrowth,
+    resolve_kill_line_config,
+)
 from raylens.telemetry.host_memory import (
     DEFAULT_REGISTRY,
     NO_WORKER_GROUPS,
@@ -330,8 +333,44 @@ class _Scripted:
         return self._records
 
 
+def _outlook(
+    node_id: str, host: str, worker_groups: str, growth: NodeGrowth | None, limit: float | None
+) -> NodeOutlook:
+    if growth is None:
+        return NodeOutlook(node_id, host, worker_groups, None, None, False, limit, None, None)
+    return NodeOutlook(
+        node_id,
+        host,
+        worker_groups,
+        growth.used,
+        growth.growth,
+        growth.growing,
+        limit,
+        growth.time_to_limit(limit),
+        growth.fastest_group,
+        {name: part.growth for name, part in growth.groups.items() if part.growth is not None},
+    )
+
+
+def _with_published_growth(outlook: NodeOutlook, figures: NodeGroupFigures) -> NodeOutlook:
+    published = {
+        g.group: g.growth
+        for g in figures.groups
+        if g.growth is not None and g.group not in outlook.group_growth
+    }
+    if not published:
+        return outlook
+    merged = {**outlook.group_growth, **published}
+    fastest = outlook.fastest_group or max(merged, key=lambda group: merged[group])
+    return dataclasses.replace(outlook, group_growth=merged, fastest_group=fastest)
+
+
 class _ReferenceCycle:
-    """The per-node path the growth cycle had: a dict per reading, caches in dicts per node."""
+    """The per-node path the growth cycle had: a dict per reading, caches in dicts per node.
+
+    A node's outlook is built from its history at most once per fit interval; a new label
+    names the outlook already built.
+    """
 
     def __init__(self, settings: GrowthSettings) -> None:
         self.history = MemoryHistory(settings)
@@ -365,11 +404,10 @@ class _ReferenceCycle:
                 previous is not None
                 and at is not None
                 and at - previous[0] < self.history.settings.fit_interval_s
-                and previous[1].worker_groups == worker_groups
             ):
-                outlook = previous[1]
+                outlook = dataclasses.replace(previous[1], worker_groups=worker_groups)
             else:
-                limit = self.kill_line.limit(total)
+                limit = self.kill_line.limit(total) if at is not None else None
                 outlook = _outlook(
                     node, record.node.host, worker_groups, self.history.node(node), limit
                 )
@@ -377,9 +415,8 @@ class _ReferenceCycle:
                     self.outlooks[node] = (at, outlook)
             if carried is not None:
                 held = self.merged.get(node)
-                if held is None or held[0] is not outlook or held[1] is not carried:
-                    published = _published_growth(outlook, carried)
-                    held = (outlook, carried, _with_published_growth(outlook, published))
+                if held is None or held[0] != outlook or held[1] is not carried:
+                    held = (outlook, carried, _with_published_growth(outlook, carried))
                     self.merged[node] = held
                 outlook = held[2]
             out[node] = outlook

@@ -12,6 +12,12 @@ What each private module does, the fit, the decision and the kill line:
 
 from raylens.telemetry.history._decision import GrowthTracker
 from raylens.telemetry.history._estimator import Fit, fit_growth
+from raylens.telemetry.history._keeper import (
+    GrowthConfig,
+    GrowthFigures,
+    GrowthKeeper,
+    without_limit,
+)
 from raylens.telemetry.history._limit import (
     DEFAULT_MEMORY_USAGE_THRESHOLD,
     RAY_THRESHOLD_ENV,
@@ -20,6 +26,12 @@ from raylens.telemetry.history._limit import (
     kill_line,
     resolve_kill_line_config,
     time_to_limit,
+)
+from raylens.telemetry.history._recent import (
+    HISTORY_S,
+    MAX_POINTS_PER_SERIES,
+    RecentHistory,
+    recent_history,
 )
 from raylens.telemetry.history._series import Bucket, SeriesBuffer
 from raylens.telemetry.history._settings import (
@@ -40,23 +52,31 @@ __all__ = [
     "DEFAULT_MEMORY_USAGE_THRESHOLD",
     "DEFAULT_STEP_BYTES",
     "GROWTH_WINDOW_ENV",
+    "HISTORY_S",
     "MAX_GROWTH_WINDOW_S",
+    "MAX_POINTS_PER_SERIES",
     "MIN_GROWTH_WINDOW_S",
     "RAY_THRESHOLD_ENV",
     "THRESHOLD_ENV",
     "Bucket",
     "Fit",
+    "GrowthConfig",
+    "GrowthFigures",
+    "GrowthKeeper",
     "GrowthSettings",
     "GrowthTracker",
     "Key",
     "KillLineConfig",
     "MemoryHistory",
     "NodeGrowth",
+    "RecentHistory",
     "SeriesBuffer",
     "SeriesGrowth",
     "fit_growth",
     "growth_window_from_env",
     "kill_line",
+    "recent_history",
     "resolve_kill_line_config",
     "time_to_limit",
+    "without_limit",
 ]

@@ -30,6 +30,7 @@ from pathlib import Path
 
 from raylens import forking
 from raylens.lens import warn_once
+from raylens.telemetry.history import GrowthConfig, GrowthFigures, RecentHistory
 from raylens.telemetry.names import (
     LOGGER_NAME,
 )
@@ -69,6 +70,9 @@ _PROGRAM = (
 )
 
 
+#: How long a request for a node's history waits for the helper's answer.
+_HISTORY_TIMEOUT_S = 1.0
+
 #: The folder raylens is imported from, so the helper imports this same copy. Resolved
 #: once, at import: imported through a relative ``sys.path`` entry, ``__file__`` is
 #: relative, and the working directory may have changed by the time a helper starts.
@@ -77,6 +81,10 @@ _IMPORT_ROOT = str(Path(__file__).resolve().parents[3])
 
 def _is_result_of(batch: int) -> Callable[[object], bool]:
     return lambda message: isinstance(message, tuple) and message[:2] == ("result", batch)
+
+
+def _is_history_of(request: int) -> Callable[[object], bool]:
+    return lambda message: isinstance(message, tuple) and message[:2] == ("history", request)
 
 
 def _is_ready(message: object) -> bool:
@@ -116,6 +124,73 @@ class GroupFiguresMemo:
             raise ChannelBroken(f"the helper sent an unreadable result: {exc}") from exc
 
 
+class HeldGrowth:
+    """The growth figures the driver last received from the helper, per key.
+
+    The helper sends a node's figures only when they changed since the batch the driver
+    says it has applied; when that is not the batch the helper last answered (a reply was
+    lost), it sends every node's figures again. Not thread-safe; the engine uses it under
+    its lock.
+    """
+
+    def __init__(self) -> None:
+        self.config: GrowthConfig | None = None
+        self.figures: dict[Hashable, GrowthFigures] = {}
+        #: The batch whose figures were applied last (0: none, since the helper started).
+        self.applied = 0
+
+    def reset(self) -> None:
+        """A new helper keeps a new history: nothing it sent is held."""
+        self.figures = {}
+        self.applied = 0
+
+    def request(self) -> tuple[GrowthConfig, int] | None:
+        """What a batch asks of the helper: the settings, and the batch applied last."""
+        return None if self.config is None else (self.config, self.applied)
+
+    def apply(self, batch: int, changes: object, keys: Sequence[Hashable]) -> None:
+        """Take a reply's ``(resent, {position: figures or None})``.
+
+        Raises:
+            MalformedRows: the changes do not have that shape.
+        """
+        if self.config is None:
+            return
+        if not (type(changes) is tuple and len(changes) == 2 and type(changes[1]) is dict):
+            raise MalformedRows(f"growth figures sent as {changes!r:.80}")
+        resent, by_position = changes
+        updates = []
+        for position, node_figures in by_position.items():
+            if type(position) is not int or not 0 <= position < len(keys):
+                raise MalformedRows(f"growth figures for position {position!r:.40} of the batch")
+            if node_figures is not None and type(node_figures) is not GrowthFigures:
+                raise MalformedRows(f"a node's growth figures sent as {node_figures!r:.80}")
+            updates.append((keys[position], node_figures))
+        figures = {} if resent else self.figures
+        for key, node_figures in updates:
+            if node_figures is None:
+                figures.pop(key, None)
+            else:
+                figures[key] = node_figures
+        if len(figures) > len(keys):
+            live = set(keys)
+            figures = {key: value for key, value in figures.items() if key in live}
+        self.figures = figures
+        self.applied = batch
+
+
+def _as_recent_history(found: object) -> RecentHistory | None:
+    """``found`` if it has the shape of a node's recent history, else None."""
+    if not isinstance(found, dict) or set(found) != set(RecentHistory.__annotations__):
+        return None
+    node_used, groups, outside = found["node_used"], found["worker_groups"], found["outside_groups"]
+    if not isinstance(groups, dict) or not all(
+        part is None or isinstance(part, dict) for part in (node_used, outside, *groups.values())
+    ):
+        return None
+    return RecentHistory(node_used=node_used, worker_groups=groups, outside_groups=outside)
+
+
 class HelperEngine:
     """Same ``scrape``/``close`` as the in-process engine, run by a helper process.
 
@@ -136,6 +211,7 @@ class HelperEngine:
         self._stalled = 0
         self._batch = 0
         self._groups = GroupFiguresMemo()
+        self._growth = HeldGrowth()
         self._closed = False
         #: What a forked child inherited from its parent: kept, never used or closed.
         self._inherited: list[object] = []
@@ -195,6 +271,7 @@ class HelperEngine:
             theirs.close()
         self._process, self._channel, self._ready = process, DriverChannel(ours), False
         self._stalled = 0
+        self._growth.reset()
 
     def _reap(self, grace: float = 0.1) -> None:
         """Forget the current helper, collecting its exit status (no zombie)."""
@@ -270,15 +347,20 @@ class HelperEngine:
                 self._batch += 1
                 keys = [job[0] for job in jobs]
                 known = self._groups.known(keys)
-                channel.queue(("scrape", self._batch, list(jobs), now + seconds, known))
-                reply = channel.exchange(_is_result_of(self._batch), wait_until, self._abort, alive)
+                growth = self._growth.request()
+                batch = self._batch
+                channel.queue(("scrape", batch, list(jobs), now + seconds, known, growth))
+                reply = channel.exchange(_is_result_of(batch), wait_until, self._abort, alive)
                 if reply is None:
                     if not self._abort.is_set():
                         self._note_stalled()
                     return {}
                 self._stalled = 0
                 offset = now - started  # ages count from this call, helper start-up included
-                return self._groups.decode(reply[2], keys, offset)
+                outcomes = self._groups.decode(reply[2], keys, offset)
+                if growth is not None:
+                    self._apply_growth(batch, reply, keys)
+                return outcomes
             except ChannelBroken:
                 if not self._ready:
                     self._failed_starts += 1
@@ -287,6 +369,50 @@ class HelperEngine:
                 return {
                     job[0]: Outcome(None, HELPER_GONE, error_type=ERROR_INTERNAL) for job in jobs
                 }
+
+    def _apply_growth(self, batch: int, reply: tuple[object, ...], keys: list[Hashable]) -> None:
+        try:
+            if len(reply) != 4:
+                raise MalformedRows("a result without its growth figures")
+            self._growth.apply(batch, reply[3], keys)
+        except (MalformedRows, IndexError, TypeError) as exc:
+            raise ChannelBroken(f"the helper sent unreadable growth figures: {exc}") from exc
+
+    # Growth ------------------------------------------------------------------------------
+
+    def keep_growth(self, config: GrowthConfig | None) -> None:
+        """Have the helper keep each node's growth with ``config`` from the next batch on."""
+        with self._lock:
+            if config != self._growth.config:
+                self._growth.config = config
+                self._growth.reset()
+
+    def growth_figures(self) -> dict[Hashable, GrowthFigures]:
+        """Every node's growth figures as the helper last sent them (empty until it has)."""
+        return self._growth.figures
+
+    def recent_history(self, node_id: str, at: float) -> RecentHistory | None:
+        """``node_id``'s recent memory from the helper's history; None if it keeps none or
+        does not answer within :data:`_HISTORY_TIMEOUT_S`."""
+        deadline = time.monotonic() + _HISTORY_TIMEOUT_S
+        with self._lock:
+            channel = self._channel
+            if self._growth.config is None or channel is None or not self._ready:
+                return None
+            self._batch += 1
+            request = self._batch
+            try:
+                channel.queue(("history", request, node_id, at))
+                reply = channel.exchange(
+                    _is_history_of(request), deadline, self._abort, self._helper_alive
+                )
+            except ChannelBroken:
+                self._reap()
+                self._lost = True
+                return None
+        if reply is None or len(reply) != 3:
+            return None
+        return _as_recent_history(reply[2])
 
     def _helper_alive(self) -> bool:
         process = self._process

@@ -36,7 +36,7 @@ from typing import Any
 
 from raylens.lens import warn_once
 from raylens.safe_text import printable
-from raylens.telemetry.history import MemoryHistory
+from raylens.telemetry.history import HISTORY_S, MAX_POINTS_PER_SERIES, RecentHistory
 from raylens.telemetry.oom._kills import Killer, Victim
 
 __all__ = [
@@ -53,10 +53,6 @@ __all__ = [
 
 POSTMORTEM_DIR_ENV = "RAYLENS_POSTMORTEM_DIR"
 SCHEMA = "raylens.oom_postmortem/1"
-#: How far back a post-mortem's memory history reaches.
-HISTORY_S = 600.0
-#: Most points one series contributes (a longer window is thinned evenly).
-MAX_POINTS_PER_SERIES = 600
 #: Most post-mortem files one process writes.
 DEFAULT_MAX_FILES = 100
 _MAX_TEXT = 200
@@ -84,52 +80,18 @@ def _text(value: object) -> str:
     return printable(str(value)[:_MAX_TEXT])
 
 
-def _thinned(times: Sequence[float], values: Sequence[float]) -> list[list[float]]:
-    count = len(times)
-    step = max(1, -(-count // MAX_POINTS_PER_SERIES))
-    return [[round(times[i], 3), round(values[i])] for i in range(0, count, step)]
-
-
-def _series(history: MemoryHistory, key: Any, at: float) -> dict[str, Any] | None:
-    """One key's last :data:`HISTORY_S` seconds: samples as ``[seconds before the kill, bytes]``.
-
-    Older samples the history has folded into buckets come as ``[start, end, min, mean,
-    max]`` (seconds before the kill), so a short growth window still shows ten minutes.
-    """
-    since = at - HISTORY_S
-    times, values = history.window(key)
-    keep = [i for i, t in enumerate(times.tolist()) if since <= t <= at]
-    samples = _thinned([float(times[i]) - at for i in keep], [float(values[i]) for i in keep])
-    first_sample = float(times[keep[0]]) if keep else at
-    buckets = [
-        [
-            round(b.start - at, 3),
-            round(min(b.start + b.width, first_sample) - at, 3),
-            round(b.minimum),
-            round(b.mean),
-            round(b.maximum),
-        ]
-        for b in history.buckets(key)
-        if b.start + b.width > since and b.start < first_sample
-    ]
-    if not samples and not buckets:
-        return None
-    return {"samples": samples, "buckets": buckets[-MAX_POINTS_PER_SERIES:]}
-
-
 def build_postmortem(
     *,
     node_id: str,
     host: str,
     killer: Killer,
     wall_time: float,
-    monotonic_at: float,
     victim: Victim | None,
     phase: str | None,
     limit_bytes: float | None,
     used_bytes: float | None,
     total_bytes: float | None,
-    history: MemoryHistory | None,
+    history: RecentHistory | None,
     largest: Sequence[LargestProcess] = (),
     largest_sampled_at: float | None = None,
     sources: Sequence[str] = (),
@@ -137,24 +99,14 @@ def build_postmortem(
 ) -> dict[str, Any]:
     """The post-mortem of one kill as a JSON-ready dict (see the README for its fields).
 
-    ``monotonic_at`` is the kill's time on the history's clock (the monitor's);
-    ``wall_time`` is Unix time. Text from the cluster is cut and made printable.
+    ``history`` is the node's recent memory up to the kill
+    (:func:`~raylens.telemetry.history.recent_history`); ``wall_time`` is Unix time. Text from the cluster is cut and made printable.
     """
     groups: dict[str, Any] = {}
-    node_series = None
-    other = None
+    node_series = other = None
     if history is not None:
-        node_series = _series(history, node_id, monotonic_at)
-        other = _series(history, (node_id, None), monotonic_at)
-        names = sorted(
-            key[1]
-            for key in history.keys()  # noqa: SIM118 (a MemoryHistory, not a dict)
-            if isinstance(key, tuple) and key[0] == node_id and key[1] is not None
-        )
-        for name in names:
-            series = _series(history, (node_id, name), monotonic_at)
-            if series is not None:
-                groups[_text(name)] = series
+        node_series, other = history["node_used"], history["outside_groups"]
+        groups = {_text(name): series for name, series in history["worker_groups"].items()}
     known = victim or Victim()
     stamp = datetime.datetime.fromtimestamp(wall_time, tz=datetime.timezone.utc)
     return {

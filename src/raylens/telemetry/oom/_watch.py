@@ -35,7 +35,7 @@ from raylens.lens import (
     warn_once,
 )
 from raylens.safe_text import printable
-from raylens.telemetry.history import KillLineConfig, MemoryHistory
+from raylens.telemetry.history import KillLineConfig, RecentHistory
 from raylens.telemetry.host_memory import NodeSample
 from raylens.telemetry.names import RAY_NODE_ID_ATTR
 from raylens.telemetry.oom._kills import CounterWatch, Killer, Victim
@@ -238,10 +238,14 @@ class OomSource(Protocol):
 
 
 class GrowthHistory(Protocol):
-    """Where the memory history and the kill line come from (a growth cycle)."""
+    """Where a node's recent memory and the kill line come from (a growth cycle)."""
 
-    history: MemoryHistory
-    kill_line: KillLineConfig
+    @property
+    def kill_line(self) -> KillLineConfig: ...
+
+    def recent_history(self, node_id: str, at: float) -> RecentHistory | None:
+        """The node's memory up to ``at`` (the monitor's clock), None when none is kept."""
+        ...
 
 
 @dataclass
@@ -461,13 +465,14 @@ class OomWatch:
             host=kill.host,
             killer=kill.killer,
             wall_time=now,
-            monotonic_at=kill.monotonic_at,
             victim=kill.victim,
             phase=phase if isinstance(phase, str) else None,
             limit_bytes=limit,
             used_bytes=None if sample is None else sample.used,
             total_bytes=None if sample is None else sample.total,
-            history=None if growth is None else growth.history,
+            history=None
+            if growth is None
+            else growth.recent_history(kill.node_id, kill.monotonic_at),
             largest=largest,
             largest_sampled_at=largest_at,
             sources=kill.sources,

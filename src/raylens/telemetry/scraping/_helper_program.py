@@ -7,11 +7,18 @@ the driver's script. It ignores SIGINT (a Ctrl-C in the driver's terminal is the
 driver's to handle; the helper then ends with it) and exits as soon as its
 driver is gone, SIGKILL included, or the channel closes.
 
-Messages in: ``("scrape", batch id, jobs, absolute monotonic deadline, known)``, where
-``known`` is ``{key: sampled_at}`` of the group figures the driver already holds.
-Messages out: ``("ready",)`` once, then ``("result", batch id, rows)`` per batch: one row
-per node that answered, as :mod:`raylens.telemetry.scraping._wire` writes it, without the
-group figures the driver holds already (:func:`leave_out_known_groups`).
+Messages in:
+
+- ``("scrape", batch id, jobs, absolute monotonic deadline, known, growth)``, where
+  ``known`` is ``{key: sampled_at}`` of the group figures the driver already holds, and
+  ``growth`` is None or ``(GrowthConfig, batch id applied last)``: keep each node's growth
+  (:mod:`raylens.telemetry.scraping._growth_relay`);
+- ``("history", request id, node id, at)``: that node's recent memory.
+
+Messages out: ``("ready",)`` once; ``("result", batch id, rows, growth changes or None)``
+per batch: one row per node that answered, as :mod:`raylens.telemetry.scraping._wire`
+writes it, without the group figures the driver holds already
+(:func:`leave_out_known_groups`); ``("history", request id, recent history or None)``.
 """
 
 from __future__ import annotations
@@ -23,10 +30,14 @@ import sys
 import threading
 import time
 from collections.abc import Hashable, Mapping
+from typing import TYPE_CHECKING, Any
 
 from raylens.telemetry.scraping._channel import ChannelBroken, read_message, write_message
 from raylens.telemetry.scraping._engine import AsyncScrapeEngine, Outcome, ScrapeLimits
 from raylens.telemetry.scraping._wire import encode_outcomes
+
+if TYPE_CHECKING:
+    from raylens.telemetry.scraping._growth_relay import GrowthRelay
 
 __all__ = ["HELPER_SLACK_S", "leave_out_known_groups", "main", "serve"]
 
@@ -61,22 +72,48 @@ def leave_out_known_groups(
     return results, unchanged
 
 
+def _relay_for(relay: GrowthRelay | None, config: Any) -> GrowthRelay:
+    """The relay keeping growth with ``config``: ``relay`` if it does, else a new one.
+
+    Imported on first use: a helper that keeps no growth never loads the history (numpy).
+    """
+    if relay is not None and relay.config == config:
+        return relay
+    from raylens.telemetry.scraping._growth_relay import GrowthRelay
+
+    return GrowthRelay(config)
+
+
 def serve(sock: socket.socket, limits: ScrapeLimits) -> None:
     """Answer scrape batches on ``sock`` until it closes or a message says otherwise."""
     engine = AsyncScrapeEngine(limits)
+    relay: GrowthRelay | None = None
     try:
         write_message(sock, ("ready",))
         while True:
             message = read_message(sock)
-            if not (isinstance(message, tuple) and message and message[0] == "scrape"):
+            if not (isinstance(message, tuple) and message):
                 return
-            _, batch, jobs, deadline, known = message
-            seconds = deadline - time.monotonic()
+            if message[0] == "history":
+                _, request, node_id, at = message
+                found = None if relay is None else relay.recent_history(node_id, at)
+                write_message(sock, ("history", request, found))
+                continue
+            if message[0] != "scrape":
+                return
+            _, batch, jobs, deadline, known, growth = message
+            started = time.monotonic()
+            seconds = deadline - started
             results: dict[Hashable, Outcome] = (
                 engine.scrape(jobs, seconds, HELPER_SLACK_S) if seconds > 0 else {}
             )
+            changes: Any = None
+            if growth is not None:
+                relay = _relay_for(relay, growth[0])
+                changes = relay.changes(batch, growth[1], jobs, results, started)
             results, unchanged = leave_out_known_groups(results, known)
-            write_message(sock, ("result", batch, encode_outcomes(jobs, results, unchanged)))
+            rows = encode_outcomes(jobs, results, unchanged)
+            write_message(sock, ("result", batch, rows, changes))
     except (ChannelBroken, OSError):
         return
     finally:

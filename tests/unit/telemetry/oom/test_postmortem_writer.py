@@ -27,7 +27,6 @@ def _document(node_id: str = "a" * 56) -> dict[str, object]:
         host="vm",
         killer=Killer.KERNEL,
         wall_time=1.7e9,
-        monotonic_at=100.0,
         victim=Victim("policy", 0, 7),
         phase=None,
         limit_bytes=None,
