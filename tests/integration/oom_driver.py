@@ -92,7 +92,7 @@ def main(out_dir: str) -> dict[str, Any]:
         reader = InMemoryMetricReader()
         init_telemetry(metric_reader=reader)
         monitor = host_memory.HostMemoryMonitor(
-            INTERVAL_S, scrape_mode="inprocess", consumer=True, scrape_timeout=2.0
+            INTERVAL_S, scrape_mode="helper", consumer=True, scrape_timeout=2.0
         )
         growth = attach_growth(
             monitor,
