@@ -245,7 +245,7 @@ class GrowthCycle:
         )
         self.snapshot = snapshot if snapshot is not None else GrowthSnapshot()
         #: Per node: the outlook last published, and the figures and names it was made of.
-        self._named: dict[str, tuple[GrowthFigures, str, str, NodeOutlook]] = {}
+        self._named: dict[str, _Named] = {}
         #: The monitor keeping the history, while one does.
         self._elsewhere: GrowthElsewhere | None = None
         self._lock = threading.Lock()
@@ -325,13 +325,15 @@ class GrowthCycle:
     ) -> NodeOutlook:
         """``figures`` as ``node_id``'s outlook; the one last published while nothing changed."""
         named = self._named.get(node_id)
-        if (
-            named is not None
-            and named[0] is figures
-            and named[1] == host
-            and named[2] == worker_groups
+        if named is None:
+            named = self._named[node_id] = _Named()
+        elif (
+            named.outlook is not None
+            and named.figures is figures
+            and named.host == host
+            and named.worker_groups == worker_groups
         ):
-            return named[3]
+            return named.outlook
         outlook = NodeOutlook(
             node_id,
             host,
@@ -344,7 +346,8 @@ class GrowthCycle:
             figures.fastest_group,
             dict(figures.group_growth),
         )
-        self._named[node_id] = (figures, host, worker_groups, outlook)
+        named.figures, named.host, named.worker_groups = figures, host, worker_groups
+        named.outlook = outlook
         return outlook
 
     def recent_history(self, node_id: str, at: float) -> RecentHistory | None:
@@ -362,6 +365,18 @@ class GrowthCycle:
             self._named.clear()
             self._elsewhere = None
             self.snapshot.clear()
+
+
+class _Named:
+    """A node's outlook as last published, and what it was made of; changed in place, so a
+    new outlook leaves no other object behind."""
+
+    __slots__ = ("figures", "host", "outlook", "worker_groups")
+
+    def __init__(self) -> None:
+        self.figures: GrowthFigures | None = None
+        self.host = self.worker_groups = ""
+        self.outlook: NodeOutlook | None = None
 
 
 #: A node the helper has sent no figures for yet.
