@@ -14,7 +14,7 @@ monitor runs several cycles back to back on a background thread. It compares:
   publish (a new reading, with new figures, every 10 s, the samplers' default), 64 workers per node are
   registered, and the monitor runs the group-memory
   cycle (publishing mode: it keeps the samplers running through FakeRay and publishes
-  the figures the scrape carried) and the growth cycle;
+  the figures the scrape carried) and the growth cycle, whose history the helper keeps;
 - ``old``: the design these replaced, kept here as a yardstick: 32 scrape threads
   in the driver using ``requests``, a first try of at most 1 s per node and a
   retry with the time left for nodes that did not answer.

@@ -11,8 +11,14 @@ The simulated cluster is served from a child process, as in ``bench_driver_cost.
 (its ``_serve``), and per-group memory and growth are attached as there (its
 ``_attach_groups``). ``--profile FILE`` writes a cProfile of the measured cycles.
 
-Run: ``python benchmarks/bench_driver_cycle.py [--nodes 1000] [--cycles 10]
-[--modes helper,groups] [--collect] [--profile out.prof]``
+``--warmup`` cycles run first (default 1). ``--hung-fraction`` of the raylets hold every
+request (default none), so each cycle waits out the 5 s timeout, a new group reading
+comes every other cycle, and with ``--warmup 3 --cycles 20`` the measured cycles span the
+first fit interval (60 s at the default window): the growth outlooks built then are in
+the figure, as in a long run.
+
+Run: ``python benchmarks/bench_driver_cycle.py [--nodes 1000] [--cycles 10] [--warmup 1]
+[--hung-fraction 0] [--modes helper,groups] [--collect] [--profile out.prof]``
 """
 
 from __future__ import annotations
@@ -44,7 +50,8 @@ def _measure(
     if mode == "groups":
         _attach_groups(monitor, cluster)
     try:
-        monitor.collect_once()  # warm-up: the helper's start, imports, first connections
+        for _ in range(args.warmup):  # the helper's start, imports, first connections
+            monitor.collect_once()
         if reader is not None:
             reader.get_metrics_data()
         profiler = cProfile.Profile() if args.profile else None
@@ -69,17 +76,23 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--nodes", type=int, default=1000)
     parser.add_argument("--cycles", type=int, default=10)
+    parser.add_argument(
+        "--warmup", type=int, default=1, help="cycles run before the measured ones (at least 1)"
+    )
+    parser.add_argument("--hung-fraction", type=float, default=0.0)
     parser.add_argument("--modes", default="helper,groups")
     parser.add_argument("--collect", action="store_true", help="one export after each cycle")
     parser.add_argument("--profile", default="", help="write a cProfile per mode to FILE.<mode>")
     args = parser.parse_args(argv)
     modes = [m.strip() for m in args.modes.split(",") if m.strip()]
-    if args.cycles < 1 or not modes or set(modes) - {"helper", "groups"}:
-        parser.error("--cycles must be >= 1 and --modes a list of helper, groups")
+    if args.cycles < 1 or args.warmup < 1 or not modes or set(modes) - {"helper", "groups"}:
+        parser.error("--cycles and --warmup must be >= 1 and --modes a list of helper, groups")
 
     context = multiprocessing.get_context("spawn")
     parent, child = context.Pipe()
-    server = context.Process(target=_serve, args=(args.nodes, [], child), daemon=True)
+    step = round(1 / args.hung_fraction) if args.hung_fraction > 0 else 0
+    hung = sorted(range(step // 2, args.nodes, step)) if step else []
+    server = context.Process(target=_serve, args=(args.nodes, hung, child), daemon=True)
     server.start()
     reader = InMemoryMetricReader() if args.collect else None
     try:

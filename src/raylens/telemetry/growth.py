@@ -30,6 +30,7 @@ from opentelemetry.metrics import CallbackOptions, Observation
 
 from raylens.lens import OBSERVABLE_GAUGE, RecordedMetric, register_observable_gauge
 from raylens.telemetry.history import (
+    NO_FIGURES,
     GrowthConfig,
     GrowthFigures,
     GrowthKeeper,
@@ -277,7 +278,7 @@ class GrowthCycle:
                 _version, labels = DEFAULT_REGISTRY.labels_by_node()
                 for key, record in monitor.records().items():
                     node = record.node
-                    figures = kept.get(key, _NOTHING_KEPT)
+                    figures = kept.get(key, NO_FIGURES)
                     if record.sampled_at is None:
                         figures = without_limit(figures)
                     outlooks[node.node_id] = self._named_outlook(
@@ -377,10 +378,6 @@ class _Named:
         self.figures: GrowthFigures | None = None
         self.host = self.worker_groups = ""
         self.outlook: NodeOutlook | None = None
-
-
-#: A node the helper has sent no figures for yet.
-_NOTHING_KEPT = GrowthFigures(None, None, False, None, None, None, ())
 
 
 def attach_growth(monitor: GrowthMonitor, cycle: GrowthCycle | None = None) -> GrowthCycle:

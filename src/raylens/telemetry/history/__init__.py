@@ -13,6 +13,7 @@ What each private module does, the fit, the decision and the kill line:
 from raylens.telemetry.history._decision import GrowthTracker
 from raylens.telemetry.history._estimator import Fit, fit_growth
 from raylens.telemetry.history._keeper import (
+    NO_FIGURES,
     GrowthConfig,
     GrowthFigures,
     GrowthKeeper,
@@ -56,6 +57,7 @@ __all__ = [
     "MAX_GROWTH_WINDOW_S",
     "MAX_POINTS_PER_SERIES",
     "MIN_GROWTH_WINDOW_S",
+    "NO_FIGURES",
     "RAY_THRESHOLD_ENV",
     "THRESHOLD_ENV",
     "Bucket",

@@ -27,7 +27,7 @@ from raylens.telemetry.history._settings import GrowthSettings
 from raylens.telemetry.history._store import MemoryHistory, NodeGrowth
 from raylens.telemetry.raylet_payload import NodeGroupFigures
 
-__all__ = ["GrowthConfig", "GrowthFigures", "GrowthKeeper", "without_limit"]
+__all__ = ["NO_FIGURES", "GrowthConfig", "GrowthFigures", "GrowthKeeper", "without_limit"]
 
 
 class GrowthConfig(NamedTuple):
@@ -53,7 +53,8 @@ class GrowthFigures(NamedTuple):
     group_growth: tuple[tuple[str, float], ...]
 
 
-_NOTHING_YET = GrowthFigures(None, None, False, None, None, None, ())
+#: A node with no figures yet: no sample, no history.
+NO_FIGURES = GrowthFigures(None, None, False, None, None, None, ())
 
 
 def without_limit(figures: GrowthFigures) -> GrowthFigures:
@@ -162,7 +163,7 @@ class GrowthKeeper:
 
 def _figures(growth: NodeGrowth | None, limit: float | None) -> GrowthFigures:
     if growth is None:
-        return _NOTHING_YET if limit is None else _NOTHING_YET._replace(limit=limit)
+        return NO_FIGURES if limit is None else NO_FIGURES._replace(limit=limit)
     return GrowthFigures(
         growth.used,
         growth.growth,
