@@ -209,9 +209,10 @@ class GrowthElsewhere(Protocol):
     """A monitor that can have its growth kept where it scrapes (its scrape helper).
 
     :meth:`keep_growth` hands it the keeper's settings (None: stop); :meth:`kept_growth`
-    is every node's figures as of its latest cycle, by ``(node id, host)``, or None while
-    the growth is not kept there (this process must then keep it);
-    :meth:`recent_history` reads a node's history where it is kept.
+    is every node's figures as last received, by ``(node id, host)`` (a cycle behind its
+    samples: the helper records a batch after answering it), or None while the growth is
+    not kept there (this process must then keep it); :meth:`recent_history` reads a
+    node's history where it is kept.
     """
 
     def keep_growth(self, config: GrowthConfig | None) -> None: ...
@@ -268,15 +269,20 @@ class GrowthCycle:
     def __call__(self, monitor: FigureSource) -> None:
         with self._lock:
             outlooks: dict[str, NodeOutlook] = {}
-            elsewhere = monitor if isinstance(monitor, GrowthElsewhere) else None
+            # Only a monitor read through its records can name figures kept elsewhere.
+            elsewhere = (
+                monitor
+                if isinstance(monitor, GrowthElsewhere) and isinstance(monitor, RecordSource)
+                else None
+            )
             kept = None if elsewhere is None else elsewhere.kept_growth()
             self._elsewhere = elsewhere if kept is not None else None
             if kept is not None:
                 self.keeper.forget_all()  # the helper keeps it; nothing is recorded here
-            if kept is not None and isinstance(monitor, RecordSource):
-                monitor.declare_consumer()
+            if kept is not None and elsewhere is not None:
+                elsewhere.declare_consumer()
                 _version, labels = DEFAULT_REGISTRY.labels_by_node()
-                for key, record in monitor.records().items():
+                for key, record in elsewhere.records().items():
                     node = record.node
                     figures = kept.get(key, NO_FIGURES)
                     if record.sampled_at is None:

@@ -84,7 +84,9 @@ def test_a_new_helper_starts_a_new_history_and_sends_its_figures(
         monitor.collect_once()  # a cycle that finds the helper gone starts another
 
     assert monitor.helper_pid not in (None, first)
+    assert cycle.snapshot.latest()[sim.node_id(0)].limit is None  # the new helper sent none yet
+    monitor.collect_once()  # a batch's figures come with the next reply
     assert cycle.snapshot.latest()[sim.node_id(0)].limit == pytest.approx(0.95 * 64 * GIB)
     history = cycle.recent_history(sim.node_id(0), time.monotonic())
     assert history is not None and history["node_used"] is not None
-    assert len(history["node_used"]["samples"]) == 1
+    assert len(history["node_used"]["samples"]) == 2

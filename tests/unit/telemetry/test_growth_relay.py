@@ -1,12 +1,15 @@
 """Growth kept where the scrapes are parsed: the helper's relay and the driver's held figures.
 
 Run in this process on simulated time: the relay is fed batches of outcomes as the helper
-would be, and the figures the driver ends up holding are compared with a keeper fed the
-same samples here.
+is (a batch's figures go with the next reply), and the figures the driver ends up holding
+are compared with a keeper fed the same samples here.
 """
 
 from __future__ import annotations
 
+import socket
+import threading
+import time
 from collections.abc import Hashable
 
 import pytest
@@ -16,6 +19,7 @@ from raylens.telemetry.history import (
     GrowthFigures,
     GrowthKeeper,
     GrowthSettings,
+    recent_history,
     resolve_kill_line_config,
 )
 from raylens.telemetry.host_memory._helper_engine import HeldGrowth
@@ -40,86 +44,157 @@ def _outcomes(step: int, *, silent: frozenset[int] = frozenset()) -> dict[Hashab
     }
 
 
-def _expected(keeper: GrowthKeeper, step: int, started: float) -> dict[Hashable, GrowthFigures]:
-    out = {}
-    for key, outcome in _outcomes(step).items():
-        values = outcome.values or {}
-        out[key] = keeper.observe(
-            str(key[0]), values[USED_KEY], values[TOTAL_KEY], started + outcome.elapsed, None
-        )
-    return out
+class _Helper:
+    """The relay as the helper drives it: reply with what is recorded, then record."""
+
+    def __init__(self) -> None:
+        self.relay = GrowthRelay(CONFIG)
+        self.batch = 0
+
+    def answer(
+        self, applied: int, outcomes: dict[Hashable, Outcome], started: float, jobs: list = JOBS
+    ) -> tuple[int, tuple[bool, dict[Hashable, GrowthFigures]]]:
+        self.batch += 1
+        changes = self.relay.delivery(self.batch, applied)
+        self.relay.observe(jobs, outcomes, started)
+        return self.batch, changes
 
 
-def test_the_driver_holds_what_a_keeper_of_its_own_would_give() -> None:
-    relay, held, local = GrowthRelay(CONFIG), HeldGrowth(), GrowthKeeper(CONFIG)
+def _held() -> HeldGrowth:
+    held = HeldGrowth()
     held.config = CONFIG
-    sent_counts = []
+    return held
+
+
+def test_the_driver_holds_what_a_keeper_of_its_own_gave_one_batch_before() -> None:
+    helper, held, local = _Helper(), _held(), GrowthKeeper(CONFIG)
+    expected: dict[Hashable, GrowthFigures] = {}
+    carried = []
     for step in range(240):
         started = 1000.0 + 2.0 * step
-        batch = step + 1
-        changes = relay.changes(batch, held.applied, JOBS, _outcomes(step), started)
+        batch, changes = helper.answer(held.applied, _outcomes(step), started)
         held.apply(batch, changes, KEYS)
-        sent_counts.append(len(changes[1]))
-        assert held.figures == _expected(local, step, started), step
+        carried.append(len(changes[1]))
+        assert held.figures == expected, step
+        for key, outcome in _outcomes(step).items():
+            values = outcome.values or {}
+            expected[key] = local.observe(
+                str(key[0]), values[USED_KEY], values[TOTAL_KEY], started + outcome.elapsed, None
+            )
 
     a = held.figures[KEYS[0]]
     assert a.growth == pytest.approx(2**20 / 2.0, rel=0.05)
     assert a.limit == pytest.approx(0.95 * 64 * GIB)
-    # Figures change at most once per fit interval: most batches send nothing.
-    assert sum(1 for count in sent_counts if count == 0) > len(sent_counts) // 2
+    # Figures change at most once per fit interval: most replies carry none.
+    assert sum(1 for count in carried if count == 0) > len(carried) // 2
 
 
-def test_a_reply_the_driver_never_applied_has_every_figure_sent_again() -> None:
-    relay, held = GrowthRelay(CONFIG), HeldGrowth()
-    held.config = CONFIG
-    held.apply(1, relay.changes(1, held.applied, JOBS, _outcomes(0), 0.0), KEYS)
-    lost_changes = relay.changes(2, held.applied, JOBS, _outcomes(1), 2.0)
-    assert lost_changes[0] is False
+def test_a_reply_never_applied_has_every_node_s_figures_sent_again_answered_or_not() -> None:
+    helper, held = _Helper(), _held()
+    for step in range(3):
+        held.apply(*helper.answer(held.applied, _outcomes(step), 2.0 * step), KEYS)
+    before = dict(held.figures)
+    assert set(before) == set(KEYS)
+    helper.answer(held.applied, _outcomes(3), 6.0)  # this reply is lost on the way
 
-    resent, changed = relay.changes(3, held.applied, JOBS, _outcomes(2), 4.0)  # 2 was lost
+    # Node b does not answer the next batch: its figures still come again.
+    batch, (resent, changed) = helper.answer(held.applied, _outcomes(4, silent=frozenset({1})), 8.0)
+    held.apply(batch, (resent, changed), KEYS)
 
-    assert resent is True and set(changed) == {0, 1}
-    held.apply(3, (resent, changed), KEYS)
-    assert set(held.figures) == set(KEYS) and held.applied == 3
+    assert resent is True and set(changed) == set(KEYS)
+    assert held.figures[KEYS[1]] == before[KEYS[1]]
+    assert held.applied == batch
 
 
 def test_a_node_without_a_fresh_sample_keeps_its_figures_and_a_departed_one_is_forgotten() -> None:
-    relay, held = GrowthRelay(CONFIG), HeldGrowth()
-    held.config = CONFIG
-    held.apply(1, relay.changes(1, 0, JOBS, _outcomes(0), 0.0), KEYS)
+    helper, held = _Helper(), _held()
+    for step in range(2):
+        held.apply(*helper.answer(held.applied, _outcomes(step), 2.0 * step), KEYS)
     before = held.figures[KEYS[1]]
 
-    changes = relay.changes(2, 1, JOBS, _outcomes(1, silent=frozenset({1})), 2.0)
-    held.apply(2, changes, KEYS)
+    held.apply(*helper.answer(held.applied, _outcomes(2, silent=frozenset({1})), 4.0), KEYS)
     assert held.figures[KEYS[1]] is before
 
-    relay.changes(3, 2, JOBS[:1], _outcomes(2, silent=frozenset({1})), 4.0)
-    assert relay.keeper.history.node(str(KEYS[1][0])) is None  # b left: its history is gone
-    assert relay.keeper.history.node(str(KEYS[0][0])) is not None
+    # b leaves the cluster: the helper forgets its history, the driver its figures.
+    held.apply(*helper.answer(held.applied, _outcomes(3), 6.0, jobs=JOBS[:1]), KEYS[:1])
+    assert set(held.figures) == {KEYS[0]}
+    assert helper.relay.keeper.history.node(str(KEYS[1][0])) is None
+    assert helper.relay.keeper.history.node(str(KEYS[0][0])) is not None
+
+
+def test_the_held_mapping_is_replaced_never_changed() -> None:
+    helper, held = _Helper(), _held()
+    held.apply(*helper.answer(held.applied, _outcomes(0), 0.0), KEYS)
+    held.apply(*helper.answer(held.applied, _outcomes(1), 2.0), KEYS)
+    seen = held.figures
+    copy = dict(seen)
+    held.apply(*helper.answer(held.applied, _outcomes(2), 4.0, jobs=JOBS[:1]), KEYS[:1])
+    assert seen == copy and held.figures is not seen
 
 
 @pytest.mark.parametrize(
     "changes",
-    [None, (False,), (False, [1]), (False, {0: (1.0, 2.0)}), (False, {5: None})],
+    [None, (False,), (False, [1]), (False, {KEYS[0]: (1.0, 2.0)}), (True, {KEYS[0]: None})],
 )
 def test_changes_of_another_shape_are_refused_whole(changes: object) -> None:
-    relay, held = GrowthRelay(CONFIG), HeldGrowth()
-    held.config = CONFIG
-    held.apply(1, relay.changes(1, 0, JOBS, _outcomes(0), 0.0), KEYS)
-    before = dict(held.figures)
+    helper, held = _Helper(), _held()
+    for step in range(2):
+        held.apply(*helper.answer(held.applied, _outcomes(step), 2.0 * step), KEYS)
+    before, applied = dict(held.figures), held.applied
     with pytest.raises(MalformedRows):
-        held.apply(2, (False, {0: None, **changes[1]}) if _mapping(changes) else changes, KEYS)
-    assert held.figures == before and held.applied == 1
-
-
-def _mapping(changes: object) -> bool:
-    return isinstance(changes, tuple) and len(changes) == 2 and isinstance(changes[1], dict)
+        held.apply(applied + 1, changes, KEYS)
+    assert held.figures == before and held.applied == applied
 
 
 def test_without_settings_the_driver_holds_nothing_and_asks_nothing() -> None:
     held = HeldGrowth()
     assert held.request() is None
-    held.apply(1, (True, {0: GrowthFigures(1.0, None, False, None, None, None, ())}), KEYS)
+    held.apply(1, (True, {KEYS[0]: GrowthFigures(1.0, None, False, None, None, None, ())}), KEYS)
     assert held.figures == {}
     held.config = CONFIG
     assert held.request() == (CONFIG, 0)
+
+
+def test_a_sample_the_helper_stamped_just_after_the_asked_moment_is_in_its_recent_history() -> None:
+    helper = _Helper()
+    helper.answer(0, _outcomes(0), 100.0)  # stamped at 100.25
+    history = helper.relay.keeper.history
+
+    on_time = recent_history(history, str(KEYS[0][0]), 100.2, late_by=0.25)
+    strict = recent_history(history, str(KEYS[0][0]), 100.2)
+
+    assert on_time["node_used"] is not None and len(on_time["node_used"]["samples"]) == 1
+    assert strict["node_used"] is None
+
+
+def test_a_failure_in_the_growth_code_costs_the_growth_never_the_scrape(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from raylens.telemetry.scraping import ScrapeLimits, read_message, write_message
+    from raylens.telemetry.scraping._helper_program import serve
+
+    def broken(*_args: object) -> None:
+        raise RuntimeError("a fit went wrong")
+
+    driver, helper = socket.socketpair()
+    server = threading.Thread(target=serve, args=(helper, ScrapeLimits(1.0)), daemon=True)
+    server.start()
+    try:
+        assert read_message(driver) == ("ready",)
+        replies = []
+        for batch in range(1, 5):
+            if batch == 2:
+                monkeypatch.setattr(GrowthRelay, "observe", broken)
+            if batch == 3:
+                monkeypatch.undo()
+            deadline = time.monotonic() + 1.0
+            write_message(driver, ("scrape", batch, [], deadline, {}, (CONFIG, batch - 1)))
+            replies.append(read_message(driver))
+    finally:
+        driver.close()
+        server.join(5)
+        helper.close()
+
+    assert [reply[:3] for reply in replies] == [("result", b, []) for b in range(1, 5)]
+    # Batch 2's recording failed: the next reply says so, and a new relay starts after it.
+    assert [reply[3] for reply in replies] == [(True, {}), (False, {}), None, (True, {})]

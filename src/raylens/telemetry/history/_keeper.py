@@ -11,8 +11,10 @@ Invariants a maintainer must keep:
 - a node is recorded once per new sample, and, when a sampler reports its groups, once per
   reading of the sampler, however often the same reading is scraped again;
 - a node's figures are built again at most once per fit interval of its own time (they
-  cannot change between fits), so an unchanged node returns the very same object: whoever
-  forwards figures can tell a change by identity;
+  cannot change between fits), and merged again with a sampler's figures only when a new
+  reading brings other growth, so a node with a fresh sample and nothing new returns the
+  very same object: whoever forwards figures can tell a change by identity (a node without
+  a sample gets new figures each time);
 - per node, one state object changed in place; nothing else outlives a call.
 """
 

@@ -34,15 +34,16 @@ def _thinned(times: Sequence[float], values: Sequence[float]) -> list[list[float
     return [[round(times[i], 3), round(values[i])] for i in range(0, count, step)]
 
 
-def _series(history: MemoryHistory, key: Key, at: float) -> dict[str, Any] | None:
+def _series(history: MemoryHistory, key: Key, at: float, until: float) -> dict[str, Any] | None:
     """One key's last :data:`HISTORY_S` seconds: samples as ``[seconds before at, bytes]``.
 
     Older samples the history has folded into buckets come as ``[start, end, min, mean,
     max]`` (seconds before ``at``), so a short growth window still shows ten minutes.
+    Samples up to ``until`` are kept.
     """
     since = at - HISTORY_S
     times, values = history.window(key)
-    keep = [i for i, t in enumerate(times.tolist()) if since <= t <= at]
+    keep = [i for i, t in enumerate(times.tolist()) if since <= t <= until]
     samples = _thinned([float(times[i]) - at for i in keep], [float(values[i]) for i in keep])
     first_sample = float(times[keep[0]]) if keep else at
     buckets = [
@@ -61,8 +62,15 @@ def _series(history: MemoryHistory, key: Key, at: float) -> dict[str, Any] | Non
     return {"samples": samples, "buckets": buckets[-MAX_POINTS_PER_SERIES:]}
 
 
-def recent_history(history: MemoryHistory, node_id: str, at: float) -> RecentHistory:
-    """``node_id``'s used memory, each group's and the rest's over :data:`HISTORY_S` before ``at``."""
+def recent_history(
+    history: MemoryHistory, node_id: str, at: float, *, late_by: float = 0.0
+) -> RecentHistory:
+    """``node_id``'s used memory, each group's and the rest's over :data:`HISTORY_S` before ``at``.
+
+    ``late_by`` also keeps samples stamped up to that many seconds after ``at``: a history
+    kept in another process stamps the same answer a little later than the caller did.
+    """
+    until = at + late_by
     names = sorted(
         key[1]
         for key in history.keys()  # noqa: SIM118 (a MemoryHistory, not a dict)
@@ -70,11 +78,11 @@ def recent_history(history: MemoryHistory, node_id: str, at: float) -> RecentHis
     )
     groups: dict[str, dict[str, Any]] = {}
     for name in names:
-        series = _series(history, (node_id, name), at)
+        series = _series(history, (node_id, name), at, until)
         if series is not None:
             groups[name] = series
     return {
-        "node_used": _series(history, node_id, at),
+        "node_used": _series(history, node_id, at, until),
         "worker_groups": groups,
-        "outside_groups": _series(history, (node_id, None), at),
+        "outside_groups": _series(history, (node_id, None), at, until),
     }

@@ -25,7 +25,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable, Hashable, Iterable, Sequence
+from collections.abc import Callable, Hashable, Iterable, Mapping, Sequence
 from pathlib import Path
 
 from raylens import forking
@@ -127,10 +127,11 @@ class GroupFiguresMemo:
 class HeldGrowth:
     """The growth figures the driver last received from the helper, per key.
 
-    The helper sends a node's figures only when they changed since the batch the driver
-    says it has applied; when that is not the batch the helper last answered (a reply was
-    lost), it sends every node's figures again. Not thread-safe; the engine uses it under
-    its lock.
+    The helper sends the figures that changed since the reply the driver says it applied
+    (:mod:`raylens.telemetry.scraping._growth_relay`); when that is not the reply it sent
+    last (one was lost), it sends every node's figures again. The mapping :attr:`figures`
+    is replaced, never changed, so a reader on another thread may keep it. Not thread-safe
+    otherwise; the engine uses it under its lock.
     """
 
     def __init__(self) -> None:
@@ -149,7 +150,8 @@ class HeldGrowth:
         return None if self.config is None else (self.config, self.applied)
 
     def apply(self, batch: int, changes: object, keys: Sequence[Hashable]) -> None:
-        """Take a reply's ``(resent, {position: figures or None})``.
+        """Take a reply's ``(resent, {key: figures})``; keys not in ``keys`` (the batch's) are
+        dropped, here and from what is held.
 
         Raises:
             MalformedRows: the changes do not have that shape.
@@ -158,24 +160,16 @@ class HeldGrowth:
             return
         if not (type(changes) is tuple and len(changes) == 2 and type(changes[1]) is dict):
             raise MalformedRows(f"growth figures sent as {changes!r:.80}")
-        resent, by_position = changes
-        updates = []
-        for position, node_figures in by_position.items():
-            if type(position) is not int or not 0 <= position < len(keys):
-                raise MalformedRows(f"growth figures for position {position!r:.40} of the batch")
-            if node_figures is not None and type(node_figures) is not GrowthFigures:
+        resent, by_key = changes
+        for node_figures in by_key.values():
+            if type(node_figures) is not GrowthFigures:
                 raise MalformedRows(f"a node's growth figures sent as {node_figures!r:.80}")
-            updates.append((keys[position], node_figures))
-        figures = {} if resent else self.figures
-        for key, node_figures in updates:
-            if node_figures is None:
-                figures.pop(key, None)
-            else:
-                figures[key] = node_figures
-        if len(figures) > len(keys):
-            live = set(keys)
-            figures = {key: value for key, value in figures.items() if key in live}
-        self.figures = figures
+        held = self.figures
+        live = set(keys)
+        if resent or by_key or not live.issuperset(held):
+            figures = {} if resent else {key: value for key, value in held.items() if key in live}
+            figures.update((key, value) for key, value in by_key.items() if key in live)
+            self.figures = figures
         self.applied = batch
 
 
@@ -212,6 +206,10 @@ class HelperEngine:
         self._batch = 0
         self._groups = GroupFiguresMemo()
         self._growth = HeldGrowth()
+        #: The growth settings asked for, taken up at the next batch.
+        self._growth_wanted: GrowthConfig | None = None
+        #: Set when a history request went unanswered; cleared by the next batch's reply.
+        self._history_unanswered = False
         self._closed = False
         #: What a forked child inherited from its parent: kept, never used or closed.
         self._inherited: list[object] = []
@@ -347,6 +345,9 @@ class HelperEngine:
                 self._batch += 1
                 keys = [job[0] for job in jobs]
                 known = self._groups.known(keys)
+                if self._growth_wanted != self._growth.config:
+                    self._growth.config = self._growth_wanted
+                    self._growth.reset()
                 growth = self._growth.request()
                 batch = self._batch
                 channel.queue(("scrape", batch, list(jobs), now + seconds, known, growth))
@@ -356,6 +357,7 @@ class HelperEngine:
                         self._note_stalled()
                     return {}
                 self._stalled = 0
+                self._history_unanswered = False
                 offset = now - started  # ages count from this call, helper start-up included
                 outcomes = self._groups.decode(reply[2], keys, offset)
                 if growth is not None:
@@ -371,38 +373,58 @@ class HelperEngine:
                 }
 
     def _apply_growth(self, batch: int, reply: tuple[object, ...], keys: list[Hashable]) -> None:
+        if len(reply) != 4:
+            raise ChannelBroken("the helper sent a result without its growth figures")
+        if reply[3] is None:  # it could not keep them this time: what is held stands
+            warn_once(
+                "host_memory.helper.growth",
+                "the scrape helper could not keep the growth history; it starts a new one",
+                logger=logger,
+            )
+            return
         try:
-            if len(reply) != 4:
-                raise MalformedRows("a result without its growth figures")
             self._growth.apply(batch, reply[3], keys)
-        except (MalformedRows, IndexError, TypeError) as exc:
+        except (MalformedRows, TypeError) as exc:
             raise ChannelBroken(f"the helper sent unreadable growth figures: {exc}") from exc
 
     # Growth ------------------------------------------------------------------------------
 
     def keep_growth(self, config: GrowthConfig | None) -> None:
-        """Have the helper keep each node's growth with ``config`` from the next batch on."""
-        with self._lock:
-            if config != self._growth.config:
-                self._growth.config = config
-                self._growth.reset()
+        """Have the helper keep each node's growth with ``config`` from the next batch on.
 
-    def growth_figures(self) -> dict[Hashable, GrowthFigures]:
-        """Every node's growth figures as the helper last sent them (empty until it has)."""
+        Never waits: a batch in progress keeps the settings it was sent with.
+        """
+        self._growth_wanted = config
+
+    def growth_figures(self) -> Mapping[Hashable, GrowthFigures]:
+        """Every node's growth figures as the helper last sent them (empty until it has).
+
+        The mapping is never changed once returned; the next reply's figures replace it.
+        """
         return self._growth.figures
 
-    def recent_history(self, node_id: str, at: float) -> RecentHistory | None:
-        """``node_id``'s recent memory from the helper's history; None if it keeps none or
-        does not answer within :data:`_HISTORY_TIMEOUT_S`."""
+    def recent_history(self, node_id: str, at: float, late_by: float) -> RecentHistory | None:
+        """``node_id``'s recent memory from the helper's history, samples up to ``late_by``
+        seconds after ``at`` included.
+
+        None if it keeps none, or does not answer within :data:`_HISTORY_TIMEOUT_S`; after
+        one such silence, none is asked until a batch is answered again, so a cycle waits
+        for it once at most.
+        """
         deadline = time.monotonic() + _HISTORY_TIMEOUT_S
         with self._lock:
             channel = self._channel
-            if self._growth.config is None or channel is None or not self._ready:
+            if (
+                self._growth.config is None
+                or channel is None
+                or not self._ready
+                or self._history_unanswered
+            ):
                 return None
             self._batch += 1
             request = self._batch
             try:
-                channel.queue(("history", request, node_id, at))
+                channel.queue(("history", request, node_id, at, late_by))
                 reply = channel.exchange(
                     _is_history_of(request), deadline, self._abort, self._helper_alive
                 )
@@ -410,7 +432,10 @@ class HelperEngine:
                 self._reap()
                 self._lost = True
                 return None
-        if reply is None or len(reply) != 3:
+            if reply is None:
+                self._history_unanswered = True
+                return None
+        if len(reply) != 3:
             return None
         return _as_recent_history(reply[2])
 

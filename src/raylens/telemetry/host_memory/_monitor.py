@@ -500,12 +500,15 @@ class HostMemoryMonitor:
         )
 
     def keep_growth(self, config: GrowthConfig | None) -> None:
-        """Have the scrape helper keep each node's growth history with ``config`` (None: stop)."""
+        """Have the scrape helper keep each node's growth history with ``config`` (None: stop).
+
+        Never waits on a cycle in progress: the helper takes the settings with its next batch.
+        """
         with self._lock:
             self._growth = config
             engine = self._engine
-            if isinstance(engine, HelperEngine):
-                engine.keep_growth(config if self._growth_kept_by_helper() else None)
+        if isinstance(engine, HelperEngine):
+            engine.keep_growth(config if self._growth_kept_by_helper() else None)
 
     def kept_growth(self) -> Mapping[Hashable, GrowthFigures] | None:
         """Every node's growth figures as of the latest cycle, while the helper keeps them.
@@ -521,12 +524,15 @@ class HostMemoryMonitor:
     def recent_history(self, node_id: str, at: float) -> RecentHistory | None:
         """``node_id``'s recent memory up to ``at``, read from the helper's history.
 
-        None when the helper keeps none, or does not answer within a second.
+        The helper stamps an answer when its batch reached it, a little after this
+        monitor's stamp for the same answer: samples up to :data:`_HELPER_STAMP_SLACK_S`
+        after ``at`` belong to it. None when the helper keeps none, or does not answer
+        within a second.
         """
         engine = self._engine
         if not isinstance(engine, HelperEngine) or not self._growth_kept_by_helper():
             return None
-        return engine.recent_history(node_id, at)
+        return engine.recent_history(node_id, at, _HELPER_STAMP_SLACK_S)
 
     def _forget_departed(self, live: set[NodeKey]) -> None:
         """Drop everything held about nodes that left, so state stays as large as the cluster."""
@@ -764,6 +770,11 @@ class HostMemoryMonitor:
 
 
 _DEFAULT_SCRAPE = HostMemoryMonitor._scrape
+
+
+#: How much later than this monitor the helper may stamp the same answer (it stamps a batch
+#: when the batch reaches it; far less than any interval between two cycles).
+_HELPER_STAMP_SLACK_S = 0.25
 
 
 def _request_seconds(

@@ -1,11 +1,13 @@
 """The helper's side of growth: keep each node's history where its payload is parsed.
 
 When the driver asks for it (its batches carry the keeper's settings), the helper records
-each node that answered into a :class:`~raylens.telemetry.history.GrowthKeeper` and sends
-back only the figures that changed since the batch the driver says it has applied: a
-node's figures change at most once per fit interval, so most batches send none. When the
-driver has not applied the batch last answered (a reply was lost on the way), every
-node's figures go again.
+each node that answered into a :class:`~raylens.telemetry.history.GrowthKeeper` once it
+has written the batch's reply, so the recording and the fits never hold up an answer,
+and the next reply carries the figures that changed: a node's figures are one batch
+behind its sample. Only figures that changed since the reply the driver says it applied
+go (a node's figures change at most once per fit interval, or per sampler reading while
+the sampler's own growth stands in, so most replies carry none); when the driver has not
+applied the last reply (lost on the way), every node's figures go again.
 
 A batch's jobs are keyed by the monitor's ``(node id, host)``; the history is kept by
 node id, as a post-mortem asks for it.
@@ -27,8 +29,8 @@ from raylens.telemetry.scraping._engine import Job, Outcome
 
 __all__ = ["GrowthChanges", "GrowthRelay"]
 
-#: ``(every node's figures sent again, {position in the batch: figures or None})``.
-GrowthChanges = tuple[bool, dict[int, GrowthFigures | None]]
+#: ``(every node's figures sent again, {job key: figures})``.
+GrowthChanges = tuple[bool, dict[Hashable, GrowthFigures]]
 
 
 def _node_id(key: Hashable) -> str:
@@ -36,54 +38,67 @@ def _node_id(key: Hashable) -> str:
 
 
 class GrowthRelay:
-    """A keeper, and which of its figures the driver holds. Not thread-safe."""
+    """A keeper, its latest figures per key, and which of them the driver holds.
+
+    Not thread-safe.
+    """
 
     def __init__(self, config: GrowthConfig) -> None:
         self.config = config
         self.keeper = GrowthKeeper(config)
+        #: The keeper's latest figures per job key.
+        self._latest: dict[Hashable, GrowthFigures] = {}
+        #: What the driver holds once it has applied the last reply.
         self._sent: dict[Hashable, GrowthFigures] = {}
-        #: The batch whose figures were last sent (-1: none yet).
+        #: The batch whose reply carried figures last (-1: none yet).
         self._answered = -1
 
-    def changes(
-        self,
-        batch: int,
-        applied: int,
-        jobs: Sequence[Job],
-        results: Mapping[Hashable, Outcome],
-        started: float,
-    ) -> GrowthChanges:
-        """Record the batch's answers (``started`` is its start, on the monotonic clock)."""
+    def delivery(self, batch: int, applied: int) -> GrowthChanges:
+        """What batch ``batch``'s reply carries, the driver having applied batch ``applied``."""
+        latest = self._latest
         resent = applied != self._answered
         if resent:
-            self._sent = {}
-        sent = self._sent
+            changed = dict(latest)
+        else:
+            sent = self._sent
+            changed = {
+                key: figures for key, figures in latest.items() if sent.get(key) is not figures
+            }
+        if resent or changed or len(self._sent) != len(latest):
+            self._sent = dict(latest)
+        self._answered = batch
+        return resent, changed
+
+    def observe(
+        self, jobs: Sequence[Job], results: Mapping[Hashable, Outcome], started: float
+    ) -> None:
+        """Record the batch's answers; ``started`` is its start on the monotonic clock.
+
+        A node without a fresh sample keeps its figures; one no longer in the batch is
+        forgotten, history and all.
+        """
+        latest = self._latest
         observe = self.keeper.observe
-        changed: dict[int, GrowthFigures | None] = {}
         listed: set[str] = set()
-        for position, job in enumerate(jobs):
+        for job in jobs:
             key = job[0]
             node = _node_id(key)
             listed.add(node)
             outcome = results.get(key)
             if outcome is None or not outcome.values:
-                continue  # no fresh sample: the driver's figures stand
+                continue
             values = outcome.values
-            figures = observe(
+            latest[key] = observe(
                 node,
                 values.get(USED_KEY),
                 values.get(TOTAL_KEY),
                 started + outcome.elapsed,
                 outcome.groups,
             )
-            if sent.get(key) is not figures:
-                sent[key] = changed[position] = figures
         self.keeper.retain(listed)
-        if len(sent) > len(jobs):
-            keys = {job[0] for job in jobs}
-            self._sent = {key: figures for key, figures in sent.items() if key in keys}
-        self._answered = batch
-        return resent, changed
+        keys = {job[0] for job in jobs}
+        if not keys.issuperset(latest):
+            self._latest = {key: figures for key, figures in latest.items() if key in keys}
 
-    def recent_history(self, node_id: str, at: float) -> RecentHistory:
-        return recent_history(self.keeper.history, node_id, at)
+    def recent_history(self, node_id: str, at: float, late_by: float = 0.0) -> RecentHistory:
+        return recent_history(self.keeper.history, node_id, at, late_by=late_by)

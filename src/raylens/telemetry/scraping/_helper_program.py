@@ -13,16 +13,18 @@ Messages in:
   ``known`` is ``{key: sampled_at}`` of the group figures the driver already holds, and
   ``growth`` is None or ``(GrowthConfig, batch id applied last)``: keep each node's growth
   (:mod:`raylens.telemetry.scraping._growth_relay`);
-- ``("history", request id, node id, at)``: that node's recent memory.
+- ``("history", request id, node id, at, late by)``: that node's recent memory.
 
-Messages out: ``("ready",)`` once; ``("result", batch id, rows, growth changes or None)``
-per batch: one row per node that answered, as :mod:`raylens.telemetry.scraping._wire`
-writes it, without the group figures the driver holds already
-(:func:`leave_out_known_groups`); ``("history", request id, recent history or None)``.
+Messages out: ``("ready",)`` once; ``("result", batch id, rows, growth changes)`` per
+batch: one row per node that answered, as :mod:`raylens.telemetry.scraping._wire` writes
+it, without the group figures the driver holds already (:func:`leave_out_known_groups`),
+and the growth figures recorded since the reply the driver applied (None when no growth
+is asked for, or keeping it failed); ``("history", request id, recent history or None)``.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import socket
@@ -85,9 +87,15 @@ def _relay_for(relay: GrowthRelay | None, config: Any) -> GrowthRelay:
 
 
 def serve(sock: socket.socket, limits: ScrapeLimits) -> None:
-    """Answer scrape batches on ``sock`` until it closes or a message says otherwise."""
+    """Answer scrape batches on ``sock`` until it closes or a message says otherwise.
+
+    Growth is recorded after a batch's reply is written, so it never delays one. A
+    failure there costs the growth, never the scrape: the relay is dropped, the next
+    reply says so (None in place of its changes) and the batch after starts a new one.
+    """
     engine = AsyncScrapeEngine(limits)
     relay: GrowthRelay | None = None
+    failed = False
     try:
         write_message(sock, ("ready",))
         while True:
@@ -95,8 +103,11 @@ def serve(sock: socket.socket, limits: ScrapeLimits) -> None:
             if not (isinstance(message, tuple) and message):
                 return
             if message[0] == "history":
-                _, request, node_id, at = message
-                found = None if relay is None else relay.recent_history(node_id, at)
+                _, request, node_id, at, late_by = message
+                found = None
+                if relay is not None:
+                    with contextlib.suppress(Exception):  # no history is an answer too
+                        found = relay.recent_history(node_id, at, late_by)
                 write_message(sock, ("history", request, found))
                 continue
             if message[0] != "scrape":
@@ -108,12 +119,25 @@ def serve(sock: socket.socket, limits: ScrapeLimits) -> None:
                 engine.scrape(jobs, seconds, HELPER_SLACK_S) if seconds > 0 else {}
             )
             changes: Any = None
-            if growth is not None:
-                relay = _relay_for(relay, growth[0])
-                changes = relay.changes(batch, growth[1], jobs, results, started)
+            if growth is None:
+                relay = None
+            elif failed:
+                failed = False
+            else:
+                try:
+                    relay = _relay_for(relay, growth[0])
+                    changes = relay.delivery(batch, growth[1])
+                except Exception:
+                    relay = None
+            answers = dict(results) if relay is not None else results
             results, unchanged = leave_out_known_groups(results, known)
             rows = encode_outcomes(jobs, results, unchanged)
             write_message(sock, ("result", batch, rows, changes))
+            if relay is not None:
+                try:
+                    relay.observe(jobs, answers, started)
+                except Exception:
+                    relay, failed = None, True
     except (ChannelBroken, OSError):
         return
     finally:
