@@ -136,9 +136,9 @@ class _KeptByHelper(_Records):
             if record.groups is not None
         }
         started = time.process_time()
-        changes = self.relay.changes(
-            self.batch, self.held.applied, jobs, results, 1_000.0 + CYCLE_S * self.cycle
-        )
+        # As the helper does: the reply carries what was recorded, then the batch is recorded.
+        changes = self.relay.delivery(self.batch, self.held.applied)
+        self.relay.observe(jobs, results, 1_000.0 + CYCLE_S * self.cycle)
         self.helper_seconds += time.process_time() - started
         started = time.process_time()
         self.held.apply(self.batch, changes, keys)
