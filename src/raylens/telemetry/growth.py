@@ -262,8 +262,9 @@ class GrowthCycle:
         return self.keeper.kill_line
 
     def attach_to(self, monitor: object) -> None:
-        """Have ``monitor`` keep the growth where it scrapes, if it can."""
-        if isinstance(monitor, GrowthElsewhere):
+        """Have ``monitor`` keep the growth where it scrapes, if it can (and is read through
+        its records, the only way this cycle names figures kept elsewhere)."""
+        if isinstance(monitor, GrowthElsewhere) and isinstance(monitor, RecordSource):
             monitor.keep_growth(self.keeper.config)
 
     def __call__(self, monitor: FigureSource) -> None:

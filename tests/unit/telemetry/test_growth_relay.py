@@ -148,11 +148,25 @@ def test_changes_of_another_shape_are_refused_whole(changes: object) -> None:
 
 def test_without_settings_the_driver_holds_nothing_and_asks_nothing() -> None:
     held = HeldGrowth()
-    assert held.request() is None
+    assert held.request(0.0) is None
     held.apply(1, (True, {KEYS[0]: GrowthFigures(1.0, None, False, None, None, None, ())}), KEYS)
     assert held.figures == {}
     held.config = CONFIG
-    assert held.request() == (CONFIG, 0)
+    assert held.request(12.5) == (CONFIG, 0, 12.5)
+
+
+def test_after_three_failures_in_a_row_the_driver_stops_asking_the_helper_for_growth() -> None:
+    helper, held = _Helper(), _held()
+    held.apply(*helper.answer(held.applied, _outcomes(0), 0.0), KEYS)
+    held.failed()
+    held.failed()
+    held.apply(*helper.answer(held.applied, _outcomes(1), 2.0), KEYS)  # a success in between
+    assert held.kept and held.request(4.0) is not None
+    for _ in range(3):
+        held.failed()
+    assert not held.kept and held.request(6.0) is None
+    held.reset()  # a new helper is tried afresh
+    assert held.kept
 
 
 def test_a_sample_the_helper_stamped_just_after_the_asked_moment_is_in_its_recent_history() -> None:
@@ -167,18 +181,34 @@ def test_a_sample_the_helper_stamped_just_after_the_asked_moment_is_in_its_recen
     assert strict["node_used"] is None
 
 
-def test_a_failure_in_the_growth_code_costs_the_growth_never_the_scrape(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    from raylens.telemetry.scraping import ScrapeLimits, read_message, write_message
+def _serving() -> tuple[socket.socket, socket.socket, threading.Thread]:
+    from raylens.telemetry.scraping import ScrapeLimits
     from raylens.telemetry.scraping._helper_program import serve
-
-    def broken(*_args: object) -> None:
-        raise RuntimeError("a fit went wrong")
 
     driver, helper = socket.socketpair()
     server = threading.Thread(target=serve, args=(helper, ScrapeLimits(1.0)), daemon=True)
     server.start()
+    return driver, helper, server
+
+
+def _recorded(driver: socket.socket, batch: int) -> None:
+    """Wait until the helper has recorded ``batch``: it answers messages in order, and records
+    a batch right after answering it, so its answer to a history request comes after."""
+    from raylens.telemetry.scraping import read_message, write_message
+
+    write_message(driver, ("history", 1000 + batch, "n", 0.0, 0.0))
+    assert read_message(driver)[:2] == ("history", 1000 + batch)
+
+
+def test_a_failure_in_the_growth_code_costs_the_growth_never_the_scrape(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from raylens.telemetry.scraping import read_message, write_message
+
+    def broken(*_args: object) -> None:
+        raise RuntimeError("a fit went wrong")
+
+    driver, helper, server = _serving()
     try:
         assert read_message(driver) == ("ready",)
         replies = []
@@ -187,9 +217,10 @@ def test_a_failure_in_the_growth_code_costs_the_growth_never_the_scrape(
                 monkeypatch.setattr(GrowthRelay, "observe", broken)
             if batch == 3:
                 monkeypatch.undo()
-            deadline = time.monotonic() + 1.0
-            write_message(driver, ("scrape", batch, [], deadline, {}, (CONFIG, batch - 1)))
+            now = time.monotonic()
+            write_message(driver, ("scrape", batch, [], now + 1.0, {}, (CONFIG, batch - 1, now)))
             replies.append(read_message(driver))
+            _recorded(driver, batch)
     finally:
         driver.close()
         server.join(5)
@@ -198,3 +229,85 @@ def test_a_failure_in_the_growth_code_costs_the_growth_never_the_scrape(
     assert [reply[:3] for reply in replies] == [("result", b, []) for b in range(1, 5)]
     # Batch 2's recording failed: the next reply says so, and a new relay starts after it.
     assert [reply[3] for reply in replies] == [(True, {}), (False, {}), None, (True, {})]
+
+
+def test_growth_turned_off_then_on_starts_the_helper_on_a_new_history() -> None:
+    from raylens.telemetry.scraping import read_message, write_message
+
+    driver, helper, server = _serving()
+    outcomes = []
+    try:
+        assert read_message(driver) == ("ready",)
+        asks = [(CONFIG, 0), (CONFIG, 1), None, (CONFIG, 2), (CONFIG, 4)]
+        for batch, ask in enumerate(asks, start=1):
+            now = time.monotonic()
+            growth = None if ask is None else (*ask, now)
+            write_message(driver, ("scrape", batch, [], now + 1.0, {}, growth))
+            outcomes.append(read_message(driver)[3])
+            _recorded(driver, batch)
+    finally:
+        driver.close()
+        server.join(5)
+        helper.close()
+
+    # Off for batch 3: the relay is dropped, so batch 4 starts a new one and resends all.
+    assert outcomes == [(True, {}), (False, {}), None, (True, {}), (False, {})]
+
+
+class _NamedOnly:
+    """A monitor that could keep growth elsewhere but is not read through its records."""
+
+    def __init__(self) -> None:
+        self.asked: list[object] = []
+
+    def keep_growth(self, config: object) -> None:
+        self.asked.append(config)
+
+    def kept_growth(self) -> dict[Hashable, GrowthFigures]:
+        return {}
+
+    def recent_history(self, node_id: str, at: float) -> None:
+        return None
+
+    def latest(self) -> list[object]:
+        return []
+
+    def group_figures(self) -> dict[str, object]:
+        return {}
+
+
+def test_a_monitor_not_read_through_its_records_keeps_no_growth_elsewhere() -> None:
+    from raylens.telemetry.growth import GrowthCycle
+
+    monitor = _NamedOnly()
+    cycle = GrowthCycle(settings=CONFIG.settings, kill_line=CONFIG.kill_line)
+    cycle.attach_to(monitor)
+    cycle(monitor)  # type: ignore[arg-type]
+    assert monitor.asked == []
+
+
+def test_asking_the_helper_to_keep_growth_never_waits_on_a_batch_in_progress() -> None:
+    from raylens.telemetry.host_memory._helper_engine import HelperEngine
+    from raylens.telemetry.scraping import ScrapeLimits
+
+    engine = HelperEngine(ScrapeLimits(1.0))
+    held, release = threading.Event(), threading.Event()
+
+    def batch_in_progress() -> None:
+        with engine._lock:
+            held.set()
+            release.wait(10)
+
+    holder = threading.Thread(target=batch_in_progress)
+    holder.start()
+    try:
+        assert held.wait(10)
+        done = threading.Event()
+        asker = threading.Thread(target=lambda: (engine.keep_growth(CONFIG), done.set()))
+        asker.start()
+        assert done.wait(5)  # returned while the lock is still held
+        assert not release.is_set()
+    finally:
+        release.set()
+        holder.join(10)
+        engine.close(1.0)

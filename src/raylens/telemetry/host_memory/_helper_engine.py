@@ -70,6 +70,9 @@ _PROGRAM = (
 )
 
 
+#: Replies in a row saying the helper could not keep the growth, after which it is kept in
+#: the monitor's own process instead (a failure that comes back every batch).
+MAX_GROWTH_FAILURES = 3
 #: How long a request for a node's history waits for the helper's answer.
 _HISTORY_TIMEOUT_S = 1.0
 
@@ -139,15 +142,34 @@ class HeldGrowth:
         self.figures: dict[Hashable, GrowthFigures] = {}
         #: The batch whose figures were applied last (0: none, since the helper started).
         self.applied = 0
+        #: Replies in a row that said the helper could not keep the growth.
+        self.failures = 0
 
     def reset(self) -> None:
-        """A new helper keeps a new history: nothing it sent is held."""
+        """A new helper keeps a new history: nothing it sent is held, and it is tried afresh."""
         self.figures = {}
         self.applied = 0
+        self.failures = 0
 
-    def request(self) -> tuple[GrowthConfig, int] | None:
-        """What a batch asks of the helper: the settings, and the batch applied last."""
-        return None if self.config is None else (self.config, self.applied)
+    def request(self, sent_at: float) -> tuple[GrowthConfig, int, float] | None:
+        """What a batch sent at ``sent_at`` asks of the helper: the settings, the batch applied
+        last, and that time (the helper stamps each answer with it plus the answer's age).
+
+        None while growth is not asked for, or after :data:`MAX_GROWTH_FAILURES` replies in
+        a row said the helper could not keep it.
+        """
+        if self.config is None or self.failures >= MAX_GROWTH_FAILURES:
+            return None
+        return (self.config, self.applied, sent_at)
+
+    @property
+    def kept(self) -> bool:
+        """Whether the helper keeps the growth (asked for, and not given up on)."""
+        return self.config is not None and self.failures < MAX_GROWTH_FAILURES
+
+    def failed(self) -> None:
+        """A reply said the helper could not keep the growth; what is held stands."""
+        self.failures += 1
 
     def apply(self, batch: int, changes: object, keys: Sequence[Hashable]) -> None:
         """Take a reply's ``(resent, {key: figures})``; keys not in ``keys`` (the batch's) are
@@ -171,6 +193,7 @@ class HeldGrowth:
             figures.update((key, value) for key, value in by_key.items() if key in live)
             self.figures = figures
         self.applied = batch
+        self.failures = 0
 
 
 def _as_recent_history(found: object) -> RecentHistory | None:
@@ -348,7 +371,7 @@ class HelperEngine:
                 if self._growth_wanted != self._growth.config:
                     self._growth.config = self._growth_wanted
                     self._growth.reset()
-                growth = self._growth.request()
+                growth = self._growth.request(now)
                 batch = self._batch
                 channel.queue(("scrape", batch, list(jobs), now + seconds, known, growth))
                 reply = channel.exchange(_is_result_of(batch), wait_until, self._abort, alive)
@@ -376,9 +399,11 @@ class HelperEngine:
         if len(reply) != 4:
             raise ChannelBroken("the helper sent a result without its growth figures")
         if reply[3] is None:  # it could not keep them this time: what is held stands
+            self._growth.failed()
             warn_once(
                 "host_memory.helper.growth",
-                "the scrape helper could not keep the growth history; it starts a new one",
+                "the scrape helper failed to keep the growth history; it starts a new one, and "
+                f"after {MAX_GROWTH_FAILURES} failures in a row the growth is kept in this process",
                 logger=logger,
             )
             return
@@ -396,12 +421,14 @@ class HelperEngine:
         """
         self._growth_wanted = config
 
-    def growth_figures(self) -> Mapping[Hashable, GrowthFigures]:
-        """Every node's growth figures as the helper last sent them (empty until it has).
+    def growth_figures(self) -> Mapping[Hashable, GrowthFigures] | None:
+        """Every node's growth figures as the helper last sent them (empty until it has); None
+        once the helper has failed to keep them :data:`MAX_GROWTH_FAILURES` times in a row.
 
         The mapping is never changed once returned; the next reply's figures replace it.
         """
-        return self._growth.figures
+        growth = self._growth
+        return growth.figures if growth.kept else None
 
     def recent_history(self, node_id: str, at: float, late_by: float) -> RecentHistory | None:
         """``node_id``'s recent memory from the helper's history, samples up to ``late_by``
@@ -415,7 +442,7 @@ class HelperEngine:
         with self._lock:
             channel = self._channel
             if (
-                self._growth.config is None
+                not self._growth.kept
                 or channel is None
                 or not self._ready
                 or self._history_unanswered

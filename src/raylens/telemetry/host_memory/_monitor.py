@@ -504,17 +504,18 @@ class HostMemoryMonitor:
 
         Never waits on a cycle in progress: the helper takes the settings with its next batch.
         """
-        with self._lock:
+        with self._lock:  # the engine only notes the settings: nothing here waits
             self._growth = config
             engine = self._engine
-        if isinstance(engine, HelperEngine):
-            engine.keep_growth(config if self._growth_kept_by_helper() else None)
+            if isinstance(engine, HelperEngine):
+                engine.keep_growth(config if self._growth_kept_by_helper() else None)
 
     def kept_growth(self) -> Mapping[Hashable, GrowthFigures] | None:
-        """Every node's growth figures as of the latest cycle, while the helper keeps them.
+        """Every node's growth figures as the helper last sent them, while it keeps them.
 
-        None when it does not (another scrape mode, or none asked for), so the caller
-        keeps the history itself.
+        They are a cycle behind the samples (the helper records a batch after answering
+        it). None when it does not keep them (another scrape mode, none asked for, or it
+        failed to, time after time), so the caller keeps the history itself.
         """
         engine = self._engine
         if not isinstance(engine, HelperEngine) or not self._growth_kept_by_helper():

@@ -11,8 +11,9 @@ Messages in:
 
 - ``("scrape", batch id, jobs, absolute monotonic deadline, known, growth)``, where
   ``known`` is ``{key: sampled_at}`` of the group figures the driver already holds, and
-  ``growth`` is None or ``(GrowthConfig, batch id applied last)``: keep each node's growth
-  (:mod:`raylens.telemetry.scraping._growth_relay`);
+  ``growth`` is None or ``(GrowthConfig, batch id applied last, the driver's monotonic time
+  at sending)``: keep each node's growth (:mod:`raylens.telemetry.scraping._growth_relay`),
+  its samples stamped as the driver stamps them;
 - ``("history", request id, node id, at, late by)``: that node's recent memory.
 
 Messages out: ``("ready",)`` once; ``("result", batch id, rows, growth changes)`` per
@@ -120,7 +121,7 @@ def serve(sock: socket.socket, limits: ScrapeLimits) -> None:
             )
             changes: Any = None
             if growth is None:
-                relay = None
+                relay, failed = None, False
             elif failed:
                 failed = False
             else:
@@ -135,7 +136,9 @@ def serve(sock: socket.socket, limits: ScrapeLimits) -> None:
             write_message(sock, ("result", batch, rows, changes))
             if relay is not None:
                 try:
-                    relay.observe(jobs, answers, started)
+                    # Stamped as the driver stamps the same answers: its send time plus the
+                    # answer's age in this batch.
+                    relay.observe(jobs, answers, growth[2])
                 except Exception:
                     relay, failed = None, True
     except (ChannelBroken, OSError):
