@@ -45,7 +45,7 @@ def _outcomes(step: int, *, silent: frozenset[int] = frozenset()) -> dict[Hashab
 
 
 class _Helper:
-    """The relay as the helper drives it: reply with what is recorded, then record."""
+    """The relay as the helper drives it: record first samples, reply, then record the rest."""
 
     def __init__(self) -> None:
         self.relay = GrowthRelay(CONFIG)
@@ -55,8 +55,9 @@ class _Helper:
         self, applied: int, outcomes: dict[Hashable, Outcome], started: float, jobs: list = JOBS
     ) -> tuple[int, tuple[bool, dict[Hashable, GrowthFigures]]]:
         self.batch += 1
+        first = self.relay.observe_new(jobs, outcomes, started)
         changes = self.relay.delivery(self.batch, applied)
-        self.relay.observe(jobs, outcomes, started)
+        self.relay.observe(jobs, outcomes, started, first)
         return self.batch, changes
 
 
@@ -68,19 +69,22 @@ def _held() -> HeldGrowth:
 
 def test_the_driver_holds_what_a_keeper_of_its_own_gave_one_batch_before() -> None:
     helper, held, local = _Helper(), _held(), GrowthKeeper(CONFIG)
-    expected: dict[Hashable, GrowthFigures] = {}
+    before: dict[Hashable, GrowthFigures] = {}
     carried = []
     for step in range(240):
         started = 1000.0 + 2.0 * step
         batch, changes = helper.answer(held.applied, _outcomes(step), started)
         held.apply(batch, changes, KEYS)
         carried.append(len(changes[1]))
-        assert held.figures == expected, step
+        now = {}
         for key, outcome in _outcomes(step).items():
             values = outcome.values or {}
-            expected[key] = local.observe(
+            now[key] = local.observe(
                 str(key[0]), values[USED_KEY], values[TOTAL_KEY], started + outcome.elapsed, None
             )
+        # A node's first figures go with the answer that brought its first sample.
+        assert held.figures == (now if step == 0 else before), step
+        before = now
 
     a = held.figures[KEYS[0]]
     assert a.growth == pytest.approx(2**20 / 2.0, rel=0.05)
@@ -311,3 +315,14 @@ def test_asking_the_helper_to_keep_growth_never_waits_on_a_batch_in_progress() -
         release.set()
         holder.join(10)
         engine.close(1.0)
+
+
+def test_a_new_node_s_first_figures_go_with_the_answer_that_brought_it() -> None:
+    helper, held = _Helper(), _held()
+    held.apply(*helper.answer(held.applied, _outcomes(0, silent=frozenset({1})), 0.0), KEYS)
+    assert set(held.figures) == {KEYS[0]}
+    assert held.figures[KEYS[0]].limit == pytest.approx(0.95 * 64 * GIB)
+
+    held.apply(*helper.answer(held.applied, _outcomes(1), 2.0), KEYS)  # b answers at last
+
+    assert held.figures[KEYS[1]].limit == pytest.approx(0.95 * 32 * GIB)

@@ -4,7 +4,9 @@ When the driver asks for it (its batches carry the keeper's settings), the helpe
 each node that answered into a :class:`~raylens.telemetry.history.GrowthKeeper` once it
 has written the batch's reply, so the recording and the fits never hold up an answer,
 and the next reply carries the figures that changed: a node's figures are one batch
-behind its sample. Only figures that changed since the reply the driver says it applied
+behind its sample. A node's first sample is the exception: recorded before the reply
+(it has nothing to fit), so its first figures go with it, and a ``raylens watch --once``
+shows each node's kill line and its samplers' growth. Only figures that changed since the reply the driver says it applied
 go (a node's figures change at most once per fit interval, or per sampler reading while
 the sampler's own growth stands in, so most replies carry none); when the driver has not
 applied the last reply (lost on the way), every node's figures go again.
@@ -15,7 +17,7 @@ node id, as a post-mortem asks for it.
 
 from __future__ import annotations
 
-from collections.abc import Hashable, Mapping, Sequence
+from collections.abc import Container, Hashable, Mapping, Sequence
 
 from raylens.telemetry.history import (
     GrowthConfig,
@@ -69,10 +71,42 @@ class GrowthRelay:
         self._answered = batch
         return resent, changed
 
-    def observe(
+    def observe_new(
         self, jobs: Sequence[Job], results: Mapping[Hashable, Outcome], started: float
+    ) -> set[Hashable]:
+        """Record the answers of nodes with no figures yet, and return their keys.
+
+        Run before the batch's reply, so a node's first figures (its kill line, the growth
+        its sampler publishes) go with the answer that brought them: a first sample has no
+        history to fit, so this costs little even for a whole new cluster.
+        """
+        latest, observe = self._latest, self.keeper.observe
+        first: set[Hashable] = set()
+        for job in jobs:
+            key = job[0]
+            outcome = results.get(key)
+            if key in latest or outcome is None or not outcome.values:
+                continue
+            values = outcome.values
+            latest[key] = observe(
+                _node_id(key),
+                values.get(USED_KEY),
+                values.get(TOTAL_KEY),
+                started + outcome.elapsed,
+                outcome.groups,
+            )
+            first.add(key)
+        return first
+
+    def observe(
+        self,
+        jobs: Sequence[Job],
+        results: Mapping[Hashable, Outcome],
+        started: float,
+        done: Container[Hashable] = (),
     ) -> None:
-        """Record the batch's answers; ``started`` is its start on the monotonic clock.
+        """Record the batch's answers but those of ``done``; ``started`` is the driver's time
+        at sending the batch (an answer is stamped with it plus the answer's age).
 
         A node without a fresh sample keeps its figures; one no longer in the batch is
         forgotten, history and all.
@@ -85,7 +119,7 @@ class GrowthRelay:
             node = _node_id(key)
             listed.add(node)
             outcome = results.get(key)
-            if outcome is None or not outcome.values:
+            if outcome is None or not outcome.values or key in done:
                 continue
             values = outcome.values
             latest[key] = observe(

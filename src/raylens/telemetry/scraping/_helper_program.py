@@ -90,7 +90,8 @@ def _relay_for(relay: GrowthRelay | None, config: Any) -> GrowthRelay:
 def serve(sock: socket.socket, limits: ScrapeLimits) -> None:
     """Answer scrape batches on ``sock`` until it closes or a message says otherwise.
 
-    Growth is recorded after a batch's reply is written, so it never delays one. A
+    Growth is recorded after a batch's reply is written (but a node's first sample,
+    before), so it never delays one. A
     failure there costs the growth, never the scrape: the relay is dropped, the next
     reply says so (None in place of its changes) and the batch after starts a new one.
     """
@@ -120,6 +121,7 @@ def serve(sock: socket.socket, limits: ScrapeLimits) -> None:
                 engine.scrape(jobs, seconds, HELPER_SLACK_S) if seconds > 0 else {}
             )
             changes: Any = None
+            first: set[Hashable] = set()
             if growth is None:
                 relay, failed = None, False
             elif failed:
@@ -127,6 +129,7 @@ def serve(sock: socket.socket, limits: ScrapeLimits) -> None:
             else:
                 try:
                     relay = _relay_for(relay, growth[0])
+                    first = relay.observe_new(jobs, results, growth[2])
                     changes = relay.delivery(batch, growth[1])
                 except Exception:
                     relay = None
@@ -138,7 +141,7 @@ def serve(sock: socket.socket, limits: ScrapeLimits) -> None:
                 try:
                     # Stamped as the driver stamps the same answers: its send time plus the
                     # answer's age in this batch.
-                    relay.observe(jobs, answers, growth[2])
+                    relay.observe(jobs, answers, growth[2], first)
                 except Exception:
                     relay, failed = None, True
     except (ChannelBroken, OSError):
