@@ -499,6 +499,13 @@ class HostMemoryMonitor:
             and not self._scrape_overridden()
         )
 
+    def _growth_helper(self) -> HelperEngine | None:
+        """The helper engine keeping the growth, if one does."""
+        engine = self._engine
+        if isinstance(engine, HelperEngine) and self._growth_kept_by_helper():
+            return engine
+        return None
+
     def keep_growth(self, config: GrowthConfig | None) -> None:
         """Have the scrape helper keep each node's growth history with ``config`` (None: stop).
 
@@ -517,10 +524,8 @@ class HostMemoryMonitor:
         it). None when it does not keep them (another scrape mode, none asked for, or it
         failed to, time after time), so the caller keeps the history itself.
         """
-        engine = self._engine
-        if not isinstance(engine, HelperEngine) or not self._growth_kept_by_helper():
-            return None
-        return engine.growth_figures()
+        engine = self._growth_helper()
+        return None if engine is None else engine.growth_figures()
 
     def recent_history(self, node_id: str, at: float) -> RecentHistory | None:
         """``node_id``'s recent memory up to ``at``, read from the helper's history.
@@ -530,10 +535,8 @@ class HostMemoryMonitor:
         after ``at`` belong to it. None when the helper keeps none, or does not answer
         within a second.
         """
-        engine = self._engine
-        if not isinstance(engine, HelperEngine) or not self._growth_kept_by_helper():
-            return None
-        return engine.recent_history(node_id, at, _HELPER_STAMP_SLACK_S)
+        engine = self._growth_helper()
+        return None if engine is None else engine.recent_history(node_id, at, _HELPER_STAMP_SLACK_S)
 
     def _forget_departed(self, live: set[NodeKey]) -> None:
         """Drop everything held about nodes that left, so state stays as large as the cluster."""

@@ -80,21 +80,14 @@ class GrowthRelay:
         its sampler publishes) go with the answer that brought them: a first sample has no
         history to fit, so this costs little even for a whole new cluster.
         """
-        latest, observe = self._latest, self.keeper.observe
+        latest = self._latest
         first: set[Hashable] = set()
         for job in jobs:
             key = job[0]
             outcome = results.get(key)
             if key in latest or outcome is None or not outcome.values:
                 continue
-            values = outcome.values
-            latest[key] = observe(
-                _node_id(key),
-                values.get(USED_KEY),
-                values.get(TOTAL_KEY),
-                started + outcome.elapsed,
-                outcome.groups,
-            )
+            latest[key] = self._record(_node_id(key), outcome, started)
             first.add(key)
         return first
 
@@ -112,7 +105,6 @@ class GrowthRelay:
         forgotten, history and all.
         """
         latest = self._latest
-        observe = self.keeper.observe
         listed: set[str] = set()
         for job in jobs:
             key = job[0]
@@ -121,18 +113,22 @@ class GrowthRelay:
             outcome = results.get(key)
             if outcome is None or not outcome.values or key in done:
                 continue
-            values = outcome.values
-            latest[key] = observe(
-                node,
-                values.get(USED_KEY),
-                values.get(TOTAL_KEY),
-                started + outcome.elapsed,
-                outcome.groups,
-            )
+            latest[key] = self._record(node, outcome, started)
         self.keeper.retain(listed)
         keys = {job[0] for job in jobs}
         if not keys.issuperset(latest):
             self._latest = {key: figures for key, figures in latest.items() if key in keys}
+
+    def _record(self, node: str, outcome: Outcome, started: float) -> GrowthFigures:
+        """One answer into the keeper, stamped ``started`` plus its age; the node's figures."""
+        values = outcome.values or {}
+        return self.keeper.observe(
+            node,
+            values.get(USED_KEY),
+            values.get(TOTAL_KEY),
+            started + outcome.elapsed,
+            outcome.groups,
+        )
 
     def recent_history(self, node_id: str, at: float, late_by: float = 0.0) -> RecentHistory:
         return recent_history(self.keeper.history, node_id, at, late_by=late_by)
