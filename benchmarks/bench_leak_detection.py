@@ -1,41 +1,29 @@
-"""How well raylens' growth engine finds leaks in realistic noise, on simulated time.
+"""Leak detection on traces the detector was not tuned on, beside two PromQL rules an SRE would write.
 
-The cluster is :func:`raylens.simulation.memory_script.realistic_script`: ``--nodes`` nodes
-(64) with three worker groups each, sampled every second. Every group has an allocator
-sawtooth of +-300 MiB with its own period between 30 s and 5 min, phase steps of 2 GiB
-(+-20 %) up and back down every 2 to 8 minutes, spikes of 0.5 to 4 GiB for 1 to 5 s about
-every 20 minutes, and +-4 MiB of jitter; each node holds 4 GiB (+-16 MiB) outside its groups.
-Samples go to :class:`raylens.telemetry.history.MemoryHistory` with the default settings
-(10 min window) through ``record_node_many``, a minute of samples per call, so nothing
-sleeps: a simulated day takes seconds.
+Traces come from :mod:`raylens.simulation.trace_families`: one node sampled every second,
+three worker groups and the memory outside them, with the truth (which group leaks, from
+when, how fast). The families are split: ``--side tune`` are the ones raylens' thresholds
+were chosen on, ``--side test`` (the default) the ones it is only measured on.
 
-Rows:
+Detectors, each on the same traces:
 
-- detection of a 50 MiB/min and of a 5 MiB/min leak in one group on one node, starting
-  20 minutes in: the delay until that group is *growing* with a growth figure within 25 %
-  of the truth. ``--trials`` runs with different seeds (so different sawtooth periods for
-  the leaking group); the other nodes cannot change a group's figures, so these runs
-  simulate the leaking node alone.
-- time-to-limit error once the leaking node is flagged: raylens' time to the kill line
-  (64 GiB x 0.95) against (line - used) / true rate, over the 50 MiB/min trials, at every
-  fit (one a minute) from :data:`SETTLED_AFTER_S` (5 minutes, half the window) after the
-  node's first flag to the end of the run (70 min after the leak starts). A fit where the
-  node has no time to limit counts as a miss (an infinite error). The same from the first
-  flag on is printed too: a flag can come while the window holds only one or two troughs
-  past the leak's start, when the rate since then is not yet determined.
-- false flags: growing spells begun by any series (groups, the memory outside them) or
-  node over ``--hours`` (24) simulated hours of the whole cluster without a leak; and the
-  same for an eighth of the nodes whose allocator cycles restart at every phase step
-  (memory built up in a phase is released with it), the hardest case for the fit.
-- CPU per node per cycle: thread CPU time of ``record_node`` called once per node per
-  second (one cycle) for 20 simulated minutes on the whole cluster, fits included, and of
-  the five-minute ``record_node_many`` calls and node reads of the false-flag run.
-- memory: ``tracemalloc`` of a history of 1,000 nodes x 8 groups at one sample a second,
-  after a full window (its steady size: buckets and the rate rings are allocated up
-  front, and the sample buffers hold one window).
+- **raylens**: :class:`raylens.telemetry.history.MemoryHistory` with the documented defaults,
+  fed a minute of samples at a time through ``record_node_many`` (the replay API) and read
+  after each minute. A flag is a part (group or memory outside the groups) starting to grow.
+- **predict_linear**: ``predict_linear(used[1h], 4h) > kill line`` held for 5m, on the node's
+  used memory scraped every 10 s (it cannot name a group).
+- **deriv**: ``deriv(min_over_time(used[5m])[30m:1m]) > 5 MiB/min`` held for 10m, on each
+  group's and the outside memory's series scraped every 10 s.
 
-Run: ``.venv/bin/python benchmarks/bench_leak_detection.py [--nodes 64] [--hours 24]
-[--trials 8] [--seed 0]``.
+Figures: recall (leak traces whose leaking series is flagged after the leak starts), precision
+(flags on leak traces that name the leaking group after it starts, over every flag on those
+traces), false flags per node-day on the traces without a leak, median latency per leak rate,
+and for raylens the share of detections whose rate is within 25 % of the truth and the median
+time-to-limit error, at the first flag and 10 minutes later. The truth for the time to limit
+is (kill line - recurring peak) / true rate, the recurring peak being the highest used memory
+of the last hour without the leak, plus what the leak has added.
+
+Run: ``python benchmarks/bench_leak_detection.py [--side test|tune|both] [--seeds N]``.
 """
 
 from __future__ import annotations
@@ -45,260 +33,311 @@ import math
 import statistics
 import sys
 import time
-import tracemalloc
-from collections.abc import Sequence
+from collections import defaultdict
+from collections.abc import Iterable
+from dataclasses import dataclass, field
 
 import numpy as np
 
-from raylens.simulation.memory_script import GIB, MIB, Leak, realistic_script
-from raylens.telemetry.history import DEFAULT_HORIZON_S, GrowthSettings, MemoryHistory, kill_line
+from raylens.simulation.trace_families import (
+    GIB,
+    MIB,
+    TEST_FAMILIES,
+    TUNE_FAMILIES,
+    Family,
+    Trace,
+    make_trace,
+)
+from raylens.telemetry.history import MemoryHistory, kill_line
 
-GROUPS = ("policy", "rollout", "reference")
-MINUTE = 60
-LEAK_START_S = 1_200.0
-RUN_AFTER_LEAK_S = 4_200.0
-TOTAL = 64 * GIB
-LIMIT = kill_line(TOTAL)
-#: How long after the node's first flag the time-to-limit target applies.
-SETTLED_AFTER_S = 300.0
+MIB_MIN = MIB / 60.0
+CHUNK_S = 60
+SCRAPE_S = 10
+#: Leak rates measured, MiB/min; a slow family runs the first three only.
+RATES = (2.0, 5.0, 10.0, 20.0, 50.0, 100.0, 200.0)
+SLOW_RATES = (2.0, 3.0, 5.0)
+AFTER_FLAG_S = 600.0
 
 
-def _per_min(rate_bytes_s: float) -> str:
-    return f"{rate_bytes_s / MIB * 60:.1f} MiB/min"
+@dataclass
+class Outcome:
+    """What one detector did on one trace."""
+
+    flags: int = 0
+    flags_right: int = 0
+    first_right: float | None = None
+    rate_at: dict[float, float | None] = field(default_factory=dict)
+    ttl_at: dict[float, tuple[float | None, float]] = field(default_factory=dict)
 
 
-def detection_trial(
-    rate: float, seed: int
-) -> tuple[float | None, float | None, list[tuple[float, float]]]:
-    """(delay s, growth at detection, (s since the node's first flag, time-to-limit error) at
-    every fit from that flag on) for one leak."""
-    leak = Leak(rate, start=LEAK_START_S)
-    script = realistic_script(1, GROUPS, seed=seed, total=TOTAL, leaks={(0, "policy"): leak})
+# --- raylens ------------------------------------------------------------------------
+
+
+def _ttl_truth(trace: Trace, upto: int, line: float) -> float:
+    hour = trace.times >= trace.times[upto] - 3600
+    hour[upto + 1 :] = False
+    benign_peak = float(np.max((trace.used - trace.leak)[hour]))
+    level = benign_peak + float(trace.leak[upto])
+    return max(0.0, (line - level) / trace.leak_rate)
+
+
+def run_raylens(trace: Trace) -> Outcome:
     history = MemoryHistory()
-    end = LEAK_START_S + RUN_AFTER_LEAK_S
-    delay = growth_at = None
-    ttl_errors: list[tuple[float, float]] = []
-    flagged_at: float | None = None
-    for start in np.arange(0.0, end, MINUTE):
-        t = np.arange(start, start + MINUTE)
-        used, groups = script.node_values(0, t)
-        history.record_node_many("n0", t, used, groups)
-        now = float(t[-1])
-        view = history.node("n0")
+    line = kill_line(trace.total)
+    assert line is not None
+    outcome = Outcome()
+    parts = [*trace.groups, None]
+    seen_spells = dict.fromkeys(parts, 0)
+    edges = np.searchsorted(trace.times, np.arange(trace.times[0], trace.times[-1] + CHUNK_S, CHUNK_S))
+    for a, b in zip(edges[:-1], edges[1:]):
+        if b <= a:
+            continue
+        history.record_node_many(
+            "n",
+            trace.times[a:b],
+            trace.used[a:b],
+            {g: v[a:b] for g, v in trace.groups.items()},
+        )
+        view = history.node("n")
         assert view is not None
-        policy = view.groups.get("policy")
-        if (
-            delay is None
-            and now >= LEAK_START_S
-            and policy is not None
-            and policy.growing
-            and policy.growth is not None
-            and abs(policy.growth - rate) <= 0.25 * rate
-        ):
-            delay, growth_at = now - LEAK_START_S, policy.growth
-        if flagged_at is None and view.growing and now >= LEAK_START_S:
-            flagged_at = now
-        if flagged_at is not None and view.used is not None and LIMIT is not None:
-            estimate = view.time_to_limit(LIMIT)
-            truth = (LIMIT - view.used) / rate
-            error = float("inf") if estimate is None else abs(estimate - truth) / truth
-            ttl_errors.append((now - flagged_at, error))
-    return delay, growth_at, ttl_errors
+        now = float(trace.times[b - 1])
+        for name in parts:
+            part = view.other if name is None else view.groups.get(name)
+            if part is None or part.spells == seen_spells[name]:
+                continue
+            began = part.growing_since if part.growing else now
+            seen_spells[name] = part.spells
+            outcome.flags += 1
+            right = name == trace.leak_group and began is not None and began >= trace.leak_start
+            if right:
+                outcome.flags_right += 1
+                if outcome.first_right is None:
+                    outcome.first_right = now
+        if trace.leak_group is not None and outcome.first_right is not None:
+            since = now - outcome.first_right
+            for mark in (0.0, AFTER_FLAG_S):
+                if mark not in outcome.rate_at and since >= mark:
+                    part = view.groups[trace.leak_group]
+                    outcome.rate_at[mark] = part.rate if part.growing else None
+                    outcome.ttl_at[mark] = (view.time_to_limit(line), _ttl_truth(trace, b - 1, line))
+    return outcome
 
 
-def false_flags(
-    nodes: int, hours: float, seed: int, *, restart: bool = False
-) -> tuple[int, list[str], float, int]:
-    """(growing spells begun, where, CPU s recording and reading, node-cycles) over ``hours``.
+# --- PromQL rules -------------------------------------------------------------------
 
-    Samples go in five minutes per call; every series counts its growing spells itself, so
-    none is missed between reads. Nodes are read after each call.
-    """
-    script = realistic_script(nodes, GROUPS, seed=seed, total=TOTAL, restart_at_steps=restart)
-    history = MemoryHistory()
-    node_was = [False] * nodes
-    events: list[str] = []
+
+def _scraped(trace: Trace, values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The series as a 10 s scrape sees it: the last sample at or before each scrape."""
+    grid = np.arange(trace.times[0], trace.times[-1], SCRAPE_S)
+    at = np.searchsorted(trace.times, grid, side="right") - 1
+    return grid, values[np.clip(at, 0, None)]
+
+
+def _held(condition: np.ndarray, evaluations: int) -> np.ndarray:
+    """Where ``condition`` has held for ``evaluations`` evaluations in a row (an alert's ``for``)."""
+    run = np.zeros(len(condition), dtype=np.int64)
+    count = 0
+    for k, ok in enumerate(condition):
+        count = count + 1 if ok else 0
+        run[k] = count
+    return run >= evaluations
+
+
+def _alerts(firing: np.ndarray, times: np.ndarray) -> list[float]:
+    starts = np.flatnonzero(firing & ~np.concatenate(([False], firing[:-1])))
+    return [float(times[k]) for k in starts]
+
+
+def _rolling_slope(t: np.ndarray, y: np.ndarray, points: int) -> np.ndarray:
+    """Least-squares slope over the last ``points`` values, NaN before there are that many."""
+    out = np.full(len(y), np.nan)
+    if len(y) < points:
+        return out
+    kernel = np.ones(points)
+    tt = t - t[0]
+    st, sy = np.convolve(tt, kernel, "valid"), np.convolve(y, kernel, "valid")
+    stt, sty = np.convolve(tt * tt, kernel, "valid"), np.convolve(tt * y, kernel, "valid")
+    n = float(points)
+    out[points - 1 :] = (n * sty - st * sy) / (n * stt - st * st)
+    return out
+
+
+def run_predict_linear(trace: Trace) -> Outcome:
+    line = kill_line(trace.total)
+    assert line is not None
+    grid, used = _scraped(trace, trace.used)
+    minute = np.arange(0, len(grid), 60 // SCRAPE_S)
+    window = 3600 // SCRAPE_S
+    slope = _rolling_slope(grid, used, window)[minute]
+    fitted_now = np.array(
+        [used[max(0, k - window + 1) : k + 1].mean() for k in minute]
+    ) + slope * (window * SCRAPE_S / 2)
+    predicted = fitted_now + slope * 4 * 3600
+    firing = _held(np.nan_to_num(predicted) > line, 5)
+    outcome = Outcome()
+    for at in _alerts(firing, grid[minute]):
+        outcome.flags += 1
+        if trace.leak_group is not None and at >= trace.leak_start:
+            outcome.flags_right += 1
+            if outcome.first_right is None:
+                outcome.first_right = at
+    return outcome
+
+
+def run_deriv(trace: Trace) -> Outcome:
+    outcome = Outcome()
+    series = {**trace.groups, None: trace.other}
+    for name, values in series.items():
+        grid, scraped = _scraped(trace, values)
+        per_min = 60 // SCRAPE_S
+        lows = np.array(
+            [scraped[max(0, k - 5 * per_min + 1) : k + 1].min() for k in range(0, len(scraped), per_min)]
+        )
+        minutes = grid[::per_min]
+        slope = _rolling_slope(minutes, lows, 30)
+        firing = _held(np.nan_to_num(slope) > 5 * MIB_MIN, 10)
+        for at in _alerts(firing, minutes):
+            outcome.flags += 1
+            if name == trace.leak_group and at >= trace.leak_start:
+                outcome.flags_right += 1
+                if outcome.first_right is None:
+                    outcome.first_right = at
+    return outcome
+
+
+DETECTORS = {"raylens": run_raylens, "predict_linear": run_predict_linear, "deriv": run_deriv}
+
+
+# --- the table ----------------------------------------------------------------------
+
+
+def traces(families: Iterable[Family], seeds: int, benign_seeds: int) -> Iterable[tuple[Family, Trace]]:
+    for family in families:
+        if family.leak is None:
+            for seed in range(benign_seeds):
+                yield family, make_trace(family, seed)
+            continue
+        rates = SLOW_RATES if family.leak == "slow" else RATES
+        for rate in rates:
+            for seed in range(seeds):
+                yield family, make_trace(family, 1000 + seed, leak_rate_mib_min=rate)
+
+
+def _median(values: list[float]) -> float | None:
+    return statistics.median(values) if values else None
+
+
+def _fmt_min(seconds: float | None) -> str:
+    return "missed" if seconds is None else f"{seconds / 60:.0f} min"
+
+
+def measure(families: tuple[Family, ...], seeds: int, benign_seeds: int, label: str) -> None:
+    benign_hours = 0.0
+    totals: dict[str, dict[str, float]] = {d: defaultdict(float) for d in DETECTORS}
+    latency: dict[str, dict[float, list[float | None]]] = {d: defaultdict(list) for d in DETECTORS}
+    rate_ok: dict[float, list[bool]] = {0.0: [], AFTER_FLAG_S: []}
+    ttl_err: dict[float, list[float]] = {0.0: [], AFTER_FLAG_S: []}
+    ttl_present: dict[float, list[bool]] = {0.0: [], AFTER_FLAG_S: []}
+    false_where: list[str] = []
     cpu = 0.0
-    chunk = 5 * MINUTE
-    for hour in range(math.ceil(hours)):
-        t_hour = np.arange(hour * 3_600.0, min(hours, hour + 1) * 3_600.0)
-        data = [script.node_values(node, t_hour) for node in range(nodes)]
-        for first in range(0, len(t_hour), chunk):
-            t = t_hour[first : first + chunk]
+    started = time.perf_counter()
+    for family, trace in traces(families, seeds, benign_seeds):
+        leak = trace.leak_group is not None
+        if not leak:
+            benign_hours += trace.hours
+        for name, detector in DETECTORS.items():
             began = time.thread_time()
-            for node in range(nodes):
-                used, groups = data[node]
-                parts = {g: v[first : first + chunk] for g, v in groups.items()}
-                history.record_node_many(f"n{node}", t, used[first : first + chunk], parts)
-            views = [history.node(f"n{node}") for node in range(nodes)]
-            cpu += time.thread_time() - began
-            for node, view in enumerate(views):
-                assert view is not None
-                if view.growing and not node_was[node]:
-                    events.append(f"node {node} at {t[-1] / 3600:.2f} h")
-                node_was[node] = view.growing
-    for node in range(nodes):
-        view = history.node(f"n{node}")
-        assert view is not None
-        series = dict(view.groups)
-        if view.other is not None:
-            series["(other)"] = view.other
-        for name, part in series.items():
-            if part.spells:
-                events.append(f"{name} on node {node}: {part.spells} spell(s)")
-    return len(events), events, cpu, int(nodes * hours * 3_600)
+            outcome = detector(trace)
+            if name == "raylens":
+                cpu += time.thread_time() - began
+            tally = totals[name]
+            if not leak:
+                tally["false"] += outcome.flags
+                if name == "raylens" and outcome.flags:
+                    false_where.append(f"{family.name}/{trace.seed}: {outcome.flags}")
+                continue
+            nominal = trace.leak_rate / MIB_MIN
+            tally["leaks"] += 1
+            tally["found"] += outcome.first_right is not None
+            tally["flags"] += outcome.flags
+            tally["right"] += outcome.flags_right
+            delay = None if outcome.first_right is None else outcome.first_right - trace.leak_start
+            latency[name][round(nominal)].append(delay)
+            if name == "raylens" and outcome.first_right is not None and nominal >= 5:
+                for mark in (0.0, AFTER_FLAG_S):
+                    if mark not in outcome.rate_at:
+                        continue
+                    got = outcome.rate_at[mark]
+                    rate_ok[mark].append(got is not None and abs(got - trace.leak_rate) <= 0.25 * trace.leak_rate)
+                    estimate, truth = outcome.ttl_at[mark]
+                    ttl_present[mark].append(estimate is not None)
+                    if estimate is not None and truth > 0:
+                        ttl_err[mark].append(abs(estimate - truth) / truth)
+    days = benign_hours / 24.0
+    print(f"\n## {label}: {benign_hours:.0f} node-hours without a leak, "
+          f"{int(totals['raylens']['leaks'])} leak traces ({time.perf_counter() - started:.0f} s)\n")
+    print("| detector | recall (>= 5 MiB/min) | recall (all) | precision | false flags / node-day | "
+          "latency 50 MiB/min | latency 5 MiB/min |")
+    print("|---|---:|---:|---:|---:|---:|---:|")
+    for name in DETECTORS:
+        tally = totals[name]
+        by_rate = latency[name]
+        big = [d for r, ds in by_rate.items() if r >= 5 for d in ds]
+        recall_big = sum(d is not None for d in big) / len(big) if big else math.nan
+        recall = tally["found"] / tally["leaks"] if tally["leaks"] else math.nan
+        precision = tally["right"] / tally["flags"] if tally["flags"] else math.nan
+        if name == "predict_linear":
+            precision_text = "- (node only)"
+        else:
+            precision_text = "-" if math.isnan(precision) else f"{precision:.2f}"
+
+        def med(rate: float) -> str:
+            found = [d for d in by_rate.get(rate, []) if d is not None]
+            if not by_rate.get(rate):
+                return "-"
+            if len(found) * 2 < len(by_rate[rate]):
+                return "missed"
+            return _fmt_min(_median(sorted(d if d is not None else math.inf for d in by_rate[rate])))
+
+        print(f"| {name} | {recall_big:.2f} | {recall:.2f} | {precision_text} | "
+              f"{tally['false'] / days if days else math.nan:.1f} | {med(50)} | {med(5)} |")
+    print("\nraylens, detections of leaks >= 5 MiB/min:\n")
+    print("| when | rate within 25 % | time to limit present | time-to-limit error (median) |")
+    print("|---|---:|---:|---:|")
+    for mark, text in ((0.0, "first flag"), (AFTER_FLAG_S, "10 min later")):
+        ok, present, errors = rate_ok[mark], ttl_present[mark], ttl_err[mark]
+        share = sum(ok) / len(ok) if ok else math.nan
+        shown = sum(present) / len(present) if present else math.nan
+        error = _median(errors)
+        print(f"| {text} | {share:.2f} ({len(ok)}) | {shown:.2f} | "
+              f"{'-' if error is None else f'{error * 100:.0f} %'} |")
+    print("\nraylens latency by leak rate (median, found/trials):\n")
+    print("| MiB/min | " + " | ".join(str(int(r)) for r in sorted(latency["raylens"])) + " |")
+    print("|---|" + "---:|" * len(latency["raylens"]))
+    cells = []
+    for rate in sorted(latency["raylens"]):
+        ds = latency["raylens"][rate]
+        found = [d for d in ds if d is not None]
+        cells.append(f"{_fmt_min(_median(found)) if found else 'missed'} ({len(found)}/{len(ds)})")
+    print("| raylens | " + " | ".join(cells) + " |")
+    if false_where:
+        print("\nraylens false flags: " + ", ".join(false_where))
+    samples_hours = benign_hours + sum(0 for _ in ())
+    print(f"\nraylens CPU: {cpu:.1f} s for all traces ({samples_hours:.0f}+ node-hours at 1 s)")
 
 
-def cpu_per_cycle(nodes: int, seconds: int, seed: int) -> float:
-    """Thread CPU seconds per node per cycle of record_node, one call per node per second."""
-    script = realistic_script(nodes, GROUPS, seed=seed, total=TOTAL)
-    t = np.arange(0.0, float(seconds))
-    data = [script.node_values(node, t) for node in range(nodes)]
-    samples = [(used.tolist(), {g: v.tolist() for g, v in groups.items()}) for used, groups in data]
-    names = [f"n{node}" for node in range(nodes)]
-    history = MemoryHistory()
-    began = time.thread_time()
-    for k in range(seconds):
-        now = float(k)
-        for node in range(nodes):
-            used, groups = samples[node]
-            history.record_node(names[node], now, used[k], {g: v[k] for g, v in groups.items()})
-    return (time.thread_time() - began) / (nodes * seconds)
-
-
-def memory_1000x8(seed: int) -> tuple[int, int]:
-    """(tracemalloc bytes, array bytes) of 1,000 nodes x 8 groups after a full window.
-
-    Fitting is off while tracing (``refit_every_s`` at the horizon), because tracing every
-    temporary of every fit would take minutes; a fit keeps nothing beyond a few floats, and
-    what it keeps (the ring of confirmed rates) is allocated with the series.
-    """
-    groups = tuple(f"g{k}" for k in range(8))
-    t = np.arange(0.0, 660.0)
-    rng = np.random.default_rng(seed)
-    base = rng.uniform(1, 8, size=(1_000, 8)) * GIB
-    wiggle = np.sin(t / 37.0) * 100 * MIB
-    parts = [{g: base[node, k] + wiggle for k, g in enumerate(groups)} for node in range(1_000)]
-    used = [sum(p.values()) + 4 * GIB for p in parts]
-    settings = GrowthSettings(refit_every_s=DEFAULT_HORIZON_S)
-    tracemalloc.start()
-    history = MemoryHistory(settings)
-    for node in range(1_000):
-        history.record_node_many(f"n{node}", t, used[node], parts[node])
-    size, _ = tracemalloc.get_traced_memory()
-    tracemalloc.stop()
-    return size, history.nbytes()
-
-
-def _error_summary(errors: Sequence[float]) -> str:
-    finite = sorted(e for e in errors if e != float("inf"))
-    if not finite:
-        return f"no figure at any of {len(errors)} fits"
-    detail = (
-        f"median {statistics.median(finite):.1%}, 95th percentile"
-        f" {finite[int(0.95 * (len(finite) - 1))]:.1%}, worst {finite[-1]:.1%}"
-        f" over {len(errors)} fits"
-    )
-    gaps = len(errors) - len(finite)
-    return detail + (f"; {gaps} fits without a figure" if gaps else "")
-
-
-def _summary(delays: Sequence[float | None], target: float) -> str:
-    found = sorted(d for d in delays if d is not None)
-    missed = len(delays) - len(found)
-    within = sum(d <= target for d in found)
-    if not found:
-        return f"none detected in {len(delays)} runs"
-    text = (
-        f"median {statistics.median(found) / 60:.1f} min, worst {found[-1] / 60:.1f} min;"
-        f" {within}/{len(delays)} within {target / 60:.0f} min"
-    )
-    return text + (f"; {missed} not found in 70 min" if missed else "")
-
-
-def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--nodes", type=int, default=64)
-    parser.add_argument("--hours", type=float, default=24.0)
-    parser.add_argument("--trials", type=int, default=8)
-    parser.add_argument("--seed", type=int, default=0)
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--side", choices=("test", "tune", "both"), default="test")
+    parser.add_argument("--seeds", type=int, default=4, help="traces per leak family and rate")
+    parser.add_argument("--benign-seeds", type=int, default=13, help="traces per family without a leak (8 h each)")
     args = parser.parse_args(argv)
-    began = time.perf_counter()
-    rows: list[tuple[str, str, str]] = []
-
-    ttl_errors: list[tuple[float, float]] = []
-    for rate, target in ((50 * MIB / 60, 600.0), (5 * MIB / 60, 3_600.0)):
-        delays, misses = [], []
-        for trial in range(args.trials):
-            delay, growth, errors = detection_trial(rate, args.seed * 1000 + trial)
-            delays.append(delay)
-            if growth is not None:
-                misses.append(abs(growth - rate) / rate)
-            if rate > 10 * MIB / 60:
-                ttl_errors.extend(errors)
-        detail = _summary(delays, target)
-        if misses:
-            detail += f"; growth off by {max(misses):.0%} at most when found"
-        rows.append(
-            (f"{_per_min(rate)} leak, one group, one node", f"within {target / 60:.0f} min", detail)
-        )
-    if ttl_errors:
-        settled = [e for since, e in ttl_errors if since >= SETTLED_AFTER_S]
-        detail = _error_summary(settled)
-        early = [e for _, e in ttl_errors]
-        detail += (
-            f" (from the first flag on: worst {max(early):.1%},"
-            f" {sum(e > 0.25 for e in early)} of {len(early)} fits over 25 %)"
-        )
-        rows.append(
-            (
-                f"time-to-limit error, node flagged {SETTLED_AFTER_S / 60:.0f} min or more",
-                "<= 25 %",
-                detail,
-            )
-        )
-
-    count, events, cpu, node_cycles = false_flags(args.nodes, args.hours, args.seed)
-    detail = f"{count} over {args.nodes} nodes x ({len(GROUPS)} groups + other + node)"
-    if events:
-        detail += ": " + ", ".join(events[:5]) + (" ..." if len(events) > 5 else "")
-    rows.append((f"false flags, {args.hours:g} h without a leak", "0", detail))
-    count, events, _, _ = false_flags(max(1, args.nodes // 8), args.hours, args.seed, restart=True)
-    detail = f"{count} over {max(1, args.nodes // 8)} nodes"
-    if events:
-        detail += ": " + ", ".join(events[:5]) + (" ..." if len(events) > 5 else "")
-    rows.append(
-        (f"false flags, {args.hours:g} h, cycles restarted at each step", "- (stress)", detail)
-    )
-
-    per_cycle = cpu_per_cycle(args.nodes, 1_200, args.seed)
-    rows.append(
-        (
-            "CPU per node per cycle (record_node, 3 groups)",
-            "-",
-            f"{per_cycle * 1e6:.1f} us; {cpu / node_cycles * 1e6:.1f} us recording five minutes per call",
-        )
-    )
-    traced, arrays = memory_1000x8(args.seed)
-    rows.append(
-        (
-            "memory, 1,000 nodes x 8 groups, 1 s, full window",
-            "-",
-            f"{traced / 2**20:.0f} MiB traced ({arrays / 2**20:.0f} MiB in sample and bucket arrays)",
-        )
-    )
-
-    width = [max(len(r[k]) for r in rows) for k in range(3)]
-    head = ("case", "target", "result")
-    width = [max(w, len(h)) for w, h in zip(width, head)]
-    line = "| " + " | ".join(h.ljust(w) for h, w in zip(head, width)) + " |"
-    print(line)
-    print("|" + "|".join("-" * (w + 2) for w in width) + "|")
-    for row in rows:
-        print("| " + " | ".join(c.ljust(w) for c, w in zip(row, width)) + " |")
-    print(f"\n{time.perf_counter() - began:.0f} s wall", file=sys.stderr)
+    if args.side in ("tune", "both"):
+        measure(TUNE_FAMILIES, args.seeds, args.benign_seeds, "tune families")
+    if args.side in ("test", "both"):
+        measure(TEST_FAMILIES, args.seeds, args.benign_seeds, "test families (never tuned on)")
     return 0
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    sys.exit(main())

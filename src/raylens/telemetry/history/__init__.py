@@ -1,7 +1,8 @@
-"""Memory over time: bounded history, a robust growth rate, the kill line and the time to it.
+"""Memory over time: bounded history, growth judged at several scales, the kill line and the time to it.
 
-:class:`MemoryHistory` is the front: record a node (and its groups) per cycle, read a
-:class:`NodeGrowth`, draw its time to the line from :func:`resolve_kill_line_config`.
+:class:`MemoryHistory` is the front: record a node (and its groups) per reading, or replay a
+recorded trace with ``record_node_many``; read a :class:`NodeGrowth`, draw its time to the
+line from :func:`kill_line`. :class:`GrowthEstimator` is the judgement of one series.
 
 Invariants: memory per series is bounded whatever the run's length; figures depend on the
 samples only, never on when they are read; no clock is read here (times are the caller's).
@@ -10,8 +11,7 @@ What each private module does, the fit, the decision and the kill line:
 ``docs/architecture.md``, *Memory over time: telemetry/history/*.
 """
 
-from raylens.telemetry.history._decision import GrowthTracker
-from raylens.telemetry.history._estimator import Fit, fit_growth
+from raylens.telemetry.history._estimator import GrowthEstimator, ScaleReading
 from raylens.telemetry.history._keeper import (
     NO_FIGURES,
     GrowthConfig,
@@ -38,43 +38,51 @@ from raylens.telemetry.history._series import Bucket, SeriesBuffer
 from raylens.telemetry.history._settings import (
     DEFAULT_GROWTH_WINDOW_S,
     DEFAULT_HORIZON_S,
-    DEFAULT_STEP_BYTES,
+    DEFAULT_LEVELS,
     GROWTH_WINDOW_ENV,
     MAX_GROWTH_WINDOW_S,
     MIN_GROWTH_WINDOW_S,
+    SLICES_PER_WINDOW,
     GrowthSettings,
     growth_window_from_env,
 )
-from raylens.telemetry.history._store import Key, MemoryHistory, NodeGrowth, SeriesGrowth
+from raylens.telemetry.history._store import (
+    MAX_GROUPS_PER_NODE,
+    Key,
+    MemoryHistory,
+    NodeGrowth,
+    SeriesGrowth,
+)
 
 __all__ = [
+    "Bucket",
     "DEFAULT_GROWTH_WINDOW_S",
     "DEFAULT_HORIZON_S",
+    "DEFAULT_LEVELS",
     "DEFAULT_MEMORY_USAGE_THRESHOLD",
-    "DEFAULT_STEP_BYTES",
     "GROWTH_WINDOW_ENV",
-    "HISTORY_S",
-    "MAX_GROWTH_WINDOW_S",
-    "MAX_POINTS_PER_SERIES",
-    "MIN_GROWTH_WINDOW_S",
-    "NO_FIGURES",
-    "RAY_THRESHOLD_ENV",
-    "THRESHOLD_ENV",
-    "Bucket",
-    "Fit",
     "GrowthConfig",
+    "GrowthEstimator",
     "GrowthFigures",
     "GrowthKeeper",
     "GrowthSettings",
-    "GrowthTracker",
+    "HISTORY_S",
     "Key",
     "KillLineConfig",
+    "MAX_GROUPS_PER_NODE",
+    "MAX_GROWTH_WINDOW_S",
+    "MAX_POINTS_PER_SERIES",
+    "MIN_GROWTH_WINDOW_S",
     "MemoryHistory",
+    "NO_FIGURES",
     "NodeGrowth",
+    "RAY_THRESHOLD_ENV",
     "RecentHistory",
+    "SLICES_PER_WINDOW",
+    "ScaleReading",
     "SeriesBuffer",
     "SeriesGrowth",
-    "fit_growth",
+    "THRESHOLD_ENV",
     "growth_window_from_env",
     "kill_line",
     "recent_history",

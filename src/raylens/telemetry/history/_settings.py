@@ -15,22 +15,25 @@ from dataclasses import dataclass
 __all__ = [
     "DEFAULT_GROWTH_WINDOW_S",
     "DEFAULT_HORIZON_S",
-    "DEFAULT_STEP_BYTES",
+    "DEFAULT_LEVELS",
     "GROWTH_WINDOW_ENV",
     "MAX_GROWTH_WINDOW_S",
     "MIN_GROWTH_WINDOW_S",
+    "SLICES_PER_WINDOW",
     "GrowthSettings",
     "growth_window_from_env",
 ]
 
 #: Environment variable with the growth window in seconds.
 GROWTH_WINDOW_ENV = "RAYLENS_GROWTH_WINDOW"
-DEFAULT_GROWTH_WINDOW_S = 600.0
+DEFAULT_GROWTH_WINDOW_S = 300.0
 MIN_GROWTH_WINDOW_S = 10.0
 MAX_GROWTH_WINDOW_S = 86_400.0
 DEFAULT_HORIZON_S = 3_600.0
-#: A change between two samples larger than this is a phase step, not growth.
-DEFAULT_STEP_BYTES = float(1 << 30)
+#: Scales judged by default: 10, 20, 40, 80 and 160 minutes with the default window.
+DEFAULT_LEVELS = 6
+#: Slices each scale is cut into; the shortest scale's slice is how often figures move.
+SLICES_PER_WINDOW = 20
 
 _MIB_PER_MIN = (1 << 20) / 60.0
 
@@ -75,36 +78,33 @@ def growth_window_from_env(
 
 @dataclass(frozen=True)
 class GrowthSettings:
-    """How history is kept and how growth is fitted and judged.
+    """How history is kept and how growth is judged.
 
     ``window_s``
-        Span of the growth fit; full-resolution samples are kept this long.
+        The shortest time scale growth is judged on, cut into :data:`SLICES_PER_WINDOW`
+        slices; a figure can change once per slice. Full-resolution samples are kept this
+        long (what a post-mortem shows).
+    ``levels``
+        How many scales are judged: the window, then each twice the one before (five from
+        10 minutes reach 160 minutes), so slow growth is found on the long ones.
     ``horizon_s``
         How far back downsampled history reaches (at least the window); it is kept in
         ``buckets`` buckets of ``horizon_s / buckets`` seconds with min, max and mean.
-    ``step_bytes``
-        A change between consecutive samples larger than this is a phase step (or a
-        spike's edge) and is not counted as growth. Allocator releases must stay below it.
-    ``refit_every_s``
-        Seconds of a series' own time between two fits; default a tenth of the window.
-        Fitting is what costs CPU; the figures move little between fits.
-    ``grow_fast``, ``grow_slow``, ``calm``
-        Bytes per second. A series starts *growing* when a confirmed rate of at least
-        ``grow_fast`` is seen twice in a row, or when the median of the confirmed rates
-        over the last three windows reaches ``grow_slow``; it stops when the median of the
-        confirmed rates over the last window falls below ``calm``.
+    ``grow_slow``
+        Bytes per second: the slowest rate a series is called growing at.
+    ``calm``
+        Bytes per second: a growing series stops growing when the scale that started its
+        spell climbs slower than this over its last half.
 
     Raises ValueError naming the field and what is allowed when a value is out of range.
     """
 
     window_s: float = DEFAULT_GROWTH_WINDOW_S
+    levels: int = DEFAULT_LEVELS
     horizon_s: float = DEFAULT_HORIZON_S
     buckets: int = 60
-    step_bytes: float = DEFAULT_STEP_BYTES
-    refit_every_s: float | None = None
-    grow_fast: float = 20 * _MIB_PER_MIN
-    grow_slow: float = 3.5 * _MIB_PER_MIN
-    calm: float = 1.0 * _MIB_PER_MIN
+    grow_slow: float = 2.0 * _MIB_PER_MIN
+    calm: float = 0.5 * _MIB_PER_MIN
 
     def __post_init__(self) -> None:
         window = _finite(
@@ -119,36 +119,18 @@ class GrowthSettings:
             "horizon_s", self.horizon_s, low=window, high=30 * MAX_GROWTH_WINDOW_S, unit="seconds"
         )
         object.__setattr__(self, "horizon_s", horizon)
-        if (
-            isinstance(self.buckets, bool)
-            or not isinstance(self.buckets, int)
-            or not 1 <= self.buckets <= 10_000
-        ):
-            raise ValueError(f"buckets must be an int from 1 to 10000, got {self.buckets!r:.80}")
-        if self.refit_every_s is None:
-            object.__setattr__(self, "refit_every_s", window / 10.0)
-        else:
-            object.__setattr__(
-                self,
-                "refit_every_s",
-                _finite(
-                    "refit_every_s",
-                    self.refit_every_s,
-                    low=window / 100,
-                    high=horizon,
-                    unit="seconds",
-                ),
-            )
-        for name in ("step_bytes", "grow_fast", "grow_slow", "calm"):
+        for name, high in (("buckets", 10_000), ("levels", 12)):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= high:
+                raise ValueError(f"{name} must be an int from 1 to {high}, got {value!r:.80}")
+        for name in ("grow_slow", "calm"):
             object.__setattr__(
                 self, name, _finite(name, getattr(self, name), low=0.0, high=1e18, unit="bytes")
             )
-        if self.step_bytes <= 0:
-            raise ValueError(f"step_bytes must be above 0, got {self.step_bytes!r}")
-        if not self.calm <= self.grow_slow <= self.grow_fast:
+        if not 0 < self.calm <= self.grow_slow:
             raise ValueError(
-                "thresholds must satisfy calm <= grow_slow <= grow_fast, got "
-                f"calm={self.calm!r}, grow_slow={self.grow_slow!r}, grow_fast={self.grow_fast!r}"
+                "thresholds must satisfy 0 < calm <= grow_slow, got "
+                f"calm={self.calm!r}, grow_slow={self.grow_slow!r}"
             )
 
     @classmethod
@@ -162,13 +144,13 @@ class GrowthSettings:
 
     @property
     def fit_interval_s(self) -> float:
-        """``refit_every_s`` as resolved (never None once constructed)."""
-        return float(self.refit_every_s or self.window_s / 10.0)
+        """Seconds between two readings of the shortest scale: figures change at most this often."""
+        return self.window_s / SLICES_PER_WINDOW
 
     @property
-    def trough_radius_s(self) -> float:
-        """Half-width of the neighbourhood a trough must be the lowest point of."""
-        return self.window_s / 60.0
+    def longest_scale_s(self) -> float:
+        """The longest time scale growth is judged on."""
+        return self.window_s * (1 << (self.levels - 1))
 
     @property
     def bucket_s(self) -> float:

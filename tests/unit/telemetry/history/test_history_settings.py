@@ -12,9 +12,9 @@ from raylens.telemetry.history import (
 )
 
 
-def test_window_defaults_to_ten_minutes_when_unset_or_blank() -> None:
-    assert growth_window_from_env({}) == DEFAULT_GROWTH_WINDOW_S == 600.0
-    assert growth_window_from_env({GROWTH_WINDOW_ENV: "  "}) == 600.0
+def test_window_defaults_to_five_minutes_when_unset_or_blank() -> None:
+    assert growth_window_from_env({}) == DEFAULT_GROWTH_WINDOW_S == 300.0
+    assert growth_window_from_env({GROWTH_WINDOW_ENV: "  "}) == 300.0
 
 
 @pytest.mark.parametrize(("raw", "seconds"), [("30", 30.0), (" 90.5 ", 90.5), ("1e3", 1000.0)])
@@ -37,7 +37,7 @@ def test_settings_from_env_take_the_window_and_keep_the_horizon_at_least_as_long
     settings = GrowthSettings.from_env({GROWTH_WINDOW_ENV: "30"})
     assert settings.window_s == 30.0
     assert settings.horizon_s == 3600.0
-    assert settings.fit_interval_s == 3.0
+    assert settings.fit_interval_s == 1.5  # a twentieth of the window: one slice
     assert GrowthSettings.from_env({GROWTH_WINDOW_ENV: "7200"}).horizon_s == 7200.0
     assert GrowthSettings.from_env({GROWTH_WINDOW_ENV: "30"}, window_s=60.0).window_s == 60.0
 
@@ -49,9 +49,9 @@ def test_settings_from_env_take_the_window_and_keep_the_horizon_at_least_as_long
         ({"window_s": 5.0}, "window_s"),
         ({"window_s": 600.0, "horizon_s": 300.0}, "horizon_s"),
         ({"buckets": 0}, "buckets"),
-        ({"step_bytes": 0.0}, "step_bytes"),
-        ({"step_bytes": float("nan")}, "step_bytes"),
-        ({"refit_every_s": 0.1}, "refit_every_s"),
+        ({"levels": 0}, "levels"),
+        ({"grow_slow": float("nan")}, "grow_slow"),
+        ({"calm": 0.0}, "0 < calm <= grow_slow"),
         ({"calm": 10.0, "grow_slow": 5.0}, "calm <= grow_slow"),
     ],
 )
