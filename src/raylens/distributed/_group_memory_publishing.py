@@ -1,4 +1,4 @@
-"""Inside a node's sampler actor: read the worker groups on a timer and publish through Ray.
+"""Inside a node's sampler actor: read the node and its worker groups on a timer, publish through Ray.
 
 :class:`GroupMemorySamplerActor` is what runs in the actor (it also answers readings on
 demand); :class:`PublishingLoop` is its timer and bookkeeping; :class:`GroupMemoryPublisher`
@@ -12,11 +12,21 @@ import; each reading also sets the wall-clock ``sampled_at`` series, so a reader
 several samplers' series on one node (told apart by ``WorkerId``) takes the freshest; a
 group that leaves, and a PSS figure that stops being known, are set to NaN once and then no
 more, so readers drop them at once rather than at Ray's gauge expiry.
+
+Each reading also reads the node's used memory (Ray's definition, see
+:mod:`raylens.telemetry.node_usage`) and records it, with each group's RSS, in the node's
+own :class:`~raylens.telemetry.history.NodeGrowthKeeper`: the node's growth, the growth
+outside its groups, each group's growth, the growing state, the kill line and the time to
+it are computed here, once, and published with the sampler's identity, so every reader of
+the node's endpoint sees the same figures without keeping any history.
 """
 
 from __future__ import annotations
 
 import logging
+import os
+import socket
+import sys
 import threading
 import time
 from collections.abc import Callable, Iterable
@@ -30,7 +40,15 @@ from raylens.telemetry.group_memory import (
     NodeGroupMemory,
     as_group_worker,
 )
-from raylens.telemetry.history import GrowthSettings, MemoryHistory
+from raylens.telemetry.history import (
+    GrowthSettings,
+    KillLineConfig,
+    NodeGrowthKeeper,
+    NodeReading,
+    RecentHistory,
+    resolve_kill_line_config,
+)
+from raylens.telemetry.node_usage import CGROUP_ROOT, NodeUsage, read_node_usage
 from raylens.telemetry.oom import KernelOomCount, read_kernel_oom_count
 from raylens.telemetry.phase_memory import NodePhaseTracker
 from raylens.telemetry.procfs import ProcFS
@@ -40,9 +58,18 @@ from raylens.telemetry.raylet_payload import (
     GROUP_MEMORY_GAUGE,
     GROUP_PROCESSES_GAUGE,
     MEMORY_TYPE_LABEL,
+    NODE_GROWING_GAUGE,
+    NODE_GROWTH_GAUGE,
+    NODE_LIMIT_GAUGE,
     NODE_OOM_KILLS_GAUGE,
+    NODE_TIME_TO_LIMIT_GAUGE,
+    NODE_USED_GAUGE,
     OOM_SOURCE_LABEL,
+    OUTSIDE_GROWTH_GAUGE,
+    SAMPLER_LABEL,
     SAMPLER_SAMPLED_AT_GAUGE,
+    SAMPLER_WINDOW_GAUGE,
+    STARTED_BY_LABEL,
 )
 from raylens.validation import positive_seconds
 
@@ -53,6 +80,7 @@ __all__ = [
     "STOP_TIMEOUT_S",
     "GroupMemoryPublisher",
     "GroupMemorySamplerActor",
+    "NodeGrowthPublisher",
     "PublishingLoop",
     "RayMetricsPublisher",
 ]
@@ -103,6 +131,14 @@ class GrowthPublisher(Protocol):
         """Publish the group's growth (bytes per second) over the sampler's window."""
 
 
+@runtime_checkable
+class NodeGrowthPublisher(Protocol):
+    """A publisher that also takes the node's own figures after each reading."""
+
+    def set_node(self, reading: NodeReading | None, window_s: float) -> None:
+        """Publish the node's figures (None: the node's memory could not be read)."""
+
+
 def _ray_gauge_class() -> Any:
     from ray.util.metrics import Gauge
 
@@ -117,9 +153,17 @@ class RayMetricsPublisher:
     instances have ``set(value, tags=...)``. Not thread-safe; one loop calls it.
     """
 
-    def __init__(self, gauge_class: Callable[..., Any] | None = None) -> None:
+    def __init__(
+        self,
+        gauge_class: Callable[..., Any] | None = None,
+        *,
+        sampler: str = "",
+        started_by: str = "",
+    ) -> None:
         self._gauge_class = gauge_class
+        self._identity = {SAMPLER_LABEL: sampler, STARTED_BY_LABEL: started_by}
         self._gauges: tuple[Any, Any, Any, Any] | None = None
+        self._node_gauges: tuple[Any, ...] | None = None
         # Groups whose PSS series holds a number, so a PSS that stops being known gets NaN.
         self._with_pss: set[str] = set()
         self._oom_gauge: Any = None
@@ -179,6 +223,38 @@ class RayMetricsPublisher:
     def set_growth(self, group: str, bytes_per_second: float) -> None:
         self._made()[3].set(float(bytes_per_second), tags={GROUP_LABEL: group})
 
+    def _node_made(self) -> tuple[Any, ...]:
+        if self._node_gauges is None:
+            gauge = self._gauge_class or _ray_gauge_class()
+            self._node_gauges = tuple(
+                gauge(name, description=description, tag_keys=())
+                for name, description in _NODE_GAUGES
+            ) + (
+                gauge(
+                    SAMPLER_WINDOW_GAUGE,
+                    description="The growth window of raylens' sampler on this node, in "
+                    "seconds; its labels name the sampler and the monitor that started it.",
+                    tag_keys=(SAMPLER_LABEL, STARTED_BY_LABEL),
+                ),
+            )
+        return self._node_gauges
+
+    def set_node(self, reading: NodeReading | None, window_s: float) -> None:
+        *figures, window = self._node_made()
+        values: tuple[float | None, ...] = (None,) * len(figures)
+        if reading is not None:
+            values = (
+                reading.used,
+                reading.growth,
+                reading.outside_growth,
+                1.0 if reading.growing else 0.0,
+                reading.limit,
+                reading.time_to_limit,
+            )
+        for gauge, value in zip(figures, values):
+            gauge.set(_NAN if value is None else float(value))
+        window.set(float(window_s), tags=self._identity)
+
     def set_kernel_oom_kills(self, kills: int, source: str) -> None:
         if self._oom_gauge is None:
             self._oom_gauge = (self._gauge_class or _ray_gauge_class())(
@@ -190,6 +266,21 @@ class RayMetricsPublisher:
         self._oom_gauge.set(float(kills), tags={OOM_SOURCE_LABEL: source})
 
 
+_NODE_GAUGES = (
+    (NODE_USED_GAUGE, "Used memory of this node as Ray's memory monitor counts it, in bytes, "
+     "read by raylens' sampler."),
+    (NODE_GROWTH_GAUGE, "Growth of this node's used memory, in bytes per second, over "
+     "raylens' growth window; NaN until the window is full."),
+    (OUTSIDE_GROWTH_GAUGE, "Growth of this node's memory outside every worker group, in "
+     "bytes per second, over raylens' growth window."),
+    (NODE_GROWING_GAUGE, "1 while raylens judges this node's memory to be growing, else 0."),
+    (NODE_LIMIT_GAUGE, "This node's kill line in bytes: min(host, container) total times "
+     "Ray's memory-monitor threshold."),
+    (NODE_TIME_TO_LIMIT_GAUGE, "Seconds until this node reaches its kill line at its "
+     "current growth; NaN while it is not growing."),
+)
+
+
 class PublishingLoop:
     """Reads ``reader``'s workers every interval on a daemon thread and publishes the result.
 
@@ -199,7 +290,10 @@ class PublishingLoop:
     once per process and the loop carries on. ``wall_clock`` (default
     :func:`time.time`) stamps each reading. ``lock`` guards ``reader``, which other
     callers in the process may share. ``on_reading`` is called with every reading
-    published (a phase's sampled peaks come from there). Thread-safe.
+    published (a phase's sampled peaks come from there). With ``keeper`` and
+    ``node_usage`` (a reading of the node's memory), each pass also records the node and
+    its groups there and publishes the node's figures and each group's growth.
+    Thread-safe.
     """
 
     def __init__(
@@ -209,7 +303,8 @@ class PublishingLoop:
         *,
         lock: threading.Lock | None = None,
         wall_clock: Callable[[], float] | None = None,
-        history: MemoryHistory | None = None,
+        keeper: NodeGrowthKeeper | None = None,
+        node_usage: Callable[[], NodeUsage | None] | None = None,
         clock: Callable[[], float] | None = None,
         on_reading: Callable[[NodeGroupMemory], None] | None = None,
         kernel_oom_count: Callable[[], KernelOomCount | None] | None = None,
@@ -223,7 +318,8 @@ class PublishingLoop:
         self._largest: tuple[tuple[tuple[int, str, int], ...], float] | None = None
         self._largest_before: tuple[tuple[tuple[int, str, int], ...], float] | None = None
         self._killed_since_previous = False
-        self._history = history
+        self._keeper = keeper
+        self._node_usage = node_usage
         self._clock = clock or time.monotonic
         self._publisher = publisher
         self._lock = lock or threading.Lock()
@@ -305,15 +401,14 @@ class PublishingLoop:
             if self._closed:  # stopped while reading: stop() no longer waits for this pass
                 return None
             present = set()
-            now = self._clock()
             for group in reading.groups:
                 self._publisher.set_group(
                     group.group, group.rss_bytes, group.pss_bytes, group.process_count
                 )
                 present.add(group.group)
                 self._published.add(group.group)
-                self._publish_growth(group.group, now, group.rss_bytes)
             self._forget(self._published - present)
+            self._publish_node(reading)
             stamp = self._wall_clock()
             self._publish_kernel_oom_kills()
             self._largest_before = self._largest
@@ -351,19 +446,41 @@ class PublishingLoop:
         processes, stamp = chosen
         return {"sampled_at": stamp, "processes": [list(entry) for entry in processes]}
 
-    def _publish_growth(self, group: str, now: float, rss_bytes: int) -> None:
-        """Record the group's RSS in this node's history and publish its growth once known."""
-        if self._history is None or not isinstance(self._publisher, GrowthPublisher):
+    def _publish_node(self, reading: NodeGroupMemory) -> None:
+        """Record the node and its groups in the keeper; publish the node's figures and growth."""
+        keeper, publisher = self._keeper, self._publisher
+        if keeper is None or self._node_usage is None:
             return
-        self._history.record(group, now, rss_bytes)
-        series = self._history.series(group)
-        if series is not None and series.growth is not None:
-            self._publisher.set_growth(group, series.growth)
+        usage = self._node_usage()
+        figures = None
+        if usage is not None:
+            figures = keeper.record(
+                self._clock(),
+                usage.used,
+                {group.group: float(group.rss_bytes) for group in reading.groups},
+                host_total=usage.host_total,
+                cgroup_total=usage.cgroup_total,
+            )
+            if isinstance(publisher, GrowthPublisher):
+                for group, rate in figures.group_growth.items():
+                    if rate is not None and group in self._published:
+                        publisher.set_growth(group, rate)
+        if isinstance(publisher, NodeGrowthPublisher):
+            publisher.set_node(figures, keeper.window_s)
+
+    def recent_history(self, at_wall: float) -> RecentHistory | None:
+        """The node's recent memory up to the wall-clock time ``at_wall``; None without a keeper.
+
+        The keeper runs on the monotonic clock, so ``at_wall`` is placed on it by the
+        distance between the two clocks now.
+        """
+        if self._keeper is None:
+            return None
+        at = self._clock() - (self._wall_clock() - float(at_wall))
+        return self._keeper.recent(at)
 
     def _forget(self, groups: set[str]) -> None:
         for group in sorted(groups):
-            if self._history is not None:
-                self._history.forget(group)
             # Dropped from the set first: a publisher that fails here is not asked again.
             self._published.discard(group)
             self._publisher.forget_group(group)
@@ -395,9 +512,13 @@ class GroupMemorySamplerActor:
     through ``publisher`` (default: Ray's metrics pipeline, see
     :mod:`raylens.distributed._group_memory_publishing`), stamped with ``wall_clock``
     (default :func:`time.time`); ``clock`` times the reader's intervals and the
-    growth history. Each group's RSS also feeds a history on the node, and its growth
-    over ``growth_window_s`` (default ``RAYLENS_GROWTH_WINDOW``, else 600 s) is
-    published once the window is full, so any reader sees it without keeping history.
+    growth history. Each reading also reads the node's used memory (``node_usage``,
+    default :func:`~raylens.telemetry.node_usage.read_node_usage`) and records it with
+    each group's RSS in the node's keeper: growth over ``growth_window_s`` (default
+    ``RAYLENS_GROWTH_WINDOW``, else 600 s), the kill line drawn by ``kill_line`` (default:
+    resolved from the node's environment) and the time to it are published with the
+    sampler's identity (its Ray actor id, and ``started_by``, the monitor that started
+    it), so any reader sees them without keeping history.
 
     Phases (see :mod:`raylens.distributed.phases`): :meth:`phase_begin` reads the
     groups' start and resets their processes' peaks; every timed reading raises their
@@ -417,10 +538,26 @@ class GroupMemorySamplerActor:
         wall_clock: Callable[[], float] | None = None,
         growth_window_s: float | None = None,
         procfs: ProcFS | None = None,
+        kill_line: KillLineConfig | None = None,
+        started_by: str = "",
+        node_usage: Callable[[], NodeUsage | None] | None = None,
     ) -> None:
         self._lock = threading.Lock()
         if procfs is None:
             procfs = ProcFS(procfs_root) if procfs_root is not None else ProcFS()
+        settings = (
+            GrowthSettings.from_env()
+            if growth_window_s is None
+            else GrowthSettings.from_env(window_s=growth_window_s)
+        )
+        if kill_line is None:
+            try:
+                kill_line = resolve_kill_line_config()
+            except ValueError:
+                kill_line = resolve_kill_line_config(env={})
+        self.sampler_id = _own_sampler_id()
+        if node_usage is None:
+            node_usage = _node_usage_reader(procfs)
         self._phases = NodePhaseTracker(procfs, host_name=host_name)
         self._reader = GroupMemoryReader(
             procfs,
@@ -432,14 +569,13 @@ class GroupMemorySamplerActor:
         )
         self._loop = PublishingLoop(
             self._reader,
-            publisher if publisher is not None else RayMetricsPublisher(),
+            publisher
+            if publisher is not None
+            else RayMetricsPublisher(sampler=self.sampler_id, started_by=printable(started_by)),
             lock=self._lock,
             wall_clock=wall_clock,
-            history=MemoryHistory(
-                GrowthSettings.from_env()
-                if growth_window_s is None
-                else GrowthSettings.from_env(window_s=growth_window_s)
-            ),
+            keeper=NodeGrowthKeeper(settings, kill_line),
+            node_usage=node_usage,
             clock=clock,
             on_reading=self._phases.observe,
             kernel_oom_count=lambda: read_kernel_oom_count(procfs.root, opener=procfs.opener),
@@ -483,6 +619,31 @@ class GroupMemorySamplerActor:
         """The node's largest processes at the last reading before a kill (see the loop's)."""
         return self._loop.largest_processes()
 
+    def recent_history(self, at_wall: float) -> RecentHistory | None:
+        """The node's recent memory up to the Unix time ``at_wall``, as a post-mortem shows it."""
+        return self._loop.recent_history(at_wall)
+
     def ping(self) -> int:
         """Readings published so far: an answer at all says the actor is alive."""
         return self._loop.passes
+
+
+def _node_usage_reader(procfs: ProcFS) -> Callable[[], NodeUsage | None]:
+    """How the sampler reads its node: through ``procfs``; the container's files only when
+    that is the node's own ``/proc`` (a procfs mounted elsewhere is not this container's)."""
+    root, opener = procfs.root, procfs.opener
+    cgroup_root = CGROUP_ROOT if root == "/proc" else None
+    return lambda: read_node_usage(root, cgroup_root=cgroup_root, opener=opener)
+
+
+def _own_sampler_id() -> str:
+    """This sampler's Ray actor id; the host and pid outside an actor (a test, a bench)."""
+    ray = sys.modules.get("ray")  # imported already in an actor; never imported here
+    try:
+        if ray is not None and ray.is_initialized():
+            actor = ray.get_runtime_context().get_actor_id()
+            if actor:
+                return printable(str(actor))[:80]
+    except Exception:
+        pass
+    return f"{socket.gethostname()}/{os.getpid()}"

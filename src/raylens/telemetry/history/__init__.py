@@ -13,11 +13,10 @@ What each private module does, the fit, the decision and the kill line:
 from raylens.telemetry.history._decision import GrowthTracker
 from raylens.telemetry.history._estimator import Fit, fit_growth
 from raylens.telemetry.history._keeper import (
-    NO_FIGURES,
-    GrowthConfig,
-    GrowthFigures,
-    GrowthKeeper,
-    without_limit,
+    MAX_DEPARTED_GROUPS,
+    NODE_KEY,
+    NodeGrowthKeeper,
+    NodeReading,
 )
 from raylens.telemetry.history._limit import (
     DEFAULT_MEMORY_USAGE_THRESHOLD,
@@ -33,6 +32,13 @@ from raylens.telemetry.history._recent import (
     MAX_POINTS_PER_SERIES,
     RecentHistory,
     recent_history,
+)
+from raylens.telemetry.history._sampling import (
+    DEFAULT_SAMPLE_INTERVAL_S,
+    READINGS_PER_WINDOW,
+    check_growth_window,
+    growth_window_for_sampling,
+    shortest_growth_window,
 )
 from raylens.telemetry.history._series import Bucket, SeriesBuffer
 from raylens.telemetry.history._settings import (
@@ -51,34 +57,38 @@ __all__ = [
     "DEFAULT_GROWTH_WINDOW_S",
     "DEFAULT_HORIZON_S",
     "DEFAULT_MEMORY_USAGE_THRESHOLD",
+    "DEFAULT_SAMPLE_INTERVAL_S",
     "DEFAULT_STEP_BYTES",
     "GROWTH_WINDOW_ENV",
     "HISTORY_S",
     "MAX_GROWTH_WINDOW_S",
     "MAX_POINTS_PER_SERIES",
     "MIN_GROWTH_WINDOW_S",
-    "NO_FIGURES",
+    "READINGS_PER_WINDOW",
+    "MAX_DEPARTED_GROUPS",
+    "NODE_KEY",
     "RAY_THRESHOLD_ENV",
     "THRESHOLD_ENV",
     "Bucket",
     "Fit",
-    "GrowthConfig",
-    "GrowthFigures",
-    "GrowthKeeper",
     "GrowthSettings",
     "GrowthTracker",
     "Key",
     "KillLineConfig",
     "MemoryHistory",
     "NodeGrowth",
+    "NodeGrowthKeeper",
+    "NodeReading",
     "RecentHistory",
     "SeriesBuffer",
     "SeriesGrowth",
+    "check_growth_window",
     "fit_growth",
+    "growth_window_for_sampling",
     "growth_window_from_env",
     "kill_line",
     "recent_history",
     "resolve_kill_line_config",
+    "shortest_growth_window",
     "time_to_limit",
-    "without_limit",
 ]
