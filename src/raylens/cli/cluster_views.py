@@ -77,6 +77,7 @@ class NodeTable:
                     limit=outlook.limit if outlook else None,
                     time_to_limit=outlook.time_to_limit if outlook else None,
                     fastest_group=outlook.fastest_group if outlook else None,
+                    growth_unavailable=outlook.unavailable if outlook else None,
                 )
             )
         for gone in set(self.history) - seen:
