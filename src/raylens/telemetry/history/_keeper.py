@@ -84,11 +84,16 @@ class NodeGrowthKeeper:
         reading and is not in this one leaves the node's figures; its history stays (see
         the module docstring).
         """
+        self.add(t, used, groups)
+        return self._reading(used, self.history.node(NODE_KEY), host_total, cgroup_total)
+
+    def add(self, t: float, used: float, groups: Mapping[str, float]) -> None:
+        """Record the node at ``t`` as :meth:`record` does, without working out its figures
+        (readings made up for the past, as a simulation catching up does)."""
         names = frozenset(groups)
         if names != self._groups:
             self._regrouped(names)
         self.history.record_node(NODE_KEY, t, used, groups=groups)
-        return self._reading(used, self.history.node(NODE_KEY), host_total, cgroup_total)
 
     def _regrouped(self, names: frozenset[str]) -> None:
         self._departed |= self._groups - names
