@@ -246,7 +246,9 @@ class GroupMemoryCycle:
         reading stands as built, so a cycle costs what changed plus one look per node.
         """
         version, workers, counts_by_node = self._registered()
-        scraped = _scraped_nodes(monitor) if self.every_node else set()
+        scraped = (
+            _scraped_nodes(monitor) if self.every_node and self.samplers.ray_ready() else set()
+        )
         if scraped != self._nodes:
             self._nodes = frozenset(scraped)
             self._nodes_version += 1

@@ -37,6 +37,7 @@ from raylens.distributed._group_memory_publishing import (
     DEFAULT_TREE_INTERVAL_SECONDS,
     GroupMemorySamplerActor,
 )
+from raylens.cluster import RayClusterView
 from raylens.lens import warn_once
 from raylens.safe_text import printable
 from raylens.telemetry.group_memory import (
@@ -269,6 +270,10 @@ class GroupMemorySamplers:
                 )
             if kill_line is not None:
                 self._actor_kwargs["kill_line"] = kill_line
+
+    def ray_ready(self) -> bool:
+        """Whether samplers can be started without importing Ray here (never starts it)."""
+        return self._ray is not None or RayClusterView().is_initialized()
 
     @property
     def max_processes(self) -> int:

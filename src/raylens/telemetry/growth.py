@@ -238,7 +238,9 @@ class GrowthCycle:
     over the environment) draws the line of a node without a sampler, and a post-mortem's;
     ``settings`` are accepted for the window a driver asked its samplers for.
     ``node_history`` reads a node's recent memory from its sampler, for post-mortems
-    (the driver wires it to its samplers; without it there is none).
+    (the driver wires it to its samplers; without it there is none); ``wall_of`` places a
+    moment of the monitor's clock on the wall clock the samplers are asked in (default:
+    by the distance between :func:`time.time` and :func:`time.monotonic` now).
     """
 
     def __init__(
@@ -248,8 +250,10 @@ class GrowthCycle:
         kill_line: KillLineConfig | None = None,
         snapshot: GrowthSnapshot | None = None,
         node_history: NodeHistorySource | None = None,
+        wall_of: Callable[[float], float] | None = None,
     ) -> None:
         self.settings = settings
+        self.wall_of = wall_of or _wall_of
         self.kill_line = kill_line or resolve_kill_line_config()
         self.snapshot = snapshot if snapshot is not None else GrowthSnapshot()
         self.node_history = node_history
@@ -328,13 +332,17 @@ class GrowthCycle:
         source = self.node_history
         if source is None:
             return None
-        return source(node_id, time.time() - (time.monotonic() - at))
+        return source(node_id, self.wall_of(at))
 
     def close(self) -> None:
         """Forget every node's outlook (the monitor stopped)."""
         with self._lock:
             self._named.clear()
             self.snapshot.clear()
+
+
+def _wall_of(at: float) -> float:
+    return time.time() - (time.monotonic() - at)
 
 
 def _outlook_of(

@@ -84,6 +84,7 @@ def test_node_row_json() -> None:
         "limit_bytes": None,
         "time_to_limit_seconds": None,
         "fastest_growing_group": None,
+        "growth_unavailable": None,
         "warning": None,
     }
 

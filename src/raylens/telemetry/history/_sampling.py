@@ -13,6 +13,7 @@ from collections.abc import Mapping
 
 from raylens.telemetry.history._settings import (
     GROWTH_WINDOW_ENV,
+    MAX_GROWTH_WINDOW_S,
     MIN_GROWTH_WINDOW_S,
     growth_window_from_env,
 )
@@ -51,6 +52,16 @@ def check_growth_window(
 ) -> float:
     """``window_s`` if it is at least :func:`shortest_growth_window`; else ValueError in one line."""
     shortest = shortest_growth_window(sample_interval_s)
+    if (
+        isinstance(window_s, bool)
+        or not isinstance(window_s, (int, float))
+        or not math.isfinite(window_s)
+        or window_s > MAX_GROWTH_WINDOW_S
+    ):
+        raise ValueError(
+            f"{name} must be a number of seconds from {shortest:g} to {MAX_GROWTH_WINDOW_S:g}, "
+            f"got {window_s!r:.80}"
+        )
     if window_s < shortest:
         raise ValueError(
             f"{name}={window_s:g} s is shorter than the shortest growth window allowed at "
