@@ -181,6 +181,7 @@ class FakeProcFS:
         """
         process = self._processes.pop(pid)
         shutil.rmtree(self.root / str(pid), ignore_errors=True)
+        self._write_meminfo()
         parent = self._processes.get(process.parent) if process.parent is not None else None
         if parent is not None and not keep_listing:
             tid = process.parent_tid if process.parent_tid is not None else parent.pid
@@ -326,8 +327,6 @@ class FakeProcFS:
         else:
             relative = os.path.relpath(path, self.root)
         pid, _, name = relative.partition(os.sep)
-        if pid == "meminfo":
-            self._write_meminfo()  # as of now: it follows every process's memory
         if pid == "self" and (self.root / "self").is_symlink():
             pid = os.readlink(self.root / "self")
         key = (pid, name)
@@ -387,6 +386,7 @@ class FakeProcFS:
             _put(rollup, _rollup_text(process.rss_bytes, process.pss_bytes))
         elif rollup.exists():
             rollup.unlink()
+        self._write_meminfo()  # the machine's used memory follows its processes'
 
     def _write_children(self, process: _Process, tid: int) -> None:
         listed = process.children.get(tid, [])

@@ -73,12 +73,12 @@ def render_group_series(
             node.time_to_limit,
         )
         for name, value in zip(NODE_SERIES, values):
-            shown = "NaN" if value is None else f"{float(value):e}"
+            shown = "NaN" if value is None else repr(float(value))
             lines.append(f"{name}{{{plain}}} {shown}")
         identity = _labels(
             worker_id, address, {SAMPLER_LABEL: node.sampler, STARTED_BY_LABEL: node.started_by}
         )
-        lines.append(f"{NODE_SERIES[-1]}{{{identity}}} {float(node.window_s):e}")
+        lines.append(f"{NODE_SERIES[-1]}{{{identity}}} {float(node.window_s)!r}")
     memory, processes = (
         [f"# TYPE {RAY_GROUP_MEMORY} gauge"],
         [f"# TYPE {RAY_GROUP_PROCESSES} gauge"],
