@@ -81,9 +81,7 @@ class _Records:
                             GroupFigure(g, 2.0e9 + j + (k % 7) * MIB, None, 16.0, 1e3 * j)
                             for j, g in enumerate(GROUPS)
                         ),
-                        NodeFigures(
-                            1e10, 6e3, 0.0, False, 0.95 * 256 * GIB, None, 600.0, "s", "d"
-                        ),
+                        NodeFigures(1e10, 6e3, 0.0, False, 0.95 * 256 * GIB, None, 600.0, "s", "d"),
                     )
                     self._figures[node.node_id] = figures
                 inside = sum(g.rss_bytes for g in figures.groups)

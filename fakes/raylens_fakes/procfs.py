@@ -255,7 +255,9 @@ class FakeProcFS:
         process.rss_bytes, process.pss_bytes = rss_bytes, pss
         self._write(process)
 
-    def set_machine(self, *, total_bytes: int | None = None, other_used_bytes: int | None = None) -> None:
+    def set_machine(
+        self, *, total_bytes: int | None = None, other_used_bytes: int | None = None
+    ) -> None:
         """Change the machine's total and the memory it uses besides the fake's processes.
 
         ``meminfo`` says ``MemAvailable = total - other_used - every live process's RSS``.
@@ -267,9 +269,7 @@ class FakeProcFS:
         self._write_meminfo()
 
     def _write_meminfo(self) -> None:
-        used = self._other_used + sum(
-            p.rss_bytes for p in self._processes.values() if not p.zombie
-        )
+        used = self._other_used + sum(p.rss_bytes for p in self._processes.values() if not p.zombie)
         available = max(0, self._mem_total - used)
         _put(
             self.root / "meminfo",

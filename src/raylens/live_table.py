@@ -405,7 +405,11 @@ def growth_unavailable_lines(rows: Iterable[NodeRow]) -> list[str]:
     lines = []
     for reason, nodes in sorted(by_reason.items()):
         named = ", ".join(nodes[:_UNAVAILABLE_NAMED])
-        more = f" and {len(nodes) - _UNAVAILABLE_NAMED} more" if len(nodes) > _UNAVAILABLE_NAMED else ""
+        more = (
+            f" and {len(nodes) - _UNAVAILABLE_NAMED} more"
+            if len(nodes) > _UNAVAILABLE_NAMED
+            else ""
+        )
         lines.append(f"growth unavailable on {len(nodes)} node(s) ({named}{more}): {reason}")
     return lines
 

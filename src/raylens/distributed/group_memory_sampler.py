@@ -32,12 +32,12 @@ from collections.abc import Callable, Collection, Hashable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any, cast
 
+from raylens.cluster import RayClusterView
 from raylens.distributed._group_memory_publishing import (
     DEFAULT_PSS_INTERVAL_SECONDS,
     DEFAULT_TREE_INTERVAL_SECONDS,
     GroupMemorySamplerActor,
 )
-from raylens.cluster import RayClusterView
 from raylens.lens import warn_once
 from raylens.safe_text import printable
 from raylens.telemetry.group_memory import (

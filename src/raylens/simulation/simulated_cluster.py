@@ -333,7 +333,9 @@ class _SimulatedSampler:
             if self._last_tick is not None and tick <= self._last_tick:
                 return self._reading
             window_ticks = int(cluster.growth_settings.window_s / every) + 1
-            first = tick if self._last_tick is None else max(self._last_tick + 1, tick - window_ticks)
+            first = (
+                tick if self._last_tick is None else max(self._last_tick + 1, tick - window_ticks)
+            )
             for due in range(first, tick + 1):
                 t = due * every
                 used, total = cluster.schedule(index, t)

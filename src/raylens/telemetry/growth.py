@@ -48,18 +48,18 @@ from raylens.telemetry.names import HOST_NAME_ATTR, RAY_NODE_ID_ATTR, RL_WORKER_
 from raylens.telemetry.raylet_payload import NodeGroupFigures
 
 __all__ = [
+    "NO_SAMPLER",
+    "NO_SCRAPE",
+    "OLD_SAMPLER",
     "RL_HOST_MEMORY_GROWTH_METRIC",
     "RL_HOST_MEMORY_LIMIT_METRIC",
     "RL_HOST_MEMORY_TIME_TO_LIMIT_METRIC",
     "RL_WORKER_GROUP_MEMORY_GROWTH_METRIC",
-    "NO_SAMPLER",
-    "NO_SCRAPE",
-    "OLD_SAMPLER",
     "FigureSource",
     "GrowthCycle",
     "GrowthMonitor",
-    "NodeHistorySource",
     "GrowthSnapshot",
+    "NodeHistorySource",
     "NodeOutlook",
     "attach_growth",
     "register_growth_gauges",

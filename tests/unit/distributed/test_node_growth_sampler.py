@@ -100,7 +100,10 @@ def _leaking_node(tmp_path: Path) -> tuple[FakeProcFS, list[tuple[str, int, int]
     procfs.set_machine(total_bytes=TOTAL, other_used_bytes=6 * GIB)
     procfs.add_process(200, rss_bytes=GIB)
     procfs.add_process(300, rss_bytes=GIB // 2)
-    return procfs, [("policy", 200, procfs.start_ticks(200)), ("rollout", 300, procfs.start_ticks(300))]
+    return procfs, [
+        ("policy", 200, procfs.start_ticks(200)),
+        ("rollout", 300, procfs.start_ticks(300)),
+    ]
 
 
 def test_a_sampler_publishes_its_node_s_figures_and_who_it_is(
