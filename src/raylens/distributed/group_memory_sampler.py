@@ -24,19 +24,26 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import os
-import socket
 import threading
 import time
 from collections.abc import Callable, Collection, Hashable, Iterable, Mapping
-from dataclasses import dataclass
-from typing import Any, cast
+from typing import Any
 
 from raylens.cluster import RayClusterView
 from raylens.distributed._group_memory_publishing import (
     DEFAULT_PSS_INTERVAL_SECONDS,
     DEFAULT_TREE_INTERVAL_SECONDS,
     GroupMemorySamplerActor,
+)
+from raylens.distributed._sampler_parts import (
+    SamplerError,
+    _check_node_id,
+    _describe,
+    _growth_window,
+    _Sampler,
+    ask_recent_history,
+    monitor_identity,
+    worker_identity,
 )
 from raylens.lens import warn_once
 from raylens.safe_text import printable
@@ -48,14 +55,11 @@ from raylens.telemetry.group_memory import (
     GroupWorkerRegistry,
     NodeGroupMemory,
     as_group_worker,
-    own_process_identity,
 )
 from raylens.telemetry.history import (
     DEFAULT_SAMPLE_INTERVAL_S,
     KillLineConfig,
     RecentHistory,
-    check_growth_window,
-    growth_window_for_sampling,
 )
 from raylens.telemetry.oom import LargestProcess
 from raylens.validation import positive_seconds
@@ -110,64 +114,6 @@ _LOGGER = logging.getLogger("raylens.distributed")
 _NAMES_QUOTED = 5
 #: No version stands: the next :meth:`GroupMemorySamplers.maintain` walks every list.
 _UNSETTLED = object()
-
-
-@dataclass(frozen=True)
-class SamplerError:
-    """Why a node has no reading this cycle."""
-
-    node_id: str
-    message: str
-
-
-@dataclass
-class _Sampler:
-    actor: Any
-    # When it was started, on the manager's clock.
-    started_at: float
-    pending: Any = None
-    missed: int = 0
-    # Until its first answer an actor may still be starting (a worker process, imports),
-    # which can take many cycles on a busy node: misses count only after that, and
-    # before it only the start timeout applies.
-    answered: bool = False
-    # Publishing samplers (maintain): the worker list it was last told, None if never.
-    workers: list[tuple[str, int, int | None]] | None = None
-    # Its liveness ping not read yet.
-    ping: Any = None
-
-
-def _check_node_id(node_id: object) -> str:
-    if not isinstance(node_id, str) or not node_id:
-        raise ValueError(f"node id must be a non-empty str, got {node_id!r:.80}")
-    return node_id
-
-
-def _describe(error: BaseException) -> str:
-    text = str(error).strip().splitlines()
-    return printable(f"{type(error).__name__}: {text[0] if text else ''}"[:300])
-
-
-def _growth_window(window: float | None, interval: float) -> float | None:
-    """The samplers' growth window: the one given (checked against ``interval``), else the
-    driver's setting.
-
-    A bad ``RAYLENS_GROWTH_WINDOW`` (out of range, or shorter than the sampling allows) is
-    the driver's to report; the samplers then keep the default rather than fail to start.
-    """
-    if window is not None:
-        return check_growth_window(
-            positive_seconds("growth_window_s", window), interval, name="growth_window_s"
-        )
-    try:
-        return growth_window_for_sampling(sample_interval_s=interval)
-    except ValueError:
-        return None
-
-
-def monitor_identity() -> str:
-    """How a sampler names the process that started it: ``host/pid``, printable."""
-    return printable(f"{socket.gethostname()}/{os.getpid()}")[:120]
 
 
 class GroupMemorySamplers:
@@ -709,18 +655,9 @@ class GroupMemorySamplers:
             return None
         try:
             ray = self._ray_module()
-            found = ray.get(sampler.actor.recent_history.remote(float(at_wall)), timeout=timeout_s)
-        except Exception as error:
-            warn_once(
-                "group_memory.sampler.recent_history",
-                f"could not ask node {printable(node_id[:80])}'s sampler for its recent "
-                f"memory: {_describe(error)} (warned once)",
-                logger=_LOGGER,
-            )
+        except Exception:
             return None
-        if not isinstance(found, dict) or not {"node_used", "worker_groups"} <= found.keys():
-            return None
-        return cast(RecentHistory, found)
+        return ask_recent_history(ray, sampler.actor, node_id, at_wall, timeout_s)
 
     def close(self) -> None:
         """Remove every sampler, stopping ones included (idempotent)."""
@@ -770,16 +707,3 @@ def _warn_about_skipped_groups(
             logger=_LOGGER,
         )
         return
-
-
-def worker_identity(_actor: object = None) -> tuple[str, int, int | None]:
-    """``(node id, pid, start_ticks)`` of the calling Ray worker process.
-
-    Shaped for ``ray.get(worker.__ray_call__.remote(worker_identity))``, which runs it
-    inside the worker's own process whatever the worker class is; the result is what
-    :func:`~raylens.telemetry.group_memory.register_group_workers` takes per worker.
-    """
-    import ray
-
-    pid, ticks = own_process_identity()
-    return ray.get_runtime_context().get_node_id(), pid, ticks
