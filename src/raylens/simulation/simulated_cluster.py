@@ -179,16 +179,17 @@ class SimulatedCluster:
     def group_series(self, node_index: int) -> bytes:
         """The per-group series node ``node_index`` serves now, as its sampler would publish them.
 
-        RSS only, one process per group, stamped with the wall clock; empty without ``groups``.
+        RSS only, one process per group, stamped with the wall clock, with the node's growth
+        figures; empty without ``groups`` (a node with no group still has its sampler).
         With ``sampler_interval_s`` the stamp (and the figures) change only once per
         interval, as a real sampler's do.
         """
         now = time.time()
         if self.sampler_interval_s is not None:
             now -= now % self.sampler_interval_s
-        groups = self.expected_groups(node_index)
-        if not groups:
+        if self.groups is None:
             return b""
+        groups = self.expected_groups(node_index)
         reading = self._samplers[node_index].catch_up(self.elapsed())
         growth = {} if reading is None else reading.group_growth
         node = None
