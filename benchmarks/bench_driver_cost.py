@@ -10,11 +10,12 @@ monitor runs several cycles back to back on a background thread. It compares:
   the driver only sends URLs and receives numbers;
 - ``inprocess``: the same aiohttp engine on an event-loop thread of the driver;
 - ``groups``: ``helper`` with per-group memory and growth on: every raylet also serves
-  four worker groups' series as a node's metrics agent serves what the samplers
-  publish (a new reading, with new figures, every 10 s, the samplers' default), 64 workers per node are
-  registered, and the monitor runs the group-memory
-  cycle (publishing mode: it keeps the samplers running through FakeRay and publishes
-  the figures the scrape carried) and the growth cycle, whose history the helper keeps;
+  four worker groups' series and the node's growth figures as a node's metrics agent
+  serves what its sampler publishes (new figures every 10 s, Ray's default report
+  interval), 64 workers per node are registered, and the monitor runs the group-memory
+  cycle as the driver does (publishing mode, a sampler kept on every scraped node through
+  FakeRay, the figures the scrape carried published) and the growth cycle, which only
+  names the growth each node published;
 - ``old``: the design these replaced, kept here as a yardstick: 32 scrape threads
   in the driver using ``requests``, a first try of at most 1 s per node and a
   retry with the time left for nodes that did not answer.
@@ -76,8 +77,8 @@ def _serve(n_nodes: int, hung: list[int], conn: Connection) -> None:
             for i, group in enumerate(GROUPS)
         }
 
-    # Each node serves four groups' series as its sampler publishes them: a new reading
-    # every 10 s (the samplers' default), whatever the scrape rate.
+    # Each node serves four groups' series and its growth as its sampler publishes them:
+    # new figures every 10 s (what Ray's agent reports by default), whatever the scrape rate.
     with SimulatedCluster(n_nodes, groups=groups, sampler_interval_s=10.0) as sim:
         for index in hung:
             sim.raylet(index).hang()
@@ -247,7 +248,10 @@ def _attach_groups(monitor: HostMemoryMonitor, cluster: FakeCluster) -> None:
         )
     samplers = GroupMemorySamplers(ray=_RayWithSamplersElsewhere(node_ids))
     attach_group_memory(
-        monitor, GroupMemoryCycle(samplers, registry=registry, snapshot=GroupMemorySnapshot())
+        monitor,
+        GroupMemoryCycle(
+            samplers, registry=registry, snapshot=GroupMemorySnapshot(), every_node=True
+        ),
     )
     attach_growth(monitor, GrowthCycle())
 

@@ -40,13 +40,23 @@ begin on the node (each group's start reading, and ``5`` written to every proces
 ``clear_refs``) and its end (the end reading and every process's ``VmHWM``), with kernel
 peaks on and off: what a sampler spends at each boundary.
 
+A sampler at its default 1 s readings: on ``--sampler-processes`` forked workers (64 by
+default), a :class:`GroupMemorySamplerActor` (its own ``/proc``, Ray's gauges replaced by
+ones that keep the value) runs ``--sampler-seconds`` readings back to back (600 by
+default), its clock moved 1 s per reading: every reading of the node and its groups, the
+tree walks (every 30 s), PSS (every 60 s), recording into the node's history and the fits
+(every tenth of the default 600 s window) and publishing. The reading thread's CPU
+divided by the simulated seconds is the share of one core the sampler takes.
+``--sampler-only`` runs this part alone.
+
 OOM post-mortem: building and writing one post-mortem (:mod:`raylens.telemetry.oom`)
 for a node with 8 worker groups and 10 minutes of 1 s samples in its history (the
 default 600 s growth window), the file written atomically into a temporary
 directory; its size is shown beside it.
 
 Run: ``PYTHONPATH=src:fakes .venv/bin/python benchmarks/bench_group_memory.py
-[--processes 8,64,256] [--threads 0] [--repeat 30] [--nodes 100,1000]``. Linux
+[--processes 8,64,256] [--threads 0] [--repeat 30] [--nodes 100,1000]
+[--sampler-processes 64] [--sampler-seconds 600] [--sampler-only]``. Linux
 only. Every forked process is killed on the way out.
 """
 
@@ -70,7 +80,11 @@ from typing import Any
 import numpy as np
 import psutil
 
-from raylens.distributed.group_memory_sampler import DEFAULT_PING_EVERY, GroupMemorySamplers
+from raylens.distributed.group_memory_sampler import (
+    DEFAULT_PING_EVERY,
+    GroupMemorySamplerActor,
+    GroupMemorySamplers,
+)
 from raylens.telemetry.group_memory import (
     GroupMemory,
     GroupMemoryReader,
@@ -450,6 +464,47 @@ def postmortem_cost(repeat: int) -> list[tuple[str, ...]]:
     ]
 
 
+class _KeptGauge:
+    """Stands in for ``ray.util.metrics.Gauge``: keeps the last value, sends nothing."""
+
+    def __init__(self, name: str, description: str = "", tag_keys: tuple[str, ...] = ()) -> None:
+        self.values: dict[tuple[tuple[str, str], ...], float] = {}
+
+    def set(self, value: float, tags: dict[str, str] | None = None) -> None:
+        self.values[tuple(sorted((tags or {}).items()))] = value
+
+
+def sampler_cost(count: int, seconds: int) -> list[tuple[str, ...]]:
+    """A sampler's CPU over ``seconds`` 1 s readings of ``count`` workers, as a share of a core."""
+    from raylens.distributed._group_memory_publishing import RayMetricsPublisher
+
+    clock = SimpleNamespace(now=0.0)
+    with _spawned(count, 0) as workers:
+        sampler = GroupMemorySamplerActor(
+            publisher=RayMetricsPublisher(_KeptGauge),
+            clock=lambda: clock.now,
+            growth_window_s=600.0,
+        )
+        sampler.set_workers(workers)
+        cpu = time.thread_time()
+        wall = time.perf_counter()
+        for _ in range(seconds):
+            clock.now += 1.0
+            sampler.sample_and_publish_once()
+        cpu = time.thread_time() - cpu
+        wall = time.perf_counter() - wall
+    per_reading_ms = 1e3 * cpu / seconds
+    return [
+        (
+            str(count),
+            str(seconds),
+            f"{per_reading_ms:.3f}",
+            f"{1e3 * wall / seconds:.3f}",
+            f"{100 * cpu / seconds:.2f} %",
+        )
+    ]
+
+
 def _table(header: tuple[str, ...], rows: list[tuple[str, ...]]) -> str:
     lines = ["| " + " | ".join(header) + " |"]
     lines.append("|" + "|".join("---:" if i != 1 else "---" for i in range(len(header))) + "|")
@@ -466,9 +521,18 @@ def main() -> None:
     parser.add_argument(
         "--phase-processes", type=int, default=64, help="worker processes for the phase boundary"
     )
+    parser.add_argument("--sampler-processes", type=int, default=64)
+    parser.add_argument("--sampler-seconds", type=int, default=600)
+    parser.add_argument("--sampler-only", action="store_true")
     args = parser.parse_args()
     if not sys.platform.startswith("linux"):
         sys.exit("bench_group_memory needs Linux procfs")
+    sampler_header = ("workers", "readings", "CPU ms per reading", "wall ms", "CPU share at 1 s")
+    sampler_title = "A sampler at 1 s readings, amortised over its tree walks, PSS reads and fits:"
+    if args.sampler_only:
+        print(sampler_title)
+        print(_table(sampler_header, sampler_cost(args.sampler_processes, args.sampler_seconds)))
+        return
     counts = [int(part) for part in args.processes.split(",")]
     print(
         f"Python {sys.version.split()[0]}, {os.cpu_count()} CPUs, "
@@ -505,6 +569,9 @@ def main() -> None:
             sample_versus_maintain(node_counts, args.repeat),
         )
     )
+    print()
+    print(sampler_title)
+    print(_table(sampler_header, sampler_cost(args.sampler_processes, args.sampler_seconds)))
     print()
     print(f"OOM post-mortem, 8 groups, 10 min of 1 s samples (median of {args.repeat}):")
     print(_table(("step", "CPU ms", "wall ms", "file KiB"), postmortem_cost(args.repeat)))

@@ -9,18 +9,15 @@ windows are full and fits run as in a long run, then times ``--cycles`` cycles o
 the GC-tracked objects that as many more cycles left alive (per node per cycle). The
 inputs are built before each cycle, outside the measure.
 
-``--where`` says where the history is kept: ``here`` (the growth cycle's own keeper, as
-when the monitor scrapes in its own process) or ``helper`` (the default monitor: a
-:class:`~raylens.telemetry.scraping._growth_relay.GrowthRelay` keeps it, as the scrape
-helper does, and the driver's cycle only names the figures it holds). With ``helper`` the
-driver's CPU is the cycle plus taking the relay's changes; the relay's own CPU, which the
-helper process spends, is reported apart.
+Each node's figures carry what its sampler published about the node (growth, limit, time
+to limit), as the samplers compute them on their nodes: the cycle keeps no history and only
+names what it reads. ``--warmup`` only fills its caches.
 
 The machine it runs on may be shared: ``--repeat`` runs it again from the start and
 reports the fastest run.
 
 Run: ``PYTHONPATH=src:fakes python benchmarks/bench_growth_cycle.py [--nodes 1000]
-[--cycles 24] [--warmup 150] [--repeat 1] [--where here|helper] [--profile out.prof]``
+[--cycles 24] [--warmup 150] [--repeat 1] [--profile out.prof]``
 """
 
 from __future__ import annotations
@@ -32,14 +29,11 @@ import time
 from collections.abc import Mapping
 
 from raylens.telemetry.growth import GrowthCycle
-from raylens.telemetry.history import GrowthConfig, GrowthFigures, GrowthSettings, RecentHistory
+from raylens.telemetry.history import KillLineConfig
 from raylens.telemetry.host_memory import TOTAL_KEY, USED_KEY, NodeRecord
-from raylens.telemetry.host_memory._helper_engine import HeldGrowth
 from raylens.telemetry.host_memory._nodes import RayNode
 from raylens.telemetry.host_memory._snapshot import NodeKey
-from raylens.telemetry.raylet_payload import GroupFigure, NodeGroupFigures
-from raylens.telemetry.scraping import Outcome
-from raylens.telemetry.scraping._growth_relay import GrowthRelay
+from raylens.telemetry.raylet_payload import GroupFigure, NodeFigures, NodeGroupFigures
 
 GIB = float(1 << 30)
 MIB = float(1 << 20)
@@ -84,9 +78,10 @@ class _Records:
                     figures = NodeGroupFigures(
                         1.7e9 + stamp,
                         tuple(
-                            GroupFigure(g, 2.0e9 + j + (k % 7) * MIB, None, 16.0)
+                            GroupFigure(g, 2.0e9 + j + (k % 7) * MIB, None, 16.0, 1e3 * j)
                             for j, g in enumerate(GROUPS)
                         ),
+                        NodeFigures(1e10, 6e3, 0.0, False, 0.95 * 256 * GIB, None, 600.0, "s", "d"),
                     )
                     self._figures[node.node_id] = figures
                 inside = sum(g.rss_bytes for g in figures.groups)
@@ -96,53 +91,6 @@ class _Records:
                 node, values, at, None, None, "", 0, {}, groups=groups, expires_at=now + 60
             )
         self._records = records
-
-
-class _KeptByHelper(_Records):
-    """The same records, with the growth kept by a relay as the scrape helper keeps it.
-
-    Hung nodes did not answer: the relay sees no outcome for them, as the helper would not.
-    """
-
-    def __init__(self, nodes: int) -> None:
-        super().__init__(nodes)
-        self.relay: GrowthRelay | None = None
-        self.held = HeldGrowth()
-        self.batch = 0
-        self.helper_seconds = 0.0  # the relay: the helper process's CPU
-        self.driver_seconds = 0.0  # taking its changes: the driver's
-
-    def keep_growth(self, config: GrowthConfig | None) -> None:
-        self.held.config = config
-        self.relay = None if config is None else GrowthRelay(config)
-
-    def kept_growth(self) -> Mapping[NodeKey, GrowthFigures]:
-        return self.held.figures
-
-    def recent_history(self, node_id: str, at: float) -> RecentHistory | None:
-        return None
-
-    def advance(self) -> None:
-        super().advance()
-        if self.relay is None:
-            return
-        self.batch += 1
-        records = self.records()
-        keys = list(records)
-        jobs = [(key, "", False) for key in keys]
-        results = {
-            key: Outcome(record.values, None, groups=record.groups)
-            for key, record in records.items()
-            if record.groups is not None
-        }
-        started = time.process_time()
-        # As the helper does: the reply carries what was recorded, then the batch is recorded.
-        changes = self.relay.delivery(self.batch, self.held.applied)
-        self.relay.observe(jobs, results, 1_000.0 + CYCLE_S * self.cycle)
-        self.helper_seconds += time.process_time() - started
-        started = time.process_time()
-        self.held.apply(self.batch, changes, keys)
-        self.driver_seconds += time.process_time() - started
 
 
 def _new_objects(seen: set[int]) -> int:
@@ -161,16 +109,15 @@ def _counting_overhead() -> int:
 _COUNTING = _counting_overhead()
 
 
-def _run(args: argparse.Namespace, profiler: cProfile.Profile | None) -> tuple[float, float, float]:
-    """``(driver CPU seconds, tracked objects left alive, helper CPU seconds)`` of
-    ``args.cycles`` cycles after the warm-up.
+def _run(args: argparse.Namespace, profiler: cProfile.Profile | None) -> tuple[float, float]:
+    """``(driver CPU seconds, tracked objects left alive)`` of ``args.cycles`` cycles after
+    the warm-up.
 
     The cycles are timed first, then as many more are run to count what each leaves alive
     (counting walks every object, which would leave the timed cycles' caches cold).
     """
-    monitor = _KeptByHelper(args.nodes) if args.where == "helper" else _Records(args.nodes)
-    cycle = GrowthCycle(settings=GrowthSettings())
-    cycle.attach_to(monitor)
+    monitor = _Records(args.nodes)
+    cycle = GrowthCycle(kill_line=KillLineConfig())
     for _ in range(args.warmup):
         monitor.advance()
         cycle(monitor)
@@ -178,9 +125,6 @@ def _run(args: argparse.Namespace, profiler: cProfile.Profile | None) -> tuple[f
     gc.disable()
     spent = 0.0
     left_alive = 0
-    helper_spent = 0.0
-    if isinstance(monitor, _KeptByHelper):
-        monitor.helper_seconds = monitor.driver_seconds = 0.0
     try:
         for _ in range(args.cycles):
             monitor.advance()
@@ -191,9 +135,6 @@ def _run(args: argparse.Namespace, profiler: cProfile.Profile | None) -> tuple[f
             spent += time.process_time() - start
             if profiler is not None:
                 profiler.disable()
-        if isinstance(monitor, _KeptByHelper):  # the timed cycles' share, counted apart
-            spent += monitor.driver_seconds
-            helper_spent = monitor.helper_seconds
         for _ in range(args.cycles):
             monitor.advance()
             gc.collect()
@@ -205,7 +146,7 @@ def _run(args: argparse.Namespace, profiler: cProfile.Profile | None) -> tuple[f
             del before, seen
     finally:
         gc.enable()
-    return spent, left_alive, helper_spent
+    return spent, left_alive
 
 
 def main() -> None:
@@ -214,7 +155,6 @@ def main() -> None:
     parser.add_argument("--cycles", type=int, default=24)
     parser.add_argument("--warmup", type=int, default=150)
     parser.add_argument("--repeat", type=int, default=1, help="runs; the fastest is reported")
-    parser.add_argument("--where", choices=("here", "helper"), default="here")
     parser.add_argument("--profile", default="")
     args = parser.parse_args()
 
@@ -222,19 +162,13 @@ def main() -> None:
     runs = [_run(args, profiler) for _ in range(args.repeat)]
     if profiler is not None:
         profiler.dump_stats(args.profile)
-    spent, left_alive, helper = min(runs)
+    spent, left_alive = min(runs)
     per = args.nodes * args.cycles
-    kept = "by the helper" if args.where == "helper" else "here"
     print(
-        f"growth cycle, history kept {kept}: driver {1e3 * spent / per:.4f} ms per node per "
-        f"cycle (GC off, best of {args.repeat}), {left_alive / per:.2f} GC-tracked objects left "
-        f"alive per node per cycle ({args.nodes} nodes, {args.cycles} cycles after "
-        f"{args.warmup})"
-        + (
-            f"; helper {1e3 * helper / per:.4f} ms per node per cycle"
-            if args.where == "helper"
-            else ""
-        )
+        f"growth cycle, naming what the nodes publish: driver {1e3 * spent / per:.4f} ms per "
+        f"node per cycle (GC off, best of {args.repeat}), {left_alive / per:.2f} GC-tracked "
+        f"objects left alive per node per cycle ({args.nodes} nodes, {args.cycles} cycles "
+        f"after {args.warmup})"
     )
 
 

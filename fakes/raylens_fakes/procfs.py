@@ -1,7 +1,8 @@
 """A fake ``/proc`` tree on disk, for testing :mod:`raylens.telemetry.process_memory`.
 
 :class:`FakeProcFS` writes the few files raylens reads (``stat``, ``statm``,
-``smaps_rollup``, ``status`` with its ``VmHWM`` and ``task/<tid>/children``) under a directory of your choosing,
+``smaps_rollup``, ``status`` with its ``VmHWM`` and ``task/<tid>/children``, and the
+machine's ``meminfo``) under a directory of your choosing,
 and takes the one write raylens makes (``5`` to ``clear_refs``, which resets ``VmHWM``),
 in the kernel's formats, and hands out a :class:`~raylens.telemetry.process_memory.ProcFS`
 reader over it (:attr:`FakeProcFS.procfs`).
@@ -37,6 +38,10 @@ from raylens.telemetry.process_memory import ProcFS
 
 PAGE_SIZE = mmap.PAGESIZE
 """Bytes per page, as the reader converts ``statm`` pages to bytes."""
+DEFAULT_MEM_TOTAL = 64 * 1024**3
+"""The machine's total memory in ``meminfo`` unless :meth:`FakeProcFS.set_machine` says otherwise."""
+DEFAULT_OTHER_USED = 1024**3
+"""Memory the machine uses besides the fake's processes, by default."""
 
 
 class ProcessOptions(TypedDict, total=False):
@@ -88,7 +93,10 @@ class FakeProcFS:
         self._denied: set[tuple[str, str]] = set()
         self._exit_on_open: set[tuple[str, str]] = set()
         self._next_ticks = 1000
+        self._mem_total = DEFAULT_MEM_TOTAL
+        self._other_used = DEFAULT_OTHER_USED
         self.procfs = ProcFS(self.root, opener=self.open)
+        self._write_meminfo()
         if self_pid is not None:
             self.add_process(self_pid)
             os.symlink(str(self_pid), self.root / "self")
@@ -173,6 +181,7 @@ class FakeProcFS:
         """
         process = self._processes.pop(pid)
         shutil.rmtree(self.root / str(pid), ignore_errors=True)
+        self._write_meminfo()
         parent = self._processes.get(process.parent) if process.parent is not None else None
         if parent is not None and not keep_listing:
             tid = process.parent_tid if process.parent_tid is not None else parent.pid
@@ -245,6 +254,29 @@ class FakeProcFS:
         process.hwm_bytes = _check_hwm(rss_bytes, hwm)
         process.rss_bytes, process.pss_bytes = rss_bytes, pss
         self._write(process)
+
+    def set_machine(
+        self, *, total_bytes: int | None = None, other_used_bytes: int | None = None
+    ) -> None:
+        """Change the machine's total and the memory it uses besides the fake's processes.
+
+        ``meminfo`` says ``MemAvailable = total - other_used - every live process's RSS``.
+        """
+        if total_bytes is not None:
+            self._mem_total = total_bytes
+        if other_used_bytes is not None:
+            self._other_used = other_used_bytes
+        self._write_meminfo()
+
+    def _write_meminfo(self) -> None:
+        used = self._other_used + sum(p.rss_bytes for p in self._processes.values() if not p.zombie)
+        available = max(0, self._mem_total - used)
+        _put(
+            self.root / "meminfo",
+            f"MemTotal:       {self._mem_total // 1024} kB\n"
+            f"MemFree:        {available // 1024} kB\n"
+            f"MemAvailable:   {available // 1024} kB\n",
+        )
 
     def make_zombie(self, pid: int, *, empty_smaps_rollup: bool = False) -> None:
         """The process has exited but is not reaped: no address space left.
@@ -354,6 +386,7 @@ class FakeProcFS:
             _put(rollup, _rollup_text(process.rss_bytes, process.pss_bytes))
         elif rollup.exists():
             rollup.unlink()
+        self._write_meminfo()  # the machine's used memory follows its processes'
 
     def _write_children(self, process: _Process, tid: int) -> None:
         listed = process.children.get(tid, [])

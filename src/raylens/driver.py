@@ -38,7 +38,14 @@ from raylens.lens import (
 )
 from raylens.telemetry import host_memory
 from raylens.telemetry.growth import GrowthCycle, attach_growth
-from raylens.telemetry.history import GrowthSettings, resolve_kill_line_config
+from raylens.telemetry.history import (
+    DEFAULT_GROWTH_WINDOW_S,
+    DEFAULT_SAMPLE_INTERVAL_S,
+    GrowthSettings,
+    check_growth_window,
+    growth_window_for_sampling,
+    resolve_kill_line_config,
+)
 from raylens.telemetry.oom import OomWatch, PostMortemWriter, attach_oom_watch
 
 if TYPE_CHECKING:
@@ -100,13 +107,15 @@ def init_telemetry_driver(
 
     Each monitor cycle also reads the memory of every registered worker group's
     processes on their nodes (``rl.worker_group.memory.usage``): worker groups
-    register themselves, and samplers start on a node only once one does.
+    register themselves, and each node's sampler reads their processes there.
 
-    Each cycle also feeds the growth history (``rl.host.memory.growth``,
-    ``rl.worker_group.memory.growth``, ``rl.host.memory.limit``,
-    ``rl.host.memory.time_to_limit``). ``growth_window`` is its sliding window in
-    seconds; it defaults to ``RAYLENS_GROWTH_WINDOW``, else 600. A bad window is
-    logged and the default used.
+    Every node scraped gets a sampler, which reads the node every second and computes
+    its growth there; each cycle exports what the nodes published
+    (``rl.host.memory.growth``, ``rl.worker_group.memory.growth``,
+    ``rl.host.memory.limit``, ``rl.host.memory.time_to_limit``). ``growth_window`` is
+    the samplers' sliding window in seconds; it defaults to ``RAYLENS_GROWTH_WINDOW``,
+    else 600. A bad window (one shorter than 30 readings included) is logged in one
+    line naming the shortest allowed, and the default used.
 
     Phases marked with :func:`raylens.phase` are exported
     (``rl.worker_group.memory.phase_peak``, ``rl.worker_group.memory.phase_delta``).
@@ -130,7 +139,7 @@ def init_telemetry_driver(
     monitor = host_memory.start_host_memory_monitoring(interval)
     if monitor is not None:
         groups = _attach_group_memory(monitor)
-        growth = _attach_growth(monitor, growth_window)
+        growth = _attach_growth(monitor, growth_window, groups)
         _attach_postmortems(monitor, growth, groups)
     _attach_phases(kernel_peaks, phase_log)
     add_shutdown_hook(host_memory.stop_host_memory_monitoring)
@@ -141,7 +150,9 @@ def _attach_group_memory(monitor: host_memory.HostMemoryMonitor) -> GroupMemoryC
     try:
         from raylens.distributed.group_memory_cycle import attach_group_memory
 
-        return attach_group_memory(monitor)
+        cycle = attach_group_memory(monitor)
+        cycle.every_node = True  # the driver's samplers are every node's home for growth
+        return cycle
     except Exception:
         warn_once(
             "driver.group_memory",
@@ -152,24 +163,36 @@ def _attach_group_memory(monitor: host_memory.HostMemoryMonitor) -> GroupMemoryC
 
 
 def _attach_growth(
-    monitor: host_memory.HostMemoryMonitor, window: float | None
+    monitor: host_memory.HostMemoryMonitor,
+    window: float | None,
+    groups: GroupMemoryCycle | None,
 ) -> GrowthCycle | None:
+    """Name the growth the nodes' samplers publish, after giving them the window and line."""
     try:
-        settings = (
-            GrowthSettings.from_env()
+        window_s = (
+            growth_window_for_sampling(sample_interval_s=DEFAULT_SAMPLE_INTERVAL_S)
             if window is None
-            else GrowthSettings.from_env(window_s=window)
+            else check_growth_window(window, DEFAULT_SAMPLE_INTERVAL_S, name="growth_window")
         )
     except ValueError as error:
         logger.error("raylens growth: %s; using the default window", error)
-        settings = GrowthSettings()
+        window_s = DEFAULT_GROWTH_WINDOW_S
     try:
         kill_line = resolve_kill_line_config(system_config=connected_system_config())
     except ValueError as error:
         logger.error("raylens growth: %s; using Ray's default threshold", error)
         kill_line = resolve_kill_line_config(env={})
     try:
-        return attach_growth(monitor, GrowthCycle(settings=settings, kill_line=kill_line))
+        node_history = None
+        if groups is not None:
+            groups.samplers.configure_growth(window_s=window_s, kill_line=kill_line)
+            node_history = groups.samplers.recent_history
+        cycle = GrowthCycle(
+            settings=GrowthSettings(window_s=window_s),
+            kill_line=kill_line,
+            node_history=node_history,
+        )
+        return attach_growth(monitor, cycle)
     except Exception:
         warn_once(
             "driver.growth",

@@ -131,6 +131,8 @@ class NodeRow:
     limit: float | None = None
     time_to_limit: float | None = None
     fastest_group: str | None = None
+    #: Why the node has no growth figures (one line), None when it has them.
+    growth_unavailable: str | None = None
 
     @property
     def warning(self) -> str | None:
@@ -175,6 +177,7 @@ class NodeRow:
             if self.time_to_limit is None
             else round(self.time_to_limit, 1),
             "fastest_growing_group": self.fastest_group,
+            "growth_unavailable": self.growth_unavailable,
             "warning": self.warning,
         }
 
@@ -389,6 +392,28 @@ def node_summary(rows: Iterable[NodeRow]) -> NodeSummary:
     return NodeSummary(nodes, failing, used, total, len(hosts))
 
 
+#: Node ids one "growth unavailable" line names before it only counts the rest.
+_UNAVAILABLE_NAMED = 3
+
+
+def growth_unavailable_lines(rows: Iterable[NodeRow]) -> list[str]:
+    """One line per reason some nodes have no growth figures, naming the first few nodes."""
+    by_reason: dict[str, list[str]] = {}
+    for row in rows:
+        if row.growth_unavailable is not None:
+            by_reason.setdefault(row.growth_unavailable, []).append(row.node_id[:8])
+    lines = []
+    for reason, nodes in sorted(by_reason.items()):
+        named = ", ".join(nodes[:_UNAVAILABLE_NAMED])
+        more = (
+            f" and {len(nodes) - _UNAVAILABLE_NAMED} more"
+            if len(nodes) > _UNAVAILABLE_NAMED
+            else ""
+        )
+        lines.append(f"growth unavailable on {len(nodes)} node(s) ({named}{more}): {reason}")
+    return lines
+
+
 #: Most recent OOM kills the node table lists under it.
 KILLS_SHOWN = 5
 
@@ -434,6 +459,9 @@ def node_table(
         if row.warning:
             caption.append("\n")
             caption.append(Text(f"warning: {printable(row.warning)}", style="bold red"))
+    for line in growth_unavailable_lines(ordered):
+        caption.append("\n")
+        caption.append(Text(printable(line)))
     for line in list(kills)[-KILLS_SHOWN:]:
         caption.append("\n")
         caption.append(Text(printable(line), style="bold red"))

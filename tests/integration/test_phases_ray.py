@@ -70,7 +70,7 @@ def test_a_spike_between_samples_is_policys_kernel_peak_and_rollout_stays_flat(
     monitor = host_memory.HostMemoryMonitor(
         1.0, scrape_mode="inprocess", consumer=True, scrape_timeout=5.0
     )
-    samplers = GroupMemorySamplers(sample_interval_s=1.0)
+    samplers = GroupMemorySamplers()
     attach_group_memory(monitor, GroupMemoryCycle(samplers))
     policy = groups["policy"]
     policy_node = ray.get(policy.workers[0].node_id.remote())

@@ -77,6 +77,7 @@ class NodeTable:
                     limit=outlook.limit if outlook else None,
                     time_to_limit=outlook.time_to_limit if outlook else None,
                     fastest_group=outlook.fastest_group if outlook else None,
+                    growth_unavailable=outlook.unavailable if outlook else None,
                 )
             )
         for gone in set(self.history) - seen:
@@ -181,6 +182,17 @@ def _simulated_memory(node_index: int, t: float) -> tuple[float, float]:
     return used, total
 
 
+def _simulated_groups(policy_nodes: int) -> Callable[[int, float], dict[str, float]]:
+    """The first ``policy_nodes`` nodes run ``policy``, the rest ``rollout``, holding most of
+    what is used, as the simulation's samplers publish it (so its nodes show growth)."""
+
+    def groups(node_index: int, t: float) -> dict[str, float]:
+        used, _total = _simulated_memory(node_index, t)
+        return {("policy" if node_index < policy_nodes else "rollout"): 0.6 * used}
+
+    return groups
+
+
 # The most nodes ``raylens simulate`` starts. Each is a real HTTP server in this
 # process, scraped over its own connection every cycle: on two cores 2,000 nodes are
 # all scraped within a 5 s deadline (8 s, 0.5 GB), while 4,000 leave half of them
@@ -248,12 +260,18 @@ def run_simulate(args: argparse.Namespace, stop: threading.Event) -> int:
         [("generation", 0.0, 40.0), ("training", 40.0, 55.0), ("weight refit", 55.0, 60.0)],
         repeat_s=60.0,
     )
-    with SimulatedCluster(args.nodes, schedule=_simulated_memory, phases=phases) as simulated:
+    policy_nodes = max(1, args.nodes // 2)
+    with SimulatedCluster(
+        args.nodes,
+        schedule=_simulated_memory,
+        groups=_simulated_groups(policy_nodes),
+        phases=phases,
+    ) as simulated:
         for index in range(args.hung):
             simulated.raylet(args.nodes - 1 - index).hang()
         node_ids = simulated.node_ids
-        host_memory.register_worker_group_nodes("policy", node_ids[: max(1, len(node_ids) // 2)])
-        host_memory.register_worker_group_nodes("rollout", node_ids[len(node_ids) // 2 :])
+        host_memory.register_worker_group_nodes("policy", node_ids[:policy_nodes])
+        host_memory.register_worker_group_nodes("rollout", node_ids[policy_nodes:])
         # The fake raylets are served by this process anyway: scrape here, without a helper.
         monitor = host_memory.HostMemoryMonitor(
             args.interval,

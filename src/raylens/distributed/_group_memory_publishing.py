@@ -1,27 +1,42 @@
-"""Inside a node's sampler actor: read the worker groups on a timer and publish through Ray.
+"""Inside a node's sampler actor: read the node and its worker groups on a timer, publish through Ray.
 
 :class:`GroupMemorySamplerActor` is what runs in the actor (it also answers readings on
-demand); :class:`PublishingLoop` is its timer and bookkeeping; :class:`GroupMemoryPublisher`
-is the seam to Ray, whose default, :class:`RayMetricsPublisher`, sets ``ray.util.metrics``
-gauges (the series named in :mod:`raylens.telemetry.raylet_payload`) that the node's
-metrics agent serves on the endpoint the host-memory scrape reads. Tests hand the actor
-their own publisher.
+demand); :class:`PublishingLoop` is its timer and bookkeeping; the seam to Ray, where each
+reading goes, is in :mod:`raylens.distributed._sampler_gauges`. Tests hand the actor their
+own publisher.
 
 Invariants: the Ray gauges are created on first use inside the actor process, never at
 import; each reading also sets the wall-clock ``sampled_at`` series, so a reader finding
 several samplers' series on one node (told apart by ``WorkerId``) takes the freshest; a
 group that leaves, and a PSS figure that stops being known, are set to NaN once and then no
 more, so readers drop them at once rather than at Ray's gauge expiry.
+
+Each reading also reads the node's used memory (Ray's definition, see
+:mod:`raylens.telemetry.node_usage`) and records it, with each group's RSS, in the node's
+own :class:`~raylens.telemetry.history.NodeGrowthKeeper`: the node's growth, the growth
+outside its groups, each group's growth, the growing state, the kill line and the time to
+it are computed here, once, and published with the sampler's identity, so every reader of
+the node's endpoint sees the same figures without keeping any history.
 """
 
 from __future__ import annotations
 
 import logging
+import os
+import socket
+import sys
 import threading
 import time
 from collections.abc import Callable, Iterable
-from typing import Any, Protocol, runtime_checkable
+from typing import Any
 
+from raylens.distributed._sampler_gauges import (
+    GroupMemoryPublisher,
+    GrowthPublisher,
+    KernelOomPublisher,
+    NodeGrowthPublisher,
+    RayMetricsPublisher,
+)
 from raylens.lens import warn_once
 from raylens.safe_text import printable
 from raylens.telemetry.group_memory import (
@@ -30,20 +45,17 @@ from raylens.telemetry.group_memory import (
     NodeGroupMemory,
     as_group_worker,
 )
-from raylens.telemetry.history import GrowthSettings, MemoryHistory
+from raylens.telemetry.history import (
+    GrowthSettings,
+    KillLineConfig,
+    NodeGrowthKeeper,
+    RecentHistory,
+    resolve_kill_line_config,
+)
+from raylens.telemetry.node_usage import CGROUP_ROOT, NodeUsage, read_node_usage
 from raylens.telemetry.oom import KernelOomCount, read_kernel_oom_count
 from raylens.telemetry.phase_memory import NodePhaseTracker
 from raylens.telemetry.procfs import ProcFS
-from raylens.telemetry.raylet_payload import (
-    GROUP_GROWTH_GAUGE,
-    GROUP_LABEL,
-    GROUP_MEMORY_GAUGE,
-    GROUP_PROCESSES_GAUGE,
-    MEMORY_TYPE_LABEL,
-    NODE_OOM_KILLS_GAUGE,
-    OOM_SOURCE_LABEL,
-    SAMPLER_SAMPLED_AT_GAUGE,
-)
 from raylens.validation import positive_seconds
 
 __all__ = [
@@ -53,6 +65,7 @@ __all__ = [
     "STOP_TIMEOUT_S",
     "GroupMemoryPublisher",
     "GroupMemorySamplerActor",
+    "NodeGrowthPublisher",
     "PublishingLoop",
     "RayMetricsPublisher",
 ]
@@ -69,125 +82,6 @@ DEFAULT_TREE_INTERVAL_SECONDS = 30.0
 worker spawns in between is counted from the next walk (a new worker is walked at once)."""
 
 _LOGGER = logging.getLogger("raylens.distributed")
-_NAN = float("nan")
-_RSS = "rss"
-_PSS = "pss"
-
-
-class GroupMemoryPublisher(Protocol):
-    """Where a sampler's readings go: one call per group per reading, then the time."""
-
-    def set_group(self, group: str, rss_bytes: int, pss_bytes: int | None, processes: int) -> None:
-        """Publish one group's figures; ``pss_bytes`` None means PSS is not known now."""
-
-    def forget_group(self, group: str) -> None:
-        """The group is no longer on this node: mark its series gone (NaN)."""
-
-    def set_sampled_at(self, seconds: float) -> None:
-        """The wall-clock time of the reading just published."""
-
-
-@runtime_checkable
-class KernelOomPublisher(Protocol):
-    """A publisher that also takes the kernel's OOM-kill count on the node."""
-
-    def set_kernel_oom_kills(self, kills: int, source: str) -> None:
-        """Publish the count (cumulative) and where it was read (``cgroup`` or ``vmstat``)."""
-
-
-@runtime_checkable
-class GrowthPublisher(Protocol):
-    """A publisher that also takes each group's growth rate, where the sampler knows one."""
-
-    def set_growth(self, group: str, bytes_per_second: float) -> None:
-        """Publish the group's growth (bytes per second) over the sampler's window."""
-
-
-def _ray_gauge_class() -> Any:
-    from ray.util.metrics import Gauge
-
-    return Gauge
-
-
-class RayMetricsPublisher:
-    """Publishes through ``ray.util.metrics`` gauges, made on the first call.
-
-    ``gauge_class`` stands in for ``ray.util.metrics.Gauge`` (imported on first use
-    when None): anything taking ``(name, description=..., tag_keys=...)`` whose
-    instances have ``set(value, tags=...)``. Not thread-safe; one loop calls it.
-    """
-
-    def __init__(self, gauge_class: Callable[..., Any] | None = None) -> None:
-        self._gauge_class = gauge_class
-        self._gauges: tuple[Any, Any, Any, Any] | None = None
-        # Groups whose PSS series holds a number, so a PSS that stops being known gets NaN.
-        self._with_pss: set[str] = set()
-        self._oom_gauge: Any = None
-
-    def _made(self) -> tuple[Any, Any, Any, Any]:
-        if self._gauges is None:
-            gauge = self._gauge_class or _ray_gauge_class()
-            self._gauges = (
-                gauge(
-                    GROUP_MEMORY_GAUGE,
-                    description="Memory of a worker group's process trees on this node, in "
-                    "bytes, by memory_type (rss or pss), read by raylens' sampler.",
-                    tag_keys=(GROUP_LABEL, MEMORY_TYPE_LABEL),
-                ),
-                gauge(
-                    GROUP_PROCESSES_GAUGE,
-                    description="Processes in a worker group's process trees on this node.",
-                    tag_keys=(GROUP_LABEL,),
-                ),
-                gauge(
-                    SAMPLER_SAMPLED_AT_GAUGE,
-                    description="Unix time of raylens' sampler's latest reading on this node.",
-                    tag_keys=(),
-                ),
-                gauge(
-                    GROUP_GROWTH_GAUGE,
-                    description="Growth of a worker group's RSS on this node, in bytes per "
-                    "second, over raylens' growth window; absent until the window is full.",
-                    tag_keys=(GROUP_LABEL,),
-                ),
-            )
-        return self._gauges
-
-    def set_group(self, group: str, rss_bytes: int, pss_bytes: int | None, processes: int) -> None:
-        memory, counts, _, _ = self._made()
-        memory.set(float(rss_bytes), tags={GROUP_LABEL: group, MEMORY_TYPE_LABEL: _RSS})
-        if pss_bytes is not None:
-            memory.set(float(pss_bytes), tags={GROUP_LABEL: group, MEMORY_TYPE_LABEL: _PSS})
-            self._with_pss.add(group)
-        elif group in self._with_pss:
-            memory.set(_NAN, tags={GROUP_LABEL: group, MEMORY_TYPE_LABEL: _PSS})
-            self._with_pss.discard(group)
-        counts.set(float(processes), tags={GROUP_LABEL: group})
-
-    def forget_group(self, group: str) -> None:
-        memory, counts, _, growth = self._made()
-        growth.set(_NAN, tags={GROUP_LABEL: group})
-        memory.set(_NAN, tags={GROUP_LABEL: group, MEMORY_TYPE_LABEL: _RSS})
-        if group in self._with_pss:
-            memory.set(_NAN, tags={GROUP_LABEL: group, MEMORY_TYPE_LABEL: _PSS})
-            self._with_pss.discard(group)
-        counts.set(_NAN, tags={GROUP_LABEL: group})
-
-    def set_sampled_at(self, seconds: float) -> None:
-        self._made()[2].set(float(seconds))
-
-    def set_growth(self, group: str, bytes_per_second: float) -> None:
-        self._made()[3].set(float(bytes_per_second), tags={GROUP_LABEL: group})
-
-    def set_kernel_oom_kills(self, kills: int, source: str) -> None:
-        if self._oom_gauge is None:
-            self._oom_gauge = (self._gauge_class or _ray_gauge_class())(
-                NODE_OOM_KILLS_GAUGE,
-                description="The kernel's OOM kills counted where this node runs (its "
-                "container's memory.events, else /proc/vmstat), read by raylens' sampler.",
-                tag_keys=(OOM_SOURCE_LABEL,),
-            )
-        self._oom_gauge.set(float(kills), tags={OOM_SOURCE_LABEL: source})
 
 
 class PublishingLoop:
@@ -199,7 +93,10 @@ class PublishingLoop:
     once per process and the loop carries on. ``wall_clock`` (default
     :func:`time.time`) stamps each reading. ``lock`` guards ``reader``, which other
     callers in the process may share. ``on_reading`` is called with every reading
-    published (a phase's sampled peaks come from there). Thread-safe.
+    published (a phase's sampled peaks come from there). With ``keeper`` and
+    ``node_usage`` (a reading of the node's memory), each pass also records the node and
+    its groups there and publishes the node's figures and each group's growth.
+    Thread-safe.
     """
 
     def __init__(
@@ -209,7 +106,8 @@ class PublishingLoop:
         *,
         lock: threading.Lock | None = None,
         wall_clock: Callable[[], float] | None = None,
-        history: MemoryHistory | None = None,
+        keeper: NodeGrowthKeeper | None = None,
+        node_usage: Callable[[], NodeUsage | None] | None = None,
         clock: Callable[[], float] | None = None,
         on_reading: Callable[[NodeGroupMemory], None] | None = None,
         kernel_oom_count: Callable[[], KernelOomCount | None] | None = None,
@@ -223,7 +121,8 @@ class PublishingLoop:
         self._largest: tuple[tuple[tuple[int, str, int], ...], float] | None = None
         self._largest_before: tuple[tuple[tuple[int, str, int], ...], float] | None = None
         self._killed_since_previous = False
-        self._history = history
+        self._keeper = keeper
+        self._node_usage = node_usage
         self._clock = clock or time.monotonic
         self._publisher = publisher
         self._lock = lock or threading.Lock()
@@ -305,15 +204,14 @@ class PublishingLoop:
             if self._closed:  # stopped while reading: stop() no longer waits for this pass
                 return None
             present = set()
-            now = self._clock()
             for group in reading.groups:
                 self._publisher.set_group(
                     group.group, group.rss_bytes, group.pss_bytes, group.process_count
                 )
                 present.add(group.group)
                 self._published.add(group.group)
-                self._publish_growth(group.group, now, group.rss_bytes)
             self._forget(self._published - present)
+            self._publish_node(reading)
             stamp = self._wall_clock()
             self._publish_kernel_oom_kills()
             self._largest_before = self._largest
@@ -351,19 +249,41 @@ class PublishingLoop:
         processes, stamp = chosen
         return {"sampled_at": stamp, "processes": [list(entry) for entry in processes]}
 
-    def _publish_growth(self, group: str, now: float, rss_bytes: int) -> None:
-        """Record the group's RSS in this node's history and publish its growth once known."""
-        if self._history is None or not isinstance(self._publisher, GrowthPublisher):
+    def _publish_node(self, reading: NodeGroupMemory) -> None:
+        """Record the node and its groups in the keeper; publish the node's figures and growth."""
+        keeper, publisher = self._keeper, self._publisher
+        if keeper is None or self._node_usage is None:
             return
-        self._history.record(group, now, rss_bytes)
-        series = self._history.series(group)
-        if series is not None and series.growth is not None:
-            self._publisher.set_growth(group, series.growth)
+        usage = self._node_usage()
+        figures = None
+        if usage is not None:
+            figures = keeper.record(
+                self._clock(),
+                usage.used,
+                {group.group: float(group.rss_bytes) for group in reading.groups},
+                host_total=usage.host_total,
+                cgroup_total=usage.cgroup_total,
+            )
+            if isinstance(publisher, GrowthPublisher):
+                for group, rate in figures.group_growth.items():
+                    if rate is not None and group in self._published:
+                        publisher.set_growth(group, rate)
+        if isinstance(publisher, NodeGrowthPublisher):
+            publisher.set_node(figures, keeper.window_s)
+
+    def recent_history(self, at_wall: float) -> RecentHistory | None:
+        """The node's recent memory up to the wall-clock time ``at_wall``; None without a keeper.
+
+        The keeper runs on the monotonic clock, so ``at_wall`` is placed on it by the
+        distance between the two clocks now.
+        """
+        if self._keeper is None:
+            return None
+        at = self._clock() - (self._wall_clock() - float(at_wall))
+        return self._keeper.recent(at)
 
     def _forget(self, groups: set[str]) -> None:
         for group in sorted(groups):
-            if self._history is not None:
-                self._history.forget(group)
             # Dropped from the set first: a publisher that fails here is not asked again.
             self._published.discard(group)
             self._publisher.forget_group(group)
@@ -395,9 +315,13 @@ class GroupMemorySamplerActor:
     through ``publisher`` (default: Ray's metrics pipeline, see
     :mod:`raylens.distributed._group_memory_publishing`), stamped with ``wall_clock``
     (default :func:`time.time`); ``clock`` times the reader's intervals and the
-    growth history. Each group's RSS also feeds a history on the node, and its growth
-    over ``growth_window_s`` (default ``RAYLENS_GROWTH_WINDOW``, else 600 s) is
-    published once the window is full, so any reader sees it without keeping history.
+    growth history. Each reading also reads the node's used memory (``node_usage``,
+    default :func:`~raylens.telemetry.node_usage.read_node_usage`) and records it with
+    each group's RSS in the node's keeper: growth over ``growth_window_s`` (default
+    ``RAYLENS_GROWTH_WINDOW``, else 600 s), the kill line drawn by ``kill_line`` (default:
+    resolved from the node's environment) and the time to it are published with the
+    sampler's identity (its Ray actor id, and ``started_by``, the monitor that started
+    it), so any reader sees them without keeping history.
 
     Phases (see :mod:`raylens.distributed.phases`): :meth:`phase_begin` reads the
     groups' start and resets their processes' peaks; every timed reading raises their
@@ -417,10 +341,26 @@ class GroupMemorySamplerActor:
         wall_clock: Callable[[], float] | None = None,
         growth_window_s: float | None = None,
         procfs: ProcFS | None = None,
+        kill_line: KillLineConfig | None = None,
+        started_by: str = "",
+        node_usage: Callable[[], NodeUsage | None] | None = None,
     ) -> None:
         self._lock = threading.Lock()
         if procfs is None:
             procfs = ProcFS(procfs_root) if procfs_root is not None else ProcFS()
+        settings = (
+            GrowthSettings.from_env()
+            if growth_window_s is None
+            else GrowthSettings.from_env(window_s=growth_window_s)
+        )
+        if kill_line is None:
+            try:
+                kill_line = resolve_kill_line_config()
+            except ValueError:
+                kill_line = resolve_kill_line_config(env={})
+        self.sampler_id = _own_sampler_id()
+        if node_usage is None:
+            node_usage = _node_usage_reader(procfs)
         self._phases = NodePhaseTracker(procfs, host_name=host_name)
         self._reader = GroupMemoryReader(
             procfs,
@@ -432,14 +372,13 @@ class GroupMemorySamplerActor:
         )
         self._loop = PublishingLoop(
             self._reader,
-            publisher if publisher is not None else RayMetricsPublisher(),
+            publisher
+            if publisher is not None
+            else RayMetricsPublisher(sampler=self.sampler_id, started_by=printable(started_by)),
             lock=self._lock,
             wall_clock=wall_clock,
-            history=MemoryHistory(
-                GrowthSettings.from_env()
-                if growth_window_s is None
-                else GrowthSettings.from_env(window_s=growth_window_s)
-            ),
+            keeper=NodeGrowthKeeper(settings, kill_line),
+            node_usage=node_usage,
             clock=clock,
             on_reading=self._phases.observe,
             kernel_oom_count=lambda: read_kernel_oom_count(procfs.root, opener=procfs.opener),
@@ -483,6 +422,31 @@ class GroupMemorySamplerActor:
         """The node's largest processes at the last reading before a kill (see the loop's)."""
         return self._loop.largest_processes()
 
+    def recent_history(self, at_wall: float) -> RecentHistory | None:
+        """The node's recent memory up to the Unix time ``at_wall``, as a post-mortem shows it."""
+        return self._loop.recent_history(at_wall)
+
     def ping(self) -> int:
         """Readings published so far: an answer at all says the actor is alive."""
         return self._loop.passes
+
+
+def _node_usage_reader(procfs: ProcFS) -> Callable[[], NodeUsage | None]:
+    """How the sampler reads its node: through ``procfs``; the container's files only when
+    that is the node's own ``/proc`` (a procfs mounted elsewhere is not this container's)."""
+    root, opener = procfs.root, procfs.opener
+    cgroup_root = CGROUP_ROOT if root == "/proc" else None
+    return lambda: read_node_usage(root, cgroup_root=cgroup_root, opener=opener)
+
+
+def _own_sampler_id() -> str:
+    """This sampler's Ray actor id; the host and pid outside an actor (a test, a bench)."""
+    ray = sys.modules.get("ray")  # imported already in an actor; never imported here
+    try:
+        if ray is not None and ray.is_initialized():
+            actor = ray.get_runtime_context().get_actor_id()
+            if actor:
+                return printable(str(actor))[:80]
+    except Exception:
+        pass
+    return f"{socket.gethostname()}/{os.getpid()}"

@@ -160,7 +160,10 @@ class GroupMemoryCycle:
     ``samplers`` defaults to a :class:`GroupMemorySamplers` on the real Ray (imported
     only once a worker is registered); ``registry`` and ``snapshot`` default to the
     process-wide ones; ``mode`` to :attr:`CollectionMode.PUBLISH`. :attr:`last_cost`
-    says what the latest collection cost the driver's thread.
+    says what the latest collection cost the driver's thread. With :attr:`every_node`
+    (what the driver sets) a publishing cycle keeps a sampler on every node the monitor
+    scrapes, workers or not, since the sampler is where a node's growth is computed;
+    without it (a ``raylens watch``, which only reads) only on nodes with workers here.
     """
 
     def __init__(
@@ -170,7 +173,9 @@ class GroupMemoryCycle:
         registry: GroupWorkerRegistry | None = None,
         snapshot: GroupMemorySnapshot | None = None,
         mode: CollectionMode | str = CollectionMode.PUBLISH,
+        every_node: bool = False,
     ) -> None:
+        self.every_node = every_node
         self.samplers = samplers if samplers is not None else GroupMemorySamplers()
         self.registry = registry if registry is not None else DEFAULT_REGISTRY
         self.snapshot = snapshot if snapshot is not None else DEFAULT_SNAPSHOT
@@ -185,6 +190,9 @@ class GroupMemoryCycle:
         self._workers: tuple[int, WorkersByNode, dict[str, Counter[str]]] | None = None
         # Per node: the reading last published, with the stamp, host and registration it had.
         self._built: dict[str, PublishedReading] = {}
+        # The nodes the monitor scraped last, and a count of the times that set changed.
+        self._nodes: frozenset[str] = frozenset()
+        self._nodes_version = 0
         forking.reset_after_fork_in_child(self)
 
     def reset_after_fork(self) -> None:
@@ -233,13 +241,21 @@ class GroupMemoryCycle:
     ) -> dict[str, PublishedReading | NodeGroupMemory | SamplerError]:
         """Keep the samplers running, and publish the figures the scrape brought back.
 
-        Only the nodes whose sampler published anew (or whose host or registration
-        changed) get a new reading; every other node's reading stands as built, so a
-        cycle costs what changed plus one look per node.
+        With :attr:`every_node`, every node the monitor scrapes keeps a sampler. Only the nodes whose sampler published anew
+        (or whose host or registration changed) get a new reading; every other node's
+        reading stands as built, so a cycle costs what changed plus one look per node.
         """
         version, workers, counts_by_node = self._registered()
-        # The samplers walk the worker lists only when the registry's version moved.
-        maintained = self.samplers.maintain(workers, version=version)
+        scraped = (
+            _scraped_nodes(monitor) if self.every_node and self.samplers.ray_ready() else set()
+        )
+        if scraped != self._nodes:
+            self._nodes = frozenset(scraped)
+            self._nodes_version += 1
+        # The samplers walk the worker lists only when the registry or the nodes changed.
+        maintained = self.samplers.maintain(
+            workers, version=(version, self._nodes_version), nodes=self._nodes
+        )
         results: dict[str, PublishedReading | NodeGroupMemory | SamplerError] = dict(maintained)
         before = self._built
         built: dict[str, PublishedReading] = {}
@@ -270,6 +286,16 @@ class GroupMemoryCycle:
         """Remove every sampler; the next collection starts them again."""
         with self._lock:
             self.samplers.close()
+
+
+def _scraped_nodes(monitor: HostMemoryMonitor) -> set[str]:
+    """The ids of the nodes ``monitor`` scrapes (its live nodes)."""
+    if isinstance(monitor, RecordSource):
+        return {record.node.node_id for record in monitor.records().values()}
+    latest = getattr(monitor, "latest", None)  # a stand-in may only carry figures
+    if latest is None:
+        return set(monitor.group_figures())
+    return {sample.node_id for sample in latest()}
 
 
 def _carried_figures(monitor: HostMemoryMonitor) -> Iterator[tuple[str, str, NodeGroupFigures]]:

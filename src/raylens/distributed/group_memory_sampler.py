@@ -1,13 +1,15 @@
 """One zero-CPU sampler actor per Ray node, and the driver's side that keeps them.
 
-Each node with a registered worker gets a :class:`GroupMemorySamplerActor`, pinned there
+Each node the monitor scrapes (under :meth:`~GroupMemorySamplers.maintain`; each node with
+a registered worker under :meth:`~GroupMemorySamplers.sample`) gets a
+:class:`GroupMemorySamplerActor`, pinned there
 with a hard node affinity and reserving no CPU or GPU, which reads the workers' process
 trees with :class:`~raylens.telemetry.group_memory.GroupMemoryReader`: procfs can only be
 read on the node, and asking the workers would wait behind their long methods.
 :class:`GroupMemorySamplers` runs in the driver, called once per host-memory cycle:
 :meth:`~GroupMemorySamplers.maintain` only keeps the samplers (they publish on their own
-timer, see :mod:`raylens.distributed._group_memory_publishing`);
-:meth:`~GroupMemorySamplers.sample` asks each for a reading under one deadline.
+timer, see :mod:`raylens.distributed._group_memory_publishing`, and compute their node's
+growth there); :meth:`~GroupMemorySamplers.sample` asks each for a reading under one deadline.
 
 Invariants: a sampler that is slow, wedged or dead costs only its own node's result; it is
 not asked again while its last request is open, and it is replaced once found dead, or after
@@ -24,14 +26,24 @@ import contextlib
 import logging
 import threading
 import time
-from collections.abc import Callable, Hashable, Iterable, Mapping
-from dataclasses import dataclass
+from collections.abc import Callable, Collection, Hashable, Iterable, Mapping
 from typing import Any
 
+from raylens.cluster import RayClusterView
 from raylens.distributed._group_memory_publishing import (
     DEFAULT_PSS_INTERVAL_SECONDS,
     DEFAULT_TREE_INTERVAL_SECONDS,
     GroupMemorySamplerActor,
+)
+from raylens.distributed._sampler_parts import (
+    SamplerError,
+    _check_node_id,
+    _describe,
+    _growth_window,
+    _Sampler,
+    ask_recent_history,
+    monitor_identity,
+    worker_identity,
 )
 from raylens.lens import warn_once
 from raylens.safe_text import printable
@@ -43,9 +55,12 @@ from raylens.telemetry.group_memory import (
     GroupWorkerRegistry,
     NodeGroupMemory,
     as_group_worker,
-    own_process_identity,
 )
-from raylens.telemetry.history import growth_window_from_env
+from raylens.telemetry.history import (
+    DEFAULT_SAMPLE_INTERVAL_S,
+    KillLineConfig,
+    RecentHistory,
+)
 from raylens.telemetry.oom import LargestProcess
 from raylens.validation import positive_seconds
 
@@ -72,9 +87,8 @@ DEFAULT_MAX_MISSED = 3
 """Cycles (liveness rounds, under :meth:`GroupMemorySamplers.maintain`) a sampler may leave
 unanswered before it is replaced."""
 
-DEFAULT_SAMPLE_INTERVAL_S = 10.0
-"""How often a publishing sampler reads its node by default: Ray's default metrics report
-interval, since readings between two reports are never served."""
+RECENT_HISTORY_TIMEOUT_S = 2.0
+"""How long a post-mortem waits for a node's sampler to give its recent history."""
 
 DEFAULT_PING_EVERY = 6
 """Cycles of :meth:`GroupMemorySamplers.maintain` between two liveness rounds by default."""
@@ -102,56 +116,6 @@ _NAMES_QUOTED = 5
 _UNSETTLED = object()
 
 
-@dataclass(frozen=True)
-class SamplerError:
-    """Why a node has no reading this cycle."""
-
-    node_id: str
-    message: str
-
-
-@dataclass
-class _Sampler:
-    actor: Any
-    # When it was started, on the manager's clock.
-    started_at: float
-    pending: Any = None
-    missed: int = 0
-    # Until its first answer an actor may still be starting (a worker process, imports),
-    # which can take many cycles on a busy node: misses count only after that, and
-    # before it only the start timeout applies.
-    answered: bool = False
-    # Publishing samplers (maintain): the worker list it was last told, None if never.
-    workers: list[tuple[str, int, int | None]] | None = None
-    # Its liveness ping not read yet.
-    ping: Any = None
-
-
-def _check_node_id(node_id: object) -> str:
-    if not isinstance(node_id, str) or not node_id:
-        raise ValueError(f"node id must be a non-empty str, got {node_id!r:.80}")
-    return node_id
-
-
-def _describe(error: BaseException) -> str:
-    text = str(error).strip().splitlines()
-    return printable(f"{type(error).__name__}: {text[0] if text else ''}"[:300])
-
-
-def _growth_window(window: float | None) -> float | None:
-    """The samplers' growth window: the one given, else the driver's setting.
-
-    A bad ``RAYLENS_GROWTH_WINDOW`` is the growth cycle's to report; the samplers then
-    keep the default rather than fail to start.
-    """
-    if window is not None:
-        return positive_seconds("growth_window_s", window)
-    try:
-        return growth_window_from_env()
-    except ValueError:
-        return None
-
-
 class GroupMemorySamplers:
     """The driver's side: keeps one sampler per node that hosts workers, and collects readings.
 
@@ -166,6 +130,11 @@ class GroupMemorySamplers:
     with one warning for the process.
     ``pss_interval_seconds``, ``tree_interval_seconds``, ``max_processes`` and
     ``procfs_root`` configure each sampler's reader (see :class:`GroupMemoryReader`).
+    ``growth_window_s`` (default ``RAYLENS_GROWTH_WINDOW``, else 600 s; at least
+    :func:`~raylens.telemetry.history.shortest_growth_window` of ``sample_interval_s``) and
+    ``kill_line`` (default: each sampler resolves it where it runs; see
+    :meth:`configure_growth`) are each node's growth settings; ``started_by`` names this
+    manager in every sampler's published identity (default :func:`monitor_identity`).
     Thread-safe: concurrent calls run one after the other.
     """
 
@@ -184,6 +153,8 @@ class GroupMemorySamplers:
         sample_interval_s: float = DEFAULT_SAMPLE_INTERVAL_S,
         growth_window_s: float | None = None,
         ping_every: int = DEFAULT_PING_EVERY,
+        kill_line: KillLineConfig | None = None,
+        started_by: str | None = None,
     ) -> None:
         self._ray = ray
         self.timeout_s = positive_seconds("timeout_s", timeout_s)
@@ -212,7 +183,9 @@ class GroupMemorySamplers:
             "tree_interval_seconds": tree_interval_seconds,
             "max_processes": max_processes,
             "procfs_root": procfs_root,
-            "growth_window_s": _growth_window(growth_window_s),
+            "growth_window_s": _growth_window(growth_window_s, self.sample_interval_s),
+            "kill_line": kill_line,
+            "started_by": monitor_identity() if started_by is None else printable(started_by),
         }
         self.max_missed = max_missed
         self._max_processes = max_processes
@@ -228,6 +201,25 @@ class GroupMemorySamplers:
         # The caller's version of the worker lists every node's sampler was last told,
         # while nothing has been removed or failed since; see maintain().
         self._settled: object = _UNSETTLED
+
+    def configure_growth(
+        self, *, window_s: float | None = None, kill_line: KillLineConfig | None = None
+    ) -> None:
+        """Give samplers started from now on this growth window and kill line (None: as is).
+
+        Raises ValueError, in one line, for a window shorter than the sampling allows.
+        """
+        with self._lock:
+            if window_s is not None:
+                self._actor_kwargs["growth_window_s"] = _growth_window(
+                    window_s, self.sample_interval_s
+                )
+            if kill_line is not None:
+                self._actor_kwargs["kill_line"] = kill_line
+
+    def ray_ready(self) -> bool:
+        """Whether samplers can be started without importing Ray here (never starts it)."""
+        return self._ray is not None or RayClusterView().is_initialized()
 
     @property
     def max_processes(self) -> int:
@@ -399,8 +391,13 @@ class GroupMemorySamplers:
         workers_by_node: Mapping[str, Iterable[tuple[str, int, int | None]]],
         *,
         version: Hashable | None = None,
+        nodes: Collection[str] = (),
     ) -> dict[str, SamplerError]:
-        """Keep one publishing sampler per node that has workers, waiting on none of them.
+        """Keep one publishing sampler per node that has workers or is in ``nodes``, waiting
+        on none of them.
+
+        ``nodes`` are the nodes that keep a sampler even with no worker (the nodes the
+        monitor scrapes: their sampler reads the node's memory and growth all the same).
 
         ``workers_by_node`` is as for :meth:`sample`. A node that gained workers gets a
         sampler, told its workers and started on a :attr:`sample_interval_s` timer (it
@@ -415,8 +412,8 @@ class GroupMemorySamplers:
         here returns at once, and a cycle in which nothing changed and no round falls
         makes none. Use either this or :meth:`sample` on one manager.
 
-        ``version``, when given, names the content of ``workers_by_node`` (the
-        registry's version, say): while it is the version of the last call after which
+        ``version``, when given, names the content of ``workers_by_node`` and ``nodes``
+        (the registry's version and the node list's, say): while it is the version of the last call after which
         every node's sampler stood told its list, and no sampler has been removed or
         failed to start since, the lists are not walked again; the liveness rounds
         run all the same, and a sampler they remove is started again the cycle after.
@@ -431,6 +428,7 @@ class GroupMemorySamplers:
             if version is not None and version == self._settled:
                 return self._maintain(None, changed)
             self._settled = _UNSETTLED
+            everywhere = nodes if isinstance(nodes, (set, frozenset)) else set(nodes)
             for node_id, workers in workers_by_node.items():
                 listed = workers if isinstance(workers, list) else list(workers)
                 sampler = self._samplers.get(node_id)
@@ -441,11 +439,18 @@ class GroupMemorySamplers:
                     (checked.group, checked.pid, checked.start_ticks)
                     for checked in map(as_group_worker, listed)
                 ]
-                if not entries:
+                if not entries and node_id not in everywhere:
                     continue
                 present.add(_check_node_id(node_id))
                 if sampler is None or sampler.workers != entries:
                     changed[node_id] = entries
+            for node_id in everywhere:
+                if node_id in workers_by_node:
+                    continue
+                sampler = self._samplers.get(node_id)
+                present.add(node_id if sampler is not None else _check_node_id(node_id))
+                if sampler is None or sampler.workers != []:
+                    changed[node_id] = []
             # Settled unless telling a changed node fails or a sampler is removed below.
             self._settled = _UNSETTLED if version is None else version
             return self._maintain(present, changed)
@@ -520,7 +525,7 @@ class GroupMemorySamplers:
         if entries is None:
             entries = self._samplers[node_id].workers
         self._remove(node_id)
-        if entries:
+        if entries is not None:
             error = self._start_publishing(node_id, entries)
             if error is not None:
                 message = f"{message}; {error.message}"
@@ -576,7 +581,7 @@ class GroupMemorySamplers:
                 results[node_id] = self._missed(
                     node_id, sampler, "it has not answered its ping", "liveness checks"
                 )
-                if node_id not in self._samplers and sampler.workers:  # removed: start another
+                if node_id not in self._samplers and sampler.workers is not None:  # start another
                     error = self._start_publishing(node_id, sampler.workers)
                     if error is not None:
                         message = f"{results[node_id].message}; {error.message}"
@@ -635,6 +640,25 @@ class GroupMemorySamplers:
             )
             return None
 
+    def recent_history(
+        self, node_id: str, at_wall: float, timeout_s: float = RECENT_HISTORY_TIMEOUT_S
+    ) -> RecentHistory | None:
+        """A node's recent memory up to the Unix time ``at_wall``, from its sampler's history.
+
+        One Ray call, made only for a post-mortem, bounded by ``timeout_s``. None when the
+        node has no sampler, it does not answer in time, or its answer is not a history.
+        Never raises.
+        """
+        with self._lock:
+            sampler = self._samplers.get(node_id)
+        if sampler is None:
+            return None
+        try:
+            ray = self._ray_module()
+        except Exception:
+            return None
+        return ask_recent_history(ray, sampler.actor, node_id, at_wall, timeout_s)
+
     def close(self) -> None:
         """Remove every sampler, stopping ones included (idempotent)."""
         with self._lock:
@@ -683,16 +707,3 @@ def _warn_about_skipped_groups(
             logger=_LOGGER,
         )
         return
-
-
-def worker_identity(_actor: object = None) -> tuple[str, int, int | None]:
-    """``(node id, pid, start_ticks)`` of the calling Ray worker process.
-
-    Shaped for ``ray.get(worker.__ray_call__.remote(worker_identity))``, which runs it
-    inside the worker's own process whatever the worker class is; the result is what
-    :func:`~raylens.telemetry.group_memory.register_group_workers` takes per worker.
-    """
-    import ray
-
-    pid, ticks = own_process_identity()
-    return ray.get_runtime_context().get_node_id(), pid, ticks

@@ -13,12 +13,16 @@ from collections.abc import Iterable
 from raylens.telemetry.raylet_payload import (
     GROUP_LABEL,
     MEMORY_TYPE_LABEL,
+    NODE_SERIES,
     RAY_GROUP_GROWTH,
     RAY_GROUP_MEMORY,
     RAY_GROUP_PROCESSES,
     RAY_SAMPLER_SAMPLED_AT,
     RAY_WORKER_ID_LABEL,
+    SAMPLER_LABEL,
+    STARTED_BY_LABEL,
     GroupFigure,
+    NodeFigures,
 )
 
 __all__ = ["render_group_series"]
@@ -49,10 +53,32 @@ def render_group_series(
     sampled_at: float,
     worker_id: str = "0" * 56,
     address: str = "127.0.0.1",
+    node: NodeFigures | None = None,
 ) -> bytes:
-    """Exposition lines for one sampler's latest reading, in the shape Ray 2.60 serves them."""
+    """Exposition lines for one sampler's latest reading, in the shape Ray 2.60 serves them.
+
+    ``node`` adds the node's own figures; one that is None is served as NaN, as a sampler
+    sets it.
+    """
     lines = [f"# TYPE {RAY_SAMPLER_SAMPLED_AT} gauge"]
     lines.append(f"{RAY_SAMPLER_SAMPLED_AT}{{{_labels(worker_id, address, {})}}} {sampled_at!r}")
+    if node is not None:
+        plain = _labels(worker_id, address, {})
+        values = (
+            node.used,
+            node.growth,
+            node.outside_growth,
+            1.0 if node.growing else 0.0,
+            node.limit,
+            node.time_to_limit,
+        )
+        for name, value in zip(NODE_SERIES, values):
+            shown = "NaN" if value is None else repr(float(value))
+            lines.append(f"{name}{{{plain}}} {shown}")
+        identity = _labels(
+            worker_id, address, {SAMPLER_LABEL: node.sampler, STARTED_BY_LABEL: node.started_by}
+        )
+        lines.append(f"{NODE_SERIES[-1]}{{{identity}}} {float(node.window_s)!r}")
     memory, processes = (
         [f"# TYPE {RAY_GROUP_MEMORY} gauge"],
         [f"# TYPE {RAY_GROUP_PROCESSES} gauge"],

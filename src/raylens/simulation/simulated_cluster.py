@@ -14,6 +14,8 @@ cluster would not fit under it.
 
 from __future__ import annotations
 
+import math
+import threading
 import time
 from collections.abc import Callable, Mapping
 
@@ -22,8 +24,15 @@ from raylens.simulation.kill_script import KillScript
 from raylens.simulation.phase_script import PhaseScript
 from raylens.simulation.raylet import FakeRaylet
 from raylens.simulation.scripted_cluster import FakeCluster
+from raylens.telemetry.history import (
+    DEFAULT_SAMPLE_INTERVAL_S,
+    GrowthSettings,
+    KillLineConfig,
+    NodeGrowthKeeper,
+    NodeReading,
+)
 from raylens.telemetry.phase_board import publish_current_phase
-from raylens.telemetry.raylet_payload import GroupFigure
+from raylens.telemetry.raylet_payload import GroupFigure, NodeFigures
 from raylens.validation import positive_seconds
 
 __all__ = [
@@ -81,7 +90,12 @@ class SimulatedCluster:
     (default: no groups); :meth:`expected_groups` evaluates it on the same clock, and
     each raylet serves it as the node's sampler would publish it (:meth:`group_series`),
     so whatever scrapes the cluster reads per-group memory as from a real one;
-    ``sampler_interval_s`` makes those figures change only once per interval. A
+    ``sampler_interval_s`` makes those figures change only once per interval. Each
+    node's simulated sampler also keeps the node's growth as a real one does (a
+    :class:`~raylens.telemetry.history.NodeGrowthKeeper` fed one reading per sampler
+    interval, default 1 s, on :attr:`clock`) over ``growth_window_s`` (default
+    ``RAYLENS_GROWTH_WINDOW``, else 600 s) and serves its figures, kill line drawn by
+    ``kill_line`` (default Ray's), so readers see growth exactly as from real samplers. A
     :class:`~raylens.simulation.memory_script.MemoryScript` provides both callables.
     ``kills`` (a :class:`~raylens.simulation.kill_script.KillScript`) scripts OOM kills:
     each raylet serves its eviction counter and kernel kill count on the same clock.
@@ -107,6 +121,8 @@ class SimulatedCluster:
         sampler_interval_s: float | None = None,
         phases: PhaseScript | None = None,
         kills: KillScript | None = None,
+        growth_window_s: float | None = None,
+        kill_line: KillLineConfig | None = None,
     ) -> None:
         if not isinstance(n_nodes, int) or isinstance(n_nodes, bool) or n_nodes < 0:
             raise ValueError(f"n_nodes must be a non-negative int, got {n_nodes!r}")
@@ -119,6 +135,13 @@ class SimulatedCluster:
             else positive_seconds("sampler_interval_s", sampler_interval_s)
         )
         self.clock = clock
+        self.growth_settings = (
+            GrowthSettings.from_env()
+            if growth_window_s is None
+            else GrowthSettings.from_env(window_s=growth_window_s)
+        )
+        self.kill_line = kill_line if kill_line is not None else KillLineConfig()
+        self._samplers: list[_SimulatedSampler] = []
         self.phases = phases
         self._published_phase: str | None = None
         self.same_host = same_host
@@ -156,20 +179,40 @@ class SimulatedCluster:
     def group_series(self, node_index: int) -> bytes:
         """The per-group series node ``node_index`` serves now, as its sampler would publish them.
 
-        RSS only, one process per group, stamped with the wall clock; empty without ``groups``.
+        RSS only, one process per group, stamped with the wall clock, with the node's growth
+        figures; empty without ``groups`` (a node with no group still has its sampler).
         With ``sampler_interval_s`` the stamp (and the figures) change only once per
         interval, as a real sampler's do.
         """
         now = time.time()
         if self.sampler_interval_s is not None:
             now -= now % self.sampler_interval_s
-        groups = self.expected_groups(node_index)
-        if not groups:
+        if self.groups is None:
             return b""
+        groups = self.expected_groups(node_index)
+        reading = self._samplers[node_index].catch_up(self.elapsed())
+        growth = {} if reading is None else reading.group_growth
+        node = None
+        if reading is not None:
+            node = NodeFigures(
+                reading.used,
+                _shown(reading.growth),
+                _shown(reading.outside_growth),
+                reading.growing,
+                reading.limit,
+                reading.time_to_limit,
+                self.growth_settings.window_s,
+                f"simulated-{node_index}",
+                "simulation",
+            )
         return render_group_series(
-            [GroupFigure(name, value, None, 1.0) for name, value in sorted(groups.items())],
+            [
+                GroupFigure(name, value, None, 1.0, _shown(growth.get(name)))
+                for name, value in sorted(groups.items())
+            ],
             sampled_at=now,
             worker_id=f"{node_index:056x}",
+            node=node,
         )
 
     def current_phase(self) -> str | None:
@@ -219,6 +262,7 @@ class SimulatedCluster:
             raise
         self.raylets.append(raylet)
         self.node_ids.append(node_id)
+        self._samplers.append(_SimulatedSampler(self, index))
         return index
 
     def raylet(self, node_index: int) -> FakeRaylet:
@@ -261,3 +305,45 @@ class SimulatedCluster:
 
     def __repr__(self) -> str:
         return f"SimulatedCluster(n_nodes={len(self.raylets)}, closed={self._closed})"
+
+
+def _shown(rate: float | None) -> float | None:
+    """A rate as a reader of the exposition gets it: negative ones are not served."""
+    return None if rate is None or not rate >= 0 else rate
+
+
+class _SimulatedSampler:
+    """A node's sampler in the simulation: one reading per interval of the cluster's clock,
+    made up for the time since the last scrape (at most a window's worth), into the node's
+    keeper."""
+
+    def __init__(self, cluster: SimulatedCluster, index: int) -> None:
+        self._cluster = cluster
+        self._index = index
+        self._every = cluster.sampler_interval_s or DEFAULT_SAMPLE_INTERVAL_S
+        self._keeper = NodeGrowthKeeper(cluster.growth_settings, cluster.kill_line)
+        self._lock = threading.Lock()
+        self._last_tick: int | None = None
+        self._reading: NodeReading | None = None
+
+    def catch_up(self, elapsed: float) -> NodeReading | None:
+        """Record every reading due up to ``elapsed``; the node's figures after the latest."""
+        cluster, index, every = self._cluster, self._index, self._every
+        with self._lock:
+            tick = math.floor(elapsed / every)
+            if self._last_tick is not None and tick <= self._last_tick:
+                return self._reading
+            window_ticks = int(cluster.growth_settings.window_s / every) + 1
+            first = (
+                tick if self._last_tick is None else max(self._last_tick + 1, tick - window_ticks)
+            )
+            for due in range(first, tick + 1):
+                t = due * every
+                used, total = cluster.schedule(index, t)
+                groups = {} if cluster.groups is None else dict(cluster.groups(index, t))
+                if due < tick:
+                    self._keeper.add(t, used, groups)
+                else:
+                    self._reading = self._keeper.record(t, used, groups, host_total=total)
+            self._last_tick = tick
+            return self._reading

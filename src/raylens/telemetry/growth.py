@@ -1,46 +1,40 @@
 """Where memory is going: growth per node and per worker group, the kill line, the time to it.
 
-:class:`GrowthCycle` is a host-memory monitor cycle hook. After every cycle it records
-each node's used memory and each worker group's RSS there (the figures the node's
-sampler published, read back from the same scrape) into a bounded
-:class:`~raylens.telemetry.history.MemoryHistory`, and publishes what the history makes
-of them into a :class:`GrowthSnapshot` that the gauges and the tables read:
+Each node's sampler computes these figures on its node, from its own history, and
+publishes them through Ray's metrics (see :mod:`raylens.telemetry.raylet_payload`); the
+host-memory scrape reads them back with the node's memory. :class:`GrowthCycle`, a monitor
+cycle hook, only names what the nodes published, per node, into a :class:`GrowthSnapshot`
+that the gauges and the tables read:
 
-- ``rl.host.memory.growth`` and ``rl.worker_group.memory.growth`` (``By/s``): a robust
-  slope over the growth window, absent until the window holds enough samples;
-- ``rl.host.memory.limit`` (``By``): the node's kill line, its total (Ray's
-  container-aware figure) times Ray's memory-monitor threshold;
+- ``rl.host.memory.growth`` and ``rl.worker_group.memory.growth`` (``By/s``): the
+  sampler's growth over its window, absent until the window holds enough readings;
+- ``rl.host.memory.limit`` (``By``): the node's kill line, min(host, container) total
+  times Ray's memory-monitor threshold, as the sampler draws it (from the scraped total
+  and this process's kill-line settings on a node without a sampler);
 - ``rl.host.memory.time_to_limit`` (``s``): only while the node is growing.
 
-The history is kept where the monitor parses its scrapes: in its scrape helper process
-when it has one (the default), so recording and fitting cost the driver (or ``raylens
-watch``) nothing but naming the figures the helper sends when they change; in the
-monitor's own process otherwise. Nothing is asked of the nodes beyond the scrape already
-made. Gauges are declared by :func:`register_growth_gauges`, never at import.
+No history is kept here, so every process that scrapes the nodes (the driver, ``raylens
+watch`` anywhere, a Prometheus) sees the same figures at once. A node without them has a
+one-line reason (:attr:`NodeOutlook.unavailable`). Gauges are declared by
+:func:`register_growth_gauges`, never at import.
 """
 
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable, Hashable, Iterable, Mapping
+import time
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
-from typing import Any, Protocol, runtime_checkable
+from typing import Any, Protocol
 
 from opentelemetry.metrics import CallbackOptions, Observation
 
 from raylens.lens import OBSERVABLE_GAUGE, RecordedMetric, register_observable_gauge
 from raylens.telemetry.history import (
-    NO_FIGURES,
-    GrowthConfig,
-    GrowthFigures,
-    GrowthKeeper,
     GrowthSettings,
     KillLineConfig,
-    MemoryHistory,
     RecentHistory,
-    recent_history,
     resolve_kill_line_config,
-    without_limit,
 )
 from raylens.telemetry.host_memory import (
     DEFAULT_REGISTRY,
@@ -54,15 +48,18 @@ from raylens.telemetry.names import HOST_NAME_ATTR, RAY_NODE_ID_ATTR, RL_WORKER_
 from raylens.telemetry.raylet_payload import NodeGroupFigures
 
 __all__ = [
+    "NO_SAMPLER",
+    "NO_SCRAPE",
+    "OLD_SAMPLER",
     "RL_HOST_MEMORY_GROWTH_METRIC",
     "RL_HOST_MEMORY_LIMIT_METRIC",
     "RL_HOST_MEMORY_TIME_TO_LIMIT_METRIC",
     "RL_WORKER_GROUP_MEMORY_GROWTH_METRIC",
     "FigureSource",
     "GrowthCycle",
-    "GrowthElsewhere",
     "GrowthMonitor",
     "GrowthSnapshot",
+    "NodeHistorySource",
     "NodeOutlook",
     "attach_growth",
     "register_growth_gauges",
@@ -116,6 +113,8 @@ class NodeOutlook:
     time_to_limit: float | None
     fastest_group: str | None
     group_growth: dict[str, float] = field(default_factory=dict)
+    #: Why the node has no growth figures, in one line; None when it has them.
+    unavailable: str | None = None
 
 
 class GrowthSnapshot:
@@ -139,6 +138,14 @@ class GrowthSnapshot:
 
     def clear(self) -> None:
         self.publish(())
+
+    def unavailable(self) -> dict[str, str]:
+        """``{node id: why}`` of every node without growth figures."""
+        return {
+            node: outlook.unavailable
+            for node, outlook in self.latest().items()
+            if outlook.unavailable is not None
+        }
 
     def _node_attributes(self, outlook: NodeOutlook) -> dict[str, str]:
         return {
@@ -188,6 +195,22 @@ def register_growth_gauges(snapshot: GrowthSnapshot) -> None:
         register_observable_gauge(metric, callback)
 
 
+#: Why a node shows no growth: no sampler publishes on it (none was started: only a
+#: monitor with per-group memory on, in a driver, starts them).
+NO_SAMPLER = (
+    "no raylens sampler publishes there (a driver monitoring with init_telemetry_driver "
+    "starts one on every node)"
+)
+#: ... its sampler is from a raylens that computes no growth on the node.
+OLD_SAMPLER = "its sampler publishes no node growth (a raylens older than this one)"
+#: ... its latest scrape failed, so nothing it published is fresh.
+NO_SCRAPE = "no fresh scrape of this node"
+
+
+def _window_not_full(window_s: float) -> str:
+    return f"its sampler's {window_s:g} s growth window is not full yet"
+
+
 class FigureSource(Protocol):
     """What a growth cycle reads of a monitor: its latest samples and the group figures."""
 
@@ -204,33 +227,20 @@ class GrowthMonitor(FigureSource, Protocol):
     ) -> None: ...
 
 
-@runtime_checkable
-class GrowthElsewhere(Protocol):
-    """A monitor that can have its growth kept where it scrapes (its scrape helper).
-
-    :meth:`keep_growth` hands it the keeper's settings (None: stop); :meth:`kept_growth`
-    is every node's figures as last received, by ``(node id, host)`` (a cycle behind its
-    samples: the helper records a batch after answering it), or None while the growth is
-    not kept there (this process must then keep it); :meth:`recent_history` reads a
-    node's history where it is kept.
-    """
-
-    def keep_growth(self, config: GrowthConfig | None) -> None: ...
-
-    def kept_growth(self) -> Mapping[Hashable, GrowthFigures] | None: ...
-
-    def recent_history(self, node_id: str, at: float) -> RecentHistory | None: ...
+#: ``(node id, Unix time) -> recent history`` read from the node's sampler, or None.
+NodeHistorySource = Callable[[str, float], "RecentHistory | None"]
 
 
 class GrowthCycle:
-    """A monitor cycle hook: every node's growth figures, published as outlooks.
+    """A monitor cycle hook: every node's growth figures, as its sampler published them.
 
-    ``settings`` default to the environment (``RAYLENS_GROWTH_WINDOW``); ``kill_line``
-    to :func:`~raylens.telemetry.history.resolve_kill_line_config` over the environment.
-    A node's figures are recorded once per new sample, at the time it was read (the
-    monitor's clock); a node that left the cluster is forgotten. Where the monitor scrapes
-    in a helper process (:class:`GrowthElsewhere`), the helper keeps the history and this
-    only names its figures; otherwise :attr:`keeper` keeps it here.
+    ``kill_line`` (default :func:`~raylens.telemetry.history.resolve_kill_line_config`
+    over the environment) draws the line of a node without a sampler, and a post-mortem's;
+    ``settings`` are accepted for the window a driver asked its samplers for.
+    ``node_history`` reads a node's recent memory from its sampler, for post-mortems
+    (the driver wires it to its samplers; without it there is none); ``wall_of`` places a
+    moment of the monitor's clock on the wall clock the samplers are asked in (default:
+    by the distance between :func:`time.time` and :func:`time.monotonic` now).
     """
 
     def __init__(
@@ -239,99 +249,66 @@ class GrowthCycle:
         settings: GrowthSettings | None = None,
         kill_line: KillLineConfig | None = None,
         snapshot: GrowthSnapshot | None = None,
+        node_history: NodeHistorySource | None = None,
+        wall_of: Callable[[float], float] | None = None,
     ) -> None:
-        self.keeper = GrowthKeeper(
-            GrowthConfig(
-                settings or GrowthSettings.from_env(), kill_line or resolve_kill_line_config()
-            )
-        )
+        self.settings = settings
+        self.wall_of = wall_of or _wall_of
+        self.kill_line = kill_line or resolve_kill_line_config()
         self.snapshot = snapshot if snapshot is not None else GrowthSnapshot()
-        #: Per node: the outlook last published, and the figures and names it was made of.
+        self.node_history = node_history
+        #: Per node: the outlook last published, and what it was made of.
         self._named: dict[str, _Named] = {}
-        #: The monitor keeping the history, while one does.
-        self._elsewhere: GrowthElsewhere | None = None
         self._lock = threading.Lock()
-
-    @property
-    def history(self) -> MemoryHistory:
-        """The history this process keeps (empty while the monitor's helper keeps it)."""
-        return self.keeper.history
-
-    @property
-    def kill_line(self) -> KillLineConfig:
-        return self.keeper.kill_line
-
-    def attach_to(self, monitor: object) -> None:
-        """Have ``monitor`` keep the growth where it scrapes, if it can (and is read through
-        its records, the only way this cycle names figures kept elsewhere)."""
-        if isinstance(monitor, GrowthElsewhere) and isinstance(monitor, RecordSource):
-            monitor.keep_growth(self.keeper.config)
 
     def __call__(self, monitor: FigureSource) -> None:
         with self._lock:
             outlooks: dict[str, NodeOutlook] = {}
-            # Only a monitor read through its records can name figures kept elsewhere.
-            elsewhere = (
-                monitor
-                if isinstance(monitor, GrowthElsewhere) and isinstance(monitor, RecordSource)
-                else None
-            )
-            kept = None if elsewhere is None else elsewhere.kept_growth()
-            self._elsewhere = elsewhere if kept is not None else None
-            if kept is not None:
-                self.keeper.forget_all()  # the helper keeps it; nothing is recorded here
-            if kept is not None and elsewhere is not None:
-                elsewhere.declare_consumer()
-                _version, labels = DEFAULT_REGISTRY.labels_by_node()
-                for key, record in elsewhere.records().items():
-                    node = record.node
-                    figures = kept.get(key, NO_FIGURES)
-                    if record.sampled_at is None:
-                        figures = without_limit(figures)
-                    outlooks[node.node_id] = self._named_outlook(
-                        node.node_id, node.host, labels.get(node.node_id, NO_WORKER_GROUPS), figures
-                    )
-            elif isinstance(monitor, RecordSource):
+            if isinstance(monitor, RecordSource):
                 # The records themselves: what latest() and group_figures() would copy out.
                 monitor.declare_consumer()
                 _version, labels = DEFAULT_REGISTRY.labels_by_node()
-                observe = self.keeper.observe
                 for record in monitor.records().values():
-                    node, values, at = record.node, record.values, record.sampled_at
-                    node_id = node.node_id
-                    figures = observe(
-                        node_id,
-                        values.get(USED_KEY) if values else None,
-                        values.get(TOTAL_KEY) if values else None,
-                        at,
-                        record.groups if at is not None else None,
-                    )
-                    outlooks[node_id] = self._named_outlook(
-                        node_id, node.host, labels.get(node_id, NO_WORKER_GROUPS), figures
+                    node, values = record.node, record.values
+                    fresh = record.sampled_at is not None
+                    outlooks[node.node_id] = self._outlook(
+                        node.node_id,
+                        node.host,
+                        labels.get(node.node_id, NO_WORKER_GROUPS),
+                        record.groups if fresh else None,
+                        values.get(USED_KEY) if values and fresh else None,
+                        values.get(TOTAL_KEY) if values and fresh else None,
+                        fresh,
                     )
             else:
                 carried_by_node = monitor.group_figures()
                 for sample in monitor.latest():
                     carried = carried_by_node.get(sample.node_id)
-                    figures = self.keeper.observe(
+                    fresh = sample.sampled_at is not None
+                    outlooks[sample.node_id] = self._outlook(
                         sample.node_id,
+                        sample.host,
+                        sample.worker_groups,
+                        None if carried is None or not fresh else carried[1],
                         sample.used,
                         sample.total,
-                        sample.sampled_at,
-                        None if carried is None else carried[1],
+                        fresh,
                     )
-                    outlooks[sample.node_id] = self._named_outlook(
-                        sample.node_id, sample.host, sample.worker_groups, figures
-                    )
-            if len(self._named) != len(outlooks):  # every node published is named
+            if len(self._named) != len(outlooks):  # only nodes published are kept
                 self._named = {node: self._named[node] for node in outlooks if node in self._named}
-                self.keeper.retain(outlooks)
             self.snapshot._publish_by_node(outlooks)
 
-    def _named_outlook(
-        self, node_id: str, host: str, worker_groups: str, figures: GrowthFigures
+    def _outlook(
+        self,
+        node_id: str,
+        host: str,
+        worker_groups: str,
+        figures: NodeGroupFigures | None,
+        used: float | None,
+        total: float | None,
+        fresh: bool,
     ) -> NodeOutlook:
-        """``figures`` as ``node_id``'s outlook; the one last published while nothing changed."""
+        """The node's outlook; the one last published while nothing it is made of changed."""
         named = self._named.get(node_id)
         if named is None:
             named = self._named[node_id] = _Named()
@@ -340,50 +317,80 @@ class GrowthCycle:
             and named.figures is figures
             and named.host == host
             and named.worker_groups == worker_groups
+            and (figures is not None or (named.used == used and named.total == total))
         ):
             return named.outlook
-        outlook = NodeOutlook(
-            node_id,
-            host,
-            worker_groups,
-            figures.used,
-            figures.growth,
-            figures.growing,
-            figures.limit,
-            figures.time_to_limit,
-            figures.fastest_group,
-            dict(figures.group_growth),
+        outlook = _outlook_of(
+            node_id, host, worker_groups, figures, used, total, fresh, self.kill_line
         )
         named.figures, named.host, named.worker_groups = figures, host, worker_groups
-        named.outlook = outlook
+        named.used, named.total, named.outlook = used, total, outlook
         return outlook
 
     def recent_history(self, node_id: str, at: float) -> RecentHistory | None:
-        """``node_id``'s memory up to ``at``, read where its history is kept."""
-        elsewhere = self._elsewhere
-        if elsewhere is not None:
-            return elsewhere.recent_history(node_id, at)
-        with self._lock:
-            return recent_history(self.keeper.history, node_id, at)
+        """``node_id``'s memory up to ``at`` (this process's monotonic clock), from its sampler."""
+        source = self.node_history
+        if source is None:
+            return None
+        return source(node_id, self.wall_of(at))
 
     def close(self) -> None:
-        """Forget every node's history (the monitor stopped)."""
+        """Forget every node's outlook (the monitor stopped)."""
         with self._lock:
-            self.keeper.forget_all()
             self._named.clear()
-            self._elsewhere = None
             self.snapshot.clear()
+
+
+def _wall_of(at: float) -> float:
+    return time.time() - (time.monotonic() - at)
+
+
+def _outlook_of(
+    node_id: str,
+    host: str,
+    worker_groups: str,
+    figures: NodeGroupFigures | None,
+    used: float | None,
+    total: float | None,
+    fresh: bool,
+    kill_line: KillLineConfig,
+) -> NodeOutlook:
+    node = None if figures is None else figures.node
+    # Rows hold (group, rss, pss, processes, growth).
+    rates = {} if figures is None else {r[0]: r[4] for r in figures.rows if r[4] is not None}
+    fastest = max(rates, key=rates.__getitem__) if rates else None
+    if node is None:
+        reason = NO_SCRAPE if not fresh else NO_SAMPLER if figures is None else OLD_SAMPLER
+        limit = kill_line.limit(total) if fresh else None
+        return NodeOutlook(
+            node_id, host, worker_groups, used, None, False, limit, None, fastest, rates, reason
+        )
+    return NodeOutlook(
+        node_id,
+        host,
+        worker_groups,
+        node.used if node.used is not None else used,
+        node.growth,
+        node.growing,
+        node.limit if node.limit is not None else kill_line.limit(total),
+        node.time_to_limit if node.growing else None,
+        fastest,
+        rates,
+        None if node.growth is not None else _window_not_full(node.window_s),
+    )
 
 
 class _Named:
     """A node's outlook as last published, and what it was made of; changed in place, so a
     new outlook leaves no other object behind."""
 
-    __slots__ = ("figures", "host", "outlook", "worker_groups")
+    __slots__ = ("figures", "host", "outlook", "total", "used", "worker_groups")
 
     def __init__(self) -> None:
-        self.figures: GrowthFigures | None = None
+        self.figures: NodeGroupFigures | None = None
         self.host = self.worker_groups = ""
+        self.used: float | None = None
+        self.total: float | None = None
         self.outlook: NodeOutlook | None = None
 
 
@@ -391,6 +398,5 @@ def attach_growth(monitor: GrowthMonitor, cycle: GrowthCycle | None = None) -> G
     """Declare the growth gauges and run ``cycle`` (default a new one) after every cycle."""
     cycle = cycle if cycle is not None else GrowthCycle()
     register_growth_gauges(cycle.snapshot)
-    cycle.attach_to(monitor)
     monitor.add_cycle_hook(cycle, on_stop=cycle.close)
     return cycle

@@ -33,9 +33,16 @@ __all__ = [
     "MACHINE_USED_KEY",
     "MAX_GROUPS_PER_NODE",
     "MEMORY_TYPE_LABEL",
+    "NODE_GROWING_GAUGE",
+    "NODE_GROWTH_GAUGE",
+    "NODE_LIMIT_GAUGE",
     "NODE_OOM_KILLS_GAUGE",
+    "NODE_SERIES",
+    "NODE_TIME_TO_LIMIT_GAUGE",
+    "NODE_USED_GAUGE",
     "OOM_SERIES",
     "OOM_SOURCE_LABEL",
+    "OUTSIDE_GROWTH_GAUGE",
     "RAY_GROUP_GROWTH",
     "RAY_GROUP_MEMORY",
     "RAY_GROUP_PROCESSES",
@@ -47,13 +54,17 @@ __all__ = [
     "RAY_SAMPLER_SAMPLED_AT",
     "RAY_WORKER_EVICTIONS",
     "RAY_WORKER_ID_LABEL",
+    "SAMPLER_LABEL",
     "SAMPLER_SAMPLED_AT_GAUGE",
+    "SAMPLER_WINDOW_GAUGE",
     "SCRAPE_ERROR_TYPES",
     "SERIES_BY_RAY_NAME",
+    "STARTED_BY_LABEL",
     "TOTAL_KEY",
     "USED_KEY",
     "FigureRow",
     "GroupFigure",
+    "NodeFigures",
     "NodeGroupFigures",
     "NodeOomCounts",
     "parse_group_samples",
@@ -92,6 +103,31 @@ RAY_GROUP_MEMORY = f"ray_{GROUP_MEMORY_GAUGE}"
 RAY_GROUP_PROCESSES = f"ray_{GROUP_PROCESSES_GAUGE}"
 RAY_SAMPLER_SAMPLED_AT = f"ray_{SAMPLER_SAMPLED_AT_GAUGE}"
 RAY_GROUP_GROWTH = f"ray_{GROUP_GROWTH_GAUGE}"
+# The node's own figures, set by the same sampler (see :class:`NodeFigures`).
+NODE_USED_GAUGE = "raylens_node_memory_used_bytes"
+NODE_GROWTH_GAUGE = "raylens_node_memory_growth_bytes_per_second"
+OUTSIDE_GROWTH_GAUGE = "raylens_node_memory_outside_groups_growth_bytes_per_second"
+NODE_GROWING_GAUGE = "raylens_node_memory_growing"
+NODE_LIMIT_GAUGE = "raylens_node_memory_limit_bytes"
+NODE_TIME_TO_LIMIT_GAUGE = "raylens_node_memory_time_to_limit_seconds"
+#: Its value is the sampler's growth window; its labels say which sampler this is.
+SAMPLER_WINDOW_GAUGE = "raylens_sampler_growth_window_seconds"
+#: The node series as Ray serves them, in :class:`NodeFigures`' field order (window last).
+NODE_SERIES = tuple(
+    f"ray_{name}"
+    for name in (
+        NODE_USED_GAUGE,
+        NODE_GROWTH_GAUGE,
+        OUTSIDE_GROWTH_GAUGE,
+        NODE_GROWING_GAUGE,
+        NODE_LIMIT_GAUGE,
+        NODE_TIME_TO_LIMIT_GAUGE,
+        SAMPLER_WINDOW_GAUGE,
+    )
+)
+#: Labels of the window series: the sampler's own id and the monitor that started it.
+SAMPLER_LABEL = "rl_sampler"
+STARTED_BY_LABEL = "rl_started_by"
 #: Label keys on the group series: the group's name and ``rss`` or ``pss``.
 GROUP_LABEL = "rl_worker_group"
 MEMORY_TYPE_LABEL = "memory_type"
@@ -138,7 +174,13 @@ def parse_memory_samples(metrics_text: str | bytes) -> dict[str, float]:
 
 
 #: The per-group series a scrape keeps, besides :data:`SERIES_BY_RAY_NAME`.
-GROUP_SERIES = (RAY_GROUP_MEMORY, RAY_GROUP_PROCESSES, RAY_SAMPLER_SAMPLED_AT, RAY_GROUP_GROWTH)
+GROUP_SERIES = (
+    RAY_GROUP_MEMORY,
+    RAY_GROUP_PROCESSES,
+    RAY_SAMPLER_SAMPLED_AT,
+    RAY_GROUP_GROWTH,
+    *NODE_SERIES,
+)
 #: Most groups read from one node's payload; the rest are dropped, in name order.
 MAX_GROUPS_PER_NODE = 256
 
@@ -155,6 +197,28 @@ class GroupFigure(NamedTuple):
     growth: float | None = None
 
 
+class NodeFigures(NamedTuple):
+    """What a node's sampler publishes about the node itself, besides its groups.
+
+    ``used`` is the node's used memory as Ray's memory monitor counts it, read by the
+    sampler; ``growth`` and ``outside_growth`` (the memory outside every group) are bytes
+    per second over its window, None until the window is full (and while shrinking: the
+    exposition's reader drops negative values); ``limit`` is the node's kill line and
+    ``time_to_limit`` the seconds left to it, only while ``growing``. ``window_s``,
+    ``sampler`` and ``started_by`` say which sampler published and over what window.
+    """
+
+    used: float | None
+    growth: float | None
+    outside_growth: float | None
+    growing: bool
+    limit: float | None
+    time_to_limit: float | None
+    window_s: float
+    sampler: str
+    started_by: str
+
+
 #: One group's figures as a plain tuple, in :class:`GroupFigure`'s field order.
 FigureRow = tuple[str, float, float | None, float | None, float | None]
 
@@ -162,29 +226,40 @@ FigureRow = tuple[str, float, float | None, float | None, float | None]
 class NodeGroupFigures:
     """What one node's sampler last published: when (its wall clock) and per group, by name.
 
-    Built and compared as ``NodeGroupFigures(sampled_at, groups)``, and immutable. The
+    Built and compared as ``NodeGroupFigures(sampled_at, groups, node)``, and immutable;
+    :attr:`node` holds the node's own figures (None from a sampler that publishes none). The
     groups are held as plain tuples (:attr:`rows`, in :class:`GroupFigure`'s field order),
     which the garbage collector stops tracking: a driver holds one such reading per node,
     and every object that outlives its cycles brings the collector's full passes sooner.
     :attr:`groups` gives them as :class:`GroupFigure`, built when asked.
     """
 
-    __slots__ = ("rows", "sampled_at")
+    __slots__ = ("node", "rows", "sampled_at")
 
     rows: tuple[FigureRow, ...]
     sampled_at: float
+    node: NodeFigures | None
 
-    def __init__(self, sampled_at: float, groups: Iterable[GroupFigure]) -> None:
+    def __init__(
+        self,
+        sampled_at: float,
+        groups: Iterable[GroupFigure],
+        node: NodeFigures | None = None,
+    ) -> None:
         rows = tuple([tuple(GroupFigure(*figure)) for figure in groups])
         object.__setattr__(self, "sampled_at", sampled_at)
         object.__setattr__(self, "rows", rows)
+        object.__setattr__(self, "node", node)
 
     @classmethod
-    def from_rows(cls, sampled_at: float, rows: tuple[FigureRow, ...]) -> NodeGroupFigures:
+    def from_rows(
+        cls, sampled_at: float, rows: tuple[FigureRow, ...], node: NodeFigures | None = None
+    ) -> NodeGroupFigures:
         """Figures from ``rows`` already shaped as :attr:`rows` (five values per group)."""
         figures = object.__new__(cls)
         object.__setattr__(figures, "sampled_at", sampled_at)
         object.__setattr__(figures, "rows", rows)
+        object.__setattr__(figures, "node", node)
         return figures
 
     @property
@@ -198,8 +273,8 @@ class NodeGroupFigures:
         """A copy with ``sampled_at`` and/or ``groups`` replaced."""
         stamp = self.sampled_at if sampled_at is None else sampled_at
         if groups is None:
-            return NodeGroupFigures.from_rows(stamp, self.rows)
-        return NodeGroupFigures(stamp, groups)
+            return NodeGroupFigures.from_rows(stamp, self.rows, self.node)
+        return NodeGroupFigures(stamp, groups, self.node)
 
     def __setattr__(self, name: str, value: object) -> None:
         raise AttributeError(f"NodeGroupFigures is immutable; cannot set {name!r}")
@@ -210,16 +285,23 @@ class NodeGroupFigures:
     def __eq__(self, other: object) -> bool:
         if not isinstance(other, NodeGroupFigures):
             return NotImplemented
-        return self.sampled_at == other.sampled_at and self.rows == other.rows
+        return (
+            self.sampled_at == other.sampled_at
+            and self.rows == other.rows
+            and self.node == other.node
+        )
 
     def __hash__(self) -> int:
-        return hash((self.sampled_at, self.rows))
+        return hash((self.sampled_at, self.rows, self.node))
 
     def __reduce__(self) -> tuple[Any, ...]:
-        return (NodeGroupFigures.from_rows, (self.sampled_at, self.rows))
+        return (NodeGroupFigures.from_rows, (self.sampled_at, self.rows, self.node))
 
     def __repr__(self) -> str:
-        return f"NodeGroupFigures(sampled_at={self.sampled_at!r}, groups={self.groups!r})"
+        return (
+            f"NodeGroupFigures(sampled_at={self.sampled_at!r}, groups={self.groups!r}, "
+            f"node={self.node!r})"
+        )
 
 
 def parse_group_samples(metrics_text: str | bytes) -> NodeGroupFigures | None:
@@ -231,6 +313,7 @@ def parse_group_samples(metrics_text: str | bytes) -> NodeGroupFigures | None:
     sampler publishes for a group that left) is absent, as is a group without an RSS
     figure. Group names are made encodable here, where they enter raylens (a name with a
     lone surrogate, which only a ``str`` payload can hold, has it replaced by U+FFFD).
+    The node's own figures come from the same sampler, when it publishes its window.
     """
     samples = extract_labelled_samples(metrics_text, GROUP_SERIES)
     latest: dict[str, float] = {}
@@ -244,10 +327,22 @@ def parse_group_samples(metrics_text: str | bytes) -> NodeGroupFigures | None:
     pss: dict[str, float] = {}
     processes: dict[str, float] = {}
     growth: dict[str, float] = {}
+    node: dict[str, float] = {}
+    identity = ("", "")
     for sample in samples:
         labels = dict(sample.labels)
+        if labels.get(RAY_WORKER_ID_LABEL, "") != worker:
+            continue
+        if sample.name in _NODE_NAMES:
+            node[sample.name] = sample.value
+            if sample.name == _RAY_SAMPLER_WINDOW:
+                identity = (
+                    encodable(labels.get(SAMPLER_LABEL, "")),
+                    encodable(labels.get(STARTED_BY_LABEL, "")),
+                )
+            continue
         group = labels.get(GROUP_LABEL)
-        if group is None or labels.get(RAY_WORKER_ID_LABEL, "") != worker:
+        if group is None:
             continue
         group = encodable(group)
         if sample.name == RAY_GROUP_PROCESSES:
@@ -264,7 +359,22 @@ def parse_group_samples(metrics_text: str | bytes) -> NodeGroupFigures | None:
         GroupFigure(name, rss[name], pss.get(name), processes.get(name), growth.get(name))
         for name in sorted(rss)[:MAX_GROUPS_PER_NODE]
     )
-    return NodeGroupFigures(sampled_at, groups)
+    return NodeGroupFigures(sampled_at, groups, _node_figures(node, identity))
+
+
+_NODE_NAMES = frozenset(NODE_SERIES)
+_RAY_SAMPLER_WINDOW = NODE_SERIES[-1]
+
+
+def _node_figures(values: dict[str, float], identity: tuple[str, str]) -> NodeFigures | None:
+    """The node's figures from its sampler's series, None without its window series."""
+    window = values.get(_RAY_SAMPLER_WINDOW)
+    if window is None:
+        return None
+    used, growth, outside, growing, limit, left = (values.get(name) for name in NODE_SERIES[:-1])
+    return NodeFigures(
+        used, growth, outside, bool(growing), limit, left, window, identity[0], identity[1]
+    )
 
 
 # Workers lost to memory. Ray's memory monitor counts its kills in the raylet's own

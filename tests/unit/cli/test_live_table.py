@@ -84,6 +84,7 @@ def test_node_row_json() -> None:
         "limit_bytes": None,
         "time_to_limit_seconds": None,
         "fastest_growing_group": None,
+        "growth_unavailable": None,
         "warning": None,
     }
 
@@ -368,3 +369,22 @@ def test_an_80_column_table_keeps_the_pss_age_beside_the_pss() -> None:
     assert max(len(line) for line in text.splitlines()) <= 80
     for whole in ("211.0 MiB", "39.0 KiB", "25s", "408.0 MiB", "1.0 MiB", "python -c"):
         assert whole in text, text
+
+
+def test_nodes_without_growth_get_one_line_per_reason_under_the_table_and_a_json_field() -> None:
+    from raylens.live_table import growth_unavailable_lines
+    from raylens.telemetry.growth import NO_SAMPLER
+
+    rows = [
+        NodeRow(f"node{i}" + "f" * 50, "h", 1.0, 4.0, "none", 0.1, growth_unavailable=NO_SAMPLER)
+        for i in range(5)
+    ]
+    rows.append(NodeRow("fresh" + "e" * 51, "h", 1.0, 4.0, "none", 0.1, growth=1e6))
+    (line,) = growth_unavailable_lines(rows)
+    assert line == (
+        f"growth unavailable on 5 node(s) (node0fff, node1fff, node2fff and 2 more): {NO_SAMPLER}"
+    )
+    text = _render(node_table(rows))
+    assert "growth unavailable on 5 node(s)" in " ".join(text.split())
+    assert rows[0].to_json()["growth_unavailable"] == NO_SAMPLER
+    assert rows[-1].to_json()["growth_unavailable"] is None

@@ -368,9 +368,9 @@ def test_a_forgotten_group_reads_nan_on_every_series(gauges):
 
 
 def test_the_actor_makes_no_gauge_until_it_publishes(procfs, monkeypatch, gauges):
-    import raylens.distributed._group_memory_publishing as publishing
+    import raylens.distributed._sampler_gauges as gauge_module
 
-    monkeypatch.setattr(publishing, "_ray_gauge_class", lambda: FakeGauge)
+    monkeypatch.setattr(gauge_module, "_ray_gauge_class", lambda: FakeGauge)
     actor = GroupMemorySamplerActor(procfs_root=str(procfs.root))
     actor.set_workers([_worker(procfs, "policy", 200, MB)])
     assert FakeGauge.made == []

@@ -172,22 +172,49 @@ class _RecordingMonitor:
         self.hooks.append(hook)
 
 
+class _GrowthSettingsTaken:
+    """The samplers of a stand-in group-memory cycle: what growth settings they were given."""
+
+    def __init__(self) -> None:
+        self.windows: list[float | None] = []
+        self.kill_lines: list[object] = []
+
+    def configure_growth(self, *, window_s: float | None = None, kill_line: object = None) -> None:
+        self.windows.append(window_s)
+        self.kill_lines.append(kill_line)
+
+    def recent_history(self, node_id: str, at_wall: float) -> None:
+        return None
+
+
 @pytest.mark.parametrize(
     ("keyword", "env", "window"),
-    [(None, None, 600.0), (None, "45", 45.0), (30.0, "45", 30.0), ("soon", None, 600.0)],
+    [
+        (None, None, 300.0),
+        (None, "45", 45.0),
+        (40.0, "45", 40.0),
+        ("soon", None, 300.0),
+        (None, "10", 300.0),  # shorter than 40 readings at 1 s: refused
+        (20.0, None, 300.0),
+    ],
 )
-def test_the_driver_attaches_growth_with_the_window_it_was_given(
+def test_the_driver_gives_its_samplers_the_window_it_was_given(
     keyword: object,
     env: str | None,
     window: float,
     monkeypatch: pytest.MonkeyPatch,
     caplog: pytest.LogCaptureFixture,
 ) -> None:
+    from types import SimpleNamespace
+
     from raylens.telemetry.growth import GrowthCycle
 
     monitor = _RecordingMonitor()
+    samplers = _GrowthSettingsTaken()
     monkeypatch.setattr(host_memory, "start_host_memory_monitoring", lambda interval: monitor)
-    monkeypatch.setattr(raylens.driver, "_attach_group_memory", lambda monitor: None)
+    monkeypatch.setattr(
+        raylens.driver, "_attach_group_memory", lambda monitor: SimpleNamespace(samplers=samplers)
+    )
     if env is None:
         monkeypatch.delenv("RAYLENS_GROWTH_WINDOW", raising=False)
     else:
@@ -197,8 +224,15 @@ def test_the_driver_attaches_growth_with_the_window_it_was_given(
     shutdown_telemetry()
     cycles = [hook for hook in monitor.hooks if isinstance(hook, GrowthCycle)]
     assert len(cycles) == 1
-    assert cycles[0].history.settings.window_s == window
-    assert bool(_errors(caplog)) == (keyword == "soon")
+    assert samplers.windows == [window]
+    assert samplers.kill_lines == [cycles[0].kill_line]
+    assert cycles[0].node_history == samplers.recent_history
+    errors = _errors(caplog)
+    refused = keyword == "soon" or window != (keyword or float(env or 300.0))
+    assert bool(errors) == refused
+    if env == "10" or keyword == 20.0:
+        (line,) = errors
+        assert "shortest growth window allowed" in line and "40 s" in line and "\n" not in line
 
 
 def test_the_driver_exports_phases_and_takes_their_settings(

@@ -13,11 +13,10 @@ What each private module does, the fit, the decision and the kill line:
 
 from raylens.telemetry.history._estimator import GrowthEstimator, ScaleReading
 from raylens.telemetry.history._keeper import (
-    NO_FIGURES,
-    GrowthConfig,
-    GrowthFigures,
-    GrowthKeeper,
-    without_limit,
+    MAX_DEPARTED_GROUPS,
+    NODE_KEY,
+    NodeGrowthKeeper,
+    NodeReading,
 )
 from raylens.telemetry.history._limit import (
     DEFAULT_MEMORY_USAGE_THRESHOLD,
@@ -33,6 +32,13 @@ from raylens.telemetry.history._recent import (
     MAX_POINTS_PER_SERIES,
     RecentHistory,
     recent_history,
+)
+from raylens.telemetry.history._sampling import (
+    DEFAULT_SAMPLE_INTERVAL_S,
+    READINGS_PER_WINDOW,
+    check_growth_window,
+    growth_window_for_sampling,
+    shortest_growth_window,
 )
 from raylens.telemetry.history._series import Bucket, SeriesBuffer
 from raylens.telemetry.history._settings import (
@@ -60,33 +66,37 @@ __all__ = [
     "DEFAULT_HORIZON_S",
     "DEFAULT_LEVELS",
     "DEFAULT_MEMORY_USAGE_THRESHOLD",
+    "DEFAULT_SAMPLE_INTERVAL_S",
     "GROWTH_WINDOW_ENV",
-    "GrowthConfig",
     "GrowthEstimator",
-    "GrowthFigures",
-    "GrowthKeeper",
     "GrowthSettings",
     "HISTORY_S",
     "Key",
     "KillLineConfig",
+    "MAX_DEPARTED_GROUPS",
     "MAX_GROUPS_PER_NODE",
     "MAX_GROWTH_WINDOW_S",
     "MAX_POINTS_PER_SERIES",
     "MIN_GROWTH_WINDOW_S",
     "MemoryHistory",
-    "NO_FIGURES",
+    "NODE_KEY",
     "NodeGrowth",
+    "NodeGrowthKeeper",
+    "NodeReading",
     "RAY_THRESHOLD_ENV",
+    "READINGS_PER_WINDOW",
     "RecentHistory",
     "SLICES_PER_WINDOW",
     "ScaleReading",
     "SeriesBuffer",
     "SeriesGrowth",
     "THRESHOLD_ENV",
+    "check_growth_window",
+    "growth_window_for_sampling",
     "growth_window_from_env",
     "kill_line",
     "recent_history",
     "resolve_kill_line_config",
+    "shortest_growth_window",
     "time_to_limit",
-    "without_limit",
 ]

@@ -1,203 +1,128 @@
-"""GrowthKeeper: each node's samples in, its growth figures out, in whichever process scrapes.
+"""One node's memory over time, kept where the node is read: readings in, the node's figures out.
 
-A keeper holds the :class:`MemoryHistory` of every node it is shown and turns each node's
-newest sample into :class:`GrowthFigures`: plain values, so they cross from the scrape
-helper to the driver as they are. The driver's growth cycle runs one in its own process
-when it scrapes there, and has the scrape helper run one otherwise, so the recording and
-the fits cost the driver nothing.
+A :class:`NodeGrowthKeeper` is what a node's sampler (and each node of the simulated cluster)
+holds: one :class:`MemoryHistory` of that node alone, and the node's kill line. Each reading
+(the node's used memory, its totals, each group's bytes) is recorded and turned into a
+:class:`NodeReading`: the figures the sampler publishes. The keeper reads no clock and does
+no I/O: times and figures are the caller's, so the same readings give the same figures in a
+sampler, a simulation or a replay.
 
-Invariants a maintainer must keep:
-
-- a node is recorded once per new sample, and, when a sampler reports its groups, once per
-  reading of the sampler, however often the same reading is scraped again;
-- a node's figures are built again at most once per fit interval of its own time (they
-  cannot change between fits), and merged again with a sampler's figures only when a new
-  reading brings other growth, so a node with a fresh sample and nothing new returns the
-  very same object: whoever forwards figures can tell a change by identity (a node without
-  a sample gets new figures each time);
-- per node, one state object changed in place; nothing else outlives a call.
+Invariants: memory is bounded by the history's settings whatever the run's length. A group
+that leaves keeps its history (a post-mortem shows the group a kill took), up to
+:data:`MAX_DEPARTED_GROUPS` of them; past that the node's history starts afresh, so what a
+keeper holds stays bounded however many groups come and go.
 """
 
 from __future__ import annotations
 
-import math
-from collections.abc import Container
+from collections.abc import Mapping
 from typing import NamedTuple
 
 from raylens.telemetry.history._limit import KillLineConfig
+from raylens.telemetry.history._recent import RecentHistory, recent_history
 from raylens.telemetry.history._settings import GrowthSettings
 from raylens.telemetry.history._store import MemoryHistory, NodeGrowth
-from raylens.telemetry.raylet_payload import NodeGroupFigures
 
-__all__ = ["NO_FIGURES", "GrowthConfig", "GrowthFigures", "GrowthKeeper", "without_limit"]
+__all__ = ["MAX_DEPARTED_GROUPS", "NODE_KEY", "NodeGrowthKeeper", "NodeReading"]
 
-
-class GrowthConfig(NamedTuple):
-    """What a keeper is built from; plain, so the driver can hand it to its scrape helper."""
-
-    settings: GrowthSettings
-    kill_line: KillLineConfig
+#: The key a keeper files its node under in its history (it holds one node only).
+NODE_KEY = "node"
+#: Groups that left whose history a keeper holds before it starts the node's afresh.
+MAX_DEPARTED_GROUPS = 32
 
 
-class GrowthFigures(NamedTuple):
-    """One node's growth as its history reads: the outlook without the node's names.
+class NodeReading(NamedTuple):
+    """A node's figures after one reading, as its sampler publishes them.
 
-    ``group_growth`` is ``((group, bytes per second), ...)``; ``fastest_group`` the group
-    growing fastest, None when no group has a figure.
+    ``growth`` (the node's), ``outside_growth`` (the memory outside every group) and each
+    entry of ``group_growth`` are bytes per second, None until the window holds enough
+    readings. ``limit`` is the kill line for the totals read; ``time_to_limit`` is set only
+    while the node is ``growing``.
     """
 
-    used: float | None
+    used: float
     growth: float | None
+    outside_growth: float | None
     growing: bool
     limit: float | None
     time_to_limit: float | None
-    fastest_group: str | None
-    group_growth: tuple[tuple[str, float], ...]
+    group_growth: dict[str, float | None]
 
 
-#: A node with no figures yet: no sample, no history.
-NO_FIGURES = GrowthFigures(None, None, False, None, None, None, ())
+class NodeGrowthKeeper:
+    """A node's bounded history and kill line; :meth:`record` one reading at a time.
 
-
-def without_limit(figures: GrowthFigures) -> GrowthFigures:
-    """``figures`` of a node with no fresh sample: no total, so no kill line and no time to it."""
-    return figures._replace(limit=None, time_to_limit=None)
-
-
-class _Watched:
-    """What a keeper holds of one node between samples; changed in place.
-
-    ``recorded_at`` is the sample time last recorded and ``stamp`` the sampler's reading
-    it carried (None without groups); ``built`` the figures last built from the history,
-    at sample time ``built_at``; ``merged`` what adding the growth of the sampler's
-    figures ``merged_figures`` to ``merged_from`` gave, and ``published`` that growth.
+    ``settings`` are the history's (the window above all); ``kill_line`` says how the
+    node's line is drawn from its totals. Thread-safe as its history is: a reader may ask
+    for :meth:`recent` while another thread records.
     """
 
-    __slots__ = (
-        "built",
-        "built_at",
-        "merged",
-        "merged_figures",
-        "merged_from",
-        "published",
-        "recorded_at",
-        "stamp",
-    )
+    def __init__(self, settings: GrowthSettings, kill_line: KillLineConfig) -> None:
+        self.settings = settings
+        self.kill_line = kill_line
+        self.history = MemoryHistory(settings)
+        self._groups: frozenset[str] = frozenset()
+        self._departed: set[str] = set()
 
-    def __init__(self) -> None:
-        self.recorded_at = -math.inf
-        self.stamp: float | None = None
-        self.built: GrowthFigures | None = None
-        self.built_at = -math.inf
-        self.merged_from: GrowthFigures | None = None
-        self.merged_figures: NodeGroupFigures | None = None
-        self.merged: GrowthFigures | None = None
-        self.published: dict[str, float] = {}
+    @property
+    def window_s(self) -> float:
+        return self.settings.window_s
 
-
-class GrowthKeeper:
-    """The history of every node shown, and each node's figures. Not thread-safe."""
-
-    def __init__(self, config: GrowthConfig) -> None:
-        self.config = config
-        self.history = MemoryHistory(config.settings)
-        self.kill_line = config.kill_line
-        self._watched: dict[str, _Watched] = {}
-
-    def observe(
+    def record(
         self,
-        node: str,
-        used: float | None,
-        total: float | None,
-        at: float | None,
-        carried: NodeGroupFigures | None,
-    ) -> GrowthFigures:
-        """Record ``node``'s sample at ``at`` if it is new, and return its figures.
+        t: float,
+        used: float,
+        groups: Mapping[str, float],
+        *,
+        host_total: float | None,
+        cgroup_total: float | None = None,
+    ) -> NodeReading:
+        """Record the node at ``t`` (seconds on any monotonic clock) and return its figures.
 
-        ``at`` None means the node has no sample (the figures then come from its history,
-        without a kill line); ``carried`` is what its sampler published, if anything. The
-        growth a sampler published stands in for groups this history has no figure for
-        yet: a sampler keeps history from its start, so a process that has just begun
-        watching still shows each group's growth.
+        ``used`` is the node's used bytes, ``groups`` each group's bytes on it (empty when
+        it hosts none: everything is then outside the groups). A group that was in the last
+        reading and is not in this one leaves the node's figures; its history stays (see
+        the module docstring).
         """
-        watched = self._watched.get(node)
-        if watched is None:
-            watched = self._watched[node] = _Watched()
-        if used is not None and at is not None and at > watched.recorded_at:
-            if carried is None:
-                watched.stamp = None
-                self.history.record_node(node, at, used)
-                watched.recorded_at = at
-            elif carried.sampled_at != watched.stamp:
-                # A reading scraped again is no new sample: counting it twice would weigh
-                # stale figures as fresh ones in the fit.
-                watched.stamp = carried.sampled_at
-                # Rows hold (group, rss, pss, processes, growth).
-                groups = {row[0]: row[1] for row in carried.rows}
-                self.history.record_node(node, at, used, groups=groups)
-                watched.recorded_at = at
-        figures = watched.built
-        every = self.history.settings.fit_interval_s
-        if figures is None or at is None or not at - watched.built_at < every:
-            limit = self.kill_line.limit(total) if at is not None else None
-            figures = _figures(self.history.node(node), limit)
-            if at is not None:
-                watched.built, watched.built_at = figures, at
-        if carried is None:
-            return figures
-        if (
-            watched.merged is not None
-            and watched.merged_figures is carried
-            and watched.merged_from is figures
-        ):
-            return watched.merged
-        return _merged_with(watched, figures, carried)
+        self.add(t, used, groups)
+        return self._reading(used, self.history.node(NODE_KEY), host_total, cgroup_total)
 
-    def retain(self, nodes: Container[str]) -> None:
-        """Forget every node not in ``nodes``, history included."""
-        for gone in [node for node in self._watched if node not in nodes]:
-            del self._watched[gone]
-            self.history.forget(gone)
+    def add(self, t: float, used: float, groups: Mapping[str, float]) -> None:
+        """Record the node at ``t`` as :meth:`record` does, without working out its figures
+        (readings made up for the past, as a simulation catching up does)."""
+        names = frozenset(groups)
+        if names != self._groups:
+            self._regrouped(names)
+        self.history.record_node(NODE_KEY, t, used, groups=groups)
 
-    def forget_all(self) -> None:
-        self.retain(())
+    def _regrouped(self, names: frozenset[str]) -> None:
+        self._departed |= self._groups - names
+        self._departed -= names
+        self._groups = names
+        if len(self._departed) > MAX_DEPARTED_GROUPS:
+            self.history.forget(NODE_KEY)
+            self._departed.clear()
 
+    def recent(self, at: float) -> RecentHistory:
+        """The node's recent memory up to ``at`` (the clock :meth:`record` was given)."""
+        return recent_history(self.history, NODE_KEY, at)
 
-def _figures(growth: NodeGrowth | None, limit: float | None) -> GrowthFigures:
-    if growth is None:
-        return NO_FIGURES if limit is None else NO_FIGURES._replace(limit=limit)
-    return GrowthFigures(
-        growth.used,
-        growth.growth,
-        growth.growing,
-        limit,
-        growth.time_to_limit(limit),
-        growth.fastest_group,
-        tuple(
-            (name, part.growth) for name, part in growth.groups.items() if part.growth is not None
-        ),
-    )
-
-
-def _merged_with(
-    watched: _Watched, figures: GrowthFigures, carried: NodeGroupFigures
-) -> GrowthFigures:
-    """``figures`` with the growth ``carried`` publishes for groups it has none for; the last
-    merge again when it adds the same growth to the same figures."""
-    known = {name for name, _rate in figures.group_growth}
-    # Rows hold (group, rss, pss, processes, growth).
-    published = {
-        row[0]: row[4] for row in carried.rows if row[4] is not None and row[0] not in known
-    }
-    previous = watched.merged
-    if previous is not None and watched.merged_from is figures and published == watched.published:
-        merged = previous
-    elif not published:
-        merged = figures
-    else:
-        rates = (*figures.group_growth, *published.items())
-        fastest = figures.fastest_group or max(rates, key=lambda pair: pair[1])[0]
-        merged = figures._replace(group_growth=rates, fastest_group=fastest)
-    watched.merged_from, watched.merged_figures, watched.merged = figures, carried, merged
-    watched.published = published
-    return merged
+    def _reading(
+        self,
+        used: float,
+        growth: NodeGrowth | None,
+        host_total: float | None,
+        cgroup_total: float | None,
+    ) -> NodeReading:
+        limit = self.kill_line.limit(host_total, cgroup_total)
+        if growth is None:
+            return NodeReading(used, None, None, False, limit, None, {})
+        return NodeReading(
+            used,
+            growth.growth,
+            None if growth.other is None else growth.other.growth,
+            growth.growing,
+            limit,
+            growth.time_to_limit(limit),
+            {name: part.growth for name, part in growth.groups.items()},
+        )

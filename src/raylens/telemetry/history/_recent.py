@@ -1,7 +1,7 @@
 """A node's recent memory, as a post-mortem shows it: read from a history, as plain data.
 
-Plain lists and dicts only, so the extract crosses from the scrape helper (where the
-history lives when it scrapes) to the driver as it is. Times are seconds before the
+Plain lists and dicts only, so the extract crosses from a node's sampler (where the node's
+history lives) to the driver as it is, in one Ray call. Times are seconds before the
 moment asked about; group names are as recorded (whoever prints them makes them safe).
 """
 
@@ -67,8 +67,8 @@ def recent_history(
 ) -> RecentHistory:
     """``node_id``'s used memory, each group's and the rest's over :data:`HISTORY_S` before ``at``.
 
-    ``late_by`` also keeps samples stamped up to that many seconds after ``at``: a history
-    kept in another process stamps the same answer a little later than the caller did.
+    ``late_by`` also keeps samples stamped up to that many seconds after ``at``, for a
+    caller whose clock may run a little behind the history's.
     """
     until = at + late_by
     names = sorted(

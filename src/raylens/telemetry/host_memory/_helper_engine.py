@@ -25,12 +25,11 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable, Hashable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Hashable, Iterable, Sequence
 from pathlib import Path
 
 from raylens import forking
 from raylens.lens import warn_once
-from raylens.telemetry.history import GrowthConfig, GrowthFigures, RecentHistory
 from raylens.telemetry.names import (
     LOGGER_NAME,
 )
@@ -70,12 +69,6 @@ _PROGRAM = (
 )
 
 
-#: Replies in a row saying the helper could not keep the growth, after which it is kept in
-#: the monitor's own process instead (a failure that comes back every batch).
-MAX_GROWTH_FAILURES = 3
-#: How long a request for a node's history waits for the helper's answer.
-_HISTORY_TIMEOUT_S = 1.0
-
 #: The folder raylens is imported from, so the helper imports this same copy. Resolved
 #: once, at import: imported through a relative ``sys.path`` entry, ``__file__`` is
 #: relative, and the working directory may have changed by the time a helper starts.
@@ -84,10 +77,6 @@ _IMPORT_ROOT = str(Path(__file__).resolve().parents[3])
 
 def _is_result_of(batch: int) -> Callable[[object], bool]:
     return lambda message: isinstance(message, tuple) and message[:2] == ("result", batch)
-
-
-def _is_history_of(request: int) -> Callable[[object], bool]:
-    return lambda message: isinstance(message, tuple) and message[:2] == ("history", request)
 
 
 def _is_ready(message: object) -> bool:
@@ -127,87 +116,6 @@ class GroupFiguresMemo:
             raise ChannelBroken(f"the helper sent an unreadable result: {exc}") from exc
 
 
-class HeldGrowth:
-    """The growth figures the driver last received from the helper, per key.
-
-    The helper sends the figures that changed since the reply the driver says it applied
-    (:mod:`raylens.telemetry.scraping._growth_relay`); when that is not the reply it sent
-    last (one was lost), it sends every node's figures again. The mapping :attr:`figures`
-    is replaced, never changed, so a reader on another thread may keep it. Not thread-safe
-    otherwise; the engine uses it under its lock.
-    """
-
-    def __init__(self) -> None:
-        self.config: GrowthConfig | None = None
-        self.figures: dict[Hashable, GrowthFigures] = {}
-        #: The batch whose figures were applied last (0: none, since the helper started).
-        self.applied = 0
-        #: Replies in a row that said the helper could not keep the growth.
-        self.failures = 0
-
-    def reset(self) -> None:
-        """A new helper keeps a new history: nothing it sent is held, and it is tried afresh."""
-        self.figures = {}
-        self.applied = 0
-        self.failures = 0
-
-    def request(self, sent_at: float) -> tuple[GrowthConfig, int, float] | None:
-        """What a batch sent at ``sent_at`` asks of the helper: the settings, the batch applied
-        last, and that time (the helper stamps each answer with it plus the answer's age).
-
-        None while growth is not asked for, or after :data:`MAX_GROWTH_FAILURES` replies in
-        a row said the helper could not keep it.
-        """
-        if self.config is None or self.failures >= MAX_GROWTH_FAILURES:
-            return None
-        return (self.config, self.applied, sent_at)
-
-    @property
-    def kept(self) -> bool:
-        """Whether the helper keeps the growth (asked for, and not given up on)."""
-        return self.config is not None and self.failures < MAX_GROWTH_FAILURES
-
-    def failed(self) -> None:
-        """A reply said the helper could not keep the growth; what is held stands."""
-        self.failures += 1
-
-    def apply(self, batch: int, changes: object, keys: Sequence[Hashable]) -> None:
-        """Take a reply's ``(resent, {key: figures})``; keys not in ``keys`` (the batch's) are
-        dropped, here and from what is held.
-
-        Raises:
-            MalformedRows: the changes do not have that shape.
-        """
-        if self.config is None:
-            return
-        if not (type(changes) is tuple and len(changes) == 2 and type(changes[1]) is dict):
-            raise MalformedRows(f"growth figures sent as {changes!r:.80}")
-        resent, by_key = changes
-        for node_figures in by_key.values():
-            if type(node_figures) is not GrowthFigures:
-                raise MalformedRows(f"a node's growth figures sent as {node_figures!r:.80}")
-        held = self.figures
-        live = set(keys)
-        if resent or by_key or not live.issuperset(held):
-            figures = {} if resent else {key: value for key, value in held.items() if key in live}
-            figures.update((key, value) for key, value in by_key.items() if key in live)
-            self.figures = figures
-        self.applied = batch
-        self.failures = 0
-
-
-def _as_recent_history(found: object) -> RecentHistory | None:
-    """``found`` if it has the shape of a node's recent history, else None."""
-    if not isinstance(found, dict) or set(found) != set(RecentHistory.__annotations__):
-        return None
-    node_used, groups, outside = found["node_used"], found["worker_groups"], found["outside_groups"]
-    if not isinstance(groups, dict) or not all(
-        part is None or isinstance(part, dict) for part in (node_used, outside, *groups.values())
-    ):
-        return None
-    return RecentHistory(node_used=node_used, worker_groups=groups, outside_groups=outside)
-
-
 class HelperEngine:
     """Same ``scrape``/``close`` as the in-process engine, run by a helper process.
 
@@ -228,11 +136,6 @@ class HelperEngine:
         self._stalled = 0
         self._batch = 0
         self._groups = GroupFiguresMemo()
-        self._growth = HeldGrowth()
-        #: The growth settings asked for, taken up at the next batch.
-        self._growth_wanted: GrowthConfig | None = None
-        #: Set when a history request went unanswered; cleared by the next batch's reply.
-        self._history_unanswered = False
         self._closed = False
         #: What a forked child inherited from its parent: kept, never used or closed.
         self._inherited: list[object] = []
@@ -292,7 +195,6 @@ class HelperEngine:
             theirs.close()
         self._process, self._channel, self._ready = process, DriverChannel(ours), False
         self._stalled = 0
-        self._growth.reset()
 
     def _reap(self, grace: float = 0.1) -> None:
         """Forget the current helper, collecting its exit status (no zombie)."""
@@ -368,24 +270,15 @@ class HelperEngine:
                 self._batch += 1
                 keys = [job[0] for job in jobs]
                 known = self._groups.known(keys)
-                if self._growth_wanted != self._growth.config:
-                    self._growth.config = self._growth_wanted
-                    self._growth.reset()
-                growth = self._growth.request(now)
-                batch = self._batch
-                channel.queue(("scrape", batch, list(jobs), now + seconds, known, growth))
-                reply = channel.exchange(_is_result_of(batch), wait_until, self._abort, alive)
+                channel.queue(("scrape", self._batch, list(jobs), now + seconds, known))
+                reply = channel.exchange(_is_result_of(self._batch), wait_until, self._abort, alive)
                 if reply is None:
                     if not self._abort.is_set():
                         self._note_stalled()
                     return {}
                 self._stalled = 0
-                self._history_unanswered = False
                 offset = now - started  # ages count from this call, helper start-up included
-                outcomes = self._groups.decode(reply[2], keys, offset)
-                if growth is not None:
-                    self._apply_growth(batch, reply, keys)
-                return outcomes
+                return self._groups.decode(reply[2], keys, offset)
             except ChannelBroken:
                 if not self._ready:
                     self._failed_starts += 1
@@ -394,77 +287,6 @@ class HelperEngine:
                 return {
                     job[0]: Outcome(None, HELPER_GONE, error_type=ERROR_INTERNAL) for job in jobs
                 }
-
-    def _apply_growth(self, batch: int, reply: tuple[object, ...], keys: list[Hashable]) -> None:
-        if len(reply) != 4:
-            raise ChannelBroken("the helper sent a result without its growth figures")
-        if reply[3] is None:  # it could not keep them this time: what is held stands
-            self._growth.failed()
-            warn_once(
-                "host_memory.helper.growth",
-                "the scrape helper failed to keep the growth history; it starts a new one, and "
-                f"after {MAX_GROWTH_FAILURES} failures in a row the growth is kept in this process",
-                logger=logger,
-            )
-            return
-        try:
-            self._growth.apply(batch, reply[3], keys)
-        except (MalformedRows, TypeError) as exc:
-            raise ChannelBroken(f"the helper sent unreadable growth figures: {exc}") from exc
-
-    # Growth ------------------------------------------------------------------------------
-
-    def keep_growth(self, config: GrowthConfig | None) -> None:
-        """Have the helper keep each node's growth with ``config`` from the next batch on.
-
-        Never waits: a batch in progress keeps the settings it was sent with.
-        """
-        self._growth_wanted = config
-
-    def growth_figures(self) -> Mapping[Hashable, GrowthFigures] | None:
-        """Every node's growth figures as the helper last sent them (empty until it has); None
-        once the helper has failed to keep them :data:`MAX_GROWTH_FAILURES` times in a row.
-
-        The mapping is never changed once returned; the next reply's figures replace it.
-        """
-        growth = self._growth
-        return growth.figures if growth.kept else None
-
-    def recent_history(self, node_id: str, at: float, late_by: float) -> RecentHistory | None:
-        """``node_id``'s recent memory from the helper's history, samples up to ``late_by``
-        seconds after ``at`` included.
-
-        None if it keeps none, or does not answer within :data:`_HISTORY_TIMEOUT_S`; after
-        one such silence, none is asked until a batch is answered again, so a cycle waits
-        for it once at most.
-        """
-        deadline = time.monotonic() + _HISTORY_TIMEOUT_S
-        with self._lock:
-            channel = self._channel
-            if (
-                not self._growth.kept
-                or channel is None
-                or not self._ready
-                or self._history_unanswered
-            ):
-                return None
-            self._batch += 1
-            request = self._batch
-            try:
-                channel.queue(("history", request, node_id, at, late_by))
-                reply = channel.exchange(
-                    _is_history_of(request), deadline, self._abort, self._helper_alive
-                )
-            except ChannelBroken:
-                self._reap()
-                self._lost = True
-                return None
-            if reply is None:
-                self._history_unanswered = True
-                return None
-        if len(reply) != 3:
-            return None
-        return _as_recent_history(reply[2])
 
     def _helper_alive(self) -> bool:
         process = self._process

@@ -29,7 +29,6 @@ from raylens import forking
 from raylens.cluster import ClusterView, default_cluster_view
 from raylens.lens import get_telemetry_handle, reset_warn_once, warn_once
 from raylens.safe_text import printable
-from raylens.telemetry.history import GrowthConfig, GrowthFigures, RecentHistory
 from raylens.telemetry.host_memory._gauges import declare_gauges
 from raylens.telemetry.host_memory._helper_engine import HelperEngine
 from raylens.telemetry.host_memory._nodes import RayNode, ray_nodes
@@ -219,8 +218,6 @@ class HostMemoryMonitor:
         self._standing: dict[NodeKey, tuple[_Standing, int]] = {}
         self._warned: set[NodeKey] = set()
         self._cycle_hooks: list[tuple[CycleHook, Callable[[], None] | None]] = []
-        #: The growth keeper's settings, while a growth cycle wants its helper to keep it.
-        self._growth: GrowthConfig | None = None
         # Once the gauges read this monitor, they are declared: by whoever they read.
         register_publisher(self)
         declare_gauges()
@@ -476,67 +473,12 @@ class HostMemoryMonitor:
     def _engine_for_use(self) -> ScrapeEngine:
         with self._lock:
             if self._engine is None:
-                if self.scrape_mode is ScrapeMode.HELPER:
-                    helper = HelperEngine(self.limits)
-                    helper.keep_growth(self._growth if self._growth_kept_by_helper() else None)
-                    self._engine = helper
-                else:
-                    self._engine = AsyncScrapeEngine(self.limits)
+                self._engine = (
+                    HelperEngine(self.limits)
+                    if self.scrape_mode is ScrapeMode.HELPER
+                    else AsyncScrapeEngine(self.limits)
+                )
             return self._engine
-
-    # Growth kept by the helper -------------------------------------------------------
-
-    def _growth_kept_by_helper(self) -> bool:
-        """Whether the helper may keep the growth: it scrapes, and times agree with its own.
-
-        The helper stamps samples with its monotonic clock, the same as the default clock;
-        a monitor on another clock, or whose per-node scrape is replaced, keeps it here.
-        """
-        return (
-            self._growth is not None
-            and self.scrape_mode is ScrapeMode.HELPER
-            and self.clock is time.monotonic
-            and not self._scrape_overridden()
-        )
-
-    def _growth_helper(self) -> HelperEngine | None:
-        """The helper engine keeping the growth, if one does."""
-        engine = self._engine
-        if isinstance(engine, HelperEngine) and self._growth_kept_by_helper():
-            return engine
-        return None
-
-    def keep_growth(self, config: GrowthConfig | None) -> None:
-        """Have the scrape helper keep each node's growth history with ``config`` (None: stop).
-
-        Never waits on a cycle in progress: the helper takes the settings with its next batch.
-        """
-        with self._lock:  # the engine only notes the settings: nothing here waits
-            self._growth = config
-            engine = self._engine
-            if isinstance(engine, HelperEngine):
-                engine.keep_growth(config if self._growth_kept_by_helper() else None)
-
-    def kept_growth(self) -> Mapping[Hashable, GrowthFigures] | None:
-        """Every node's growth figures as the helper last sent them, while it keeps them.
-
-        They are a cycle behind the samples (the helper records a batch after answering
-        it). None when it does not keep them (another scrape mode, none asked for, or it
-        failed to, time after time), so the caller keeps the history itself.
-        """
-        engine = self._growth_helper()
-        return None if engine is None else engine.growth_figures()
-
-    def recent_history(self, node_id: str, at: float) -> RecentHistory | None:
-        """``node_id``'s recent memory up to ``at``, read from the helper's history.
-
-        The helper stamps an answer when its batch reached it, a little after this
-        monitor's stamp for the same answer: samples up to :data:`_HELPER_STAMP_SLACK_S`
-        after ``at`` belong to it. None when the helper keeps none, or does not answer
-        within a second.
-        """
-        engine = self._growth_helper()
-        return None if engine is None else engine.recent_history(node_id, at, _HELPER_STAMP_SLACK_S)
 
     def _forget_departed(self, live: set[NodeKey]) -> None:
         """Drop everything held about nodes that left, so state stays as large as the cluster."""
@@ -774,11 +716,6 @@ class HostMemoryMonitor:
 
 
 _DEFAULT_SCRAPE = HostMemoryMonitor._scrape
-
-
-#: How much later than this monitor the helper may stamp the same answer (it stamps a batch
-#: when the batch reaches it; far less than any interval between two cycles).
-_HELPER_STAMP_SLACK_S = 0.25
 
 
 def _request_seconds(

@@ -7,25 +7,15 @@ the driver's script. It ignores SIGINT (a Ctrl-C in the driver's terminal is the
 driver's to handle; the helper then ends with it) and exits as soon as its
 driver is gone, SIGKILL included, or the channel closes.
 
-Messages in:
-
-- ``("scrape", batch id, jobs, absolute monotonic deadline, known, growth)``, where
-  ``known`` is ``{key: sampled_at}`` of the group figures the driver already holds, and
-  ``growth`` is None or ``(GrowthConfig, batch id applied last, the driver's monotonic time
-  at sending)``: keep each node's growth (:mod:`raylens.telemetry.scraping._growth_relay`),
-  its samples stamped as the driver stamps them;
-- ``("history", request id, node id, at, late by)``: that node's recent memory.
-
-Messages out: ``("ready",)`` once; ``("result", batch id, rows, growth changes)`` per
-batch: one row per node that answered, as :mod:`raylens.telemetry.scraping._wire` writes
-it, without the group figures the driver holds already (:func:`leave_out_known_groups`),
-and the growth figures recorded since the reply the driver applied (None when no growth
-is asked for, or keeping it failed); ``("history", request id, recent history or None)``.
+Messages in: ``("scrape", batch id, jobs, absolute monotonic deadline, known)``, where
+``known`` is ``{key: sampled_at}`` of the group figures the driver already holds.
+Messages out: ``("ready",)`` once, then ``("result", batch id, rows)`` per batch: one row
+per node that answered, as :mod:`raylens.telemetry.scraping._wire` writes it, without the
+group figures the driver holds already (:func:`leave_out_known_groups`).
 """
 
 from __future__ import annotations
 
-import contextlib
 import os
 import signal
 import socket
@@ -33,14 +23,10 @@ import sys
 import threading
 import time
 from collections.abc import Hashable, Mapping
-from typing import TYPE_CHECKING, Any
 
 from raylens.telemetry.scraping._channel import ChannelBroken, read_message, write_message
 from raylens.telemetry.scraping._engine import AsyncScrapeEngine, Outcome, ScrapeLimits
 from raylens.telemetry.scraping._wire import encode_outcomes
-
-if TYPE_CHECKING:
-    from raylens.telemetry.scraping._growth_relay import GrowthRelay
 
 __all__ = ["HELPER_SLACK_S", "leave_out_known_groups", "main", "serve"]
 
@@ -75,75 +61,22 @@ def leave_out_known_groups(
     return results, unchanged
 
 
-def _relay_for(relay: GrowthRelay | None, config: Any) -> GrowthRelay:
-    """The relay keeping growth with ``config``: ``relay`` if it does, else a new one.
-
-    Imported on first use: a helper that keeps no growth never loads the history (numpy).
-    """
-    if relay is not None and relay.config == config:
-        return relay
-    from raylens.telemetry.scraping._growth_relay import GrowthRelay
-
-    return GrowthRelay(config)
-
-
 def serve(sock: socket.socket, limits: ScrapeLimits) -> None:
-    """Answer scrape batches on ``sock`` until it closes or a message says otherwise.
-
-    Growth is recorded after a batch's reply is written (but a node's first sample,
-    before), so it never delays one. A
-    failure there costs the growth, never the scrape: the relay is dropped, the next
-    reply says so (None in place of its changes) and the batch after starts a new one.
-    """
+    """Answer scrape batches on ``sock`` until it closes or a message says otherwise."""
     engine = AsyncScrapeEngine(limits)
-    relay: GrowthRelay | None = None
-    failed = False
     try:
         write_message(sock, ("ready",))
         while True:
             message = read_message(sock)
-            if not (isinstance(message, tuple) and message):
+            if not (isinstance(message, tuple) and message and message[0] == "scrape"):
                 return
-            if message[0] == "history":
-                _, request, node_id, at, late_by = message
-                found = None
-                if relay is not None:
-                    with contextlib.suppress(Exception):  # no history is an answer too
-                        found = relay.recent_history(node_id, at, late_by)
-                write_message(sock, ("history", request, found))
-                continue
-            if message[0] != "scrape":
-                return
-            _, batch, jobs, deadline, known, growth = message
-            started = time.monotonic()
-            seconds = deadline - started
+            _, batch, jobs, deadline, known = message
+            seconds = deadline - time.monotonic()
             results: dict[Hashable, Outcome] = (
                 engine.scrape(jobs, seconds, HELPER_SLACK_S) if seconds > 0 else {}
             )
-            changes: Any = None
-            first: set[Hashable] = set()
-            if growth is None:
-                relay, failed = None, False
-            elif failed:
-                failed = False
-            else:
-                try:
-                    relay = _relay_for(relay, growth[0])
-                    first = relay.observe_new(jobs, results, growth[2])
-                    changes = relay.delivery(batch, growth[1])
-                except Exception:
-                    relay = None
-            answers = dict(results) if relay is not None else results
             results, unchanged = leave_out_known_groups(results, known)
-            rows = encode_outcomes(jobs, results, unchanged)
-            write_message(sock, ("result", batch, rows, changes))
-            if relay is not None:
-                try:
-                    # Stamped as the driver stamps the same answers: its send time plus the
-                    # answer's age in this batch.
-                    relay.observe(jobs, answers, growth[2], first)
-                except Exception:
-                    relay, failed = None, True
+            write_message(sock, ("result", batch, encode_outcomes(jobs, results, unchanged)))
     except (ChannelBroken, OSError):
         return
     finally:

@@ -13,7 +13,9 @@ monitor publishes. A row is::
 - ``groups`` is None (the payload carried no sampler's series), :data:`GROUPS_UNCHANGED`
   (the driver holds figures with this very ``sampled_at``:
   :func:`~raylens.telemetry.scraping.leave_out_known_groups`), or
-  ``(sampled_at, (group, rss, pss, processes, growth), ...)``: a plain tuple per group;
+  ``(sampled_at, node, (group, rss, pss, processes, growth), ...)``: the node's own
+  figures (a :class:`~raylens.telemetry.raylet_payload.NodeFigures`, or None), then a
+  plain tuple per group;
 - ``oom`` is None or ``(ray_evictions, kernel_oom_kills)``.
 
 The helper is the driver's own child, so a row is trusted like the driver's memory; one
@@ -26,7 +28,12 @@ from __future__ import annotations
 from collections.abc import Container, Hashable, Iterable, Mapping, Sequence
 from typing import Any
 
-from raylens.telemetry.raylet_payload import GroupFigure, NodeGroupFigures, NodeOomCounts
+from raylens.telemetry.raylet_payload import (
+    GroupFigure,
+    NodeFigures,
+    NodeGroupFigures,
+    NodeOomCounts,
+)
 from raylens.telemetry.scraping._engine import Job, Outcome
 
 __all__ = [
@@ -45,6 +52,7 @@ Row = tuple[Any, ...]
 _ROW_WIDTH = 10
 _FIGURE_WIDTH = len(GroupFigure._fields)
 _OOM_WIDTH = len(NodeOomCounts._fields)
+_NODE_WIDTH = len(NodeFigures._fields)
 
 
 class MalformedRows(ValueError):
@@ -75,7 +83,7 @@ class HeldFigures:
 
 
 def _plain_groups(figures: NodeGroupFigures) -> tuple[Any, ...]:
-    return (figures.sampled_at, *figures.rows)
+    return (figures.sampled_at, figures.node, *figures.rows)
 
 
 def encode_outcomes(
@@ -119,9 +127,10 @@ def _figures(key: Hashable, plain: tuple[Any, ...], held: HeldFigures) -> NodeGr
     The groups stay the plain tuples that came (the collector stops tracking them); a
     reading equal in every group to the one held shares its rows.
     """
-    if type(plain) is not tuple or not plain:
-        raise MalformedRows(f"group figures sent as {plain!r:.80}, not a non-empty tuple")
-    body = plain[1:]
+    if type(plain) is not tuple or len(plain) < 2:
+        raise MalformedRows(f"group figures sent as {plain!r:.80}, not a tuple of two or more")
+    node = plain[1]
+    body = plain[2:]
     before = held.figures.get(key)
     if before is not None and before.rows == body:
         rows = before.rows
@@ -130,7 +139,11 @@ def _figures(key: Hashable, plain: tuple[Any, ...], held: HeldFigures) -> NodeGr
             if type(part) is not tuple or len(part) != _FIGURE_WIDTH:
                 raise MalformedRows(f"a group's figures sent as {part!r:.80}")
         rows = body
-    result = held.figures[key] = NodeGroupFigures.from_rows(plain[0], rows)
+    if node is not None and (not isinstance(node, tuple) or len(node) != _NODE_WIDTH):
+        raise MalformedRows(f"a node's figures sent as {node!r:.80}")
+    if node is not None and type(node) is not NodeFigures:
+        node = NodeFigures._make(node)
+    result = held.figures[key] = NodeGroupFigures.from_rows(plain[0], rows, node)
     return result
 
 

@@ -10,7 +10,12 @@ import pytest
 
 from raylens.simulation.kill_script import KillScript
 from raylens.telemetry.growth import GrowthCycle
-from raylens.telemetry.history import GrowthSettings, resolve_kill_line_config
+from raylens.telemetry.history import (
+    GrowthSettings,
+    NodeGrowthKeeper,
+    RecentHistory,
+    resolve_kill_line_config,
+)
 from raylens.telemetry.host_memory import NodeSample
 from raylens.telemetry.oom import (
     RL_HOST_OOM_KILLS_METRIC,
@@ -84,9 +89,16 @@ class ScriptedCluster:
 class Harness:
     def __init__(self, tmp_path: Path, kills: KillScript, **cluster: object) -> None:
         self.cluster = ScriptedCluster(kills, **cluster)  # type: ignore[arg-type]
+        kill_line = resolve_kill_line_config(threshold=0.9)
+        # Each node's sampler keeps its history; a post-mortem asks it at the kill's wall time.
+        self.keepers = {
+            node: NodeGrowthKeeper(GrowthSettings(window_s=60.0), kill_line)
+            for node in self.cluster.nodes
+        }
         self.growth = GrowthCycle(
-            settings=GrowthSettings(window_s=60.0),
-            kill_line=resolve_kill_line_config(threshold=0.9),
+            kill_line=kill_line,
+            node_history=self._node_history,
+            wall_of=lambda at: 1.7e9 + at,
         )
         self.ledger = OomLedger()
         self.phase: str | None = "gen"
@@ -103,9 +115,17 @@ class Harness:
             wall_clock=lambda: 1.7e9 + self.cluster.t,
         )
 
+    def _node_history(self, node: str, at_wall: float) -> RecentHistory:
+        return self.keepers[node].recent(at_wall - 1.7e9)
+
     def run(self, seconds: int, step: float = 5.0) -> None:
         for _ in range(int(seconds / step)):
             self.cluster.t += step
+            for sample in self.cluster.latest():
+                assert sample.used is not None
+                self.keepers[sample.node_id].record(
+                    self.cluster.t, sample.used, self.cluster.groups(), host_total=TOTAL
+                )
             self.growth(self.cluster)
             self.watch(self.cluster)
 
