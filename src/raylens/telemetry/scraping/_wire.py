@@ -14,7 +14,8 @@ monitor publishes. A row is::
   (the driver holds figures with this very ``sampled_at``:
   :func:`~raylens.telemetry.scraping.leave_out_known_groups`), or
   ``(sampled_at, (group, rss, pss, processes, growth), ...)``: a plain tuple per group;
-- ``oom`` is None or ``(ray_evictions, kernel_oom_kills)``.
+- ``oom`` is None or ``(ray_evictions, kernel_oom_kills, ray_victims)``, the last a
+  tuple of ``(name, count)`` pairs.
 
 The helper is the driver's own child, so a row is trusted like the driver's memory; one
 that does not have this shape is still refused whole (:class:`MalformedRows`), never
