@@ -20,10 +20,10 @@ from raylens.telemetry.raylet_payload import (
     COMPONENT_LABEL,
     EVICTION_NAME_LABEL,
     OOM_SOURCE_LABEL,
-    RAYLET_COMPONENT,
     RAY_NODE_OOM_KILLS,
     RAY_WORKER_EVICTIONS,
     RAY_WORKER_ID_LABEL,
+    RAYLET_COMPONENT,
 )
 
 __all__ = ["DEFAULT_VICTIM", "KillScript", "ScriptedKill"]
@@ -51,7 +51,9 @@ class KillScript:
 
     def __init__(
         self,
-        kills: Iterable[tuple[int, float, Killer | str] | tuple[int, float, Killer | str, str]] = (),
+        kills: Iterable[
+            tuple[int, float, Killer | str] | tuple[int, float, Killer | str, str]
+        ] = (),
         *,
         same_machine: Sequence[Sequence[int]] = (),
     ) -> None:
