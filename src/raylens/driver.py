@@ -212,6 +212,7 @@ def _attach_postmortems(
             phase_of=current_phase,
             largest_processes_of=None if groups is None else groups.samplers.largest_processes,
         )
+        watch.ledger.phase_of = current_phase  # a failed call's report names its phase
         attach_oom_watch(monitor, watch)
     except Exception:
         warn_once(

@@ -13,6 +13,7 @@ import collections
 import logging
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -127,6 +128,8 @@ class OomLedger:
         self._reports: list[Report] = []
         self._counts: dict[tuple[str, str], int] = {}
         self._recent: collections.deque[KillRecord] = collections.deque(maxlen=RECENT_KILLS)
+        #: Names the job's phase when a report comes without one (the driver sets it).
+        self.phase_of: Callable[[], str | None] | None = None
         forking.reset_after_fork_in_child(self)
 
     def reset_after_fork(self) -> None:
@@ -143,7 +146,16 @@ class OomLedger:
         wall_time: float | None = None,
         phase: str | None = None,
     ) -> None:
-        """A worker was lost to Ray's out-of-memory error (in ``phase``). Never raises; bounded."""
+        """A worker was lost to Ray's out-of-memory error. Never raises; bounded.
+
+        ``phase`` defaults to what :attr:`phase_of` says now: a report is made where the
+        call failed, usually still inside the phase that the kill ended.
+        """
+        if phase is None and self.phase_of is not None:
+            try:
+                phase = self.phase_of()
+            except Exception:
+                phase = None
         entry = Report(
             node_id if isinstance(node_id, str) and node_id else None,
             Victim(

@@ -141,3 +141,17 @@ def test_a_killed_sampler_is_said_and_not_asked_for_its_processes(tmp_path: Path
     (postmortem,) = harness.files()
     assert postmortem["sampler_killed"] is True and asked == []
     assert postmortem["node"]["used_bytes"] is not None  # type: ignore[index]
+
+
+def test_a_report_carries_the_phase_it_was_made_in(tmp_path: Path) -> None:
+    harness = Harness(tmp_path, KillScript([(0, 33.0, "ray", "policy-0-1:Worker.__init__")]))
+    phase = ["train"]
+    harness.ledger.phase_of = lambda: phase[0]
+    harness.phase = None  # the monitor never sees the phase itself
+    harness.run(30)
+    harness.ledger.report(node_id=harness.cluster.nodes[0], group="policy", worker_rank=1, pid=9)
+    phase[0] = "eval"
+    harness.run(5)
+    (postmortem,) = harness.files()
+    assert postmortem["phase"] == "train"
+    assert postmortem["victim"]["pid"] == 9  # type: ignore[index]
