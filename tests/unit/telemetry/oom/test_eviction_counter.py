@@ -7,7 +7,11 @@ from pathlib import Path
 
 from raylens.simulation.kill_script import KillScript
 from raylens.telemetry.oom import EvictionWatch, LargestProcess, victim_from_ray_name
-from raylens.telemetry.raylet_payload import RAY_WORKER_EVICTIONS, parse_oom_samples
+from raylens.telemetry.raylet_payload import (
+    MAX_EVICTION_NAMES,
+    RAY_WORKER_EVICTIONS,
+    parse_oom_samples,
+)
 
 from .test_oom_watch import Harness
 
@@ -155,3 +159,14 @@ def test_a_report_carries_the_phase_it_was_made_in(tmp_path: Path) -> None:
     (postmortem,) = harness.files()
     assert postmortem["phase"] == "train"
     assert postmortem["victim"]["pid"] == 9  # type: ignore[index]
+
+
+def test_a_payload_naming_many_victims_keeps_a_bounded_number_of_names() -> None:
+    lines = [
+        f'{RAY_WORKER_EVICTIONS}{{Component="raylet",WorkerId="",Name="t{i:04d}"}} 1'
+        for i in range(1000)
+    ]
+    counts = parse_oom_samples("\n".join(lines) + "\n")
+    assert counts is not None and counts.ray_evictions == 1000.0
+    assert len(counts.ray_victims) == MAX_EVICTION_NAMES
+    assert counts.ray_victims[0] == ("", 1000.0 - (MAX_EVICTION_NAMES - 1))
