@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING
 
 from opentelemetry.sdk.metrics.export import MetricReader
 
-from raylens.cluster import connected_system_config
+from raylens.cluster import connected_system_config, default_cluster_view
 from raylens.lens import (
     TelemetryConfig,
     TelemetryHandle,
@@ -137,11 +137,27 @@ def init_telemetry_driver(
     return handle
 
 
+def _alive_node_ids() -> list[str]:
+    """The connected cluster's live nodes, or none when not connected. Never raises."""
+    try:
+        view = default_cluster_view()
+        if not view.is_initialized():
+            return []
+        found = [(node.get("NodeID"), node.get("Alive")) for node in view.nodes()]
+        return [node_id for node_id, alive in found if alive and isinstance(node_id, str)]
+    except Exception:
+        return []
+
+
 def _attach_group_memory(monitor: host_memory.HostMemoryMonitor) -> GroupMemoryCycle | None:
     try:
         from raylens.distributed.group_memory_cycle import attach_group_memory
 
-        return attach_group_memory(monitor)
+        cycle = attach_group_memory(monitor)
+        # Started before any group's workers, each node's sampler is the last worker
+        # there that Ray's memory monitor would kill (README, "OOM kills").
+        cycle.samplers.start_early(_alive_node_ids())
+        return cycle
     except Exception:
         warn_once(
             "driver.group_memory",

@@ -52,7 +52,9 @@ def test_several_victims_of_one_round_are_one_post_mortem_listing_them_all(
     tmp_path: Path,
 ) -> None:
     names = ["policy-0-0:Worker.__init__", "rollout-0-0:Worker.__init__", "IdleTask"]
-    harness = Harness(tmp_path, KillScript([(0, 31.0 + i / 4, "ray", n) for i, n in enumerate(names)]))
+    harness = Harness(
+        tmp_path, KillScript([(0, 31.0 + i / 4, "ray", n) for i, n in enumerate(names)])
+    )
     harness.run(35)
     (postmortem,) = harness.files()
     assert postmortem["kills"] == 3
@@ -131,9 +133,7 @@ def test_a_kill_long_after_any_phase_has_none(tmp_path: Path) -> None:
 
 
 def test_a_killed_sampler_is_said_and_not_asked_for_its_processes(tmp_path: Path) -> None:
-    harness = Harness(
-        tmp_path, KillScript([(0, 32.0, "ray", "GroupMemorySamplerActor.__init__")])
-    )
+    harness = Harness(tmp_path, KillScript([(0, 32.0, "ray", "GroupMemorySamplerActor.__init__")]))
     asked: list[str] = []
 
     def largest(node: str) -> tuple[list[LargestProcess], float]:

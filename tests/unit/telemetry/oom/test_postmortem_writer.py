@@ -21,11 +21,11 @@ from raylens.telemetry.oom import (
     Killer,
     PostMortemWriter,
     Victim,
+    _postmortem,
     build_postmortem,
     default_postmortem_dir,
     reset_postmortem_budget,
 )
-from raylens.telemetry.oom import _postmortem
 
 
 @pytest.fixture(autouse=True)
@@ -133,8 +133,9 @@ def test_the_cap_is_per_process_and_failed_writes_do_not_use_it(tmp_path: Path) 
     blocker.write_text("")
     broken = PostMortemWriter(blocker / "sub", max_files=2)
     assert [broken.write(_document()) for _ in range(3)] == [None, None, None]
-    first, second = PostMortemWriter(tmp_path / "a", max_files=2), PostMortemWriter(
-        tmp_path / "b", max_files=2
+    first, second = (
+        PostMortemWriter(tmp_path / "a", max_files=2),
+        PostMortemWriter(tmp_path / "b", max_files=2),
     )
     assert first.write(_document()) is not None
     assert second.write(_document()) is not None
