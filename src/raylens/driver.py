@@ -117,9 +117,11 @@ def init_telemetry_driver(
 
     Each cycle also looks for workers lost to memory (Ray's memory monitor, the
     kernel's OOM killer, a worker group's call failing with ``OutOfMemoryError``) and
-    writes one post-mortem per kill into ``RAYLENS_POSTMORTEM_DIR`` (default
-    ``<temp dir>/raylens-postmortems``), counted in ``rl.host.oom_kills``; a post-mortem
-    names the phase in progress.
+    writes one post-mortem per kill event into ``RAYLENS_POSTMORTEM_DIR`` (default
+    ``<temp dir>/raylens-postmortems-<uid>``, private), counted in ``rl.host.oom_kills``;
+    a post-mortem names the phase the kill happened in. A sampler is started at once on
+    every live node of the connected cluster, before any worker group exists, so that
+    Ray's memory monitor kills it last: call this after ``ray.init``.
     """
     handle = _start_lens(config, metric_reader)
     interval = (
