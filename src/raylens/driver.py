@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING
 
 from opentelemetry.sdk.metrics.export import MetricReader
 
-from raylens.cluster import connected_system_config, default_cluster_view
+from raylens.cluster import RayClusterView, connected_system_config, default_cluster_view
 from raylens.lens import (
     TelemetryConfig,
     TelemetryHandle,
@@ -140,10 +140,13 @@ def init_telemetry_driver(
 
 
 def _alive_node_ids() -> list[str]:
-    """The connected cluster's live nodes, or none when not connected. Never raises."""
+    """The live nodes of the Ray this process is connected to, or none. Never raises.
+
+    Only a connected Ray counts: the samplers are its actors, whatever view is the default.
+    """
     try:
         view = default_cluster_view()
-        if not view.is_initialized():
+        if not RayClusterView().is_initialized() or not view.is_initialized():
             return []
         found = [(node.get("NodeID"), node.get("Alive")) for node in view.nodes()]
         return [node_id for node_id, alive in found if alive and isinstance(node_id, str)]
