@@ -412,12 +412,12 @@ def phase_boundary(count: int, repeat: int) -> list[tuple[str, ...]]:
 def postmortem_cost(repeat: int) -> list[tuple[str, ...]]:
     """Build, and build and write, one post-mortem of a node with 8 or 256 groups and 10 min of history."""
     rows: list[tuple[str, ...]] = []
+    largest = [LargestProcess(1000 + i, f"group{i % 8}", 2**30 - i) for i in range(10)]
     for count in (8, 256):
         history = MemoryHistory(GrowthSettings(window_s=600.0))
         times = np.arange(600.0)
         groups = {f"group{i}": 2e9 + 1e6 * i + 1e5 * np.sin(times / 30 + i) for i in range(count)}
         history.record_node_many("n" * 56, times, 3e10 + sum(groups.values()), groups)
-        largest = [LargestProcess(1000 + i, f"group{i % 8}", 2**30 - i) for i in range(10)]
 
         def build(history: MemoryHistory = history) -> dict[str, Any]:
             return build_postmortem(
