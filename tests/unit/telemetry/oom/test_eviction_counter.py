@@ -2,11 +2,19 @@
 
 from __future__ import annotations
 
+import logging
 from importlib import resources
 from pathlib import Path
 
+import pytest
+
 from raylens.simulation.kill_script import KillScript
-from raylens.telemetry.oom import EvictionWatch, LargestProcess, victim_from_ray_name
+from raylens.telemetry.oom import (
+    MAX_POSTMORTEMS_PER_CYCLE,
+    EvictionWatch,
+    LargestProcess,
+    victim_from_ray_name,
+)
 from raylens.telemetry.raylet_payload import (
     MAX_EVICTION_NAMES,
     RAY_WORKER_EVICTIONS,
@@ -170,3 +178,17 @@ def test_a_payload_naming_many_victims_keeps_a_bounded_number_of_names() -> None
     assert counts is not None and counts.ray_evictions == 1000.0
     assert len(counts.ray_victims) == MAX_EVICTION_NAMES
     assert counts.ray_victims[0] == ("", 1000.0 - (MAX_EVICTION_NAMES - 1))
+
+
+def test_kill_events_past_the_cycles_cap_are_counted_and_named_in_one_line(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    nodes = MAX_POSTMORTEMS_PER_CYCLE + 3
+    harness = Harness(tmp_path, KillScript([(i, 32.0, "ray") for i in range(nodes)]), nodes=nodes)
+    with caplog.at_level(logging.WARNING, logger="raylens.oom"):
+        harness.run(35)
+    assert len(harness.files()) == MAX_POSTMORTEMS_PER_CYCLE
+    assert sum(harness.ledger.counts().values()) == nodes
+    (line,) = [r.getMessage() for r in caplog.records if "got no post-mortem" in r.getMessage()]
+    assert "3 more kill events" in line
+    assert all(node[:16] in line for node in harness.cluster.nodes[MAX_POSTMORTEMS_PER_CYCLE:])

@@ -233,3 +233,22 @@ def test_a_node_with_256_groups_gives_one_post_mortem_within_256_kib(tmp_path: P
     assert path.stat().st_size <= MAX_POSTMORTEM_BYTES
     written = json.loads(path.read_text())
     assert written["thinned"] is True and written["worker_groups"]["group-255"]["samples"]
+
+
+def test_a_post_mortem_lists_a_bounded_number_of_victims_and_counts_the_rest() -> None:
+    victims = [Victim(None, None, None, f"Task{i}") for i in range(40)]
+    document = build_postmortem(
+        node_id="n",
+        host="vm",
+        killer=Killer.RAY,
+        wall_time=1.7e9,
+        victims=victims,
+        kills=40,
+        phase=None,
+        limit_bytes=None,
+        used_bytes=None,
+        total_bytes=None,
+        history=None,
+    )
+    assert len(document["victims"]) == 16 and document["victims_not_listed"] == 24
+    assert document["kills"] == 40 and document["victim"]["ray_name"] == "Task0"
