@@ -92,7 +92,7 @@ from raylens.telemetry.group_memory import (
     GroupWorkerRegistry,
     NodeGroupMemory,
 )
-from raylens.telemetry.history import GrowthSettings, MemoryHistory
+from raylens.telemetry.history import GrowthSettings, MemoryHistory, recent_history
 from raylens.telemetry.oom import (
     Killer,
     LargestProcess,
@@ -424,44 +424,48 @@ def phase_boundary(count: int, repeat: int) -> list[tuple[str, ...]]:
 
 
 def postmortem_cost(repeat: int) -> list[tuple[str, ...]]:
-    """Build, and build and write, one post-mortem of a node with 8 groups and 10 min of history."""
-    history = MemoryHistory(GrowthSettings(window_s=600.0))
-    times = np.arange(600.0)
-    groups = {f"group{i}": 2e9 + 1e6 * i + 1e5 * np.sin(times / 30 + i) for i in range(8)}
-    history.record_node_many("n" * 56, times, 3e10 + sum(groups.values()), groups)
+    """Build, and build and write, one post-mortem of a node with 8 or 256 groups and 10 min of history."""
+    rows: list[tuple[str, ...]] = []
     largest = [LargestProcess(1000 + i, f"group{i % 8}", 2**30 - i) for i in range(10)]
+    for count in (8, 256):
+        history = MemoryHistory(GrowthSettings(window_s=600.0))
+        times = np.arange(600.0)
+        groups = {f"group{i}": 2e9 + 1e6 * i + 1e5 * np.sin(times / 30 + i) for i in range(count)}
+        history.record_node_many("n" * 56, times, 3e10 + sum(groups.values()), groups)
 
-    def build() -> dict[str, Any]:
-        return build_postmortem(
-            node_id="n" * 56,
-            host="vm",
-            killer=Killer.RAY,
-            wall_time=time.time(),
-            monotonic_at=599.0,
-            victim=Victim("group0", 0, 1000),
-            phase="train",
-            limit_bytes=9.5e10,
-            used_bytes=4.8e10,
-            total_bytes=1e11,
-            history=history,
-            largest=largest,
-            largest_sampled_at=time.time(),
+        def build(history: MemoryHistory = history) -> dict[str, Any]:
+            return build_postmortem(
+                node_id="n" * 56,
+                host="vm",
+                killer=Killer.RAY,
+                wall_time=time.time(),
+                victims=[Victim("group0", 0, 1000, "group0-0-0:Worker.step")],
+                phase="train",
+                limit_bytes=9.5e10,
+                used_bytes=4.8e10,
+                total_bytes=1e11,
+                history=recent_history(history, "n" * 56, 599.0),
+                largest=largest,
+                largest_sampled_at=time.time(),
+            )
+
+        with tempfile.TemporaryDirectory() as directory:
+            writer = PostMortemWriter(directory, max_files=10**6)
+            build_ms = _timed(build, repeat)
+            write_ms = _timed(lambda writer=writer, build=build: writer.write(build()), repeat)
+            size = max(p.stat().st_size for p in Path(directory).iterdir())
+        rows.append(
+            (f"{count} groups: build the document", f"{build_ms[0]:.2f}", f"{build_ms[1]:.2f}", "")
         )
-
-    with tempfile.TemporaryDirectory() as directory:
-        writer = PostMortemWriter(directory, max_files=repeat + 1)
-        build_ms = _timed(build, repeat)
-        write_ms = _timed(lambda: writer.write(build()), repeat)
-        size = max(p.stat().st_size for p in Path(directory).iterdir())
-    return [
-        ("build the document", f"{build_ms[0]:.2f}", f"{build_ms[1]:.2f}", ""),
-        (
-            "build + write (atomic)",
-            f"{write_ms[0]:.2f}",
-            f"{write_ms[1]:.2f}",
-            f"{size / 1024:.0f}",
-        ),
-    ]
+        rows.append(
+            (
+                f"{count} groups: build + write (bounded, atomic)",
+                f"{write_ms[0]:.2f}",
+                f"{write_ms[1]:.2f}",
+                f"{size / 1024:.0f}",
+            )
+        )
+    return rows
 
 
 class _KeptGauge:

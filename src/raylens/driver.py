@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING
 
 from opentelemetry.sdk.metrics.export import MetricReader
 
-from raylens.cluster import connected_system_config
+from raylens.cluster import RayClusterView, connected_system_config, default_cluster_view
 from raylens.lens import (
     TelemetryConfig,
     TelemetryHandle,
@@ -126,9 +126,11 @@ def init_telemetry_driver(
 
     Each cycle also looks for workers lost to memory (Ray's memory monitor, the
     kernel's OOM killer, a worker group's call failing with ``OutOfMemoryError``) and
-    writes one post-mortem per kill into ``RAYLENS_POSTMORTEM_DIR`` (default
-    ``<temp dir>/raylens-postmortems``), counted in ``rl.host.oom_kills``; a post-mortem
-    names the phase in progress.
+    writes one post-mortem per kill event into ``RAYLENS_POSTMORTEM_DIR`` (default
+    ``<temp dir>/raylens-postmortems-<uid>``, private), counted in ``rl.host.oom_kills``;
+    a post-mortem names the phase the kill happened in. A sampler is started at once on
+    every live node of the connected cluster, before any worker group exists, so that
+    Ray's memory monitor kills it last: call this after ``ray.init``.
     """
     handle = _start_lens(config, metric_reader)
     interval = (
@@ -146,12 +148,30 @@ def init_telemetry_driver(
     return handle
 
 
+def _alive_node_ids() -> list[str]:
+    """The live nodes of the Ray this process is connected to, or none. Never raises.
+
+    Only a connected Ray counts: the samplers are its actors, whatever view is the default.
+    """
+    try:
+        view = default_cluster_view()
+        if not RayClusterView().is_initialized() or not view.is_initialized():
+            return []
+        found = [(node.get("NodeID"), node.get("Alive")) for node in view.nodes()]
+        return [node_id for node_id, alive in found if alive and isinstance(node_id, str)]
+    except Exception:
+        return []
+
+
 def _attach_group_memory(monitor: host_memory.HostMemoryMonitor) -> GroupMemoryCycle | None:
     try:
         from raylens.distributed.group_memory_cycle import attach_group_memory
 
         cycle = attach_group_memory(monitor)
         cycle.every_node = True  # the driver's samplers are every node's home for growth
+        # Started before any group's workers, each node's sampler is the last worker
+        # there that Ray's memory monitor would kill (README, "OOM kills").
+        cycle.samplers.start_early(_alive_node_ids())
         return cycle
     except Exception:
         warn_once(
@@ -235,6 +255,7 @@ def _attach_postmortems(
             phase_of=current_phase,
             largest_processes_of=None if groups is None else groups.samplers.largest_processes,
         )
+        watch.ledger.phase_of = current_phase  # a failed call's report names its phase
         attach_oom_watch(monitor, watch)
     except Exception:
         warn_once(

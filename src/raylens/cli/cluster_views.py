@@ -119,8 +119,13 @@ def watch_nodes(
     except ValueError as error:  # RAYLENS_GROWTH_WINDOW or RAYLENS_MEMORY_USAGE_THRESHOLD
         raise CliError(str(error)) from None
     table = NodeTable(monitor, growth=growth.snapshot)
-    # Kills are shown, not written: the driver's monitor writes the post-mortems.
-    kills = attach_oom_watch(monitor, OomWatch(growth=growth))
+    # Kills are shown, not written: the driver's monitor writes the post-mortems. Their
+    # phase is the one the cluster's phase board shows, whichever driver entered it.
+    board = cluster if cluster is not None else default_cluster_view()
+    kills = attach_oom_watch(
+        monitor,
+        OomWatch(growth=growth, phase_of=lambda: _phase_on_board(read_current_phases(board))),
+    )
     interval, duration = args.interval, args.duration
     once = getattr(args, "once", False)
 
@@ -129,7 +134,7 @@ def watch_nodes(
             before_sample()
         monitor.collect_once()
         rows = table.rows()
-        phases = read_current_phases(cluster if cluster is not None else default_cluster_view())
+        phases = read_current_phases(board)
         recent = [kill.as_plain() for kill in kills.ledger.recent()]
         record = {
             "time": time.time(),
@@ -156,6 +161,12 @@ def watch_nodes(
             stop=stop,
             clock=clock,
         )
+
+
+def _phase_on_board(phases: list[CurrentPhase]) -> str | None:
+    """The phase in progress (several jobs' distinct phases joined), or None."""
+    names = sorted({current.phase for current in phases})
+    return ", ".join(names) if names else None
 
 
 def phase_title(title: str, phases: list[CurrentPhase]) -> str:

@@ -252,6 +252,37 @@ class GroupMemorySamplers:
         )
         return _Sampler(actor, started_at=self._clock())
 
+    def start_early(self, node_ids: Iterable[str]) -> list[str]:
+        """Start an idle sampler now on each of ``node_ids`` that has none; the ids started.
+
+        Ray's memory monitor kills the workers of a job that cannot be retried (an actor
+        with no restarts, as the samplers and, by default, group workers are) newest
+        first: a sampler started before any worker of the node is its last choice. Such a
+        sampler waits, publishing nothing, until a group registers workers on its node,
+        and is kept while none does. Never raises: a node whose sampler cannot start gets
+        one when its workers register.
+        """
+        started = []
+        with self._lock:
+            for node_id in node_ids:
+                if node_id in self._samplers:
+                    continue
+                try:
+                    self._samplers[_check_node_id(node_id)] = self._start(node_id)
+                except Exception as error:
+                    why = _describe(error)
+                else:
+                    started.append(node_id)
+                    continue
+                warn_once(
+                    "group_memory.sampler.start_early",
+                    f"could not start a sampler early on node {printable(str(node_id)[:80])}: "
+                    f"{why} (warned once; it starts when a group registers workers there)",
+                    logger=_LOGGER,
+                )
+            self._settled = _UNSETTLED
+        return started
+
     def _remove(self, node_id: str) -> None:
         self._settled = _UNSETTLED  # a node may now lack its sampler: walk the lists again
         sampler = self._samplers.pop(node_id, None)
@@ -462,7 +493,12 @@ class GroupMemorySamplers:
         self._cycle += 1
         results: dict[str, SamplerError] = {}
         if present is not None:
-            for node_id in [node for node in self._samplers if node not in present]:
+            # A sampler started early and never told workers is kept for the node's first.
+            for node_id in [
+                node
+                for node, sampler in self._samplers.items()
+                if node not in present and sampler.workers is not None
+            ]:
                 self._stop_sampler(node_id)
         for node_id, entries in changed.items():
             sampler = self._samplers.get(node_id)
@@ -591,8 +627,14 @@ class GroupMemorySamplers:
             try:
                 ray.get(ref, timeout=0)
             except ray.exceptions.RayActorError as error:
+                why = _describe(error)
                 results[node_id] = self._replace(
-                    node_id, f"sampler on node {node_id} died: {_describe(error)}; replaced"
+                    node_id, f"sampler on node {node_id} died: {why}; replaced"
+                )
+                _LOGGER.warning(
+                    "raylens: the memory sampler on node %s was killed (%s); started again",
+                    printable(node_id[:64]),
+                    why[:160],
                 )
                 continue
             except Exception as error:  # it answered, so it lives; say what went wrong
@@ -632,13 +674,15 @@ class GroupMemorySamplers:
             stamp = plain.get("sampled_at")
             return processes, float(stamp) if isinstance(stamp, (int, float)) else None
         except Exception as error:
-            warn_once(
-                "group_memory.sampler.largest_processes",
-                f"could not ask node {printable(node_id[:80])}'s sampler for its largest "
-                f"processes: {_describe(error)} (warned once)",
-                logger=_LOGGER,
-            )
-            return None
+            why = _describe(error)
+        # Warned outside the except block: a sampler that died needs no traceback in the log.
+        warn_once(
+            "group_memory.sampler.largest_processes",
+            f"could not ask node {printable(node_id[:80])}'s sampler for its largest "
+            f"processes: {why} (warned once)",
+            logger=_LOGGER,
+        )
+        return None
 
     def recent_history(
         self, node_id: str, at_wall: float, timeout_s: float = RECENT_HISTORY_TIMEOUT_S

@@ -1,9 +1,10 @@
 """Scripted OOM kills on a simulated cluster: both kill counters, over simulated time.
 
-A :class:`KillScript` lists kills as ``(node index, t, killer)``: ``"ray"`` increments
-the node's raylet eviction counter (``ray_memory_manager_worker_eviction_total``, as
-Ray's memory monitor does), ``"kernel"`` the kernel OOM-kill count its sampler
-publishes. :meth:`KillScript.series` writes both as the node's endpoint serves them,
+A :class:`KillScript` lists kills as ``(node index, t, killer)`` or ``(node index, t,
+killer, victim name)``: ``"ray"`` increments the node's raylet eviction counter
+(``ray_memory_manager_worker_eviction_total``, as Ray 2.60's memory monitor does: one
+series per victim ``Name``, labelled as the raylet's own, and absent until the node's
+first kill), ``"kernel"`` the kernel OOM-kill count its sampler publishes. :meth:`KillScript.series` writes both as the node's endpoint serves them,
 so a scrape of a simulated raylet, or a test feeding the payload parser, reads kills
 exactly as from a real cluster. ``same_machine`` nodes share one kernel count, as
 raylets of one machine do.
@@ -16,13 +17,19 @@ from typing import NamedTuple
 
 from raylens.telemetry.oom import SOURCE_VMSTAT, Killer
 from raylens.telemetry.raylet_payload import (
+    COMPONENT_LABEL,
+    EVICTION_NAME_LABEL,
     OOM_SOURCE_LABEL,
     RAY_NODE_OOM_KILLS,
     RAY_WORKER_EVICTIONS,
     RAY_WORKER_ID_LABEL,
+    RAYLET_COMPONENT,
 )
 
-__all__ = ["KillScript", "ScriptedKill"]
+__all__ = ["DEFAULT_VICTIM", "KillScript", "ScriptedKill"]
+
+#: The ``Name`` a scripted Ray kill's victim has when the script names none.
+DEFAULT_VICTIM = "MemoryWorker"
 
 
 class ScriptedKill(NamedTuple):
@@ -31,6 +38,8 @@ class ScriptedKill(NamedTuple):
     node: int
     t: float
     killer: Killer
+    #: The victim's ``Name`` on Ray's counter (Ray's kills only).
+    victim: str = DEFAULT_VICTIM
 
 
 class KillScript:
@@ -42,12 +51,14 @@ class KillScript:
 
     def __init__(
         self,
-        kills: Iterable[tuple[int, float, Killer | str]] = (),
+        kills: Iterable[
+            tuple[int, float, Killer | str] | tuple[int, float, Killer | str, str]
+        ] = (),
         *,
         same_machine: Sequence[Sequence[int]] = (),
     ) -> None:
         self.kills: list[ScriptedKill] = []
-        for node, t, killer in kills:
+        for node, t, killer, *named in kills:
             if isinstance(node, bool) or not isinstance(node, int) or node < 0:
                 raise ValueError(f"a kill's node must be an index (int >= 0), got {node!r}")
             try:
@@ -56,12 +67,13 @@ class KillScript:
                 raise ValueError(
                     f"a kill's killer must be 'ray' or 'kernel', got {killer!r:.40}"
                 ) from None
-            self.kills.append(ScriptedKill(node, float(t), who))
+            victim = str(named[0]) if named else DEFAULT_VICTIM
+            self.kills.append(ScriptedKill(node, float(t), who, victim))
         self._machine = {n: tuple(group) for group in same_machine for n in group}
 
-    def add(self, node: int, t: float, killer: Killer | str) -> None:
+    def add(self, node: int, t: float, killer: Killer | str, victim: str = DEFAULT_VICTIM) -> None:
         """Script one more kill."""
-        self.kills.extend(KillScript([(node, t, killer)]).kills)
+        self.kills.extend(KillScript([(node, t, killer, victim)]).kills)
 
     def counts(self, node: int, t: float) -> tuple[int, int]:
         """``(Ray's eviction counter, the kernel's count)`` node ``node`` reports at ``t``."""
@@ -74,13 +86,26 @@ class KillScript:
 
     def series(self, node: int, t: float, *, worker_id: str | None = None) -> bytes:
         """Both counters as node ``node``'s endpoint serves them at ``t``."""
-        ray, kernel = self.counts(node, t)
+        _, kernel = self.counts(node, t)
         worker = worker_id or f"{node:056x}"
-        lines = [
-            f"# TYPE {RAY_WORKER_EVICTIONS} counter",
-            f'{RAY_WORKER_EVICTIONS}{{Name="MemoryWorker",Type="Actor"}} {float(ray)!r}',
+        by_victim: dict[str, int] = {}
+        for kill in self.kills:
+            if kill.node == node and kill.t <= t and kill.killer is Killer.RAY:
+                by_victim[kill.victim] = by_victim.get(kill.victim, 0) + 1
+        lines = [f"# TYPE {RAY_WORKER_EVICTIONS} counter"] if by_victim else []
+        lines += [
+            f'{RAY_WORKER_EVICTIONS}{{{COMPONENT_LABEL}="{RAYLET_COMPONENT}",'
+            f'{EVICTION_NAME_LABEL}="{_escaped(victim)}",'
+            f'Type="MemoryManager.ActorEviction.Total",{RAY_WORKER_ID_LABEL}=""}} {float(n)!r}'
+            for victim, n in sorted(by_victim.items())
+        ]
+        lines += [
             f"# TYPE {RAY_NODE_OOM_KILLS} gauge",
             f'{RAY_NODE_OOM_KILLS}{{{RAY_WORKER_ID_LABEL}="{worker}",'
             f'{OOM_SOURCE_LABEL}="{SOURCE_VMSTAT}"}} {float(kernel)!r}',
         ]
-        return ("\n".join(lines) + "\n").encode("ascii")
+        return ("\n".join(lines) + "\n").encode("utf-8")
+
+
+def _escaped(value: str) -> str:
+    return value.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")

@@ -16,6 +16,7 @@ from raylens.safe_text import encodable
 from raylens.telemetry.prometheus_text import extract_labelled_samples, extract_samples
 
 __all__ = [
+    "COMPONENT_LABEL",
     "ERROR_CONNECTION",
     "ERROR_ENCODING",
     "ERROR_HTTP_STATUS",
@@ -24,6 +25,7 @@ __all__ = [
     "ERROR_PARSE",
     "ERROR_TIMEOUT",
     "ERROR_TOO_LARGE",
+    "EVICTION_NAME_LABEL",
     "GROUP_GROWTH_GAUGE",
     "GROUP_LABEL",
     "GROUP_MEMORY_GAUGE",
@@ -31,6 +33,8 @@ __all__ = [
     "GROUP_SERIES",
     "MACHINE_TOTAL_KEY",
     "MACHINE_USED_KEY",
+    "MAX_EVICTION_NAMES",
+    "MAX_EVICTION_NAME_CHARS",
     "MAX_GROUPS_PER_NODE",
     "MEMORY_TYPE_LABEL",
     "NODE_GROWING_GAUGE",
@@ -43,6 +47,7 @@ __all__ = [
     "OOM_SERIES",
     "OOM_SOURCE_LABEL",
     "OUTSIDE_GROWTH_GAUGE",
+    "RAYLET_COMPONENT",
     "RAY_GROUP_GROWTH",
     "RAY_GROUP_MEMORY",
     "RAY_GROUP_PROCESSES",
@@ -378,9 +383,16 @@ def _node_figures(values: dict[str, float], identity: tuple[str, str]) -> NodeFi
 
 
 # Workers lost to memory. Ray's memory monitor counts its kills in the raylet's own
-# counter (one series per ``Type`` (Actor, Task, Driver) and ``Name``); the kernel's
-# OOM killer is counted by each node's sampler, which publishes the node's count (the
-# container's ``memory.events`` ``oom_kill``, else ``/proc/vmstat``'s) as a gauge.
+# counter (one series per ``Type`` and ``Name``: the victim's task or actor, ``<actor
+# name>:<Class>.<method>`` for a named actor); the kernel's OOM killer is counted by
+# each node's sampler, which publishes the node's count (the container's
+# ``memory.events`` ``oom_kill``, else ``/proc/vmstat``'s) as a gauge.
+#
+# Any worker can publish a series under the counter's name through ``ray.util.metrics``.
+# Ray's agent stamps every series with the process it came from: the raylet's carry
+# ``Component="raylet"`` and an empty ``WorkerId``, a worker's carry
+# ``Component="core_worker"`` and its worker id, whatever labels the worker chose (Ray
+# 2.60 overrides a ``Component`` a worker sets itself). Only the raylet's series count.
 #: The raylet's counter of workers its memory monitor killed.
 RAY_WORKER_EVICTIONS = "ray_memory_manager_worker_eviction_total"
 #: The name a sampler gives its gauge of the kernel's OOM kills on its node.
@@ -390,18 +402,36 @@ RAY_NODE_OOM_KILLS = f"ray_{NODE_OOM_KILLS_GAUGE}"
 OOM_SOURCE_LABEL = "oom_source"
 #: The kill counters a scrape keeps.
 OOM_SERIES = (RAY_WORKER_EVICTIONS, RAY_NODE_OOM_KILLS)
+#: Label Ray's agent puts on every series: the process that published it.
+COMPONENT_LABEL = "Component"
+#: ``Component`` of the series the raylet itself publishes.
+RAYLET_COMPONENT = "raylet"
+#: Label of the eviction counter naming the victim's task or actor.
+EVICTION_NAME_LABEL = "Name"
+#: Most victim names one node's counts keep (the rest are summed under ``""``).
+MAX_EVICTION_NAMES = 64
+#: Longest victim name kept, in characters.
+MAX_EVICTION_NAME_CHARS = 200
 
 
 class NodeOomCounts(NamedTuple):
     """A node's kill counters as one scrape found them; None where the payload has none.
 
-    ``ray_evictions`` sums every series of Ray's eviction counter; ``kernel_oom_kills``
-    is the largest count any sampler on the node published (all read the same kernel
-    figure, so a replaced sampler's stale series cannot lower it).
+    ``ray_evictions`` sums the raylet's own series of Ray's eviction counter (a series a
+    worker published under that name is not one); ``ray_victims`` is that sum per victim
+    name, ``(name, count)`` sorted by name, at most :data:`MAX_EVICTION_NAMES` of them
+    (the rest summed under the name ``""``); ``kernel_oom_kills`` is the largest count
+    any sampler on the node published (all read the same kernel figure, so a replaced
+    sampler's stale series cannot lower it).
     """
 
     ray_evictions: float | None
     kernel_oom_kills: float | None
+    ray_victims: tuple[tuple[str, float], ...] = ()
+
+
+def _from_raylet(labels: dict[str, str]) -> bool:
+    return labels.get(COMPONENT_LABEL) == RAYLET_COMPONENT and not labels.get(RAY_WORKER_ID_LABEL)
 
 
 def parse_oom_samples(metrics_text: str | bytes) -> NodeOomCounts | None:
@@ -412,11 +442,22 @@ def parse_oom_samples(metrics_text: str | bytes) -> NodeOomCounts | None:
     samples = extract_labelled_samples(metrics_text, OOM_SERIES)
     evictions: float | None = None
     kernel: float | None = None
+    by_name: dict[str, float] = {}
     for sample in samples:
         if sample.name == RAY_WORKER_EVICTIONS:
+            labels = dict(sample.labels)
+            if not _from_raylet(labels):
+                continue
             evictions = (evictions or 0.0) + sample.value
+            name = encodable(labels.get(EVICTION_NAME_LABEL, ""))[:MAX_EVICTION_NAME_CHARS]
+            by_name[name] = by_name.get(name, 0.0) + sample.value
         elif kernel is None or sample.value > kernel:
             kernel = sample.value
     if evictions is None and kernel is None:
         return None
-    return NodeOomCounts(evictions, kernel)
+    names = sorted(by_name.items())
+    if len(names) > MAX_EVICTION_NAMES:
+        kept = [item for item in names if item[0]][: MAX_EVICTION_NAMES - 1]
+        rest = sum(value for name, value in names) - sum(value for _, value in kept)
+        names = [("", rest), *kept]
+    return NodeOomCounts(evictions, kernel, tuple(names))

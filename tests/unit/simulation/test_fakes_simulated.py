@@ -170,6 +170,9 @@ def test_a_simulated_raylet_serves_its_scripted_kills() -> None:
     with SimulatedCluster(1, clock=lambda: t[0], kills=KillScript([(0, 5.0, "ray")])) as cluster:
         url = cluster.cluster.nodes()[0]
         address = f"http://{url['NodeManagerAddress']}:{url['MetricsExportPort']}/metrics"
-        assert fetch_once(address, ScrapeLimits(5.0)).oom == NodeOomCounts(0.0, 0.0)
+        # As Ray's raylet: no eviction counter before the node's first kill.
+        assert fetch_once(address, ScrapeLimits(5.0)).oom == NodeOomCounts(None, 0.0)
         t[0] = 6.0
-        assert fetch_once(address, ScrapeLimits(5.0)).oom == NodeOomCounts(1.0, 0.0)
+        assert fetch_once(address, ScrapeLimits(5.0)).oom == NodeOomCounts(
+            1.0, 0.0, (("MemoryWorker", 1.0),)
+        )

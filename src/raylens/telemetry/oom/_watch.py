@@ -1,232 +1,81 @@
-"""Noticing workers lost to memory, once each, and leaving a post-mortem for every one.
+"""Noticing workers lost to memory, once each, and leaving a post-mortem for every kill event.
 
-:class:`OomWatch` is the monitor cycle hook that joins the three sources of a kill (Ray's
-eviction counter, a group call's ``OutOfMemoryError``, the kernel's count);
-:class:`OomLedger` holds the reports not yet handled, the counts and the recent kills
-(:data:`DEFAULT_LEDGER`, emptied by :func:`reset_oom_state`). Invariants a maintainer must keep:
+:class:`OomWatch` is the monitor cycle hook that joins the three sources of a kill: Ray's
+eviction counter (read at every scrape, whoever fetches the job's results), a group
+call's ``OutOfMemoryError`` and the kernel's count. Invariants a maintainer must keep:
 
-- one kill is recorded once, whichever sources saw it and in whatever order
-  (:data:`DEDUP_WINDOW_S`);
-- the only Ray call is the ask for a node's largest processes, made only for a kill;
-- everything the ledger keeps is bounded, and nothing here raises into the monitor.
+- one kill is counted once, whichever sources saw it and in whatever order
+  (:data:`DEDUP_WINDOW_S`); the kills one scrape of a node reveals (one eviction round)
+  are one event, and one post-mortem lists its victims;
+- at most :data:`MAX_POSTMORTEMS_PER_CYCLE` post-mortems are built per cycle: the rest
+  are counted and named in one warning line;
+- the only Ray call is the ask for a node's largest processes, made only for a kill
+  (:data:`MAX_ASKS_PER_CYCLE`), and never to a sampler the kill took;
+- what is kept between cycles is small (a few numbers per node, each recent event's
+  victims and file name), and nothing here raises into the monitor.
 
+The phase of a kill is the phase in progress when it is noticed, else the last one seen
+within :data:`PHASE_LOOKBACK_S` (a job whose call failed has usually left its phase by
+the time the counter reaches the endpoint), and a reported error's own phase wins.
 The sources, what each kill gets and why: ``docs/architecture.md``, *OOM post-mortems*,
 and the README's *OOM kills*.
 """
 
 from __future__ import annotations
 
-import collections
 import logging
 import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
-from pathlib import Path
 from typing import Any, Protocol
 
-from opentelemetry.metrics import CallbackOptions, Observation
-
 from raylens import forking
-from raylens.lens import (
-    OBSERVABLE_COUNTER,
-    RecordedMetric,
-    register_observable_counter,
-    warn_once,
-)
 from raylens.safe_text import printable
 from raylens.telemetry.history import KillLineConfig, RecentHistory
 from raylens.telemetry.host_memory import NodeSample
-from raylens.telemetry.names import RAY_NODE_ID_ATTR
-from raylens.telemetry.oom._kills import CounterWatch, Killer, Victim
-from raylens.telemetry.oom._postmortem import LargestProcess, PostMortemWriter, build_postmortem
+from raylens.telemetry.oom._kills import (
+    CounterWatch,
+    EvictionWatch,
+    Killer,
+    Victim,
+    victim_from_ray_name,
+)
+from raylens.telemetry.oom._ledger import DEFAULT_LEDGER, KillRecord, OomLedger, Report
+from raylens.telemetry.oom._postmortem import (
+    MAX_VICTIMS_LISTED,
+    LargestProcess,
+    PostMortemWriter,
+    build_postmortem,
+    victim_fields,
+)
 from raylens.telemetry.raylet_payload import NodeOomCounts
 
 __all__ = [
     "DEDUP_WINDOW_S",
-    "DEFAULT_LEDGER",
-    "KILLER_ATTR",
-    "MAX_PENDING_REPORTS",
-    "RECENT_KILLS",
-    "RL_HOST_OOM_KILLS_METRIC",
-    "KillRecord",
+    "MAX_ASKS_PER_CYCLE",
+    "MAX_POSTMORTEMS_PER_CYCLE",
+    "PHASE_LOOKBACK_S",
     "LargestProcesses",
-    "OomLedger",
     "OomSource",
     "OomWatch",
-    "register_oom_counter",
-    "report_worker_oom",
-    "reset_oom_state",
 ]
 
-RL_HOST_OOM_KILLS_METRIC = "rl.host.oom_kills"
-KILLER_ATTR = "killer"
 #: A counted Ray kill and a reported OutOfMemoryError on one node this close are one kill.
 DEDUP_WINDOW_S = 60.0
-#: Recent kills kept for ``watch``.
-RECENT_KILLS = 20
-#: Most OutOfMemoryError reports held between two cycles; more are dropped (logged once).
-MAX_PENDING_REPORTS = 256
-#: Most kills per cycle whose node's sampler is asked for its largest processes (each ask
-#: may wait up to its timeout on the monitor's thread); later ones go without the list.
+#: Most kill events per cycle whose node's sampler is asked for its largest processes (each
+#: ask may wait up to its timeout on the monitor's thread); later ones go without the list.
 MAX_ASKS_PER_CYCLE = 4
-#: Most ``(node, killer)`` counts kept for the counter; kills past it are counted under node "other".
-MAX_COUNTED_NODES = 4096
-_OTHER_NODE = "other"
+#: Most post-mortems built in one cycle; later kill events are counted and logged.
+MAX_POSTMORTEMS_PER_CYCLE = 8
+#: How long a phase that ended is still the phase of a kill noticed after it.
+PHASE_LOOKBACK_S = 30.0
+#: Recent Ray kill events kept for a late report to name their victims.
+_MAX_AWAITING = 64
 _LOGGER = logging.getLogger("raylens.oom")
-
-_METRIC = RecordedMetric(
-    RL_HOST_OOM_KILLS_METRIC,
-    OBSERVABLE_COUNTER,
-    "{kill}",
-    "Workers lost to memory on the node, by killer (ray: Ray's memory monitor; kernel: the OOM killer)",
-)
 
 #: ``node id -> (largest processes, Unix time of the reading)`` or None when unknown.
 LargestProcesses = Callable[[str], "tuple[Sequence[LargestProcess], float | None] | None"]
-
-
-@dataclass(frozen=True)
-class KillRecord:
-    """One kill as ``watch`` shows it, and the file its post-mortem went to."""
-
-    node_id: str
-    host: str
-    killer: Killer
-    wall_time: float
-    victim: Victim
-    path: Path | None
-    seen_by: tuple[str, ...] = ()
-    #: On the monitor's clock; for matching a late report.
-    monotonic_at: float = 0.0
-    document: dict[str, Any] = field(default_factory=dict, repr=False, compare=False)
-
-    def as_plain(self) -> dict[str, Any]:
-        """JSON-ready: what ``watch --json`` prints per kill."""
-        return {
-            "node_id": self.node_id,
-            "host": self.host,
-            "killer": self.killer.value,
-            "unix_time": round(self.wall_time, 3),
-            "worker_group": self.victim.group,
-            "worker_rank": self.victim.worker_rank,
-            "pid": self.victim.pid,
-            "postmortem": None if self.path is None else str(self.path),
-        }
-
-
-@dataclass(frozen=True)
-class _Report:
-    node_id: str | None
-    victim: Victim
-    wall_time: float
-
-
-class OomLedger:
-    """Reports waiting for a cycle, kill counts per node and killer, and the recent kills."""
-
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._reports: list[_Report] = []
-        self._counts: dict[tuple[str, str], int] = {}
-        self._recent: collections.deque[KillRecord] = collections.deque(maxlen=RECENT_KILLS)
-        forking.reset_after_fork_in_child(self)
-
-    def reset_after_fork(self) -> None:
-        """In a forked child: a fresh lock (a cycle may have held it at the fork)."""
-        self._lock = threading.Lock()
-
-    def report(
-        self,
-        *,
-        node_id: str | None,
-        group: str | None,
-        worker_rank: int | None = None,
-        pid: int | None = None,
-        wall_time: float | None = None,
-    ) -> None:
-        """A worker was lost to Ray's out-of-memory error. Never raises; bounded."""
-        entry = _Report(
-            node_id if isinstance(node_id, str) and node_id else None,
-            Victim(
-                group if isinstance(group, str) else None,
-                worker_rank if isinstance(worker_rank, int) else None,
-                pid if isinstance(pid, int) else None,
-            ),
-            time.time() if wall_time is None else float(wall_time),
-        )
-        with self._lock:
-            if len(self._reports) < MAX_PENDING_REPORTS:
-                self._reports.append(entry)
-                return
-        warn_once(
-            "oom.reports.full",
-            f"more than {MAX_PENDING_REPORTS} out-of-memory reports between two monitor cycles; "
-            "later ones are dropped (is the host-memory monitor running?)",
-            logger=_LOGGER,
-        )
-
-    def take_reports(self) -> list[_Report]:
-        with self._lock:
-            taken, self._reports = self._reports, []
-            return taken
-
-    def count(self, node_id: str, killer: Killer) -> None:
-        with self._lock:
-            key = (node_id, killer.value)
-            if key not in self._counts and len(self._counts) >= MAX_COUNTED_NODES:
-                key = (_OTHER_NODE, killer.value)
-            self._counts[key] = self._counts.get(key, 0) + 1
-
-    def counts(self) -> dict[tuple[str, str], int]:
-        """``{(node id, killer): kills}`` since the process started (or the last reset)."""
-        with self._lock:
-            return dict(self._counts)
-
-    def remember(self, record: KillRecord) -> None:
-        with self._lock:
-            self._recent.append(record)
-
-    def replace(self, old: KillRecord, new: KillRecord) -> None:
-        with self._lock:
-            self._recent = collections.deque(
-                (new if kept is old else kept for kept in self._recent), maxlen=RECENT_KILLS
-            )
-
-    def recent(self) -> list[KillRecord]:
-        """The latest :data:`RECENT_KILLS` kills, oldest first."""
-        with self._lock:
-            return list(self._recent)
-
-    def observe(self, _options: CallbackOptions | None = None) -> list[Observation]:
-        return [
-            Observation(kills, {RAY_NODE_ID_ATTR: node, KILLER_ATTR: killer})
-            for (node, killer), kills in sorted(self.counts().items())
-        ]
-
-    def clear(self) -> None:
-        with self._lock:
-            self._reports.clear()
-            self._counts.clear()
-            self._recent.clear()
-
-
-DEFAULT_LEDGER = OomLedger()
-
-
-#: Tell raylens a worker was lost to Ray's out-of-memory error: :meth:`OomLedger.report`
-#: of the default ledger.
-report_worker_oom = DEFAULT_LEDGER.report
-
-
-def reset_oom_state() -> None:
-    """Forget every report, count and recent kill of the default ledger (tests)."""
-    DEFAULT_LEDGER.clear()
-
-
-def register_oom_counter(ledger: OomLedger | None = None) -> None:
-    """Declare ``rl.host.oom_kills``, read from ``ledger`` (default :data:`DEFAULT_LEDGER`)."""
-    register_observable_counter(_METRIC, (ledger or DEFAULT_LEDGER).observe)
 
 
 class OomSource(Protocol):
@@ -250,17 +99,44 @@ class GrowthHistory(Protocol):
 
 @dataclass
 class _Kill:
+    """One kill event being put together in a cycle."""
+
     node_id: str
     host: str
     killer: Killer
     monotonic_at: float
-    victim: Victim | None = None
+    victims: list[Victim] = field(default_factory=list)
+    kills: int = 1
     sources: list[str] = field(default_factory=list)
-    kernel_source: str | None = None
+    phase: str | None = None
+
+
+@dataclass(frozen=True)
+class _Reported:
+    """A kill recorded from a report, waiting for the counter to show it."""
+
+    node_id: str
+    wall_time: float
+    group: str | None
 
 
 def _no_phase() -> str | None:
     return None
+
+
+def _same_worker(known: Victim, report: Victim) -> bool:
+    if known.pid is not None or known.group is None or known.group != report.group:
+        return False
+    return known.worker_rank is None or known.worker_rank == report.worker_rank
+
+
+def _merged(known: Victim, report: Victim) -> Victim:
+    return Victim(
+        known.group,
+        report.worker_rank if report.worker_rank is not None else known.worker_rank,
+        report.pid,
+        known.ray_name,
+    )
 
 
 class OomWatch:
@@ -269,11 +145,11 @@ class OomWatch:
     ``growth`` supplies the history and kill line (a
     :class:`~raylens.telemetry.growth.GrowthCycle` attached to the same monitor, before
     this hook); without it a post-mortem has no history. ``writer`` None writes no
-    files (a ``watch`` that only shows kills). ``phase_of`` names the job's current
-    phase (default: none). ``largest_processes_of`` asks a node's sampler for its
-    largest processes (the driver wires it; default: none). ``wall_clock`` stamps
-    kills (default :func:`time.time`). Never raises into the monitor: a failure is
-    logged once per kind by the monitor and the next cycle carries on.
+    files (a ``watch`` that only shows kills). ``phase_of`` names the job's phase now
+    (default: none); it is asked once per cycle, so it must be cheap. ``largest_processes_of``
+    asks a node's sampler for its largest processes (the driver wires it; default: none).
+    ``wall_clock`` stamps kills (default :func:`time.time`). Never raises into the
+    monitor: a failure is logged once per kind by the monitor and the next cycle carries on.
     """
 
     def __init__(
@@ -294,14 +170,16 @@ class OomWatch:
         self.ledger = ledger if ledger is not None else DEFAULT_LEDGER
         self.wall_clock = wall_clock
         self.dedup_window_s = float(dedup_window_s)
-        self._ray = CounterWatch()
+        self._ray = EvictionWatch()
         self._kernel = CounterWatch()
         #: Per host: the highest kernel count already turned into kills.
         self._host_kernel: dict[str, float] = {}
-        #: Kills written from a report, waiting for the counter to show them.
-        self._awaiting_counter: list[KillRecord] = []
-        #: Ray kills written from the counter alone, waiting for a report naming the victim.
+        #: Kills recorded from a report, waiting for the counter to show them.
+        self._awaiting_counter: list[_Reported] = []
+        #: Recent Ray kill events, for a report naming one of their victims.
         self._awaiting_victim: list[KillRecord] = []
+        self._phase: str | None = None
+        self._last_phase: tuple[str, float] | None = None
         self._asks_left = MAX_ASKS_PER_CYCLE
         self._lock = threading.Lock()
         forking.reset_after_fork_in_child(self)
@@ -315,76 +193,187 @@ class OomWatch:
             self._asks_left = MAX_ASKS_PER_CYCLE
             samples = {sample.node_id: sample for sample in monitor.latest()}
             now = self.wall_clock()
+            self._note_phase(now)
             self._expire(now)
-            kills = self._counted(monitor.oom_counts(), samples)
-            reports = self.ledger.take_reports()
-            for kill in kills:
-                if kill.killer is Killer.RAY and self._matched(kill, reports):
-                    continue
+            events = self._counted(monitor.oom_counts(), samples)
+            events += self._joined(events, self.ledger.take_reports(), samples, now)
+            built = events[:MAX_POSTMORTEMS_PER_CYCLE]
+            for kill in built:
                 self._record(kill, samples, now)
-            for report in reports:
-                self._reported(report, samples, now)
+            if len(events) > len(built):
+                self._count_unbuilt(events[len(built) :], now)
+
+    # phases -----------------------------------------------------------------------
+
+    def _note_phase(self, now: float) -> None:
+        try:
+            phase = self.phase_of()
+        except Exception:
+            phase = None
+        self._phase = phase if isinstance(phase, str) else None
+        if self._phase is not None:
+            self._last_phase = (self._phase, now)
+
+    def _kill_phase(self, now: float) -> str | None:
+        if self._phase is not None:
+            return self._phase
+        if self._last_phase is not None and now - self._last_phase[1] <= PHASE_LOOKBACK_S:
+            return self._last_phase[0]
+        return None
 
     # finding kills ----------------------------------------------------------------
 
     def _counted(
         self, counts: dict[str, tuple[str, NodeOomCounts, float]], samples: dict[str, NodeSample]
     ) -> list[_Kill]:
-        kills: list[_Kill] = []
-        for node_id, (host, found, read_at) in sorted(counts.items()):
-            for _ in range(self._ray.kills(node_id, found.ray_evictions)):
-                kills.append(_Kill(node_id, host, Killer.RAY, read_at, sources=["ray_counter"]))
-            added = self._kernel.kills(node_id, found.kernel_oom_kills)
-            if added and found.kernel_oom_kills is not None:
-                value = found.kernel_oom_kills
-                # Nodes on one machine read one count: only what no node reported yet is new.
-                done = self._host_kernel.get(host, value - added)
-                fresh = max(0, min(added, int(value - done + 0.5)))
-                self._host_kernel[host] = max(done, value)
-                for _ in range(fresh):
-                    kills.append(
-                        _Kill(node_id, host, Killer.KERNEL, read_at, sources=["kernel_count"])
+        events: list[_Kill] = []
+        answered = {
+            node for node, s in samples.items() if s.error is None and s.sampled_at is not None
+        }
+        for node_id in sorted(answered | set(counts)):
+            entry = counts.get(node_id)
+            if entry is None:
+                self._ray.kills(node_id, None)  # scraped, no counter: no kill yet
+                continue
+            host, found, read_at = entry
+            added, names = self._ray.kills(node_id, found.ray_evictions, found.ray_victims)
+            if added:
+                added, names = self._not_yet_recorded(node_id, added, names)
+            if added:
+                events.append(
+                    _Kill(
+                        node_id,
+                        host,
+                        Killer.RAY,
+                        read_at,
+                        victims=[victim_from_ray_name(name) for name in names],
+                        kills=added,
+                        sources=["ray_counter"],
                     )
+                )
+            fresh = self._kernel_kills(node_id, host, found)
+            if fresh:
+                events.append(
+                    _Kill(
+                        node_id, host, Killer.KERNEL, read_at, kills=fresh, sources=["kernel_count"]
+                    )
+                )
         live = set(samples) | set(counts)
         self._ray.keep_only(live)
         self._kernel.keep_only(live)
         hosts = {sample.host for sample in samples.values()} | {c[0] for c in counts.values()}
         self._host_kernel = {h: v for h, v in self._host_kernel.items() if h in hosts}
-        return kills
+        return events
 
-    def _matched(self, kill: _Kill, reports: list[_Report]) -> bool:
-        """Join a counted Ray kill to its report, or to a kill a report already recorded."""
-        for index, report in enumerate(reports):
-            if report.node_id == kill.node_id:
-                del reports[index]
-                kill.victim = report.victim
-                kill.sources.append("out_of_memory_error")
-                return False  # recorded now, with its victim
-        for index, record in enumerate(self._awaiting_counter):
-            if record.node_id == kill.node_id:
-                del self._awaiting_counter[index]
-                return True  # its post-mortem was written from the report
+    def _kernel_kills(self, node_id: str, host: str, found: NodeOomCounts) -> int:
+        added = self._kernel.kills(node_id, found.kernel_oom_kills)
+        if not added or found.kernel_oom_kills is None:
+            return 0
+        value = found.kernel_oom_kills
+        # Nodes on one machine read one count: only what no node reported yet is new.
+        done = self._host_kernel.get(host, value - added)
+        self._host_kernel[host] = max(done, value)
+        return max(0, min(added, int(value - done + 0.5)))
+
+    def _not_yet_recorded(
+        self, node_id: str, added: int, names: list[str]
+    ) -> tuple[int, list[str]]:
+        """Take out the kills of this increase that a report already recorded."""
+        names = list(names)
+        for reported in [r for r in self._awaiting_counter if r.node_id == node_id]:
+            if added == 0:
+                break
+            self._awaiting_counter.remove(reported)
+            added -= 1
+            for index, name in enumerate(names):
+                if victim_from_ray_name(name).group == reported.group:
+                    del names[index]
+                    break
+        return added, names[:added]
+
+    def _joined(
+        self, events: list[_Kill], reports: list[Report], samples: dict[str, NodeSample], now: float
+    ) -> list[_Kill]:
+        """Give each report to its node's event, an earlier event, or a new event of its own."""
+        by_node = {kill.node_id: kill for kill in events if kill.killer is Killer.RAY}
+        left: dict[str, list[Report]] = {}
+        for report in reports:
+            kill = by_node.get(report.node_id or "")
+            if kill is not None:
+                self._merge(kill, report)
+            elif report.node_id is None or not self._named_later(report):
+                left.setdefault(report.node_id or "unknown", []).append(report)
+        new: list[_Kill] = []
+        for node_id, found in left.items():
+            sample = samples.get(node_id)
+            new.append(
+                _Kill(
+                    node_id,
+                    sample.host if sample is not None else "unknown",
+                    Killer.RAY,
+                    _sample_time(sample),
+                    victims=[report.victim for report in found],
+                    kills=len(found),
+                    sources=["out_of_memory_error"],
+                    phase=next((r.phase for r in found if r.phase is not None), None),
+                )
+            )
+            if node_id != "unknown":
+                self._awaiting_counter.extend(
+                    _Reported(node_id, now, report.victim.group) for report in found
+                )
+        return new
+
+    def _merge(self, kill: _Kill, report: Report) -> None:
+        for index, known in enumerate(kill.victims):
+            if _same_worker(known, report.victim):
+                kill.victims[index] = _merged(known, report.victim)
+                break
+        else:
+            if len(kill.victims) < kill.kills:
+                kill.victims.append(report.victim)
+        if "out_of_memory_error" not in kill.sources:
+            kill.sources.append("out_of_memory_error")
+        if report.phase is not None:
+            kill.phase = report.phase
+
+    def _named_later(self, report: Report) -> bool:
+        """A report naming a victim of a Ray kill already recorded: say so in its file."""
+        for record in reversed(self._awaiting_victim):
+            if record.node_id != report.node_id:
+                continue
+            for index, known in enumerate(record.victims):
+                if _same_worker(known, report.victim):
+                    victims = list(record.victims)
+                    victims[index] = _merged(known, report.victim)
+                    self._rewrite(record, tuple(victims), report.phase)
+                    return True
         return False
 
-    def _reported(self, report: _Report, samples: dict[str, NodeSample], now: float) -> None:
-        """A report no counted kill of this cycle took: a kill counted earlier, or a new one."""
-        for index, record in enumerate(self._awaiting_victim):
-            if report.node_id is not None and record.node_id == report.node_id:
-                del self._awaiting_victim[index]
-                self._name_victim(record, report.victim)
-                return
-        sample = samples.get(report.node_id or "")
-        kill = _Kill(
-            report.node_id or "unknown",
-            sample.host if sample is not None else "unknown",
-            Killer.RAY,
-            _sample_time(sample),
-            victim=report.victim,
-            sources=["out_of_memory_error"],
+    def _rewrite(self, record: KillRecord, victims: tuple[Victim, ...], phase: str | None) -> None:
+        listed = [victim_fields(v) for v in victims[:MAX_VICTIMS_LISTED]]
+        new_phase = record.phase if record.phase is not None else phase
+
+        def change(document: dict[str, Any]) -> None:
+            document["victims"] = listed
+            document["victim"] = listed[0]
+            document["seen_by"] = sorted({*document.get("seen_by", ()), "out_of_memory_error"})
+            if document.get("phase") is None and new_phase is not None:
+                document["phase"] = printable(new_phase[:200])
+
+        path = record.path
+        if path is not None and self.writer is not None:
+            path = self.writer.amend(path, change)
+        seen = tuple(sorted({*record.seen_by, "out_of_memory_error"}))
+        updated = replace(record, victims=victims, path=path, seen_by=seen, phase=new_phase)
+        self.ledger.replace(record, updated)
+        self._awaiting_victim = [updated if r is record else r for r in self._awaiting_victim]
+        _LOGGER.info(
+            "raylens: the worker killed for memory on node %s was of %s; post-mortem updated: %s",
+            printable(record.node_id[:64]),
+            _group_words(victims[0]),
+            "not written" if path is None else printable(str(path)),
         )
-        record = self._record(kill, samples, now)
-        if report.node_id is not None:
-            self._awaiting_counter.append(record)
 
     def _expire(self, now: float) -> None:
         window = self.dedup_window_s
@@ -393,80 +382,81 @@ class OomWatch:
 
     # recording --------------------------------------------------------------------
 
-    def _record(self, kill: _Kill, samples: dict[str, NodeSample], now: float) -> KillRecord:
-        sample = samples.get(kill.node_id)
-        document = self._document(kill, sample, now)
+    def _record(self, kill: _Kill, samples: dict[str, NodeSample], now: float) -> None:
+        phase = kill.phase if kill.phase is not None else self._kill_phase(now)
+        sampler_killed = any(victim.is_sampler for victim in kill.victims)
+        document = self._document(kill, samples.get(kill.node_id), now, phase, sampler_killed)
         path = self.writer.write(document) if self.writer is not None else None
-        victim = kill.victim or Victim()
+        del document  # the file holds it; the record keeps what watch shows
         record = KillRecord(
             kill.node_id,
             kill.host,
             kill.killer,
             now,
-            victim,
+            tuple(kill.victims[:MAX_VICTIMS_LISTED]),
             path,
-            tuple(kill.sources),
+            tuple(sorted(kill.sources)),
             kill.monotonic_at,
-            document,
+            kill.kills,
+            phase,
         )
-        self.ledger.count(kill.node_id, kill.killer)
+        self.ledger.count(kill.node_id, kill.killer, kill.kills)
         self.ledger.remember(record)
-        if kill.killer is Killer.RAY and kill.victim is None:
-            self._awaiting_victim.append(record)
+        if kill.killer is Killer.RAY and "ray_counter" in kill.sources:
+            self._awaiting_victim = [*self._awaiting_victim, record][-_MAX_AWAITING:]
         _LOGGER.warning(
-            "raylens: a worker of %s was killed for memory on node %s (%s) by %s; post-mortem: %s",
-            _group_words(victim),
+            "raylens: %s killed for memory on node %s (%s) by %s%s; post-mortem: %s",
+            _victims_words(kill),
             printable(kill.node_id[:64]),
             printable(kill.host[:64]),
             "Ray's memory monitor" if kill.killer is Killer.RAY else "the kernel's OOM killer",
-            "not written" if path is None else printable(str(path)),
-        )
-        return record
-
-    def _name_victim(self, record: KillRecord, victim: Victim) -> None:
-        """A report named the victim of a kill already recorded: say so in its file."""
-        document = dict(record.document)
-        document["victim"] = {
-            "group": None if victim.group is None else printable(victim.group[:200]),
-            "worker_rank": victim.worker_rank,
-            "pid": victim.pid,
-        }
-        document["seen_by"] = sorted({*document.get("seen_by", ()), "out_of_memory_error"})
-        path = record.path
-        if path is not None and self.writer is not None:
-            path = self.writer.write(document, path)
-        updated = replace(record, victim=victim, path=path, document=document)
-        self.ledger.replace(record, updated)
-        _LOGGER.info(
-            "raylens: the worker killed for memory on node %s was of %s; post-mortem updated: %s",
-            printable(record.node_id[:64]),
-            _group_words(victim),
+            " (raylens' own sampler among them; it is started again)" if sampler_killed else "",
             "not written" if path is None else printable(str(path)),
         )
 
-    def _document(self, kill: _Kill, sample: NodeSample | None, now: float) -> dict[str, Any]:
+    def _count_unbuilt(self, events: list[_Kill], now: float) -> None:
+        for kill in events:
+            self.ledger.count(kill.node_id, kill.killer, kill.kills)
+        shown = ", ".join(
+            f"{printable(kill.node_id[:16])} ({kill.kills})" for kill in events[:MAX_VICTIMS_LISTED]
+        )
+        more = len(events) - MAX_VICTIMS_LISTED
+        _LOGGER.warning(
+            "raylens: %d more kill events this cycle got no post-mortem (at most %d per cycle), "
+            "counted: node (kills) %s%s",
+            len(events),
+            MAX_POSTMORTEMS_PER_CYCLE,
+            shown,
+            f" and {more} more" if more > 0 else "",
+        )
+
+    def _document(
+        self,
+        kill: _Kill,
+        sample: NodeSample | None,
+        now: float,
+        phase: str | None,
+        sampler_killed: bool,
+    ) -> dict[str, Any]:
         growth = self.growth
         limit = None
         if growth is not None and sample is not None:
             limit = growth.kill_line.limit(sample.total)
         largest: Sequence[LargestProcess] = ()
         largest_at = None
-        if self.largest_processes_of is not None and self._asks_left > 0:
+        if self.largest_processes_of is not None and self._asks_left > 0 and not sampler_killed:
             self._asks_left -= 1
             answer = self.largest_processes_of(kill.node_id)
             if answer is not None:
                 largest, largest_at = answer
-        try:
-            phase = self.phase_of()
-        except Exception:
-            phase = None
         return build_postmortem(
             node_id=kill.node_id,
             host=kill.host,
             killer=kill.killer,
             wall_time=now,
-            victim=kill.victim,
-            phase=phase if isinstance(phase, str) else None,
+            victims=kill.victims,
+            kills=kill.kills,
+            phase=phase,
             limit_bytes=limit,
             used_bytes=None if sample is None else sample.used,
             total_bytes=None if sample is None else sample.total,
@@ -475,6 +465,7 @@ class OomWatch:
             else growth.recent_history(kill.node_id, kill.monotonic_at),
             largest=largest,
             largest_sampled_at=largest_at,
+            sampler_killed=sampler_killed,
             sources=kill.sources,
         )
 
@@ -485,10 +476,20 @@ def _sample_time(sample: NodeSample | None) -> float:
     return sample.sampled_at
 
 
+def _victims_words(kill: _Kill) -> str:
+    if not kill.victims:
+        return "a worker" if kill.kills == 1 else f"{kill.kills} workers"
+    words = ", ".join(_group_words(victim) for victim in kill.victims[:4])
+    more = kill.kills - min(4, len(kill.victims))
+    return f"{words} and {more} more" if more > 0 else words
+
+
 def _group_words(victim: Victim) -> str:
     if victim.group is None:
-        return "unknown group"
-    words = f"worker group '{printable(victim.group[:80])}'"
+        if victim.ray_name is not None:
+            return f"worker '{printable(victim.ray_name[:80])}'"
+        return "a worker of an unknown group"
+    words = f"a worker of group '{printable(victim.group[:80])}'"
     details = [
         f"rank {victim.worker_rank}" if victim.worker_rank is not None else "",
         f"pid {victim.pid}" if victim.pid is not None else "",

@@ -16,7 +16,8 @@ monitor publishes. A row is::
   ``(sampled_at, node, (group, rss, pss, processes, growth), ...)``: the node's own
   figures (a :class:`~raylens.telemetry.raylet_payload.NodeFigures`, or None), then a
   plain tuple per group;
-- ``oom`` is None or ``(ray_evictions, kernel_oom_kills)``.
+- ``oom`` is None or ``(ray_evictions, kernel_oom_kills, ray_victims)``, the last a
+  tuple of ``(name, count)`` pairs.
 
 The helper is the driver's own child, so a row is trusted like the driver's memory; one
 that does not have this shape is still refused whole (:class:`MalformedRows`), never

@@ -34,6 +34,8 @@ from raylens.telemetry.raylet_payload import (
 from raylens_fakes import MetricsProbe
 
 GIB = 1024**3
+#: How Ray's counter names the ``policy`` group's worker 0-1 killed in its constructor.
+POLICY_WORKER = "policy-0-1:Worker.__init__"
 TOTAL = 64 * GIB
 
 
@@ -148,7 +150,12 @@ def test_a_raylet_counter_increase_is_one_post_mortem_and_the_first_scrape_only_
     assert postmortem["killer"] == "ray"
     assert postmortem["node_id"] == harness.cluster.nodes[0]
     assert postmortem["phase"] == "gen"
-    assert postmortem["victim"] == {"group": None, "worker_rank": None, "pid": None}
+    assert postmortem["victim"] == {
+        "group": None,
+        "worker_rank": None,
+        "pid": None,
+        "ray_name": "MemoryWorker",
+    }
     node = postmortem["node"]
     assert isinstance(node, dict)
     assert node["limit_bytes"] == round(0.9 * TOTAL)
@@ -168,15 +175,22 @@ def test_a_raylet_counter_increase_is_one_post_mortem_and_the_first_scrape_only_
     assert harness.ledger.counts() == {(harness.cluster.nodes[0], "ray"): 1}
 
 
-def test_a_counter_that_goes_back_is_a_new_baseline_not_a_kill(tmp_path: Path) -> None:
+def test_a_counter_that_goes_down_and_up_adds_no_kill_below_its_high_water_mark(
+    tmp_path: Path,
+) -> None:
     kills = KillScript([(0, 1.0, "ray"), (0, 2.0, "ray"), (0, 3.0, "ray")])
     harness = Harness(tmp_path, kills)
+    harness.run(20)  # met at 3 on the first scrape: a baseline
+    kills.kills.clear()  # the counter drops to nothing...
     harness.run(20)
-    kills.kills.clear()  # the raylet restarted: its counter starts again at 0
-    harness.run(20)
-    kills.add(0, 45.0, "ray")
+    for t in (45.0, 46.0, 47.0):  # ...and climbs back to 3: no kill it did not make
+        kills.add(0, t, "ray")
+    harness.run(10)
+    assert harness.files() == []
+    kills.add(0, 52.0, "ray")  # past 3: one kill
     harness.run(10)
     assert len(harness.files()) == 1
+    assert harness.ledger.counts() == {(harness.cluster.nodes[0], "ray"): 1}
 
 
 def test_a_kernel_kill_on_a_machine_shared_by_two_nodes_is_one_post_mortem(
@@ -205,18 +219,23 @@ def _report(harness: Harness, node: int = 0) -> None:
 def test_the_counter_and_the_error_of_one_worker_in_one_cycle_are_one_post_mortem(
     tmp_path: Path,
 ) -> None:
-    harness = Harness(tmp_path, KillScript([(0, 32.0, "ray")]))
+    harness = Harness(tmp_path, KillScript([(0, 32.0, "ray", POLICY_WORKER)]))
     harness.run(30)
     _report(harness)
     harness.run(10)
     (postmortem,) = harness.files()
-    assert postmortem["victim"] == {"group": "policy", "worker_rank": 1, "pid": 4242}
+    assert postmortem["victim"] == {
+        "group": "policy",
+        "worker_rank": 1,
+        "pid": 4242,
+        "ray_name": POLICY_WORKER,
+    }
     assert postmortem["seen_by"] == ["out_of_memory_error", "ray_counter"]
     assert sum(harness.ledger.counts().values()) == 1
 
 
 def test_an_error_reported_before_the_counter_shows_is_one_post_mortem(tmp_path: Path) -> None:
-    harness = Harness(tmp_path, KillScript([(0, 37.0, "ray")]))
+    harness = Harness(tmp_path, KillScript([(0, 37.0, "ray", POLICY_WORKER)]))
     harness.run(30)
     _report(harness)
     harness.run(5)  # written from the report; the counter moves in the next scrape
@@ -229,23 +248,25 @@ def test_an_error_reported_before_the_counter_shows_is_one_post_mortem(tmp_path:
 def test_an_error_reported_after_the_counter_names_the_victim_in_the_same_file(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
-    harness = Harness(tmp_path, KillScript([(0, 32.0, "ray")]))
+    harness = Harness(tmp_path, KillScript([(0, 32.0, "ray", POLICY_WORKER)]))
     with caplog.at_level(logging.INFO, logger="raylens.oom"):
         harness.run(35)
         (first,) = harness.files()
-        assert first["victim"]["group"] is None  # type: ignore[index]
+        assert first["victim"]["group"] == "policy"  # type: ignore[index]
+        assert first["victim"]["pid"] is None  # type: ignore[index]
         _report(harness)
         harness.run(5)
     (postmortem,) = harness.files()
-    assert postmortem["victim"]["group"] == "policy"  # type: ignore[index]
+    assert postmortem["victim"]["pid"] == 4242  # type: ignore[index]
+    assert postmortem["seen_by"] == ["out_of_memory_error", "ray_counter"]
     assert sum(harness.ledger.counts().values()) == 1
     warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
-    assert len(warnings) == 1 and "unknown group" in warnings[0]
-    assert harness.ledger.recent()[-1].victim.group == "policy"
+    assert len(warnings) == 1 and "group 'policy'" in warnings[0]
+    assert harness.ledger.recent()[-1].victim.pid == 4242
 
 
 def test_an_error_long_after_a_counted_kill_is_a_kill_of_its_own(tmp_path: Path) -> None:
-    harness = Harness(tmp_path, KillScript([(0, 32.0, "ray")]))
+    harness = Harness(tmp_path, KillScript([(0, 32.0, "ray", POLICY_WORKER)]))
     harness.run(200)
     _report(harness)
     harness.run(5)
@@ -262,7 +283,7 @@ def test_one_warning_line_names_the_group_and_the_file(
         harness.run(5)
     (line,) = [r.getMessage() for r in caplog.records]
     (path,) = harness.dir.iterdir()
-    assert "worker group 'policy' (rank 1, pid 4242)" in line and str(path) in line
+    assert "a worker of group 'policy' (rank 1, pid 4242)" in line and str(path) in line
 
 
 def test_the_counter_counts_kills_by_node_and_killer(
