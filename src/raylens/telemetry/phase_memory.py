@@ -21,6 +21,7 @@ import logging
 import os
 import socket
 import threading
+import unicodedata
 from collections import OrderedDict
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
@@ -125,7 +126,29 @@ def check_phase_name(name: object) -> str:
         raise ValueError(
             f"a phase name may not hold control or format characters, got {printable(name)!r}"
         )
+    hidden = next((ch for ch in name if _invisible(ch)), None)
+    if hidden is not None:
+        raise ValueError(
+            f"a phase name may not hold invisible characters (fillers, blanks, combining "
+            f"joiners, spaces other than ' '), got U+{ord(hidden):04X} in {name!r:.80}"
+        )
     return name
+
+
+#: Characters that print as nothing though Unicode calls them letters or symbols.
+_INVISIBLE = frozenset("\u115f\u1160\u3164\uffa0\u2800\u034f\u17b4\u17b5\u180e")
+
+
+def _invisible(ch: str) -> bool:
+    if ch.isascii():
+        return False
+    if ch in _INVISIBLE:
+        return True
+    category = unicodedata.category(ch)
+    # Other spaces, and variation selectors (marks that only change how a glyph is drawn).
+    return category == "Zs" or (
+        category == "Mn" and "VARIATION SELECTOR" in unicodedata.name(ch, "")
+    )
 
 
 def kernel_peaks_from_env(environ: Mapping[str, str] | None = None) -> bool:
