@@ -84,4 +84,3 @@ def test_stale_keys_of_ended_jobs_never_hide_a_live_phase_and_are_removed():
     # Every ended job's key is gone (a read removes at most MAX_JOBS_READ of them).
     read_current_phases(watcher)
     assert watcher.kv_keys("phase/") == ["phase/ff000000"]
-

@@ -27,6 +27,7 @@ from raylens.telemetry.scraping._engine import (
     Outcome,
     ScrapeLimits,
     fetch_once,
+    outcome_of_payload,
 )
 from raylens.telemetry.scraping._helper_program import leave_out_known_groups
 from raylens.telemetry.scraping._protocol import PrestartingEngine, ScrapeEngine
@@ -61,6 +62,7 @@ __all__ = [
     "encode",
     "encode_outcomes",
     "fetch_once",
+    "outcome_of_payload",
     "leave_out_known_groups",
     "read_message",
     "write_message",
