@@ -62,8 +62,8 @@ __all__ = [
     "encode",
     "encode_outcomes",
     "fetch_once",
-    "outcome_of_payload",
     "leave_out_known_groups",
+    "outcome_of_payload",
     "read_message",
     "write_message",
 ]
