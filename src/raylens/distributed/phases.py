@@ -38,12 +38,12 @@ from raylens.lens import warn_once
 from raylens.safe_text import printable
 from raylens.telemetry.group_memory import DEFAULT_REGISTRY, GroupWorkerRegistry
 from raylens.telemetry.phase_board import clear_current_phase, publish_current_phase
+from raylens.telemetry.phase_log import PhaseLog
 from raylens.telemetry.phase_memory import (
     DEFAULT_TABLE,
     DRIVER_GROUP,
     NodePhaseMemory,
     NodePhaseTracker,
-    PhaseLog,
     PhaseMemoryTable,
     PhaseRecord,
     check_phase_name,
@@ -371,6 +371,7 @@ class PhaseMarker:
         self._lock = threading.Lock()
         self._running: _Running | None = None
         self._driver: NodePhaseTracker | None = None
+        self._phase_log: PhaseLog | None = None
         forking.reset_after_fork_in_child(self)
 
     def reset_after_fork(self) -> None:
@@ -565,9 +566,9 @@ class PhaseMarker:
         )
         self.table.record(record)
         logger.info("%s", phase_log_line(record))
-        path = self._log_path()
-        if path is not None:
-            PhaseLog(path).append(record)
+        log = self._log()
+        if log is not None:
+            log.append(record)
         return record
 
     # settings and seams -----------------------------------------------------------------
@@ -592,6 +593,17 @@ class PhaseMarker:
             return self._node_id_seen or LOCAL_NODE_ID
         node_id = self._node_id_seen = self._driver_node_id()
         return node_id
+
+    def _log(self) -> PhaseLog | None:
+        """The log of the path now configured, kept open from phase to phase."""
+        path = self._log_path()
+        log = self._phase_log
+        if log is not None and (path is None or log.path != path):
+            log.close()
+            log = self._phase_log = None
+        if path is not None and log is None:
+            log = self._phase_log = PhaseLog(path)
+        return log
 
     def _log_path(self) -> str | None:
         if self.log_path is not None:

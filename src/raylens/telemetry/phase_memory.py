@@ -2,8 +2,8 @@
 
 :class:`NodePhaseTracker` runs on a node (in its sampler, and in the driver for the driver's
 own process); :class:`PhaseMemoryTable` keeps the latest run of every phase name for the
-gauges (at most :data:`MAX_PHASE_NAMES`); :func:`phase_log_line` and :class:`PhaseLog` are
-the log line and the JSON-lines log. Invariants a maintainer must keep:
+gauges (at most :data:`MAX_PHASE_NAMES`); :func:`phase_log_line` is the log line
+(the JSON-lines log is :mod:`raylens.telemetry.phase_log`). Invariants a maintainer must keep:
 
 - a peak is labelled ``kernel`` only when the kernel's marks cover the whole phase for
   every process of the group; anything less falls back to ``sampled``, never a mix;
@@ -52,7 +52,6 @@ __all__ = [
     "GroupPhaseMemory",
     "NodePhaseMemory",
     "NodePhaseTracker",
-    "PhaseLog",
     "PhaseMemoryTable",
     "PhaseRecord",
     "check_phase_name",
@@ -581,24 +580,3 @@ def phase_log_line(record: PhaseRecord) -> str:
         more = f" and {len(record.missing) - 5} more" if len(record.missing) > 5 else ""
         line += f" (no figures from node(s) {shown}{more})"
     return line
-
-
-class PhaseLog:
-    """Appends one JSON line per phase (:meth:`PhaseRecord.to_json`) to ``path``. Never raises."""
-
-    def __init__(self, path: str | os.PathLike[str]) -> None:
-        self.path = os.fspath(path)
-        self._lock = threading.Lock()
-
-    def append(self, record: PhaseRecord) -> None:
-        line = json.dumps(record.to_json(), separators=(",", ":")) + "\n"
-        try:
-            with self._lock, open(self.path, "a", encoding="utf-8") as file:
-                file.write(line)
-        except OSError as error:
-            warn_once(
-                f"phase_memory.log.{printable(self.path[:120])}",
-                f"could not append the phase table to {printable(self.path[:200])!r} "
-                f"({printable(error)}); phases are still logged and exported (warned once)",
-                logger=logger,
-            )
