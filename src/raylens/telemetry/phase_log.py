@@ -14,6 +14,7 @@ Invariants a maintainer must keep:
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
@@ -112,7 +113,5 @@ class PhaseLog:
     def __del__(self) -> None:
         fd = getattr(self, "_fd", None)
         if fd is not None:
-            try:
+            with contextlib.suppress(OSError):
                 os.close(fd)
-            except OSError:
-                pass

@@ -16,7 +16,6 @@ What the figures mean: the README's *Memory per phase*; how a phase runs:
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import socket
