@@ -45,6 +45,7 @@ from raylens.telemetry.raylet_payload import (
     OOM_SERIES,
     RAY_NODE_MEM_TOTAL,
     RAY_NODE_MEM_USED,
+    RAY_WORKER_ID_LABEL,
     SERIES_BY_RAY_NAME,
     TOTAL_KEY,
     USED_KEY,
@@ -177,7 +178,9 @@ async def _fetch(
                     f"payload of {announced} bytes exceeds the {limits.max_body_bytes}-byte cap",
                     error_type=ERROR_TOO_LARGE,
                 )
-            lines = WantedLines(_WANTED_SERIES, max_kept_bytes=_MAX_KEPT_BYTES)
+            lines = WantedLines(
+                _WANTED_SERIES, max_kept_bytes=_MAX_KEPT_BYTES, source_label=RAY_WORKER_ID_LABEL
+            )
             while True:
                 chunk = await response.content.read(_READ_CHUNK)
                 if not chunk:
