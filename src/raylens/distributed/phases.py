@@ -120,6 +120,15 @@ def _ray_role() -> PhaseRole:
     return PhaseRole.RAY_WORKER if mode is not None and mode == worker_mode else PhaseRole.DRIVER
 
 
+def _ray_connected() -> bool:
+    """Whether Ray in this process is connected, read without calling into Ray's client."""
+    ray = sys.modules.get("ray")
+    try:
+        return ray is not None and bool(ray.is_initialized())
+    except Exception:
+        return False
+
+
 def _suspended(frame: FrameType | None) -> bool:
     """Whether ``frame`` is a generator's that no thread is running: suspended at a yield.
 
@@ -249,12 +258,18 @@ class PhaseMarker:
         forking.reset_after_fork_in_child(self)
 
     def reset_after_fork(self) -> None:
-        """In a forked child: a fresh lock, no phase (the parent's is the parent's), and
-        phases local to the child from now on."""
+        """In a forked child: a fresh lock and no phase (the parent's is the parent's). A
+        child of a parent connected to Ray keeps its phases local from now on (the Ray
+        client it inherited is the parent's); a child of an unconnected parent owns the
+        marker, and may connect to Ray and publish as a driver of its own."""
         self._lock = threading.Lock()
         self._running = None
         self._driver = None
-        self._forked = True
+        self._phase_log = None  # the parent's file stays the parent's to close
+        if _ray_connected():
+            self._forked = True
+        else:
+            self._owner_pid = os.getpid()
 
     def role(self) -> PhaseRole:
         """Which process this is, for phases entered now (see :class:`PhaseRole`)."""

@@ -14,6 +14,7 @@ from typing import Any
 
 import pytest
 
+from raylens.distributed import phases as phases_module
 from raylens.distributed.phases import PhaseError, PhaseMarker, PhaseRole
 from raylens.lens import reset_warn_once
 from raylens.telemetry.phase_board import read_current_phases
@@ -123,7 +124,7 @@ def test_a_phase_in_a_ray_worker_never_touches_the_drivers_board_key(parts):
     assert "rollout" in parts["table"].phases()  # measured locally all the same
 
 
-def test_a_forked_child_enters_phases_without_the_parents_cluster_or_samplers(parts):
+def test_a_forked_child_enters_phases_without_the_parents_cluster_or_samplers(parts, monkeypatch):
     class Untouchable(FakeCluster):
         def kv_put(self, key: str, value: bytes) -> None:
             raise AssertionError("a forked child must not reach the parent's GCS client")
@@ -133,11 +134,24 @@ def test_a_forked_child_enters_phases_without_the_parents_cluster_or_samplers(pa
     parts["cluster"] = Untouchable()
     nodes = InterruptingNodes()
     marker = PhaseMarker(nodes=nodes, **parts)
+    monkeypatch.setattr(phases_module, "_ray_connected", lambda: True)  # the parent's Ray
     marker.reset_after_fork()  # what the fork hook runs in the child
+    assert marker.role() is PhaseRole.FORKED_CHILD
     with marker.phase("child-work"):
         assert marker.current_phase() == "child-work"
     assert nodes.begun == [] and nodes.ended == []
     assert parts["table"].latest("child-work") is not None
+
+
+def test_a_child_forked_before_ray_connected_owns_its_marker(parts, monkeypatch):
+    nodes = InterruptingNodes()
+    marker = PhaseMarker(nodes=nodes, **parts)
+    monkeypatch.setattr(phases_module, "_ray_connected", lambda: False)
+    marker.reset_after_fork()
+    assert marker.role() is PhaseRole.DRIVER
+    with marker.phase("own-job"):
+        pass
+    assert len(nodes.begun) == 1
 
 
 def test_a_process_other_than_the_one_that_made_the_marker_is_local_only(parts, monkeypatch):
