@@ -84,3 +84,12 @@ def test_stale_keys_of_ended_jobs_never_hide_a_live_phase_and_are_removed():
     # Every ended job's key is gone (a read removes at most MAX_JOBS_READ of them).
     read_current_phases(watcher)
     assert watcher.kv_keys("phase/") == ["phase/ff000000"]
+
+
+def test_a_driver_killed_inside_a_phase_leaves_no_key_behind_after_the_next_read():
+    cluster = FakeCluster()
+    publish_current_phase(cluster.for_job("01000000"), "gen", 1.0)  # then killed: no clear
+    cluster.end_job("01000000")
+    watcher = cluster.for_job("02000000")
+    assert read_current_phases(watcher) == []
+    assert watcher.kv_keys("phase/") == []
