@@ -197,11 +197,18 @@ def _attach_growth(
     except ValueError as error:
         logger.error("raylens growth: %s; using the default window", error)
         window_s = DEFAULT_GROWTH_WINDOW_S
+    system_config = connected_system_config()
     try:
-        kill_line = resolve_kill_line_config(system_config=connected_system_config())
+        kill_line = resolve_kill_line_config(system_config=system_config)
     except ValueError as error:
-        logger.error("raylens growth: %s; using Ray's default threshold", error)
-        kill_line = resolve_kill_line_config(env={})
+        # Reported, then the next source in order decides: the cluster's own line holds.
+        kill_line = resolve_kill_line_config(system_config=system_config, strict=False)
+        logger.error(
+            "raylens growth: %s; the kill line uses the threshold %g from %s instead",
+            error,
+            kill_line.threshold,
+            kill_line.source,
+        )
     try:
         node_history = None
         if groups is not None:

@@ -3,9 +3,13 @@
 :class:`PhaseMarker` (:data:`DEFAULT_MARKER`) publishes the phase, begins and ends it on the
 driver's process and every node's sampler, and records, logs and exports the figures.
 Invariants: phases do not nest (entering one inside another, from any thread, raises
-:class:`PhaseError` and leaves the running one alone); measuring never raises into the job
+:class:`PhaseError` and leaves the running one alone), except that a phase held by a
+suspended generator is ended when another begins; measuring never raises into the job
 (what fails costs its own figures, logged once); the driver waits on nodes only at the
-boundaries, each wait bounded (``confirm_timeout_s``, ``end_timeout_s``).
+boundaries, each wait bounded (``confirm_timeout_s``, ``end_timeout_s``); an entry or exit
+interrupted at any point (Ctrl-C included) leaves no phase running. Only the driver's own
+process publishes and tells the samplers: in a Ray worker or a forked child a phase is
+measured and recorded for that process alone (:class:`PhaseRole`).
 
 The sequence: ``docs/architecture.md``, *Phases, in one paragraph*; what a user sees: the
 README's *Memory per phase*.
@@ -14,6 +18,8 @@ README's *Memory per phase*.
 from __future__ import annotations
 
 import contextlib
+import enum
+import inspect
 import logging
 import os
 import sys
@@ -22,22 +28,21 @@ import time
 import uuid
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from types import TracebackType
-from typing import Any, Protocol
+from types import FrameType, TracebackType
+from typing import Any
 
 from raylens import forking
 from raylens.cluster import ClusterView, default_cluster_view
-from raylens.distributed.group_memory_cycle import default_group_memory_cycle
+from raylens.distributed._phase_nodes import PhaseNodes, SamplerPhaseNodes
 from raylens.lens import warn_once
 from raylens.safe_text import printable
-from raylens.telemetry.group_memory import DEFAULT_REGISTRY, GroupWorkerRegistry
 from raylens.telemetry.phase_board import clear_current_phase, publish_current_phase
+from raylens.telemetry.phase_log import PhaseLog
 from raylens.telemetry.phase_memory import (
     DEFAULT_TABLE,
     DRIVER_GROUP,
     NodePhaseMemory,
     NodePhaseTracker,
-    PhaseLog,
     PhaseMemoryTable,
     PhaseRecord,
     check_phase_name,
@@ -57,6 +62,7 @@ __all__ = [
     "PhaseError",
     "PhaseMarker",
     "PhaseNodes",
+    "PhaseRole",
     "SamplerPhaseNodes",
     "configure_phases",
     "current_phase",
@@ -80,129 +86,64 @@ class PhaseError(RuntimeError):
     """A phase was entered while another was in progress: phases do not nest."""
 
 
-class PhaseNodes(Protocol):
-    """Where a phase's boundaries reach beyond the driver: every node's sampler."""
+class PhaseRole(enum.Enum):
+    """Which process a phase is entered in, and so how far it reaches.
 
-    def begin(self, token: str, kernel_peaks: bool, timeout_s: float) -> tuple[set[str], list[str]]:
-        """Tell every node the phase ``token`` began; ``(confirmed, not confirmed)`` node ids."""
-
-    def end(self, token: str, timeout_s: float) -> tuple[dict[str, NodePhaseMemory], list[str]]:
-        """Every node's figures of phase ``token``, and the nodes that gave none."""
-
-
-def _default_samplers() -> Any:
-    return default_group_memory_cycle().samplers
-
-
-class SamplerPhaseNodes:
-    """Phase boundaries on the group-memory samplers (one per node that hosts workers).
-
-    ``samplers`` is a :class:`~raylens.distributed.group_memory_sampler.GroupMemorySamplers`
-    or a callable returning one (default: the driver's, made on first use); ``registry``
-    (default the process-wide one) says which workers each node has.
+    Only :attr:`DRIVER` publishes the phase on the cluster's board and tells the nodes'
+    samplers. In a Ray task or actor (:attr:`RAY_WORKER`) the board key would be the
+    driver's (a job has one), and the samplers are the driver's to tell; in a process
+    forked from the one that made the marker (:attr:`FORKED_CHILD`) the parent's GCS
+    client is not the child's to use (a call through it can wait forever). Those two
+    measure the phase on their own process and record and log it there, and reach
+    nothing else.
     """
 
-    def __init__(
-        self,
-        samplers: Any = None,
-        *,
-        registry: GroupWorkerRegistry | None = None,
-    ) -> None:
-        self._samplers = samplers
-        self._registry = registry if registry is not None else DEFAULT_REGISTRY
-        # The phase being measured: its token and the actors told it began.
-        self._begun: tuple[str, Any, dict[str, Any]] | None = None
-
-    def _manager(self) -> Any:
-        if self._samplers is None:
-            return _default_samplers()
-        return self._samplers() if callable(self._samplers) else self._samplers
-
-    def begin(self, token: str, kernel_peaks: bool, timeout_s: float) -> tuple[set[str], list[str]]:
-        self._begun = None
-        workers = self._registry.workers_by_node()
-        if not workers:
-            return set(), []
-        ray, actors = self._manager().sampler_actors()
-        if not actors:
-            warn_once(
-                "phases.no_samplers",
-                "worker groups are registered but no group-memory sampler runs (start "
-                "telemetry with raylens.driver.init_telemetry_driver): phases measure the "
-                "driver group only (warned once)",
-                logger=logger,
-            )
-            return set(), []
-        missing = sorted(node for node in workers if node not in actors)
-        told = {node: actors[node] for node in workers if node in actors}
-        self._begun = (token, ray, told)
-        answers, unanswered = _gather(
-            ray,
-            {
-                node: (actor, "phase_begin", (token, workers[node], kernel_peaks))
-                for node, actor in told.items()
-            },
-            timeout_s,
-        )
-        confirmed = {node for node, answer in answers.items() if answer is True}
-        return confirmed, sorted([*missing, *unanswered, *(set(answers) - confirmed)])
-
-    def end(self, token: str, timeout_s: float) -> tuple[dict[str, NodePhaseMemory], list[str]]:
-        begun, self._begun = self._begun, None
-        if begun is None or begun[0] != token:
-            return {}, []
-        _, ray, told = begun
-        answers, missing = _gather(
-            ray,
-            {node: (actor, "phase_end", (token,)) for node, actor in told.items()},
-            timeout_s,
-        )
-        figures: dict[str, NodePhaseMemory] = {}
-        for node_id, plain in answers.items():
-            try:
-                if isinstance(plain, BaseException):
-                    raise plain
-                if plain is None:
-                    raise ValueError("the phase had not begun there")
-                figures[node_id] = NodePhaseMemory.from_plain(plain)
-            except Exception as error:
-                warn_once(
-                    "phases.node_figures",
-                    f"node {printable(node_id[:56])} gave no phase figures "
-                    f"({type(error).__name__}: {printable(error)[:200]}); warned once",
-                    logger=logger,
-                )
-                missing.append(node_id)
-        return figures, sorted(missing)
+    DRIVER = "driver"
+    RAY_WORKER = "ray_worker"
+    FORKED_CHILD = "forked_child"
 
 
-def _gather(
-    ray: Any, calls: Mapping[str, tuple[Any, str, tuple[Any, ...]]], timeout_s: float
-) -> tuple[dict[str, Any], list[str]]:
-    """Call every node's ``(actor, method, args)``, and wait for them all together at most
-    ``timeout_s``.
+def _ray_role() -> PhaseRole:
+    """:attr:`PhaseRole.RAY_WORKER` in a Ray task or actor, else :attr:`PhaseRole.DRIVER`.
 
-    Returns ``({node: answer or the exception it raised}, [nodes with no answer in time,
-    or whose call could not be made]``.
+    Reads the mode of Ray's worker in this process without any call to the cluster; a
+    process that has not imported Ray is a driver (it has nothing to publish to).
     """
-    asked: dict[Any, str] = {}
-    unanswered: list[str] = []
-    for node_id, (actor, method, args) in calls.items():
-        try:
-            asked[getattr(actor, method).remote(*args)] = node_id
-        except Exception:
-            unanswered.append(node_id)
-    answers: dict[str, Any] = {}
-    if asked:
-        ready, _ = ray.wait(list(asked), num_returns=len(asked), timeout=timeout_s)
-        for ref in ready:
-            node_id = asked.pop(ref)
-            try:
-                answers[node_id] = ray.get(ref, timeout=0)
-            except Exception as error:
-                answers[node_id] = error
-        unanswered.extend(asked.values())
-    return answers, unanswered
+    worker_module = sys.modules.get("ray._private.worker")
+    if worker_module is None:
+        return PhaseRole.DRIVER
+    try:
+        mode = worker_module.global_worker.mode
+        worker_mode = worker_module.WORKER_MODE
+    except AttributeError:
+        return PhaseRole.DRIVER
+    return PhaseRole.RAY_WORKER if mode is not None and mode == worker_mode else PhaseRole.DRIVER
+
+
+def _ray_connected() -> bool:
+    """Whether Ray in this process is connected, read without calling into Ray's client."""
+    ray = sys.modules.get("ray")
+    try:
+        return ray is not None and bool(ray.is_initialized())
+    except Exception:
+        return False
+
+
+def _suspended(frame: FrameType | None) -> bool:
+    """Whether ``frame`` is a generator's that no thread is running: suspended at a yield.
+
+    A phase entered in a generator lasts until the generator is resumed past its block,
+    which may be never; coroutines are left out (an event loop resumes them).
+    """
+    if frame is None or not frame.f_code.co_flags & inspect.CO_GENERATOR:
+        return False
+    for top in sys._current_frames().values():
+        walked: FrameType | None = top
+        while walked is not None:
+            if walked is frame:
+                return False
+            walked = walked.f_back
+    return True
 
 
 def _ray_node_id() -> str:
@@ -221,6 +162,10 @@ class _Running:
     started: float
     started_wall: float
     missing: tuple[str, ...] = ()
+    #: The frame whose ``with`` block holds the phase (None when entered by a call).
+    holder: FrameType | None = None
+    #: Entered outside the driver's own process: measured here, published nowhere.
+    local: bool = False
 
 
 class Phase(contextlib.ContextDecorator):
@@ -233,9 +178,10 @@ class Phase(contextlib.ContextDecorator):
     def __init__(self, marker: PhaseMarker, name: str) -> None:
         self._marker = marker
         self.name = check_phase_name(name)
+        self._tokens: list[str] = []
 
     def __enter__(self) -> Phase:
-        self._marker.enter(self.name)
+        self._tokens.append(self._marker.enter(self.name, holder=sys._getframe(1)))
         return self
 
     def __exit__(
@@ -244,7 +190,8 @@ class Phase(contextlib.ContextDecorator):
         exc: BaseException | None,
         traceback: TracebackType | None,
     ) -> None:
-        self._marker.leave(self.name)
+        token = self._tokens.pop() if self._tokens else None
+        self._marker.leave(self.name, token)
 
     def __repr__(self) -> str:
         return f"Phase({self.name!r})"
@@ -260,7 +207,9 @@ class PhaseMarker:
     process. ``kernel_peaks`` (default ``RAYLENS_KERNEL_PEAKS``, else on) and ``log_path``
     (default ``RAYLENS_PHASE_LOG``, else none) are the settings, read at each phase's start
     when not given; :meth:`configure` changes them. ``clock`` times phases,
-    ``wall_clock`` stamps them; ``driver_node_id`` says which node the driver runs on.
+    ``wall_clock`` stamps them; ``driver_node_id`` says which node the driver runs on;
+    ``role`` says which process this is (default: a Ray worker when Ray runs this process
+    as one, else the driver; a process forked from the marker's is always a forked child).
     """
 
     def __init__(
@@ -278,6 +227,7 @@ class PhaseMarker:
         wall_clock: Callable[[], float] | None = None,
         driver_node_id: Callable[[], str] | None = None,
         environ: Mapping[str, str] | None = None,
+        role: Callable[[], PhaseRole] | None = None,
     ) -> None:
         self.nodes: PhaseNodes = nodes if nodes is not None else SamplerPhaseNodes()
         self._cluster = cluster
@@ -286,6 +236,10 @@ class PhaseMarker:
         self._clock = clock or time.monotonic
         self._wall_clock = wall_clock or time.time
         self._driver_node_id = driver_node_id or _ray_node_id
+        self._node_id_seen: str | None = None
+        self._role = role or _ray_role
+        self._owner_pid = os.getpid()
+        self._forked = False
         self._environ = environ
         self.kernel_peaks: bool | None = None
         self.log_path: str | None = None
@@ -300,13 +254,28 @@ class PhaseMarker:
         self._lock = threading.Lock()
         self._running: _Running | None = None
         self._driver: NodePhaseTracker | None = None
+        self._phase_log: PhaseLog | None = None
         forking.reset_after_fork_in_child(self)
 
     def reset_after_fork(self) -> None:
-        """In a forked child: a fresh lock and no phase (the parent's is the parent's)."""
+        """In a forked child: a fresh lock and no phase (the parent's is the parent's). A
+        child of a parent connected to Ray keeps its phases local from now on (the Ray
+        client it inherited is the parent's); a child of an unconnected parent owns the
+        marker, and may connect to Ray and publish as a driver of its own."""
         self._lock = threading.Lock()
         self._running = None
         self._driver = None
+        self._phase_log = None  # the parent's file stays the parent's to close
+        if _ray_connected():
+            self._forked = True
+        else:
+            self._owner_pid = os.getpid()
+
+    def role(self) -> PhaseRole:
+        """Which process this is, for phases entered now (see :class:`PhaseRole`)."""
+        if self._forked or os.getpid() != self._owner_pid:
+            return PhaseRole.FORKED_CHILD
+        return self._role()
 
     def configure(
         self,
@@ -351,46 +320,98 @@ class PhaseMarker:
 
     # entering and leaving --------------------------------------------------------------
 
-    def enter(self, name: str) -> None:
-        """Begin phase ``name`` (see the module docstring); PhaseError inside another phase."""
+    def enter(self, name: str, *, holder: FrameType | None = None) -> str:
+        """Begin phase ``name`` (see the module docstring) and return its token; PhaseError
+        inside another phase. ``holder`` is the frame whose block holds the phase: when it
+        is a generator's, suspended, the phase it holds is ended and this one begins."""
         name = check_phase_name(name)
-        running = _Running(name, uuid.uuid4().hex, self._clock(), self._wall_clock())
+        local = self.role() is not PhaseRole.DRIVER
+        running = _Running(
+            name, uuid.uuid4().hex, self._clock(), self._wall_clock(), holder=holder, local=local
+        )
+        try:
+            stale = self._claim(running)
+            try:
+                if stale is not None:
+                    self._end_stale(stale, name)
+                kernel = self._kernel_peaks()
+                if not local:
+                    self._publish(name, running.started_wall)
+                self._driver_tracker().begin(
+                    running.token, self._driver_workers(), kernel_peaks=kernel
+                )
+                missing: list[str] = []
+                if not local:
+                    _, missing = self.nodes.begin(running.token, kernel, self.confirm_timeout_s)
+            except Exception as error:
+                missing = []
+                warn_once(
+                    "phases.begin",
+                    f"phase {printable(name)!r}: could not tell every node it began "
+                    f"({type(error).__name__}: {printable(error)[:200]}); its figures may be "
+                    "incomplete (warned once)",
+                    logger=logger,
+                )
+            running.missing = tuple(missing)
+            if missing:
+                logger.warning(
+                    "phase %r: %s did not confirm its start within %g s; their figures for "
+                    "it may miss its first moments",
+                    printable(name),
+                    _quoted_nodes(missing),
+                    self.confirm_timeout_s,
+                )
+        except BaseException:
+            # Interrupted (Ctrl-C) or refused: a phase this call claimed must not stay marked.
+            self._abort(running)
+            raise
+        return running.token
+
+    def _claim(self, running: _Running) -> _Running | None:
+        """Mark ``running`` as the phase in progress; the phase it displaces (one held by a
+        suspended generator), or None. PhaseError when a live phase is in progress."""
         with self._lock:
-            if self._running is not None:
+            current = self._running
+            if current is not None and not _suspended(current.holder):
                 raise PhaseError(
-                    f"phase {printable(name)!r} cannot begin inside phase "
-                    f"{printable(self._running.phase)!r}: phases do not nest; end "
-                    f"{printable(self._running.phase)!r} first"
+                    f"phase {printable(running.phase)!r} cannot begin inside phase "
+                    f"{printable(current.phase)!r}: phases do not nest; end "
+                    f"{printable(current.phase)!r} first"
                 )
             self._running = running
-        try:
-            kernel = self._kernel_peaks()
-            self._publish(name, running.started_wall)
-            self._driver_tracker().begin(running.token, self._driver_workers(), kernel_peaks=kernel)
-            _, missing = self.nodes.begin(running.token, kernel, self.confirm_timeout_s)
-        except Exception as error:
-            missing = []
-            warn_once(
-                "phases.begin",
-                f"phase {printable(name)!r}: could not tell every node it began "
-                f"({type(error).__name__}: {printable(error)[:200]}); its figures may be "
-                "incomplete (warned once)",
-                logger=logger,
-            )
-        running.missing = tuple(missing)
-        if missing:
-            logger.warning(
-                "phase %r: %s did not confirm its start within %g s; their figures for it "
-                "may miss its first moments",
-                printable(name),
-                _quoted_nodes(missing),
-                self.confirm_timeout_s,
-            )
+        return current
 
-    def leave(self, name: str) -> PhaseRecord | None:
-        """End phase ``name`` and record it; None (and nothing done) if it is not in progress."""
+    def _end_stale(self, stale: _Running, successor: str) -> None:
+        warn_once(
+            "phases.suspended",
+            f"phase {printable(stale.phase)!r} was held by a suspended generator when phase "
+            f"{printable(successor)!r} began: it was ended there (warned once)",
+            logger=logger,
+        )
+        try:
+            self._finish(stale)
+        except Exception:
+            logger.debug("could not record the suspended phase", exc_info=True)
+
+    def _abort(self, running: _Running) -> None:
+        """Undo an entry that did not complete: no phase left running, nothing published."""
+        with self._lock:
+            if self._running is not running:
+                return
+            self._running = None
+        with contextlib.suppress(Exception):
+            if self._driver is not None:
+                self._driver.cancel()
+        if not running.local:
+            self._publish(None, 0.0)
+
+    def leave(self, name: str, token: str | None = None) -> PhaseRecord | None:
+        """End phase ``name`` and record it; None (and nothing done) if it is not in progress
+        (or, with ``token``, if the phase in progress is another run of that name)."""
         running = self._running
         if running is None or running.phase != name:
+            return None
+        if token is not None and running.token != token:
             return None
         try:
             return self._finish(running)
@@ -404,16 +425,20 @@ class PhaseMarker:
             return None
         finally:
             with self._lock:
-                self._running = None
-            self._publish(None, 0.0)
+                if self._running is running:
+                    self._running = None
+            if not running.local:
+                self._publish(None, 0.0)
 
     def _finish(self, running: _Running) -> PhaseRecord:
         duration = max(0.0, self._clock() - running.started)
-        nodes, unanswered = self.nodes.end(running.token, self.end_timeout_s)
+        nodes, unanswered = (
+            ({}, []) if running.local else self.nodes.end(running.token, self.end_timeout_s)
+        )
         figures = dict(nodes)
         driver = self._driver_tracker().end(running.token)
         if driver is not None and driver.groups:
-            node_id = self._driver_node_id()
+            node_id = self._node_id(running.local)
             here = figures.get(node_id)
             if here is None:
                 figures[node_id] = driver
@@ -430,9 +455,9 @@ class PhaseMarker:
         )
         self.table.record(record)
         logger.info("%s", phase_log_line(record))
-        path = self._log_path()
-        if path is not None:
-            PhaseLog(path).append(record)
+        log = self._log()
+        if log is not None:
+            log.append(record)
         return record
 
     # settings and seams -----------------------------------------------------------------
@@ -449,6 +474,25 @@ class PhaseMarker:
                 logger=logger,
             )
             return True
+
+    def _node_id(self, local: bool) -> str:
+        """The node this process runs on; in a forked child, what the parent learnt (the
+        child never calls into the parent's Ray)."""
+        if local and self.role() is PhaseRole.FORKED_CHILD:
+            return self._node_id_seen or LOCAL_NODE_ID
+        node_id = self._node_id_seen = self._driver_node_id()
+        return node_id
+
+    def _log(self) -> PhaseLog | None:
+        """The log of the path now configured, kept open from phase to phase."""
+        path = self._log_path()
+        log = self._phase_log
+        if log is not None and (path is None or log.path != path):
+            log.close()
+            log = self._phase_log = None
+        if path is not None and log is None:
+            log = self._phase_log = PhaseLog(path)
+        return log
 
     def _log_path(self) -> str | None:
         if self.log_path is not None:

@@ -8,8 +8,11 @@ watch``) reads every live job's entry with :func:`read_current_phases`.
 Entries are untrusted: any job can write any key. An entry larger than
 :data:`MAX_PHASE_ENTRY_BYTES` is refused before it is decoded, one that is not the expected
 object, or whose name is not a valid phase name, is skipped with one warning naming its key,
-and a bad entry costs only itself. At most :data:`MAX_JOBS_READ` entries are read per call.
-Publishing and reading never raise.
+and a bad entry costs only itself. Keys of jobs the GCS does not list as live (a driver
+killed inside a phase, or a key no job owns) are left out before the read is bounded, so
+they cannot hide a live job's phase, and deleted (at most :data:`MAX_JOBS_READ` per call).
+At most :data:`MAX_JOBS_READ` live entries are read per call. Publishing and reading never
+raise.
 """
 
 from __future__ import annotations
@@ -41,7 +44,7 @@ PHASE_KEY_PREFIX = "phase/"
 MAX_PHASE_ENTRY_BYTES = 1024
 """A published phase entry larger than this is refused before it is decoded."""
 MAX_JOBS_READ = 256
-"""Most jobs' entries one read decodes."""
+"""Most live jobs' entries one read decodes, and most ended jobs' keys it deletes."""
 
 
 @dataclass(frozen=True)
@@ -89,17 +92,20 @@ def clear_current_phase(cluster: ClusterView) -> bool:
 def read_current_phases(cluster: ClusterView) -> list[CurrentPhase]:
     """The phase in progress of every live job that published one, by job id. Never raises.
 
-    Entries of jobs that have exited are skipped (their driver may have died inside a
-    phase); a malformed entry is skipped with one warning naming its key.
+    Entries of jobs that have exited are skipped and deleted (their driver may have died
+    inside a phase); a malformed entry is skipped with one warning naming its key.
     """
     try:
         if not supports_key_value(cluster) or not cluster.is_initialized():
             return []
-        keys = sorted(cluster.kv_keys(PHASE_KEY_PREFIX))[:MAX_JOBS_READ]
+        # Keys first, then the live jobs: a job that writes its key in between is listed.
+        keys = sorted(cluster.kv_keys(PHASE_KEY_PREFIX))
         live = cluster.live_job_ids() if keys else set()
-        raw_entries = [
-            (key, cluster.kv_get(key)) for key in keys if key[len(PHASE_KEY_PREFIX) :] in live
-        ]
+        current = [key for key in keys if key[len(PHASE_KEY_PREFIX) :] in live]
+        ended = [key for key in keys if key[len(PHASE_KEY_PREFIX) :] not in live]
+        for key in ended[:MAX_JOBS_READ]:
+            cluster.kv_delete(key)
+        raw_entries = [(key, cluster.kv_get(key)) for key in current[:MAX_JOBS_READ]]
     except Exception as error:
         warn_once(
             "phases.read",

@@ -2,8 +2,8 @@
 
 :class:`NodePhaseTracker` runs on a node (in its sampler, and in the driver for the driver's
 own process); :class:`PhaseMemoryTable` keeps the latest run of every phase name for the
-gauges (at most :data:`MAX_PHASE_NAMES`); :func:`phase_log_line` and :class:`PhaseLog` are
-the log line and the JSON-lines log. Invariants a maintainer must keep:
+gauges (at most :data:`MAX_PHASE_NAMES`); :func:`phase_log_line` is the log line
+(the JSON-lines log is :mod:`raylens.telemetry.phase_log`). Invariants a maintainer must keep:
 
 - a peak is labelled ``kernel`` only when the kernel's marks cover the whole phase for
   every process of the group; anything less falls back to ``sampled``, never a mix;
@@ -16,11 +16,11 @@ What the figures mean: the README's *Memory per phase*; how a phase runs:
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import socket
 import threading
+import unicodedata
 from collections import OrderedDict
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
@@ -51,7 +51,6 @@ __all__ = [
     "GroupPhaseMemory",
     "NodePhaseMemory",
     "NodePhaseTracker",
-    "PhaseLog",
     "PhaseMemoryTable",
     "PhaseRecord",
     "check_phase_name",
@@ -125,7 +124,29 @@ def check_phase_name(name: object) -> str:
         raise ValueError(
             f"a phase name may not hold control or format characters, got {printable(name)!r}"
         )
+    hidden = next((ch for ch in name if _invisible(ch)), None)
+    if hidden is not None:
+        raise ValueError(
+            f"a phase name may not hold invisible characters (fillers, blanks, combining "
+            f"joiners, spaces other than ' '), got U+{ord(hidden):04X} in {name!r:.80}"
+        )
     return name
+
+
+#: Characters that print as nothing though Unicode calls them letters or symbols.
+_INVISIBLE = frozenset("\u115f\u1160\u3164\uffa0\u2800\u034f\u17b4\u17b5\u180e")
+
+
+def _invisible(ch: str) -> bool:
+    if ch.isascii():
+        return False
+    if ch in _INVISIBLE:
+        return True
+    category = unicodedata.category(ch)
+    # Other spaces, and variation selectors (marks that only change how a glyph is drawn).
+    return category == "Zs" or (
+        category == "Mn" and "VARIATION SELECTOR" in unicodedata.name(ch, "")
+    )
 
 
 def kernel_peaks_from_env(environ: Mapping[str, str] | None = None) -> bool:
@@ -558,24 +579,3 @@ def phase_log_line(record: PhaseRecord) -> str:
         more = f" and {len(record.missing) - 5} more" if len(record.missing) > 5 else ""
         line += f" (no figures from node(s) {shown}{more})"
     return line
-
-
-class PhaseLog:
-    """Appends one JSON line per phase (:meth:`PhaseRecord.to_json`) to ``path``. Never raises."""
-
-    def __init__(self, path: str | os.PathLike[str]) -> None:
-        self.path = os.fspath(path)
-        self._lock = threading.Lock()
-
-    def append(self, record: PhaseRecord) -> None:
-        line = json.dumps(record.to_json(), separators=(",", ":")) + "\n"
-        try:
-            with self._lock, open(self.path, "a", encoding="utf-8") as file:
-                file.write(line)
-        except OSError as error:
-            warn_once(
-                f"phase_memory.log.{printable(self.path[:120])}",
-                f"could not append the phase table to {printable(self.path[:200])!r} "
-                f"({printable(error)}); phases are still logged and exported (warned once)",
-                logger=logger,
-            )

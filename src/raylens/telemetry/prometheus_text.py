@@ -38,6 +38,9 @@ MAX_LABELS = 32
 """The most labels a sample may have for :func:`extract_labelled_samples`; more drops the line."""
 
 _METRIC_NAME = re.compile(r"[a-zA-Z_:][a-zA-Z0-9_:]*")
+_LABEL_NAME = re.compile(r"[a-zA-Z_][a-zA-Z0-9_]*")
+#: A source label's value is cut to this many bytes (Ray's worker ids take 56).
+_MAX_SOURCE_BYTES = 128
 
 # A prefix shared by every wanted name is searched for once instead of each name on its own when
 # it is at least this long: long enough that its stray hits (help lines, sibling series such as
@@ -498,11 +501,18 @@ class WantedLines:
 
     A scrape then holds a chunk, one unfinished line and the few wanted lines, never the
     whole body, and :func:`extract_samples` (or :func:`extract_labelled_samples`) over
-    :meth:`payload` finds what it would have found over the whole body. A line is kept when
-    a wanted name (or the prefix all wanted names share) occurs anywhere in it, which every
-    line that starts with one does; the extraction then applies the exact rule. Lines longer than ``max_line_bytes`` are
-    skipped unread, wanted or not: no raylet writes a memory sample that long. Once
-    ``max_kept_bytes`` are kept, later lines are not; :attr:`overflowed` says so.
+    :meth:`payload` finds what it would have found over the whole body. A line is kept only
+    when a wanted name starts it and is its whole metric name (the rule the extraction
+    applies), so look-alike lines (longer names, comments, the name inside a label) take no
+    room. Lines longer than ``max_line_bytes`` are skipped unread, wanted or not: no raylet
+    writes a memory sample that long.
+
+    At most ``max_kept_bytes`` are kept, shared fairly between sources: with
+    ``source_label``, a line's source is that label's value (``""`` without it), and when
+    the room is full a line of a source holding less than the largest one takes that
+    one's latest line's place. Whatever one source publishes, and in whatever order, every
+    other source keeps its lines up to an equal share of the room; :attr:`overflowed` says
+    that some line was not kept.
     """
 
     def __init__(
@@ -511,12 +521,21 @@ class WantedLines:
         *,
         max_line_bytes: int = 64 * 1024,
         max_kept_bytes: int = 1024 * 1024,
+        source_label: str | None = None,
     ) -> None:
-        self._needles = tuple(n.encode("ascii") for n in _needles(_validated_names(names)))
+        wanted = _validated_names(names)
+        self._needles = tuple(n.encode("ascii") for n in _needles(wanted))
+        self._names = tuple(sorted(n.encode("ascii") for n in wanted))
+        if source_label is not None and not _LABEL_NAME.fullmatch(source_label):
+            raise ValueError(f"source_label must be a label name, got {source_label!r:.80}")
+        self._source = None if source_label is None else f'{source_label}="'.encode("ascii")
         self._max_line = max_line_bytes
         self._max_kept = max_kept_bytes
-        self._kept: list[bytes] = []
+        # Per source, its kept lines as (position in the payload, line).
+        self._kept: dict[bytes, list[tuple[int, bytes]]] = {}
+        self._bytes_by_source: dict[bytes, int] = {}
         self._kept_bytes = 0
+        self._position = 0
         self._partial = b""
         self._skipping = False
         self.overflowed = False
@@ -549,13 +568,57 @@ class WantedLines:
                     spans.add((start, end))
                 pos = complete.find(needle, end)
         for start, end in sorted(spans):
-            if self._kept_bytes + end - start > self._max_kept:
+            line = complete[start:end]
+            if self._starts_with_wanted(line):
+                self._keep(line)
+
+    def _starts_with_wanted(self, line: bytes) -> bool:
+        if line[:1] in (b" ", b"\t"):
+            line = line.lstrip(b" \t")  # blanks before a name are allowed, as the extraction does
+        for name in self._names:
+            if line.startswith(name) and line[len(name) : len(name) + 1] in (b"{", b" ", b"\t"):
+                return True
+        return False
+
+    def _source_of(self, line: bytes) -> bytes:
+        needle = self._source
+        if needle is None:
+            return b""
+        pos = line.find(needle)
+        while pos > 0 and line[pos - 1 : pos] not in (b"{", b",", b" ", b"\t"):
+            pos = line.find(needle, pos + 1)
+        if pos <= 0:
+            return b""
+        start = pos + len(needle)
+        end = line.find(b'"', start)
+        return line[start : end if end != -1 else start][:_MAX_SOURCE_BYTES]
+
+    def _keep(self, line: bytes) -> None:
+        size = len(line)
+        source = self._source_of(line)
+        held = self._bytes_by_source
+        while self._kept_bytes + size > self._max_kept:
+            largest = max(held, key=held.__getitem__, default=None)
+            if largest is None or largest == source or held[largest] <= held.get(source, 0) + size:
                 self.overflowed = True
                 return
-            self._kept.append(complete[start:end])
-            self._kept_bytes += end - start
+            self.overflowed = True
+            _, dropped = self._kept[largest].pop()
+            held[largest] -= len(dropped)
+            self._kept_bytes -= len(dropped)
+            if not self._kept[largest]:
+                del self._kept[largest], held[largest]
+        self._kept.setdefault(source, []).append((self._position, line))
+        held[source] = held.get(source, 0) + size
+        self._kept_bytes += size
+        self._position += 1
 
     def payload(self) -> bytes:
         """The kept lines, in payload order, and the last line if it had no newline."""
         tail = [] if self._skipping else [self._partial]
-        return b"".join([*self._kept, *tail])
+        if len(self._kept) == 1:
+            (only,) = self._kept.values()
+            kept = [line for _, line in only]
+        else:
+            kept = [line for _, line in heapq.merge(*self._kept.values())]
+        return b"".join([*kept, *tail])

@@ -68,3 +68,28 @@ def test_a_store_that_fails_is_warned_once_and_never_raises(caplog):
 def test_nothing_is_published_without_a_connected_cluster():
     assert publish_current_phase(FakeCluster(initialized=False), "gen", 1.0) is False
     assert publish_current_phase(object(), "gen", 1.0) is False  # type: ignore[arg-type]
+
+
+def test_stale_keys_of_ended_jobs_never_hide_a_live_phase_and_are_removed():
+    from raylens.telemetry.phase_board import MAX_JOBS_READ
+
+    cluster = FakeCluster()
+    for index in range(MAX_JOBS_READ + 10):  # sorted before the live job's key
+        job = f"00{index:06x}"
+        publish_current_phase(cluster.for_job(job), "old", 1.0)
+        cluster.end_job(job)
+    publish_current_phase(cluster.for_job("ff000000"), "train", 2.0)
+    watcher = cluster.for_job("ee000000")
+    assert read_current_phases(watcher) == [CurrentPhase("ff000000", "train", 2.0)]
+    # Every ended job's key is gone (a read removes at most MAX_JOBS_READ of them).
+    read_current_phases(watcher)
+    assert watcher.kv_keys("phase/") == ["phase/ff000000"]
+
+
+def test_a_driver_killed_inside_a_phase_leaves_no_key_behind_after_the_next_read():
+    cluster = FakeCluster()
+    publish_current_phase(cluster.for_job("01000000"), "gen", 1.0)  # then killed: no clear
+    cluster.end_job("01000000")
+    watcher = cluster.for_job("02000000")
+    assert read_current_phases(watcher) == []
+    assert watcher.kv_keys("phase/") == []

@@ -4,11 +4,15 @@ from __future__ import annotations
 
 import json
 import logging
+import os
+import stat
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from raylens.telemetry.group_memory import GroupMemory, NodeGroupMemory
+from raylens.telemetry.phase_log import PhaseLog
 from raylens.telemetry.phase_memory import (
     KERNEL_SOURCE,
     MAX_PHASE_NAME_CHARS,
@@ -18,7 +22,6 @@ from raylens.telemetry.phase_memory import (
     GroupPhaseMemory,
     NodePhaseMemory,
     NodePhaseTracker,
-    PhaseLog,
     PhaseMemoryTable,
     PhaseRecord,
     check_phase_name,
@@ -321,3 +324,46 @@ def test_a_log_that_cannot_be_written_warns_once_and_never_raises(tmp_path: Path
         log.append(_record(a=NODE_A))
         log.append(_record(a=NODE_A))
     assert len([r for r in caplog.records if "could not append" in r.getMessage()]) == 1
+
+
+def test_the_phase_log_is_created_private_to_its_owner(tmp_path: Path):
+    old = os.umask(0o022)
+    try:
+        log = PhaseLog(tmp_path / "phases.jsonl")
+        log.append(_record(a=NODE_A))
+    finally:
+        os.umask(old)
+    assert stat.S_IMODE((tmp_path / "phases.jsonl").stat().st_mode) == 0o600
+
+
+def test_the_phase_log_is_opened_once_not_at_every_phase(tmp_path: Path, monkeypatch):
+    opened: list[str] = []
+    real_open = os.open
+
+    def counting(path: Any, flags: int, mode: int = 0o777, *args: Any, **kwargs: Any) -> int:
+        opened.append(os.fspath(path))
+        return real_open(path, flags, mode, *args, **kwargs)
+
+    log = PhaseLog(tmp_path / "phases.jsonl")
+    monkeypatch.setattr(os, "open", counting)
+    for _ in range(5):
+        log.append(_record(a=NODE_A))
+    assert opened == [str(tmp_path / "phases.jsonl")]
+    # Moved away by a log rotator: the next line goes to a new file at the path.
+    os.replace(tmp_path / "phases.jsonl", tmp_path / "rotated.jsonl")
+    log.append(_record("train", a=NODE_A))
+    assert len(opened) == 2
+    assert json.loads((tmp_path / "phases.jsonl").read_text())["phase"] == "train"
+    log.close()
+
+
+def test_the_phase_log_is_bounded_and_rotated(tmp_path: Path):
+    path = tmp_path / "phases.jsonl"
+    line = len(json.dumps(_record(a=NODE_A).to_json(), separators=(",", ":"))) + 1
+    log = PhaseLog(path, max_bytes=3 * line)
+    for _ in range(10):
+        log.append(_record(a=NODE_A))
+    assert path.stat().st_size <= 3 * line
+    assert (tmp_path / "phases.jsonl.1").stat().st_size <= 3 * line
+    assert len(path.read_text().splitlines()) == 1  # 10 lines: 3 + 3 + 3 moved on, 1 kept
+    log.close()

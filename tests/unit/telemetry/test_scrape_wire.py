@@ -112,7 +112,7 @@ def test_figures_the_driver_holds_are_not_sent_and_come_back_from_what_it_holds(
 
 
 def test_unchanged_figures_the_driver_no_longer_holds_come_back_as_none() -> None:
-    rows = [(0, {"used": 1.0}, None, False, True, 0.0, None, 0.1, GROUPS_UNCHANGED, None)]
+    rows = [(0, {"used": 1.0}, None, False, True, 0.0, None, 0.1, GROUPS_UNCHANGED, None, None)]
 
     assert decode_outcomes(rows, ["a"], 0.0, HeldFigures())["a"].groups is None
 
@@ -181,7 +181,7 @@ def _holding(**figures: NodeGroupFigures) -> HeldFigures:
     return held
 
 
-GOOD = (0, {"used": 1.0}, None, False, True, 0.0, None, 0.1, None, None)
+GOOD = (0, {"used": 1.0}, None, False, True, 0.0, None, 0.1, None, None, None)
 
 
 @pytest.mark.parametrize(
@@ -193,12 +193,15 @@ GOOD = (0, {"used": 1.0}, None, False, True, 0.0, None, 0.1, None, None)
         (-1, *GOOD[1:]),
         ("0", *GOOD[1:]),
         (*GOOD[:5], "soon", *GOOD[6:]),
-        (*GOOD[:8], (1.0, ("policy", 1.0)), None),
-        (*GOOD[:8], (1.0, "policy"), None),
-        (*GOOD[:8], [1.0], None),
-        (*GOOD[:8], (), None),
-        (*GOOD[:9], (1.0,)),
-        (*GOOD[:9], 7),
+        (*GOOD[:8], (1.0, ("policy", 1.0)), None, None),
+        (*GOOD[:8], (1.0, "policy"), None, None),
+        (*GOOD[:8], [1.0], None, None),
+        (*GOOD[:8], (), None, None),
+        (*GOOD[:9], (1.0,), None),
+        (*GOOD[:9], 7, None),
+        (*GOOD[:10], (1, "forged=1e300")),
+        (*GOOD[:10], ("1", ())),
+        (*GOOD[:10], (1, (3,))),
     ],
 )
 def test_a_row_not_shaped_as_written_is_refused_whole(row: object) -> None:

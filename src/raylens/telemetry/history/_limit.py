@@ -78,6 +78,18 @@ def _fraction(raw: object) -> float | None:
     return value if math.isfinite(value) and 0 < value <= 1 else None
 
 
+#: What a threshold written in the environment may hold: ASCII decimal notation only
+#: (``float`` alone also reads other scripts' digits, full-width digits and underscores).
+_DECIMAL_CHARS = frozenset("0123456789.eE+-")
+
+
+def _env_fraction(raw: str) -> float | None:
+    text = raw.strip()
+    if not text or not set(text) <= _DECIMAL_CHARS:
+        return None
+    return _fraction(text)
+
+
 def _integer(raw: object) -> int | None:
     if isinstance(raw, bool):
         return None
@@ -98,11 +110,15 @@ def resolve_kill_line_config(
     threshold: float | None = None,
     system_config: Mapping[str, object] | None = None,
     env: Mapping[str, str] | None = None,
+    strict: bool = True,
 ) -> KillLineConfig:
     """Work out the kill line's parameters, in the order the module docstring gives.
 
     ``threshold`` and ``RAYLENS_MEMORY_USAGE_THRESHOLD`` are the user's: a bad value raises
-    ValueError naming it and what is allowed (a number above 0 and at most 1). The cluster's
+    ValueError naming it and what is allowed (a number above 0 and at most 1, the variable
+    in ASCII decimal notation). With ``strict`` False a bad variable is listed in
+    ``ignored`` instead and the next source decides (a caller that has reported the error
+    and carries on: the cluster's own line still holds). The cluster's
     system config and the driver's ``RAY_*`` variables are not raylens' to refuse: a value
     there that Ray itself would not accept is skipped and listed in ``ignored``.
     """
@@ -149,12 +165,15 @@ def resolve_kill_line_config(
         )
     raw = environ.get(THRESHOLD_ENV, "")
     if raw.strip():
-        chosen = _fraction(raw.strip())
-        if chosen is None:
+        chosen = _env_fraction(raw)
+        if chosen is not None:
+            return KillLineConfig(chosen, min_free, monitor, THRESHOLD_ENV, tuple(ignored))
+        if strict:
             raise ValueError(
-                f"{THRESHOLD_ENV}={raw!r:.80} is not allowed; allowed: a number above 0 and at most 1"
+                f"{THRESHOLD_ENV}={printable(repr(raw))[:80]} is not allowed; allowed: a "
+                "number above 0 and at most 1, in ASCII decimal notation"
             )
-        return KillLineConfig(chosen, min_free, monitor, THRESHOLD_ENV, tuple(ignored))
+        ignored.append(f"{THRESHOLD_ENV}={printable(repr(raw))[:80]}")
     candidates: list[tuple[object, str]] = []
     if "memory_usage_threshold" in config:
         candidates.append((config["memory_usage_threshold"], "the cluster's system config"))

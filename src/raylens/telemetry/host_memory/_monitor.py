@@ -524,7 +524,9 @@ class HostMemoryMonitor:
             if outcome is None:
                 outcome = self._unanswered(stopped)
             elif outcome.values:  # the node answered: the common case, kept short
-                values, _, _, asked, elapsed, error_type, duration, groups, oom = outcome
+                values, _, _, asked, elapsed, error_type, duration, groups, oom, refused = outcome
+                if refused is not None:
+                    _warn_refused(node, refused)
                 standing[key] = answered
                 # Aged from the node's answer, not from the end of the cycle.
                 sampled_at = started + elapsed
@@ -726,6 +728,19 @@ def _request_seconds(
     if duration is None and asked and error_type != ERROR_NO_METRICS_PORT:
         return elapsed
     return duration
+
+
+def _warn_refused(node: RayNode, refused: tuple[int, tuple[str, ...]]) -> None:
+    """One warning per node naming what its payload held beyond physical bounds."""
+    count, named = refused
+    more = f" and {count - len(named)} more" if count > len(named) else ""
+    warn_once(
+        f"host_memory.refused.{node.node_id}",
+        f"node {printable(node.node_id[:56])} ({printable(node.host)}) published {count} "
+        f"value(s) no machine can have, refused: {printable(', '.join(named))[:600]}{more}; "
+        "another job may be publishing series under raylens' names (warned once per node)",
+        logger=logger,
+    )
 
 
 def _warning_key(key: NodeKey) -> str:

@@ -27,6 +27,7 @@ from raylens.telemetry.scraping._engine import (
     Outcome,
     ScrapeLimits,
     fetch_once,
+    outcome_of_payload,
 )
 from raylens.telemetry.scraping._helper_program import leave_out_known_groups
 from raylens.telemetry.scraping._protocol import PrestartingEngine, ScrapeEngine
@@ -62,6 +63,7 @@ __all__ = [
     "encode_outcomes",
     "fetch_once",
     "leave_out_known_groups",
+    "outcome_of_payload",
     "read_message",
     "write_message",
 ]

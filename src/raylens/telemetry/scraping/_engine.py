@@ -31,6 +31,7 @@ import aiohttp.abc
 
 from raylens import forking
 from raylens.safe_text import printable
+from raylens.telemetry.physical_bounds import bound_payload
 from raylens.telemetry.prometheus_text import WantedLines
 from raylens.telemetry.raylet_payload import (
     ERROR_CONNECTION,
@@ -44,6 +45,7 @@ from raylens.telemetry.raylet_payload import (
     OOM_SERIES,
     RAY_NODE_MEM_TOTAL,
     RAY_NODE_MEM_USED,
+    RAY_WORKER_ID_LABEL,
     SERIES_BY_RAY_NAME,
     TOTAL_KEY,
     USED_KEY,
@@ -63,6 +65,7 @@ __all__ = [
     "Outcome",
     "ScrapeLimits",
     "fetch_once",
+    "outcome_of_payload",
 ]
 
 MAX_BODY_BYTES = 16 * 1024 * 1024
@@ -106,6 +109,9 @@ class Outcome(NamedTuple):
     groups: NodeGroupFigures | None = None
     #: The node's kill counters (Ray's memory monitor, the kernel's), if the payload has any.
     oom: NodeOomCounts | None = None
+    #: Values of the payload refused as physically impossible: ``(count, (named, ...))``,
+    #: None when there were none (:mod:`raylens.telemetry.physical_bounds`).
+    refused: tuple[int, tuple[str, ...]] | None = None
 
 
 class ScrapeLimits(NamedTuple):
@@ -172,7 +178,9 @@ async def _fetch(
                     f"payload of {announced} bytes exceeds the {limits.max_body_bytes}-byte cap",
                     error_type=ERROR_TOO_LARGE,
                 )
-            lines = WantedLines(_WANTED_SERIES, max_kept_bytes=_MAX_KEPT_BYTES)
+            lines = WantedLines(
+                _WANTED_SERIES, max_kept_bytes=_MAX_KEPT_BYTES, source_label=RAY_WORKER_ID_LABEL
+            )
             while True:
                 chunk = await response.content.read(_READ_CHUNK)
                 if not chunk:
@@ -201,7 +209,13 @@ async def _fetch(
         )
     except (aiohttp.ClientError, OSError, ValueError) as exc:
         return Outcome(None, _describe(exc), error_type=ERROR_CONNECTION)
-    kept = lines.payload()
+    return outcome_of_payload(lines.payload(), received)
+
+
+def outcome_of_payload(kept: bytes, received: int) -> Outcome:
+    """The outcome of a node whose wanted lines are ``kept`` (of ``received`` bytes): its
+    series parsed by exact name and held to physical bounds
+    (:func:`~raylens.telemetry.physical_bounds.bound_payload`)."""
     values = parse_memory_samples(kept)
     if USED_KEY not in values and TOTAL_KEY not in values:  # the machine pair alone is no sample
         return Outcome(
@@ -210,7 +224,16 @@ async def _fetch(
             f"in the {received}-byte payload",
             error_type=ERROR_PARSE,
         )
-    return Outcome(values, None, groups=parse_group_samples(kept), oom=parse_oom_samples(kept))
+    bounded = bound_payload(values, parse_group_samples(kept), parse_oom_samples(kept))
+    if USED_KEY not in bounded.values and TOTAL_KEY not in bounded.values:
+        return Outcome(
+            None,
+            f"no {RAY_NODE_MEM_USED} or {RAY_NODE_MEM_TOTAL} sample within physical bounds "
+            f"in the {received}-byte payload",
+            error_type=ERROR_PARSE,
+        )
+    refused = (bounded.refused_count, bounded.refused) if bounded.refused_count else None
+    return Outcome(bounded.values, None, groups=bounded.groups, oom=bounded.oom, refused=refused)
 
 
 class _PerNameResolver(aiohttp.abc.AbstractResolver):

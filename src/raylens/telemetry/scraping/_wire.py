@@ -6,7 +6,7 @@ while unpickling, and nothing the garbage collector keeps walking once a cycle i
 decoded in one pass straight into the :class:`~raylens.telemetry.scraping.Outcome` the
 monitor publishes. A row is::
 
-    (index, values, error, wedged, asked, elapsed, error_type, duration, groups, oom)
+    (index, values, error, wedged, asked, elapsed, error_type, duration, groups, oom, refused)
 
 - ``index`` is the node's position in the batch the driver sent: the driver holds the
   key already, so it is not sent back;
@@ -17,7 +17,9 @@ monitor publishes. A row is::
   figures (a :class:`~raylens.telemetry.raylet_payload.NodeFigures`, or None), then a
   plain tuple per group;
 - ``oom`` is None or ``(ray_evictions, kernel_oom_kills, ray_victims)``, the last a
-  tuple of ``(name, count)`` pairs.
+  tuple of ``(name, count)`` pairs;
+- ``refused`` is None or ``(count, (named value, ...))``: what the helper refused as
+  physically impossible, for the driver to warn about.
 
 The helper is the driver's own child, so a row is trusted like the driver's memory; one
 that does not have this shape is still refused whole (:class:`MalformedRows`), never
@@ -50,7 +52,7 @@ __all__ = [
 GROUPS_UNCHANGED = True
 #: One row per node; see the module docstring.
 Row = tuple[Any, ...]
-_ROW_WIDTH = 10
+_ROW_WIDTH = 11
 _FIGURE_WIDTH = len(GroupFigure._fields)
 _OOM_WIDTH = len(NodeOomCounts._fields)
 _NODE_WIDTH = len(NodeFigures._fields)
@@ -100,7 +102,7 @@ def encode_outcomes(
         position = index.get(key)
         if position is None:
             continue
-        values, error, wedged, asked, elapsed, error_type, duration, groups, oom = outcome
+        values, error, wedged, asked, elapsed, error_type, duration, groups, oom, refused = outcome
         if key in unchanged:
             flat: object = GROUPS_UNCHANGED
         else:
@@ -117,6 +119,7 @@ def encode_outcomes(
                 duration,
                 flat,
                 None if oom is None else tuple(oom),
+                refused,
             )
         )
     return rows
@@ -148,6 +151,20 @@ def _figures(key: Hashable, plain: tuple[Any, ...], held: HeldFigures) -> NodeGr
     return result
 
 
+def _refused(refused: object) -> tuple[int, tuple[str, ...]] | None:
+    if refused is None:
+        return None
+    if (
+        type(refused) is not tuple
+        or len(refused) != 2
+        or type(refused[0]) is not int
+        or type(refused[1]) is not tuple
+        or not all(type(name) is str for name in refused[1])
+    ):
+        raise MalformedRows(f"refused values sent as {refused!r:.80}")
+    return refused
+
+
 def decode_outcomes(
     rows: Sequence[Row],
     keys: Sequence[Hashable],
@@ -171,7 +188,19 @@ def decode_outcomes(
         for row in rows:
             if type(row) is not tuple or len(row) != _ROW_WIDTH:
                 raise MalformedRows(f"a row of {type(row).__name__}, not a {_ROW_WIDTH}-tuple")
-            position, values, error, wedged, asked, elapsed, error_type, duration, flat, oom = row
+            (
+                position,
+                values,
+                error,
+                wedged,
+                asked,
+                elapsed,
+                error_type,
+                duration,
+                flat,
+                oom,
+                refused,
+            ) = row
             if type(position) is not int or position < 0:
                 raise MalformedRows(f"row index {position!r} is not a position in the batch")
             key = keys[position]
@@ -189,7 +218,18 @@ def decode_outcomes(
                 oom = new(NodeOomCounts, oom)
             outcomes[key] = new(
                 Outcome,
-                (values, error, wedged, asked, elapsed + offset, error_type, duration, groups, oom),
+                (
+                    values,
+                    error,
+                    wedged,
+                    asked,
+                    elapsed + offset,
+                    error_type,
+                    duration,
+                    groups,
+                    oom,
+                    _refused(refused),
+                ),
             )
     except (TypeError, IndexError) as exc:
         raise MalformedRows(f"a result row could not be read: {exc}") from exc
