@@ -417,6 +417,7 @@ def node_table(
     *,
     title: str = "Ray host memory",
     kills: Sequence[str] = (),
+    notes: Sequence[str] = (),
 ) -> RenderableType:
     """The live host-memory table: one line per node in natural order of host then node id.
 
@@ -426,10 +427,13 @@ def node_table(
     worker groups stay whole. The ``group rss`` column, each worker group's RSS on
     the node, is shown when some row has one, and is the last column left out.
     ``kills`` (lines from :func:`format_kill`) are listed under it, the latest
-    :data:`KILLS_SHOWN`.
+    :data:`KILLS_SHOWN`. ``notes`` (a lost cluster, say) come right under the summary.
     """
     ordered = sorted(rows, key=lambda r: (natural_key(r.host), natural_key(r.node_id)))
     caption = Text(str(node_summary(ordered)))
+    for note in notes:
+        caption.append("\n")
+        caption.append(Text(printable(note), style="bold red"))
     for row in ordered:
         if row.warning:
             caption.append("\n")

@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
+import dataclasses
 import math
 import os
+import sys
 import threading
 import time
 from collections.abc import Callable
@@ -15,17 +18,30 @@ from raylens.cli.gcs_probe import GcsProbe, check_reachable, confirm_gcs
 from raylens.cli.output import Output, sample_loop
 from raylens.cli.parser import CliError, cluster_address
 from raylens.cli.pipeline import scrape_timeout_for, start_telemetry, stop_monitoring
+from raylens.cli.reachability import (
+    DEFAULT_GIVE_UP_S,
+    RAY_RECONNECT_ENV,
+    GuardedCluster,
+    ray_reconnect_setting,
+    tcp_probe,
+)
 from raylens.demo import keep_sigterm_handler
 from raylens.live_table import NodeRow, counted, format_kill, node_summary, node_table
 
 if TYPE_CHECKING:
-    from raylens.cluster import ClusterView
+    from raylens.cluster import ClusterView, RayClusterView
     from raylens.telemetry.growth import GrowthSnapshot
     from raylens.telemetry.host_memory import HostMemoryMonitor
     from raylens.telemetry.phase_board import CurrentPhase
 
 # How many samples of each node's trend the table keeps.
 _HISTORY = 24
+# What a node's row says while the cluster's GCS does not answer.
+UNREACHABLE_ERROR = "cluster unreachable"
+
+
+class ClusterLost(CliError):
+    """The watched cluster did not answer for ``--give-up`` seconds: one line, status 2."""
 
 
 class NodeTable:
@@ -95,6 +111,7 @@ def watch_nodes(
     clock: Callable[[], float] = time.monotonic,
     cluster: ClusterView | None = None,
     before_sample: Callable[[], object] | None = None,
+    guard: GuardedCluster | None = None,
 ) -> None:
     """Sample and show the node table every ``args.interval`` until --once, the end or stop.
 
@@ -102,6 +119,11 @@ def watch_nodes(
     seconds from the first table. The phase each live job is in, as published in
     ``cluster``'s store (default: the connected one), shows in the title and under
     ``phases`` in ``--json``. ``before_sample`` runs before every sample.
+
+    With a ``guard``, every sample first probes the cluster's GCS. While it does not
+    answer, every row reads as failing and a line under the table says since when;
+    once it has been silent for ``args.give_up`` seconds this raises
+    :class:`ClusterLost`, at that moment rather than at the next interval.
     """
     from raylens.cluster import default_cluster_view
     from raylens.distributed.group_memory_cycle import attach_group_memory
@@ -122,12 +144,23 @@ def watch_nodes(
     kills = attach_oom_watch(monitor, OomWatch(growth=growth))
     interval, duration = args.interval, args.duration
     once = getattr(args, "once", False)
+    give_up = float(getattr(args, "give_up", None) or DEFAULT_GIVE_UP_S)
 
     def sample() -> None:
+        if guard is not None:
+            guard.check()
+            silent = guard.silent_for()
+            if silent is not None and silent >= give_up:
+                raise ClusterLost(guard.give_up_message(give_up))
         if before_sample is not None:
             before_sample()
         monitor.collect_once()
         rows = table.rows()
+        notes: list[str] = []
+        unreachable = guard.describe(give_up) if guard is not None else None
+        if unreachable is not None:
+            rows = [dataclasses.replace(row, error=UNREACHABLE_ERROR) for row in rows]
+            notes.append(unreachable)
         phases = read_current_phases(cluster if cluster is not None else default_cluster_view())
         recent = [kill.as_plain() for kill in kills.ledger.recent()]
         record = {
@@ -137,13 +170,17 @@ def watch_nodes(
             "warnings": [row.warning for row in rows if row.warning],
             "phases": [current.to_json() for current in phases],
             "oom_kills": recent,
+            "unreachable": unreachable,
         }
         shown = phase_title(title, phases)
         now = time.time()
         lines = [format_kill(kill, now=now) for kill in recent]
-        output.show(lambda: node_table(rows, title=shown, kills=lines), record)
+        output.show(lambda: node_table(rows, title=shown, kills=lines, notes=notes), record)
         if output.closed:
             stop.set()
+
+    def give_up_at() -> float | None:  # the guard reads the same clock as the loop
+        return guard.give_up_at(give_up) if guard is not None else None
 
     with output.session(live=not once):
         sample_loop(
@@ -154,6 +191,7 @@ def watch_nodes(
             deadline=deadline,
             stop=stop,
             clock=clock,
+            wake_by=give_up_at,
         )
 
 
@@ -289,9 +327,18 @@ def import_ray() -> ModuleType:
 
 
 def run_watch(
-    args: argparse.Namespace, stop: threading.Event, *, probe: GcsProbe | None = None
+    args: argparse.Namespace,
+    stop: threading.Event,
+    *,
+    probe: GcsProbe | None = None,
+    leave: Callable[[ClusterLost], None] | None = None,
 ) -> int:
-    """Watch the cluster at ``--address``, once it is known to be a Ray GCS (see ``probe``)."""
+    """Watch the cluster at ``--address``, once it is known to be a Ray GCS (see ``probe``).
+
+    When the cluster stops answering for ``--give-up`` seconds, ``leave`` is called
+    with the one line to say (default :func:`leave_at_once`); if it returns, the
+    :class:`ClusterLost` is raised.
+    """
     address = args.address
     if address is None:
         try:
@@ -299,11 +346,18 @@ def run_watch(
         except ValueError as error:
             raise CliError(str(error)) from None
     ray = import_ray()
+    from raylens.cluster import RayClusterView, use_cluster_view
     from raylens.telemetry import host_memory
 
     check_reachable(address)
     confirm_gcs(address, probe=probe)
     start_telemetry(args.exporter, as_json=args.json)
+    give_up = float(getattr(args, "give_up", None) or DEFAULT_GIVE_UP_S)
+    # Ray's client ends the process once its GCS is silent for a minute: a longer
+    # --give-up moves that limit, in this process only.
+    setting = ray_reconnect_setting(give_up, os.environ)
+    if setting is not None:
+        os.environ[RAY_RECONNECT_ENV] = setting
     try:
         with keep_sigterm_handler():
             ray.init(address=address, logging_level="ERROR", log_to_driver=False)
@@ -312,22 +366,74 @@ def run_watch(
             str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
         )
         raise CliError(f"cannot reach a Ray cluster at {address!r}: {first_line}") from None
+    guard = guard_for(RayClusterView(), _connected_gcs_address(ray, address), args.interval)
     monitor = host_memory.HostMemoryMonitor(
-        args.interval, scrape_timeout=scrape_timeout_for(args.interval)
+        args.interval, scrape_timeout=scrape_timeout_for(args.interval), cluster=guard
     )
     output = Output(as_json=args.json)
+    lost: ClusterLost | None = None
     try:
-        watch_nodes(
-            monitor,
-            args,
-            output=output,
-            title=f"Ray host memory at {address}",
-            stop=stop,
-        )
+        with use_cluster_view(guard):
+            watch_nodes(
+                monitor,
+                args,
+                output=output,
+                title=f"Ray host memory at {address}",
+                stop=stop,
+                guard=guard,
+            )
+    except ClusterLost as error:
+        lost = error
     finally:
         stop_monitoring(monitor)
-        ray.shutdown()
+        if lost is None:
+            ray.shutdown()
+    if lost is not None:
+        (leave or leave_at_once)(lost)
+        raise lost
     return output.exit_status()
+
+
+def guard_for(view: RayClusterView, gcs_address: str, interval: float) -> GuardedCluster:
+    """The watch's guard over ``view``: GCS probes and calls bounded by the interval.
+
+    A probe may take a fifth of the interval (at most 1 s, at least 0.1 s), a GCS
+    call half of it (at most 5 s).
+    """
+    from raylens.cli.parser import split_host_port
+
+    host, port = split_host_port(gcs_address)
+    probe_timeout = min(1.0, max(0.1, interval / 5))
+    return GuardedCluster(
+        view,
+        gcs_address,
+        probe=lambda: tcp_probe(host, port, probe_timeout),
+        call_timeout=min(5.0, max(0.5, interval / 2)),
+    )
+
+
+def _connected_gcs_address(ray: ModuleType, address: str) -> str:
+    """The GCS this process connected to (``auto`` resolved); ``address`` if Ray cannot say."""
+    try:
+        found = ray.get_runtime_context().gcs_address
+    except Exception:
+        return address
+    return found if isinstance(found, str) and ":" in found else address
+
+
+def leave_at_once(lost: ClusterLost) -> None:
+    """Say ``lost``'s line on stderr and end the process with status 2 now.
+
+    Once the GCS is gone, Ray's own disconnect waits seconds on it, and its exit
+    hook would wait again; the watch has already stopped what it started.
+    """
+    from raylens.safe_text import printable
+
+    print(f"raylens: error: {printable(str(lost))}", file=sys.stderr)
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(Exception):
+            stream.flush()
+    os._exit(lost.exit_code)
 
 
 # What the demo says while its cluster starts: three nodes and two worker groups take

@@ -158,11 +158,13 @@ def sample_loop(
     duration: float | None = None,
     deadline: float | None = None,
     clock: Callable[[], float] = time.monotonic,
+    wake_by: Callable[[], float | None] | None = None,
 ) -> None:
     """Call ``sample`` now and then every ``interval`` until ``once``, the deadline or ``stop``.
 
     The deadline is ``deadline`` (a reading of ``clock``) or else ``duration`` seconds
-    from now. The first sample is always taken, even past the deadline.
+    from now. The first sample is always taken, even past the deadline. ``wake_by``,
+    asked after each sample, may bring the next one forward to a reading of ``clock``.
     """
     if deadline is None and duration is not None:
         deadline = clock() + duration
@@ -172,6 +174,9 @@ def sample_loop(
         if once:
             return
         wake = started + interval
+        sooner = wake_by() if wake_by is not None else None
+        if sooner is not None:
+            wake = min(wake, sooner)
         if deadline is not None:
             if clock() >= deadline:
                 return
