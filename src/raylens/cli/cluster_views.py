@@ -26,7 +26,14 @@ from raylens.cli.reachability import (
     tcp_probe,
 )
 from raylens.demo import keep_sigterm_handler
-from raylens.live_table import NodeRow, counted, format_kill, node_summary, node_table
+from raylens.live_table import (
+    NodeRow,
+    counted,
+    format_kill,
+    node_line,
+    node_summary,
+    node_table,
+)
 
 if TYPE_CHECKING:
     from raylens.cluster import ClusterView, RayClusterView
@@ -175,7 +182,11 @@ def watch_nodes(
         shown = phase_title(title, phases)
         now = time.time()
         lines = [format_kill(kill, now=now) for kill in recent]
-        output.show(lambda: node_table(rows, title=shown, kills=lines, notes=notes), record)
+        output.show(
+            lambda: node_table(rows, title=shown, kills=lines, notes=notes),
+            record,
+            line=lambda: node_line(rows, title=shown, kills=lines, notes=notes),
+        )
         if output.closed:
             stop.set()
 
