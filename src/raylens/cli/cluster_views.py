@@ -119,6 +119,7 @@ def watch_nodes(
     cluster: ClusterView | None = None,
     before_sample: Callable[[], object] | None = None,
     guard: GuardedCluster | None = None,
+    one_line: bool = True,
 ) -> None:
     """Sample and show the node table every ``args.interval`` until --once, the end or stop.
 
@@ -131,6 +132,9 @@ def watch_nodes(
     answer, every row reads as failing and a line under the table says since when;
     once it has been silent for ``args.give_up`` seconds this raises
     :class:`ClusterLost`, at that moment rather than at the next interval.
+
+    Outside a terminal each sample is one line, unless ``one_line`` is False (the
+    demo, which is there to be looked at, draws its table everywhere).
     """
     from raylens.cluster import default_cluster_view
     from raylens.distributed.group_memory_cycle import attach_group_memory
@@ -185,7 +189,9 @@ def watch_nodes(
         output.show(
             lambda: node_table(rows, title=shown, kills=lines, notes=notes),
             record,
-            line=lambda: node_line(rows, title=shown, kills=lines, notes=notes),
+            line=(lambda: node_line(rows, title=shown, kills=lines, notes=notes))
+            if one_line
+            else None,
         )
         if output.closed:
             stop.set()
@@ -487,6 +493,7 @@ def run_demo(
                 stop=stop,
                 deadline=deadline,
                 clock=clock,
+                one_line=False,
             )
         finally:
             stop_monitoring(monitor)
