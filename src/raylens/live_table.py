@@ -131,6 +131,21 @@ class NodeRow:
     limit: float | None = None
     time_to_limit: float | None = None
     fastest_group: str | None = None
+    #: Seconds since the node's latest scrape (``age_s`` is the ``used`` figure's own
+    #: age: it counts from the scrape that first returned that value).
+    scrape_age_s: float | None = None
+    #: Seconds since the node's sampler took the group figures shown.
+    group_age_s: float | None = None
+
+    @property
+    def shown_age_s(self) -> float | None:
+        """The age of the oldest figure in the row: ``used``'s, or the groups' when shown."""
+        ages = [
+            age
+            for age in (self.age_s, self.group_age_s if self.group_rss else None)
+            if age is not None
+        ]
+        return max(ages) if ages else None
 
     @property
     def warning(self) -> str | None:
@@ -162,6 +177,12 @@ class NodeRow:
             "used_percent": None if self.used_percent is None else round(self.used_percent, 2),
             "worker_groups": self.worker_groups,
             "age_seconds": None if self.age_s is None else round(self.age_s, 3),
+            "scrape_age_seconds": None
+            if self.scrape_age_s is None
+            else round(self.scrape_age_s, 3),
+            "worker_group_age_seconds": None
+            if self.group_age_s is None
+            else round(self.group_age_s, 3),
             "error": self.error,
             "worker_group_rss_bytes": {
                 group: whole_bytes(value) for group, value in self.group_rss.items()
@@ -256,6 +277,7 @@ _NODE_COLUMNS: tuple[tuple[str, dict[str, Any]], ...] = (
     ("used", {"justify": "right", "no_wrap": True}),
     ("total", {"justify": "right", "no_wrap": True}),
     ("used %", {"justify": "right"}),
+    ("kill line", {"justify": "right", "no_wrap": True}),
     ("worker groups", {}),
     ("group rss", {}),
     ("growth", {"justify": "right", "no_wrap": True}),
@@ -279,6 +301,7 @@ def _node_cells(row: NodeRow, short: bool) -> dict[str, Any]:
         "used": format_bytes(row.used),
         "total": format_bytes(row.total),
         "used %": percent_cell,
+        "kill line": format_bytes(row.limit),
         "worker groups": _shrinkable(row.worker_groups),
         "group rss": _shrinkable(
             ", ".join(
@@ -292,7 +315,7 @@ def _node_cells(row: NodeRow, short: bool) -> dict[str, Any]:
             style="bold red" if row.warning else "yellow" if row.time_to_limit else "",
             no_wrap=True,
         ),
-        "age": format_age(row.age_s),
+        "age": format_age(row.shown_age_s),
         "trend": sparkline(row.history, min_span=_trend_span(row.total)),
     }
 
@@ -444,6 +467,8 @@ def node_table(
     absent = frozenset() if any(row.group_rss for row in ordered) else frozenset({"group rss"})
     if not any(row.growth is not None for row in ordered):
         absent |= {"growth"}
+    if not any(row.limit is not None for row in ordered):
+        absent |= {"kill line"}
 
     def build(left_out: frozenset[str], short: bool) -> Table:
         cells = [_node_cells(row, short) for row in ordered]
@@ -452,7 +477,7 @@ def node_table(
         table.caption_justify = "left"
         return table
 
-    return _FitToWidth(build, ("trend", "host", "growth", "group rss"))
+    return _FitToWidth(build, ("trend", "host", "kill line", "growth", "group rss"))
 
 
 @dataclass

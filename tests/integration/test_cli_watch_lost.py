@@ -34,8 +34,10 @@ def test_watch_of_a_cluster_shut_down_under_it_exits_2_within_30_s_in_one_line()
     watch = None
     try:
         watch = subprocess.Popen(
-            [sys.executable, "-m", "raylens", "watch", "--address", cluster.address]
-            + ["--json", "--interval", "1"],
+            [
+                *(sys.executable, "-m", "raylens", "watch", "--address", cluster.address),
+                *("--json", "--interval", "1"),
+            ],
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             text=True,

@@ -12,7 +12,7 @@ import threading
 import time
 from collections.abc import Callable
 from types import ModuleType
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 from raylens.cli.gcs_probe import GcsProbe, check_reachable, confirm_gcs
 from raylens.cli.output import Output, sample_loop
@@ -38,8 +38,9 @@ from raylens.live_table import (
 if TYPE_CHECKING:
     from raylens.cluster import ClusterView, RayClusterView
     from raylens.telemetry.growth import GrowthSnapshot
-    from raylens.telemetry.host_memory import HostMemoryMonitor
+    from raylens.telemetry.host_memory import HostMemoryMonitor, NodeSample
     from raylens.telemetry.phase_board import CurrentPhase
+    from raylens.telemetry.raylet_payload import NodeGroupFigures
 
 # How many samples of each node's trend the table keeps.
 _HISTORY = 24
@@ -51,20 +52,58 @@ class ClusterLost(CliError):
     """The watched cluster did not answer for ``--give-up`` seconds: one line, status 2."""
 
 
+class NodeSource(Protocol):
+    """What :class:`NodeTable` reads of a monitor."""
+
+    def latest(self) -> list[NodeSample]: ...
+
+    def group_figures(self) -> dict[str, tuple[str, NodeGroupFigures, float]]: ...
+
+
 class NodeTable:
-    """Turns the monitor's latest samples into table rows, with a short trend per node."""
+    """Turns the monitor's latest samples into table rows, with a short trend per node.
+
+    A row's ``age`` is its figures' own: Ray refreshes a node's ``used`` every few
+    seconds, and scrapes in between return the same bytes, so ``used`` is as old as
+    the first scrape that returned it; group figures are as old as their sampler's
+    stamp (``wall``, Unix seconds, is what that stamp is compared with).
+    """
 
     def __init__(
         self,
-        monitor: HostMemoryMonitor,
+        monitor: NodeSource,
         *,
         clock: Callable[[], float] = time.monotonic,
+        wall: Callable[[], float] | None = None,
         growth: GrowthSnapshot | None = None,
     ) -> None:
         self.monitor = monitor
         self.clock = clock
+        self.wall = wall or (lambda: time.time())
         self.growth = growth
         self.history: dict[str, list[float]] = {}
+        #: Per node: its latest ``used`` value and the scrape time that first returned it.
+        self.first_seen: dict[str, tuple[float, float]] = {}
+
+    def _used_age(
+        self, node_id: str, used: float | None, sampled_at: float | None, now: float
+    ) -> float | None:
+        if sampled_at is None:
+            return None
+        if used is None:
+            return max(0.0, now - sampled_at)
+        seen = self.first_seen.get(node_id)
+        if seen is None or seen[0] != used or seen[1] > sampled_at:
+            seen = self.first_seen[node_id] = (used, sampled_at)
+        return max(0.0, now - seen[1])
+
+    def _group_ages(self) -> dict[str, float]:
+        """Seconds since each node's sampler stamped the group figures it published."""
+        wall = self.wall()
+        return {
+            node: max(0.0, wall - published.sampled_at)
+            for node, (_host, published, _read_at) in self.monitor.group_figures().items()
+        }
 
     def rows(self) -> list[NodeRow]:
         from raylens.telemetry.group_memory import DEFAULT_SNAPSHOT
@@ -76,6 +115,8 @@ class NodeTable:
             node: {g.group: float(g.rss_bytes) for g in reading.groups}
             for node, (reading, _age) in DEFAULT_SNAPSHOT.latest().items()
         }
+        group_ages = {node: age for node, (_reading, age) in DEFAULT_SNAPSHOT.latest().items()}
+        group_ages.update(self._group_ages())
         outlooks = self.growth.latest() if self.growth is not None else {}
         for sample in self.monitor.latest():
             seen.add(sample.node_id)
@@ -91,7 +132,11 @@ class NodeTable:
                     used=sample.used,
                     total=sample.total,
                     worker_groups=sample.worker_groups,
-                    age_s=None if sample.sampled_at is None else max(0.0, now - sample.sampled_at),
+                    age_s=self._used_age(sample.node_id, sample.used, sample.sampled_at, now),
+                    scrape_age_s=None
+                    if sample.sampled_at is None
+                    else max(0.0, now - sample.sampled_at),
+                    group_age_s=group_ages.get(sample.node_id),
                     error=sample.error,
                     history=list(history),
                     group_rss=groups.get(sample.node_id, {}),
@@ -104,6 +149,8 @@ class NodeTable:
             )
         for gone in set(self.history) - seen:
             del self.history[gone]
+        for gone in set(self.first_seen) - seen:
+            del self.first_seen[gone]
         return rows
 
 

@@ -100,9 +100,9 @@ def cardinality_view(limit: int, view_type: Callable[..., View] = View) -> tuple
     (the SDK's own default limit applies) and the second item says so.
     """
     try:
-        keywords = inspect.signature(view_type).parameters
+        keywords = set(inspect.signature(view_type).parameters)
     except (TypeError, ValueError):
-        keywords = {}
+        keywords = set()
     if CARDINALITY_KEYWORD in keywords:
         return view_type(instrument_name="*", **{CARDINALITY_KEYWORD: limit}), None
     return view_type(instrument_name="*"), (

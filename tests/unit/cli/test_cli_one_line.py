@@ -61,7 +61,9 @@ def test_a_long_line_is_not_wrapped() -> None:
 def test_the_node_line_carries_the_summary_notes_warnings_and_kills() -> None:
     rows = [_row("a" * 56, 2 * GIB), _row("b" * 56, 3 * GIB, error="cluster unreachable")]
 
-    line = node_line(rows, title="Ray\x1b[2J", kills=["OOM kill on bbbb"], notes=["lost since 10:00"])
+    line = node_line(
+        rows, title="Ray\x1b[2J", kills=["OOM kill on bbbb"], notes=["lost since 10:00"]
+    )
 
     assert line.startswith("Ray\\x1b[2J: 2 nodes on 1 host, 1 failing, 2.0 GiB of 8.0 GiB")
     assert line.endswith("; lost since 10:00; OOM kill on bbbb")

@@ -87,7 +87,7 @@ def test_a_child_started_between_records_is_in_the_next_one(tmp_path: Path) -> N
 
 def test_the_summary_shows_the_last_sample_again_with_its_own_stamp(tmp_path: Path) -> None:
     clock = [10.0]
-    _fake, profiler, table = _table(tmp_path, clock)
+    _fake, _profiler, table = _table(tmp_path, clock)
     table.take()
     clock[0] = 12.5
 
@@ -116,8 +116,10 @@ def test_a_record_stamped_inside_a_3_s_hold_of_400_mb_shows_it(tmp_path: Path) -
         "time.sleep(1.0)\n"
     )
     result = subprocess.run(
-        [sys.executable, "-m", "raylens", "profile", "--json", "--interval", "0.5", "--"]
-        + [sys.executable, "-c", script],
+        [
+            *(sys.executable, "-m", "raylens", "profile", "--json", "--interval", "0.5", "--"),
+            *(sys.executable, "-c", script),
+        ],
         capture_output=True,
         text=True,
         timeout=120,

@@ -75,9 +75,7 @@ class CountingCluster(FakeCluster):
         return super().nodes()
 
 
-def _guard(
-    cluster: FakeCluster, clock: Clock, up: list[bool], **options: Any
-) -> GuardedCluster:
+def _guard(cluster: FakeCluster, clock: Clock, up: list[bool], **options: Any) -> GuardedCluster:
     options.setdefault("run", run_in_place)
     return GuardedCluster(
         cluster,

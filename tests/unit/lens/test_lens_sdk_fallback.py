@@ -20,10 +20,10 @@ from raylens.lens import (
     get_telemetry_handle,
     init_telemetry,
     register_observable_gauge,
+    runtime,
     shutdown_telemetry,
     unregister_observable_gauge,
 )
-from raylens.lens import runtime
 from raylens_fakes import MetricsProbe
 
 _names = (f"test.lens.fallback.{i}" for i in itertools.count())
@@ -77,9 +77,7 @@ def test_a_missing_piece_is_named_in_one_warning_and_gone_sets_are_let_go_by_ren
     capsys: pytest.CaptureFixture[str],
 ) -> None:
     shutdown_telemetry()
-    handle = init_telemetry(
-        TelemetryConfig(exporter="console", export_interval_ms=3_600_000)
-    )
+    handle = init_telemetry(TelemetryConfig(exporter="console", export_interval_ms=3_600_000))
     provider = handle.meter_provider
     try:
         with caplog.at_level(logging.WARNING, logger="raylens"):
