@@ -133,6 +133,21 @@ class NodeRow:
     fastest_group: str | None = None
     #: Why the node has no growth figures (one line), None when it has them.
     growth_unavailable: str | None = None
+    #: Seconds since the node's latest scrape (``age_s`` is the ``used`` figure's own
+    #: age: it counts from the scrape that first returned that value).
+    scrape_age_s: float | None = None
+    #: Seconds since the node's sampler took the group figures shown.
+    group_age_s: float | None = None
+
+    @property
+    def shown_age_s(self) -> float | None:
+        """The age of the oldest figure in the row: ``used``'s, or the groups' when shown."""
+        ages = [
+            age
+            for age in (self.age_s, self.group_age_s if self.group_rss else None)
+            if age is not None
+        ]
+        return max(ages) if ages else None
 
     @property
     def warning(self) -> str | None:
@@ -164,6 +179,12 @@ class NodeRow:
             "used_percent": None if self.used_percent is None else round(self.used_percent, 2),
             "worker_groups": self.worker_groups,
             "age_seconds": None if self.age_s is None else round(self.age_s, 3),
+            "scrape_age_seconds": None
+            if self.scrape_age_s is None
+            else round(self.scrape_age_s, 3),
+            "worker_group_age_seconds": None
+            if self.group_age_s is None
+            else round(self.group_age_s, 3),
             "error": self.error,
             "worker_group_rss_bytes": {
                 group: whole_bytes(value) for group, value in self.group_rss.items()
@@ -259,6 +280,7 @@ _NODE_COLUMNS: tuple[tuple[str, dict[str, Any]], ...] = (
     ("used", {"justify": "right", "no_wrap": True}),
     ("total", {"justify": "right", "no_wrap": True}),
     ("used %", {"justify": "right"}),
+    ("kill line", {"justify": "right", "no_wrap": True}),
     ("worker groups", {}),
     ("group rss", {}),
     ("growth", {"justify": "right", "no_wrap": True}),
@@ -282,6 +304,7 @@ def _node_cells(row: NodeRow, short: bool) -> dict[str, Any]:
         "used": format_bytes(row.used),
         "total": format_bytes(row.total),
         "used %": percent_cell,
+        "kill line": format_bytes(row.limit),
         "worker groups": _shrinkable(row.worker_groups),
         "group rss": _shrinkable(
             ", ".join(
@@ -295,7 +318,7 @@ def _node_cells(row: NodeRow, short: bool) -> dict[str, Any]:
             style="bold red" if row.warning else "yellow" if row.time_to_limit else "",
             no_wrap=True,
         ),
-        "age": format_age(row.age_s),
+        "age": format_age(row.shown_age_s),
         "trend": sparkline(row.history, min_span=_trend_span(row.total)),
     }
 
@@ -442,6 +465,7 @@ def node_table(
     *,
     title: str = "Ray host memory",
     kills: Sequence[str] = (),
+    notes: Sequence[str] = (),
 ) -> RenderableType:
     """The live host-memory table: one line per node in natural order of host then node id.
 
@@ -451,10 +475,13 @@ def node_table(
     worker groups stay whole. The ``group rss`` column, each worker group's RSS on
     the node, is shown when some row has one, and is the last column left out.
     ``kills`` (lines from :func:`format_kill`) are listed under it, the latest
-    :data:`KILLS_SHOWN`.
+    :data:`KILLS_SHOWN`. ``notes`` (a lost cluster, say) come right under the summary.
     """
     ordered = sorted(rows, key=lambda r: (natural_key(r.host), natural_key(r.node_id)))
     caption = Text(str(node_summary(ordered)))
+    for note in notes:
+        caption.append("\n")
+        caption.append(Text(printable(note), style="bold red"))
     for row in ordered:
         if row.warning:
             caption.append("\n")
@@ -468,6 +495,8 @@ def node_table(
     absent = frozenset() if any(row.group_rss for row in ordered) else frozenset({"group rss"})
     if not any(row.growth is not None for row in ordered):
         absent |= {"growth"}
+    if not any(row.limit is not None for row in ordered):
+        absent |= {"kill line"}
 
     def build(left_out: frozenset[str], short: bool) -> Table:
         cells = [_node_cells(row, short) for row in ordered]
@@ -476,7 +505,7 @@ def node_table(
         table.caption_justify = "left"
         return table
 
-    return _FitToWidth(build, ("trend", "host", "growth", "group rss"))
+    return _FitToWidth(build, ("trend", "host", "kill line", "growth", "group rss"))
 
 
 @dataclass
@@ -590,3 +619,36 @@ def process_table(
         return table
 
     return _FitToWidth(build, ("trend", "pid", "procs", "peak pss"))
+
+
+def process_line(rows: Iterable[ProcessTreeRow], *, title: str) -> str:
+    """One line for a ``profile`` sample, as written outside a terminal.
+
+    ``title: rss 1.2 GiB, pss 1.1 GiB (age 0.4s), 3 procs, peak rss 1.5 GiB``; a
+    stale PSS reads ``pss - stale``. Several trees are joined with `` | ``.
+    """
+    parts = []
+    for row in rows:
+        pss = "- stale" if row.pss_stale else format_bytes(row.pss)
+        age = "" if row.pss_age_s is None else f" (age {format_age(row.pss_age_s)})"
+        line = (
+            f"rss {format_bytes(row.rss)}, pss {pss}{age}, {counted(row.processes, 'proc')}, "
+            f"peak rss {format_bytes(row.rss_peak)}"
+        )
+        if row.kernel_peak is not None:
+            line += f", kernel peak {format_bytes(row.kernel_peak)}"
+        parts.append(line)
+    return printable(f"{title}: {' | '.join(parts) or 'no process'}")
+
+
+def node_line(
+    rows: Iterable[NodeRow], *, title: str, kills: Sequence[str] = (), notes: Sequence[str] = ()
+) -> str:
+    """One line for a node-table sample, as written outside a terminal.
+
+    The title and the summary under the table, then the notes, warnings and kills
+    it would list, each after ``; ``.
+    """
+    listed = list(rows)
+    extras = [*notes, *(row.warning for row in listed if row.warning), *list(kills)[-KILLS_SHOWN:]]
+    return printable("; ".join([f"{title}: {node_summary(listed)}", *(e for e in extras if e)]))

@@ -6,9 +6,9 @@ Prometheus scrapes three raylens processes on 127.0.0.1, each with the Prometheu
 - ``raylens simulate`` (host memory per node, worker-group labels, a hung node);
 - ``raylens profile -- sleep`` (a live process tree and the profiler's host);
 - a feeder that this file runs as a script: a simulated node above 90% of its memory and
-  growing towards its kill line, a reading of memory per worker group, and a profiled server
-  whose process is gone, so the alert expressions, the per-group and the growth panels have
-  something to show.
+  growing towards its kill line, a reading of memory per worker group, a profiled server
+  whose process is gone, and a worker killed for memory, so the alert expressions, the
+  per-group and the growth panels have something to show.
 """
 
 from __future__ import annotations
@@ -67,6 +67,7 @@ def feed(port: int) -> None:
         register_group_memory_gauges,
     )
     from raylens.telemetry.growth import GrowthSnapshot, NodeOutlook, register_growth_gauges
+    from raylens.telemetry.oom import Killer, OomLedger, register_oom_counter
     from raylens.telemetry.process_memory import MemoryProfiler, ServerMemoryTarget
     from raylens_fakes.simulated import SimulatedCluster
 
@@ -115,6 +116,9 @@ def feed(port: int) -> None:
                 )
                 for index, (node, group) in enumerate(zip(nodes, ("policy", "rollout")))
             )
+            kills = OomLedger()
+            kills.count(nodes[0], Killer.RAY)
+            register_oom_counter(kills)
             monitor = host_memory.HostMemoryMonitor(
                 1.0, cluster=simulated.cluster, scrape_mode="inprocess", consumer=True
             )
@@ -351,7 +355,7 @@ def test_every_dashboard_alert_and_guide_query_returns_series(prometheus: str) -
     # Prometheus loaded every alert rule, evaluates them without error, and each matches. A
     # rule first evaluated before its series arrived reads inactive until its next evaluation.
     rules = _poll(
-        lambda: len(_evaluated_rules(prometheus)) == 3 and _evaluated_rules(prometheus),
+        lambda: len(_evaluated_rules(prometheus)) == 4 and _evaluated_rules(prometheus),
         15,
         "every alert rule evaluated",
     )
@@ -359,6 +363,7 @@ def test_every_dashboard_alert_and_guide_query_returns_series(prometheus: str) -
         "RaylensNodeMemoryNearLimit",
         "RaylensServedProcessGone",
         "RaylensNodeReachesKillLineSoon",
+        "RaylensWorkerKilledForMemory",
     }
 
     seen: list[Any] = []
@@ -368,4 +373,4 @@ def test_every_dashboard_alert_and_guide_query_returns_series(prometheus: str) -
         return all(state in ("pending", "firing") for _, state in seen)
 
     _poll(matching, 15, "every alert rule pending or firing")
-    assert len(seen) == 3, seen
+    assert len(seen) == 4, seen

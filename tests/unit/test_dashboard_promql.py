@@ -85,3 +85,79 @@ def test_the_worker_group_variable_sees_node_labels_and_group_series(tmp_path: P
         ('{rl_worker_groups="samplers"}', 1),
     ]
     _evaluate(tmp_path, expr, expected)
+
+
+def _run_promtool(tmp_path: Path, test: dict[str, Any]) -> None:
+    path = tmp_path / "promql_test.yml"
+    path.write_text(yaml.safe_dump(test), encoding="utf-8")
+    result = subprocess.run(
+        [str(PROMTOOL), "test", "rules", str(path)], capture_output=True, text=True, timeout=60
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_the_oom_alert_sees_a_first_kill_and_a_rise_but_not_old_kills(tmp_path: Path) -> None:
+    from test_dashboards import load_alert_rules
+
+    (rule,) = [r for r in load_alert_rules() if r["alert"] == "RaylensWorkerKilledForMemory"]
+    # Over 20 minutes: "old" was killed once before the window; "first" has its first kill
+    # 5 minutes before the evaluation (its series appears then); "again" is killed a second time.
+    series = {
+        'rl_host_oom_kills_total{ray_node_id="old",killer="ray"}': "1x20",
+        'rl_host_oom_kills_total{ray_node_id="first",killer="kernel"}': "_x15 1x5",
+        'rl_host_oom_kills_total{ray_node_id="again",killer="ray"}': "1x14 2x6",
+    }
+    test = {
+        "rule_files": [],
+        "evaluation_interval": "1m",
+        "tests": [
+            {
+                "interval": "1m",
+                "input_series": [{"series": s, "values": v} for s, v in series.items()],
+                "promql_expr_test": [
+                    {
+                        "expr": f"count by (ray_node_id, killer) ({rule['expr']})",
+                        "eval_time": "20m",
+                        "exp_samples": [
+                            {"labels": '{ray_node_id="again",killer="ray"}', "value": 1},
+                            {"labels": '{ray_node_id="first",killer="kernel"}', "value": 1},
+                        ],
+                    }
+                ],
+            }
+        ],
+    }
+    _run_promtool(tmp_path, test)
+
+
+def test_the_growth_panels_keep_only_nodes_of_the_chosen_group(tmp_path: Path) -> None:
+    panels = {p["title"]: p for p in query_panels(load_dashboard())}
+    expr = panels["Time to the kill line"]["targets"][0]["expr"]
+    chosen = expr.replace("${worker_group}", "rollout").replace("$host", ".*")
+    series = {
+        'rl_host_memory_time_to_limit_seconds{host_name="vm",ray_node_id="a",rl_worker_groups="policy,rollout"}': "600 600",
+        'rl_host_memory_time_to_limit_seconds{host_name="vm",ray_node_id="b",rl_worker_groups="policy"}': "900 900",
+    }
+    test = {
+        "rule_files": [],
+        "evaluation_interval": "1m",
+        "tests": [
+            {
+                "interval": "1m",
+                "input_series": [{"series": s, "values": v} for s, v in series.items()],
+                "promql_expr_test": [
+                    {
+                        "expr": chosen,
+                        "eval_time": "1m",
+                        "exp_samples": [
+                            {
+                                "labels": 'rl_host_memory_time_to_limit_seconds{host_name="vm",ray_node_id="a",rl_worker_groups="policy,rollout"}',
+                                "value": 600,
+                            }
+                        ],
+                    }
+                ],
+            }
+        ],
+    }
+    _run_promtool(tmp_path, test)

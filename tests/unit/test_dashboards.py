@@ -276,6 +276,24 @@ def test_dashboard_covers_every_area() -> None:
     } <= used
 
 
+# Node series carry the node's worker groups as one comma-separated label.
+_NODE_GROUP_FILTER = 'rl_worker_groups=~"(.*,)?(${worker_group})(,.*)?"'
+
+
+def test_growth_and_kill_line_panels_follow_the_worker_group_variable() -> None:
+    panels = {panel["title"]: panel for panel in query_panels(load_dashboard())}
+    for title in (
+        "Memory growth per node",
+        "Time to the kill line",
+        "Memory used of the kill line per node",
+    ):
+        (target,) = panels[title]["targets"]
+        selected = re.findall(r"\b[a-z_]+\{", target["expr"])  # each series read
+        assert selected and target["expr"].count(_NODE_GROUP_FILTER) == len(selected), title
+    (group,) = panels["Memory growth per worker group on each node"]["targets"]
+    assert 'rl_worker_group=~"${worker_group}"' in group["expr"]
+
+
 def test_dashboard_variables_are_defined() -> None:
     dashboard = load_dashboard()
     defined = {v["name"] for v in dashboard["templating"]["list"]}
@@ -298,6 +316,7 @@ def test_alert_rules_parse_and_name_exported_series() -> None:
         "RaylensNodeMemoryNearLimit",
         "RaylensServedProcessGone",
         "RaylensNodeReachesKillLineSoon",
+        "RaylensWorkerKilledForMemory",
     }
     for name, rule in rules.items():
         assert metric_names(rule["expr"]) <= exported_names(), name
@@ -315,6 +334,30 @@ def test_alert_rules_parse_and_name_exported_series() -> None:
     gone = rules["RaylensServedProcessGone"]
     assert metric_names(gone["expr"]) == {"gym_server_processes"}
     assert gone["expr"].rstrip().endswith("== 0")
+    killed = rules["RaylensWorkerKilledForMemory"]
+    assert metric_names(killed["expr"]) == {"rl_host_oom_kills_total"}
+    assert "for" not in killed and killed["labels"]["severity"] == "critical"
+
+
+_COUNT_WORDS = {"one": 1, "two": 2, "three": 3, "four": 4, "five": 5, "six": 6}
+
+
+def test_the_guide_counts_the_alert_rules_and_describes_each() -> None:
+    guide = GUIDE.read_text(encoding="utf-8")
+    said = re.search(r"ships a Grafana dashboard and (\w+) Prometheus alert rules", guide)
+    assert said is not None
+    rules = load_alert_rules()
+    assert _COUNT_WORDS[said.group(1)] == len(rules)
+    files_row = next(line for line in guide.splitlines() if "raylens-alerts.yml)" in line)
+    assert files_row.count(";") == len(rules) - 1, files_row
+
+
+def test_the_guide_names_every_series_raylens_exports() -> None:
+    table = GUIDE.read_text(encoding="utf-8").split("## How the names read in Prometheus", 1)[1]
+    table = table.split("\n## ", 1)[0]
+    listed = set(re.findall(r"`([a-z_]+)`", table))
+    missing = sorted(exported_names() - {"target_info"} - listed)
+    assert not missing, f"the guide's name table leaves out {missing}"
 
 
 # ------------------------------------------------------------------------- the guide

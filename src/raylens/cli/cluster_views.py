@@ -3,45 +3,107 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
+import dataclasses
 import math
 import os
+import sys
 import threading
 import time
 from collections.abc import Callable
 from types import ModuleType
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 from raylens.cli.gcs_probe import GcsProbe, check_reachable, confirm_gcs
 from raylens.cli.output import Output, sample_loop
 from raylens.cli.parser import CliError, cluster_address
 from raylens.cli.pipeline import scrape_timeout_for, start_telemetry, stop_monitoring
+from raylens.cli.reachability import (
+    DEFAULT_GIVE_UP_S,
+    RAY_RECONNECT_ENV,
+    GuardedCluster,
+    ray_reconnect_setting,
+    tcp_probe,
+)
 from raylens.demo import keep_sigterm_handler
-from raylens.live_table import NodeRow, counted, format_kill, node_summary, node_table
+from raylens.live_table import (
+    NodeRow,
+    counted,
+    format_kill,
+    node_line,
+    node_summary,
+    node_table,
+)
 
 if TYPE_CHECKING:
-    from raylens.cluster import ClusterView
+    from raylens.cluster import ClusterView, RayClusterView
     from raylens.telemetry.growth import GrowthSnapshot
-    from raylens.telemetry.host_memory import HostMemoryMonitor
+    from raylens.telemetry.host_memory import HostMemoryMonitor, NodeSample
     from raylens.telemetry.phase_board import CurrentPhase
+    from raylens.telemetry.raylet_payload import NodeGroupFigures
 
 # How many samples of each node's trend the table keeps.
 _HISTORY = 24
+# What a node's row says while the cluster's GCS does not answer.
+UNREACHABLE_ERROR = "cluster unreachable"
+
+
+class ClusterLost(CliError):
+    """The watched cluster did not answer for ``--give-up`` seconds: one line, status 2."""
+
+
+class NodeSource(Protocol):
+    """What :class:`NodeTable` reads of a monitor."""
+
+    def latest(self) -> list[NodeSample]: ...
+
+    def group_figures(self) -> dict[str, tuple[str, NodeGroupFigures, float]]: ...
 
 
 class NodeTable:
-    """Turns the monitor's latest samples into table rows, with a short trend per node."""
+    """Turns the monitor's latest samples into table rows, with a short trend per node.
+
+    A row's ``age`` is its figures' own: Ray refreshes a node's ``used`` every few
+    seconds, and scrapes in between return the same bytes, so ``used`` is as old as
+    the first scrape that returned it; group figures are as old as their sampler's
+    stamp (``wall``, Unix seconds, is what that stamp is compared with).
+    """
 
     def __init__(
         self,
-        monitor: HostMemoryMonitor,
+        monitor: NodeSource,
         *,
         clock: Callable[[], float] = time.monotonic,
+        wall: Callable[[], float] | None = None,
         growth: GrowthSnapshot | None = None,
     ) -> None:
         self.monitor = monitor
         self.clock = clock
+        self.wall = wall or (lambda: time.time())
         self.growth = growth
         self.history: dict[str, list[float]] = {}
+        #: Per node: its latest ``used`` value and the scrape time that first returned it.
+        self.first_seen: dict[str, tuple[float, float]] = {}
+
+    def _used_age(
+        self, node_id: str, used: float | None, sampled_at: float | None, now: float
+    ) -> float | None:
+        if sampled_at is None:
+            return None
+        if used is None:
+            return max(0.0, now - sampled_at)
+        seen = self.first_seen.get(node_id)
+        if seen is None or seen[0] != used or seen[1] > sampled_at:
+            seen = self.first_seen[node_id] = (used, sampled_at)
+        return max(0.0, now - seen[1])
+
+    def _group_ages(self) -> dict[str, float]:
+        """Seconds since each node's sampler stamped the group figures it published."""
+        wall = self.wall()
+        return {
+            node: max(0.0, wall - published.sampled_at)
+            for node, (_host, published, _read_at) in self.monitor.group_figures().items()
+        }
 
     def rows(self) -> list[NodeRow]:
         from raylens.telemetry.group_memory import DEFAULT_SNAPSHOT
@@ -53,6 +115,8 @@ class NodeTable:
             node: {g.group: float(g.rss_bytes) for g in reading.groups}
             for node, (reading, _age) in DEFAULT_SNAPSHOT.latest().items()
         }
+        group_ages = {node: age for node, (_reading, age) in DEFAULT_SNAPSHOT.latest().items()}
+        group_ages.update(self._group_ages())
         outlooks = self.growth.latest() if self.growth is not None else {}
         for sample in self.monitor.latest():
             seen.add(sample.node_id)
@@ -68,7 +132,11 @@ class NodeTable:
                     used=sample.used,
                     total=sample.total,
                     worker_groups=sample.worker_groups,
-                    age_s=None if sample.sampled_at is None else max(0.0, now - sample.sampled_at),
+                    age_s=self._used_age(sample.node_id, sample.used, sample.sampled_at, now),
+                    scrape_age_s=None
+                    if sample.sampled_at is None
+                    else max(0.0, now - sample.sampled_at),
+                    group_age_s=group_ages.get(sample.node_id),
                     error=sample.error,
                     history=list(history),
                     group_rss=groups.get(sample.node_id, {}),
@@ -82,6 +150,8 @@ class NodeTable:
             )
         for gone in set(self.history) - seen:
             del self.history[gone]
+        for gone in set(self.first_seen) - seen:
+            del self.first_seen[gone]
         return rows
 
 
@@ -96,6 +166,8 @@ def watch_nodes(
     clock: Callable[[], float] = time.monotonic,
     cluster: ClusterView | None = None,
     before_sample: Callable[[], object] | None = None,
+    guard: GuardedCluster | None = None,
+    one_line: bool = True,
 ) -> None:
     """Sample and show the node table every ``args.interval`` until --once, the end or stop.
 
@@ -103,6 +175,14 @@ def watch_nodes(
     seconds from the first table. The phase each live job is in, as published in
     ``cluster``'s store (default: the connected one), shows in the title and under
     ``phases`` in ``--json``. ``before_sample`` runs before every sample.
+
+    With a ``guard``, every sample first probes the cluster's GCS. While it does not
+    answer, every row reads as failing and a line under the table says since when;
+    once it has been silent for ``args.give_up`` seconds this raises
+    :class:`ClusterLost`, at that moment rather than at the next interval.
+
+    Outside a terminal each sample is one line, unless ``one_line`` is False (the
+    demo, which is there to be looked at, draws its table everywhere).
     """
     from raylens.cluster import default_cluster_view
     from raylens.distributed.group_memory_cycle import attach_group_memory
@@ -128,12 +208,23 @@ def watch_nodes(
     )
     interval, duration = args.interval, args.duration
     once = getattr(args, "once", False)
+    give_up = float(getattr(args, "give_up", None) or DEFAULT_GIVE_UP_S)
 
     def sample() -> None:
+        if guard is not None:
+            guard.check()
+            silent = guard.silent_for()
+            if silent is not None and silent >= give_up:
+                raise ClusterLost(guard.give_up_message(give_up))
         if before_sample is not None:
             before_sample()
         monitor.collect_once()
         rows = table.rows()
+        notes: list[str] = []
+        unreachable = guard.describe(give_up) if guard is not None else None
+        if unreachable is not None:
+            rows = [dataclasses.replace(row, error=UNREACHABLE_ERROR) for row in rows]
+            notes.append(unreachable)
         phases = read_current_phases(board)
         recent = [kill.as_plain() for kill in kills.ledger.recent()]
         record = {
@@ -143,13 +234,23 @@ def watch_nodes(
             "warnings": [row.warning for row in rows if row.warning],
             "phases": [current.to_json() for current in phases],
             "oom_kills": recent,
+            "unreachable": unreachable,
         }
         shown = phase_title(title, phases)
         now = time.time()
         lines = [format_kill(kill, now=now) for kill in recent]
-        output.show(lambda: node_table(rows, title=shown, kills=lines), record)
+        output.show(
+            lambda: node_table(rows, title=shown, kills=lines, notes=notes),
+            record,
+            line=(lambda: node_line(rows, title=shown, kills=lines, notes=notes))
+            if one_line
+            else None,
+        )
         if output.closed:
             stop.set()
+
+    def give_up_at() -> float | None:  # the guard reads the same clock as the loop
+        return guard.give_up_at(give_up) if guard is not None else None
 
     with output.session(live=not once):
         sample_loop(
@@ -160,6 +261,7 @@ def watch_nodes(
             deadline=deadline,
             stop=stop,
             clock=clock,
+            wake_by=give_up_at,
         )
 
 
@@ -318,9 +420,18 @@ def import_ray() -> ModuleType:
 
 
 def run_watch(
-    args: argparse.Namespace, stop: threading.Event, *, probe: GcsProbe | None = None
+    args: argparse.Namespace,
+    stop: threading.Event,
+    *,
+    probe: GcsProbe | None = None,
+    leave: Callable[[ClusterLost], None] | None = None,
 ) -> int:
-    """Watch the cluster at ``--address``, once it is known to be a Ray GCS (see ``probe``)."""
+    """Watch the cluster at ``--address``, once it is known to be a Ray GCS (see ``probe``).
+
+    When the cluster stops answering for ``--give-up`` seconds, ``leave`` is called
+    with the one line to say (default :func:`leave_at_once`); if it returns, the
+    :class:`ClusterLost` is raised.
+    """
     address = args.address
     if address is None:
         try:
@@ -328,11 +439,18 @@ def run_watch(
         except ValueError as error:
             raise CliError(str(error)) from None
     ray = import_ray()
+    from raylens.cluster import RayClusterView, use_cluster_view
     from raylens.telemetry import host_memory
 
     check_reachable(address)
     confirm_gcs(address, probe=probe)
     start_telemetry(args.exporter, as_json=args.json)
+    give_up = float(getattr(args, "give_up", None) or DEFAULT_GIVE_UP_S)
+    # Ray's client ends the process once its GCS is silent for a minute: a longer
+    # --give-up moves that limit, in this process only.
+    setting = ray_reconnect_setting(give_up, os.environ)
+    if setting is not None:
+        os.environ[RAY_RECONNECT_ENV] = setting
     try:
         with keep_sigterm_handler():
             ray.init(address=address, logging_level="ERROR", log_to_driver=False)
@@ -341,22 +459,74 @@ def run_watch(
             str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
         )
         raise CliError(f"cannot reach a Ray cluster at {address!r}: {first_line}") from None
+    guard = guard_for(RayClusterView(), _connected_gcs_address(ray, address), args.interval)
     monitor = host_memory.HostMemoryMonitor(
-        args.interval, scrape_timeout=scrape_timeout_for(args.interval)
+        args.interval, scrape_timeout=scrape_timeout_for(args.interval), cluster=guard
     )
     output = Output(as_json=args.json)
+    lost: ClusterLost | None = None
     try:
-        watch_nodes(
-            monitor,
-            args,
-            output=output,
-            title=f"Ray host memory at {address}",
-            stop=stop,
-        )
+        with use_cluster_view(guard):
+            watch_nodes(
+                monitor,
+                args,
+                output=output,
+                title=f"Ray host memory at {address}",
+                stop=stop,
+                guard=guard,
+            )
+    except ClusterLost as error:
+        lost = error
     finally:
         stop_monitoring(monitor)
-        ray.shutdown()
+        if lost is None:
+            ray.shutdown()
+    if lost is not None:
+        (leave or leave_at_once)(lost)
+        raise lost
     return output.exit_status()
+
+
+def guard_for(view: RayClusterView, gcs_address: str, interval: float) -> GuardedCluster:
+    """The watch's guard over ``view``: GCS probes and calls bounded by the interval.
+
+    A probe may take a fifth of the interval (at most 1 s, at least 0.1 s), a GCS
+    call half of it (at most 5 s).
+    """
+    from raylens.cli.parser import split_host_port
+
+    host, port = split_host_port(gcs_address)
+    probe_timeout = min(1.0, max(0.1, interval / 5))
+    return GuardedCluster(
+        view,
+        gcs_address,
+        probe=lambda: tcp_probe(host, port, probe_timeout),
+        call_timeout=min(5.0, max(0.5, interval / 2)),
+    )
+
+
+def _connected_gcs_address(ray: ModuleType, address: str) -> str:
+    """The GCS this process connected to (``auto`` resolved); ``address`` if Ray cannot say."""
+    try:
+        found = ray.get_runtime_context().gcs_address
+    except Exception:
+        return address
+    return found if isinstance(found, str) and ":" in found else address
+
+
+def leave_at_once(lost: ClusterLost) -> None:
+    """Say ``lost``'s line on stderr and end the process with status 2 now.
+
+    Once the GCS is gone, Ray's own disconnect waits seconds on it, and its exit
+    hook would wait again; the watch has already stopped what it started.
+    """
+    from raylens.safe_text import printable
+
+    print(f"raylens: error: {printable(str(lost))}", file=sys.stderr)
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(Exception):
+            stream.flush()
+    os._exit(lost.exit_code)
 
 
 # What the demo says while its cluster starts: three nodes and two worker groups take
@@ -399,6 +569,7 @@ def run_demo(
                 stop=stop,
                 deadline=deadline,
                 clock=clock,
+                one_line=False,
             )
         finally:
             stop_monitoring(monitor)

@@ -71,6 +71,7 @@ class Output:
         self.closed = sys.stdout is None
         self.display_failed = False
         self._live: Live | None = None
+        self._one_line = False
 
     def _write(self, action: Callable[[], None]) -> None:
         if self.closed:
@@ -91,6 +92,12 @@ class Output:
 
     @contextmanager
     def session(self, live: bool) -> Iterator[Output]:
+        """Where a run's samples go: a table redrawn in place on a terminal.
+
+        Outside a terminal (a pipe, a file, a log), a live session writes each
+        sample as one line where the caller gives one, rather than a whole table
+        per interval; a session that is not live (``--once``) writes its table.
+        """
         if live and not self.as_json and self.console.is_terminal:
             with Live(console=self.console, auto_refresh=False, transient=False) as display:
                 self._live = display
@@ -99,13 +106,25 @@ class Output:
                 finally:
                     self._live = None
         else:
-            yield self
+            self._one_line = live and not self.as_json
+            try:
+                yield self
+            finally:
+                self._one_line = False
 
-    def show(self, render: Callable[[], RenderableType], record: dict[str, Any]) -> None:
+    def show(
+        self,
+        render: Callable[[], RenderableType],
+        record: dict[str, Any],
+        *,
+        line: Callable[[], str] | None = None,
+    ) -> None:
         """Show one sample: ``render()`` builds its table, ``record`` is its JSON form.
 
-        A table that cannot be built or drawn is reported once on stderr; from then
-        on every sample is written as its JSON line, and the command carries on.
+        ``line()`` is its one-line form, written instead of the table by a live
+        session outside a terminal. A table that cannot be built or drawn is
+        reported once on stderr; from then on every sample is written as its JSON
+        line, and the command carries on.
         """
         if self.as_json or self.display_failed:
 
@@ -116,6 +135,10 @@ class Output:
             self._write(write)
             return
         try:
+            if self._one_line and line is not None:
+                text = Text(line())
+                self._write(lambda: self.console.print(text, soft_wrap=True))
+                return
             renderable = render()
             if self._live is not None:
                 live = self._live
@@ -158,11 +181,13 @@ def sample_loop(
     duration: float | None = None,
     deadline: float | None = None,
     clock: Callable[[], float] = time.monotonic,
+    wake_by: Callable[[], float | None] | None = None,
 ) -> None:
     """Call ``sample`` now and then every ``interval`` until ``once``, the deadline or ``stop``.
 
     The deadline is ``deadline`` (a reading of ``clock``) or else ``duration`` seconds
-    from now. The first sample is always taken, even past the deadline.
+    from now. The first sample is always taken, even past the deadline. ``wake_by``,
+    asked after each sample, may bring the next one forward to a reading of ``clock``.
     """
     if deadline is None and duration is not None:
         deadline = clock() + duration
@@ -172,6 +197,9 @@ def sample_loop(
         if once:
             return
         wake = started + interval
+        sooner = wake_by() if wake_by is not None else None
+        if sooner is not None:
+            wake = min(wake, sooner)
         if deadline is not None:
             if clock() >= deadline:
                 return

@@ -201,6 +201,13 @@ def build_parser() -> argparse.ArgumentParser:
     )
     _add_common(watch, interval=5.0)
     _add_script_flags(watch)
+    watch.add_argument(
+        "--give-up",
+        type=seconds(1.0),
+        default=30.0,
+        help="exit with status 2 once the cluster has not answered for this many seconds "
+        "(default 30)",
+    )
 
     simulate = commands.add_parser(
         "simulate", help="watch a simulated cluster of fake raylets (no Ray needed)"

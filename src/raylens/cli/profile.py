@@ -27,7 +27,7 @@ from raylens.cli.supervision import (
     stop_child,
     terminate_child,
 )
-from raylens.live_table import ProcessTreeRow, process_table
+from raylens.live_table import ProcessTreeRow, process_line, process_table
 
 if TYPE_CHECKING:
     from raylens.telemetry.process_memory import MemoryProfiler, ProcFS
@@ -64,7 +64,11 @@ def children_peak_rss(before_kib: int) -> int | None:
 
 
 class ProcessTable:
-    """Turns a profiler's latest sample into table rows, with a short RSS trend.
+    """Turns a profiler's samples into table rows, with a short RSS trend.
+
+    :meth:`take` samples the tree and returns rows stamped with that sample's own
+    time, so that a record holds what the tree held when it says; :meth:`rows`
+    shows the latest sample again (the summary, once the command has ended).
 
     Beside the profiler's sampled peaks, each row carries the kernel's own peak:
     while the command runs, the largest ``VmHWM`` read from its live processes
@@ -82,9 +86,12 @@ class ProcessTable:
         pid: int,
         procfs: ProcFS | None = None,
         clock: Callable[[], float] = time.monotonic,
+        wall: Callable[[], float] | None = None,
         pss_max_age_s: float | None = None,
     ) -> None:
         self.profiler = profiler
+        # Looked up at each call by default, so that a frozen clock in a test applies.
+        self.wall = wall or (lambda: time.time())
         self.label = label
         self.pid = pid
         self.history: list[float] = []
@@ -110,6 +117,18 @@ class ProcessTable:
         peak = self.procfs.tree_peak_rss(self.pid)
         if peak is not None and (self.kernel_peak is None or peak > self.kernel_peak):
             self.kernel_peak, self.kernel_peak_source = peak, "VmHWM"
+
+    def take(self) -> tuple[list[ProcessTreeRow], float | None]:
+        """Sample the tree now; its rows and the sample's Unix time (None without a sample)."""
+        self.profiler.sample_once()
+        return self.rows(), self.sampled_at()
+
+    def sampled_at(self) -> float | None:
+        """The Unix time of the profiler's latest sample, or None before the first."""
+        snapshot = self.profiler.latest()
+        if snapshot is None:
+            return None
+        return self.wall() - max(0.0, self.clock() - snapshot.taken_at)
 
     def rows(self) -> list[ProcessTreeRow]:
         self._read_kernel_peak()
@@ -165,14 +184,22 @@ def run_profile(args: argparse.Namespace, stop: threading.Event) -> int:
     table = None
     shown = False
 
-    def show(title: str, extra: dict[str, Any] | None = None) -> None:
+    def show(title: str, extra: dict[str, Any] | None = None, *, fresh: bool = True) -> None:
         nonlocal shown
         if table is None:  # interrupted before the command could be measured
             return
-        current = table.rows()
-        record: dict[str, Any] = {"time": time.time(), "servers": [r.to_json() for r in current]}
+        # A fresh sample, stamped with its own time: a record holds the tree as it was then.
+        current, stamp = table.take() if fresh else (table.rows(), table.sampled_at())
+        record: dict[str, Any] = {
+            "time": time.time() if stamp is None else stamp,
+            "servers": [r.to_json() for r in current],
+        }
         record.update(extra or {})
-        output.show(lambda: process_table(current, title=title), record)
+        output.show(
+            lambda: process_table(current, title=title),
+            record,
+            line=lambda: process_line(current, title=title),
+        )
         shown = True
 
     interrupted = False
@@ -197,12 +224,13 @@ def run_profile(args: argparse.Namespace, stop: threading.Event) -> int:
             procfs=process_memory.ProcFS(),
             pss_max_age_s=pss_max_age(args.interval, args.pss_interval),
         )
-        profiler.start()
+        # The profiler is not started: its samples are the ones shown, each taken when
+        # it is shown, one per interval as its own thread would take them.
+        profiler.sample_once()
         # Nothing is shown at the start, when the command has barely begun (often not
         # even exec'd) and its figures say nothing: --once shows a sample taken one
-        # interval in, the table a fresh one within a second, then one per interval.
+        # interval in, the table one within a second, then one per interval.
         wait = args.interval if args.once else min(args.interval, _FIRST_SHOWN_S)
-        fresh = True
         with output.session(live=not args.once):
             while True:
                 try:
@@ -210,9 +238,6 @@ def run_profile(args: argparse.Namespace, stop: threading.Event) -> int:
                     break
                 except subprocess.TimeoutExpired:
                     pass
-                if fresh:
-                    profiler.sample_once()
-                    fresh = False
                 show(f"raylens profile: {label}")
                 if args.once:
                     break
@@ -252,9 +277,9 @@ def run_profile(args: argparse.Namespace, stop: threading.Event) -> int:
         else:
             outcome = f"exit status {status}"
             extra = {"summary": True, "exit_status": status}
-        show(f"Summary: {label} ({outcome})", extra)
+        show(f"Summary: {label} ({outcome})", extra, fresh=False)
     elif not shown:
-        show(f"raylens profile: {label}")
+        show(f"raylens profile: {label}", fresh=False)
     if interrupted:
         raise KeyboardInterrupt
     return status

@@ -10,25 +10,28 @@ exactly what it would have exported had it never been dropped.
 
 Everything here works on one asynchronous gauge instrument and touches, per reader
 of its provider, the ``_ViewInstrumentMatch`` objects that hold its aggregations
-(``_attributes_aggregation``, guarded by ``_lock``). It was written against, and is
-tested with, the SDK versions in :data:`TESTED_SDK_VERSIONS`. On any other layout
-:func:`supported` says so and lens falls back to the cardinality limit alone.
+(``_attributes_aggregation``, guarded by ``_lock``). What it relies on is checked by
+looking for it, not by the SDK's version: :func:`layout_gap` names the first piece
+missing, and lens then releases gone sets through public API instead (it renews the
+pipeline, see ``raylens.lens.runtime``). :func:`cardinality_view` does the same for
+the one keyword of a public constructor lens needs that older releases lack.
 """
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Callable, Hashable, Iterable, Mapping
 from typing import Any
 
+from opentelemetry.sdk.metrics.view import View
+
 __all__ = [
-    "TESTED_SDK_VERSIONS",
+    "cardinality_view",
     "forget_attribute_sets",
     "held_attribute_sets",
+    "layout_gap",
     "supported",
 ]
-
-# The opentelemetry-sdk releases this module was checked against (pyproject pins the same range).
-TESTED_SDK_VERSIONS = ">=1.45,<1.46"
 
 
 def _key_function() -> Callable[[Mapping[str, Any]], Hashable] | None:
@@ -56,24 +59,56 @@ def _matches(instrument: Any) -> list[Any]:
     return found
 
 
-def supported(instrument: Any) -> bool:
-    """True when ``instrument``'s SDK state has the layout this module expects."""
+def layout_gap(instrument: Any) -> str | None:
+    """The first piece of SDK state this module uses that ``instrument``'s SDK lacks; None if none."""
     if _KEY is None:
-        return False
+        return "opentelemetry.sdk.metrics._internal._view_instrument_match"
     try:
         consumer = instrument._measurement_consumer
-        storages = consumer._reader_storages
-        for storage in storages.values():
-            if not isinstance(storage._instrument_view_instrument_matches, dict):
-                return False
-            for match in storage._instrument_view_instrument_matches.get(instrument, ()):
-                if not isinstance(match._attributes_aggregation, dict):
-                    return False
-                if not hasattr(match._lock, "__enter__") or not hasattr(match, "_view"):
-                    return False
     except AttributeError:
-        return False
-    return True
+        return "the instrument's _measurement_consumer"
+    storages = getattr(consumer, "_reader_storages", None)
+    if not isinstance(storages, dict):
+        return "MeasurementConsumer._reader_storages"
+    for storage in storages.values():
+        matches = getattr(storage, "_instrument_view_instrument_matches", None)
+        if not isinstance(matches, dict):
+            return "MetricReaderStorage._instrument_view_instrument_matches"
+        for match in matches.get(instrument, ()):
+            if not isinstance(getattr(match, "_attributes_aggregation", None), dict):
+                return "_ViewInstrumentMatch._attributes_aggregation"
+            if not hasattr(getattr(match, "_lock", None), "__enter__"):
+                return "_ViewInstrumentMatch._lock"
+            if not hasattr(getattr(match, "_view", None), "_attribute_keys"):
+                return "_ViewInstrumentMatch._view._attribute_keys"
+    return None
+
+
+def supported(instrument: Any) -> bool:
+    """True when ``instrument``'s SDK state has everything this module uses."""
+    return layout_gap(instrument) is None
+
+
+#: The keyword of ``View`` that sets a cardinality limit (opentelemetry-sdk 1.45.2 on).
+CARDINALITY_KEYWORD = "aggregation_cardinality_limit"
+
+
+def cardinality_view(limit: int, view_type: Callable[..., View] = View) -> tuple[View, str | None]:
+    """A view of every instrument with cardinality ``limit``, and a warning when that cannot be.
+
+    Where this SDK's ``View`` takes no such keyword, the view is built without it
+    (the SDK's own default limit applies) and the second item says so.
+    """
+    try:
+        keywords = set(inspect.signature(view_type).parameters)
+    except (TypeError, ValueError):
+        keywords = set()
+    if CARDINALITY_KEYWORD in keywords:
+        return view_type(instrument_name="*", **{CARDINALITY_KEYWORD: limit}), None
+    return view_type(instrument_name="*"), (
+        f"this opentelemetry-sdk's View takes no {CARDINALITY_KEYWORD}; the SDK's own "
+        f"cardinality limit applies instead of {limit}"
+    )
 
 
 def _table_key(match: Any, attributes: Mapping[str, Any]) -> Hashable:

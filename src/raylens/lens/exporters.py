@@ -129,6 +129,16 @@ class PrometheusEndpoint:
         self.host = host
         self.port = self._server.server_address[1]
 
+    def renew_reader(self) -> MetricReader:
+        """A new reader on the same registry and server, for a renewed pipeline.
+
+        The one it replaces leaves the registry when its provider shuts down.
+        """
+        from opentelemetry.exporter.prometheus import PrometheusMetricReader
+
+        self.reader = PrometheusMetricReader(registry=self.registry)
+        return self.reader
+
     def close(self) -> None:
         self._server.shutdown()
         self._server.server_close()

@@ -32,7 +32,6 @@ from opentelemetry.metrics import (
 )
 from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.sdk.metrics.export import MetricReader
-from opentelemetry.sdk.metrics.view import View
 from opentelemetry.sdk.resources import Resource
 from opentelemetry.util.types import AttributeValue
 
@@ -73,6 +72,10 @@ class TelemetryHandle:
     prometheus: PrometheusEndpoint | None = None
     _closers: list[Callable[[], None]] = field(default_factory=list, repr=False)
     _gauges: dict[str, ObservableGauge] = field(default_factory=dict, repr=False)
+    #: Makes a fresh reader of the same kind, for :func:`renew_pipeline`; None when the
+    #: reader came from outside lens (it cannot be made again).
+    _renew_reader: Callable[[], MetricReader] | None = field(default=None, repr=False)
+    _callbacks: list[_GaugeCallback] = field(default_factory=list, repr=False)
 
     @property
     def is_exporting(self) -> bool:
@@ -105,6 +108,11 @@ _ENCODABLE: set[str] = set()
 _CREATED_ON: dict[str, int] = {}
 
 
+#: Gone attribute sets a gauge may leave in the SDK, where they cannot be dropped one by
+#: one, before lens renews the pipeline to let go of them (see :func:`renew_pipeline`).
+RENEW_AFTER_UNRELEASED = 4096
+
+
 class _GaugeCallback:
     """The callback the SDK calls for one lens gauge on one pipeline.
 
@@ -112,26 +120,33 @@ class _GaugeCallback:
     raises, makes every observation exportable (unless the gauge was declared with
     ``attributes_encodable``), and after each collection drops
     from the SDK the attribute sets that have gone unreported for
-    :data:`IDLE_COLLECTIONS` collections.
+    :data:`IDLE_COLLECTIONS` collections. Where the SDK's state cannot be reached,
+    those sets are counted instead, and past :data:`RENEW_AFTER_UNRELEASED` the
+    pipeline is renewed. A retired callback (of a renewed pipeline) reports nothing.
     """
 
     def __init__(self, name: str) -> None:
         self.name = name
         self.live = LiveAttributeSets(IDLE_COLLECTIONS)
         self.instrument: ObservableGauge | None = None
+        self.unreleased = 0
+        self.retired = False
 
     def attach(self, instrument: ObservableGauge) -> None:
         """Start pruning ``instrument``'s SDK state, when the SDK's layout allows it."""
-        if _sdk_state.supported(instrument):
+        gap = _sdk_state.layout_gap(instrument)
+        if gap is None:
             self.instrument = instrument
         else:
             warn_once(
                 "lens.sdk_state.unsupported",
-                "this opentelemetry-sdk keeps its state in an unexpected layout; attribute "
-                f"sets that are gone are not released (tested: {_sdk_state.TESTED_SDK_VERSIONS})",
+                f"this opentelemetry-sdk has no {gap}; lens lets go of attribute sets that "
+                "are gone by renewing its pipeline now and then instead",
             )
 
     def __call__(self, options: CallbackOptions) -> Iterable[Observation]:
+        if self.retired:
+            return []
         entry = _OBSERVABLES.get(self.name)
         observations: list[Observation] = []
         if entry is not None:
@@ -150,7 +165,13 @@ class _GaugeCallback:
         return observations
 
     def _release(self, expired: list[Mapping[str, AttributeValue]]) -> None:
-        if not expired or self.instrument is None:
+        if not expired:
+            return
+        if self.instrument is None:
+            self.unreleased += len(expired)
+            if self.unreleased >= RENEW_AFTER_UNRELEASED:
+                self.unreleased = 0
+                _request_renewal()
             return
         try:
             _sdk_state.forget_attribute_sets(self.instrument, expired)
@@ -159,8 +180,63 @@ class _GaugeCallback:
             warn_once(
                 "lens.sdk_state.forget",
                 f"could not release expired attribute sets of gauge {self.name!r}; "
-                "the SDK keeps them until the pipeline stops",
+                "lens renews its pipeline now and then instead",
             )
+
+
+_RENEWAL_LOCK = threading.Lock()
+_RENEWAL: threading.Thread | None = None
+forking.renew_lock_in_child(sys.modules[__name__], "_RENEWAL_LOCK")
+
+
+def _request_renewal() -> None:
+    """Renew the pipeline on a thread of its own: a callback runs inside a collection."""
+    global _RENEWAL
+    with _RENEWAL_LOCK:
+        if _RENEWAL is not None and _RENEWAL.is_alive():
+            return
+        _RENEWAL = threading.Thread(target=renew_pipeline, name="raylens-lens-renew", daemon=True)
+        _RENEWAL.start()
+
+
+def renewal_thread() -> threading.Thread | None:
+    """The latest renewal started by a gauge, running or done (tests wait on it)."""
+    return _RENEWAL
+
+
+def renew_pipeline() -> bool:
+    """Move the running pipeline to a fresh meter provider, through public API only.
+
+    The SDK keeps every attribute set an instrument has seen for as long as its
+    provider lives; where lens cannot drop gone ones from its state, a new provider
+    with a new reader of the same kind holds only what is live. Gauges read their
+    callbacks' state, so their next points are what they would have been; the old
+    provider's last export reports no gauge points. The handle stays the same
+    object. Returns False (nothing done) without a pipeline, or when its reader came
+    from outside lens.
+    """
+    with _HANDLE_LOCK:
+        handle = _HANDLE
+        if handle is None or handle._renew_reader is None or handle.meter_provider is None:
+            return False
+        reader = handle._renew_reader()
+        old = handle.meter_provider
+        for callback in handle._callbacks:
+            callback.retired = True
+        handle._callbacks.clear()
+        handle._gauges.clear()
+        for name in [name for name, owner in _CREATED_ON.items() if owner == id(handle)]:
+            del _CREATED_ON[name]
+        handle.meter_provider = _new_provider(handle.config, reader)
+        handle.meter = handle.meter_provider.get_meter(METER_NAME, __version__)
+        handle.readers = [reader]
+        handle.exporter_reader = reader
+        _create_observables(handle)
+    try:
+        old.shutdown(timeout_millis=5000)
+    except Exception:
+        warn_once("lens.renew.shutdown", "shutting the previous meter provider down failed")
+    return True
 
 
 def _create_observables(handle: TelemetryHandle) -> None:
@@ -168,6 +244,7 @@ def _create_observables(handle: TelemetryHandle) -> None:
         if _CREATED_ON.get(name) == id(handle):
             continue
         callback = _GaugeCallback(name)
+        handle._callbacks.append(callback)
         if metric.kind == OBSERVABLE_COUNTER:
             # A counter's sets are cumulative: its SDK state is kept, and what its callback
             # reports is bounded by whoever holds the counts.
@@ -289,19 +366,7 @@ def init_telemetry(
                 meter=NoOpMeterProvider().get_meter(METER_NAME),
             )
         else:
-            # A configuration built in code skips from_env's clean-up; text that does not
-            # encode would make every export of the resource fail.
-            attributes: dict[str, AttributeValue] = {
-                encodable(str(key)): encodable(value) if isinstance(value, str) else value
-                for key, value in config.resource_attributes.items()
-            }
-            attributes["service.name"] = encodable(config.service_name)
-            provider = MeterProvider(
-                metric_readers=[reader],
-                resource=Resource.create(attributes),
-                views=[View(instrument_name="*", aggregation_cardinality_limit=CARDINALITY_LIMIT)],
-                shutdown_on_exit=False,
-            )
+            provider = _new_provider(config, reader)
             _register_exit_flush()
             handle = TelemetryHandle(
                 config=config,
@@ -311,10 +376,48 @@ def init_telemetry(
                 exporter_reader=None if metric_reader is not None else reader,
                 prometheus=prometheus,
                 _closers=closers,
+                _renew_reader=None
+                if metric_reader is not None
+                else _reader_maker(config, prometheus),
             )
         _HANDLE = handle
         _create_observables(handle)
         return handle
+
+
+def _new_provider(config: TelemetryConfig, reader: MetricReader) -> MeterProvider:
+    """A private meter provider for ``config`` that exports through ``reader``."""
+    # A configuration built in code skips from_env's clean-up; text that does not
+    # encode would make every export of the resource fail.
+    attributes: dict[str, AttributeValue] = {
+        encodable(str(key)): encodable(value) if isinstance(value, str) else value
+        for key, value in config.resource_attributes.items()
+    }
+    attributes["service.name"] = encodable(config.service_name)
+    view, problem = _sdk_state.cardinality_view(CARDINALITY_LIMIT)
+    if problem is not None:
+        warn_once("lens.sdk_state.cardinality", problem)
+    return MeterProvider(
+        metric_readers=[reader],
+        resource=Resource.create(attributes),
+        views=[view],
+        shutdown_on_exit=False,
+    )
+
+
+def _reader_maker(
+    config: TelemetryConfig, prometheus: PrometheusEndpoint | None
+) -> Callable[[], MetricReader]:
+    """How :func:`renew_pipeline` makes a reader like the one ``config`` gave."""
+    if prometheus is not None:
+        return prometheus.renew_reader
+
+    def make() -> MetricReader:
+        reader, _closer, _endpoint = build_exporter_reader(config)
+        assert reader is not None  # only called for a pipeline that had one
+        return reader
+
+    return make
 
 
 #: The pid that registered the exit hook: a forked child inherits the hook, not the duty.

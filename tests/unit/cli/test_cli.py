@@ -150,11 +150,24 @@ def test_simulate_once_json_shows_every_node_and_the_hung_one(
 
 
 @pytest.mark.slow
-def test_simulate_table_repeats_until_duration(capsys: pytest.CaptureFixture[str]) -> None:
+def test_simulate_writes_one_line_per_sample_outside_a_terminal_until_duration(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
     status = main(["simulate", "--nodes", "2", "--interval", "0.2", "--duration", "0.5"])
     assert status == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert len(lines) >= 2
+    for line in lines:
+        assert line.startswith("Simulated cluster: 2 nodes, 0 hung"), line
+        assert ": 2 nodes on 2 hosts, 0 failing, " in line and " used (" in line
+
+
+@pytest.mark.slow
+def test_simulate_once_outside_a_terminal_still_writes_its_table(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    assert main(["simulate", "--nodes", "2", "--once"]) == 0
     out = capsys.readouterr().out
-    assert out.count("Simulated cluster: 2 nodes, 0 hung") >= 2
     assert "sim-node-0" in out and "sim-node-1" in out
     assert "policy" in out and "rollout" in out
 

@@ -283,6 +283,7 @@ def test_a_display_that_fails_never_touches_the_command(
         raise RuntimeError("the table cannot be drawn")
 
     monkeypatch.setattr(cli_profile, "process_table", broken)
+    monkeypatch.setattr(cli_profile, "process_line", broken)
     done = tmp_path / "done"
     script = f"sleep 0.5; echo ran > {done}; exit 7"
     assert main(["profile", "--interval", "0.1", "--", "sh", "-c", script]) == 7

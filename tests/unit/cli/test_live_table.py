@@ -68,7 +68,7 @@ def test_node_table_shows_every_column_and_errors() -> None:
 
 
 def test_node_row_json() -> None:
-    row = NodeRow("n1", "h", 1.0, 4.0, "none", 0.12345)
+    row = NodeRow("n1", "h", 1.0, 4.0, "none", 0.12345, scrape_age_s=0.01, group_age_s=8.0)
     assert row.to_json() == {
         "node_id": "n1",
         "host": "h",
@@ -77,6 +77,8 @@ def test_node_row_json() -> None:
         "used_percent": 25.0,
         "worker_groups": "none",
         "age_seconds": 0.123,
+        "scrape_age_seconds": 0.01,
+        "worker_group_age_seconds": 8.0,
         "error": None,
         "worker_group_rss_bytes": {},
         "growth_bytes_per_second": None,
@@ -117,7 +119,8 @@ def test_a_node_that_reaches_its_kill_line_within_the_hour_gets_a_warning_naming
         limit=60.8 * gib,
         time_to_limit=4e10,
     )
-    text = _render(node_table([growing, distant]))
+    # The caption wraps at the table's width: compare its words, not its line breaks.
+    text = " ".join(_render(node_table([growing, distant])).split())
     assert "+10.5 GiB/h" in text and "growth" in text
     assert (
         "warning: node aaaaaaaa (host-a) reaches its kill line (60.8 GiB) in about 16 min" in text

@@ -420,7 +420,9 @@ def test_the_node_table_shows_each_group_rss_on_its_node(
         NodeSample(node, f"host-{i}", "10.0.0.1", 1.0, 2.0, "policy,rollout", 0.0, None, "")
         for i, node in enumerate((*NODES, "c" * 56))
     ]
-    table = NodeTable(SimpleNamespace(latest=lambda: samples), clock=lambda: 1.0)
+    table = NodeTable(
+        SimpleNamespace(latest=lambda: samples, group_figures=dict), clock=lambda: 1.0
+    )
 
     rows = {row.node_id: row.group_rss for row in table.rows()}
 

@@ -74,11 +74,13 @@ def test_idle_collections_must_be_a_positive_int(bad: object) -> None:
 # _sdk_state, straight against the installed SDK -----------------------------------------
 
 
-def test_the_installed_sdk_is_in_the_tested_range() -> None:
-    from opentelemetry.sdk.version import __version__
+def test_the_installed_sdk_has_everything_lens_reaches_for() -> None:
+    _readers, instrument, current = _sdk_gauge(1)
+    current[:] = _obs("a")
+    _readers[0].get_metrics_data()
 
-    major, minor = (int(part) for part in __version__.split(".")[:2])
-    assert (major, minor) == (1, 45), (__version__, _sdk_state.TESTED_SDK_VERSIONS)
+    assert _sdk_state.layout_gap(instrument) is None
+    assert _sdk_state.cardinality_view(7)[1] is None
     assert opentelemetry.sdk is not None
 
 
@@ -119,6 +121,34 @@ def test_an_unexpected_layout_is_reported_as_unsupported() -> None:
         pass
 
     assert _sdk_state.supported(Foreign()) is False
+    assert _sdk_state.layout_gap(Foreign()) == "the instrument's _measurement_consumer"
+
+
+def test_the_gap_named_is_the_first_piece_missing() -> None:
+    readers, instrument, current = _sdk_gauge(1)
+    current[:] = _obs("a")
+    readers[0].get_metrics_data()
+    (match,) = _sdk_state._matches(instrument)
+    del match._view
+
+    assert _sdk_state.layout_gap(instrument) == "_ViewInstrumentMatch._view._attribute_keys"
+
+
+def test_a_view_without_the_cardinality_keyword_is_built_without_it_and_says_so() -> None:
+    from opentelemetry.sdk.metrics.view import View
+
+    made: list[dict[str, object]] = []
+
+    def older_view(instrument_name: str | None = None) -> View:
+        made.append({"instrument_name": instrument_name})
+        return View(instrument_name=instrument_name)
+
+    view, problem = _sdk_state.cardinality_view(500, older_view)
+
+    assert made == [{"instrument_name": "*"}] and isinstance(view, View)
+    assert problem is not None and "aggregation_cardinality_limit" in problem and "500" in problem
+    real, none = _sdk_state.cardinality_view(500)
+    assert none is None and real._aggregation_cardinality_limit == 500
 
 
 # Through lens ----------------------------------------------------------------------------
