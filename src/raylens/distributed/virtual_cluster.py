@@ -205,6 +205,30 @@ def reset_remote_function_cache() -> None:
     DEFAULT_RAY_SEAM.reset()
 
 
+def _collect_in_batches(
+    ray_api: Any, refs: list[Any], batch_size: int, timeout: dict[str, float]
+) -> list[Any]:
+    """The values of ``refs`` in their order, at most ``batch_size`` fetched at a time.
+
+    ``ray.wait`` hands refs back as they finish, so each is put back in its place.
+    A wait that returns nothing ready has run out of time (TimeoutError).
+    """
+    if len(refs) <= batch_size:
+        return list(ray_api.get(refs, **timeout))
+    position = {ref: i for i, ref in enumerate(refs)}
+    values: list[Any] = [None] * len(refs)
+    remaining = list(refs)
+    while remaining:
+        ready, remaining = ray_api.wait(
+            remaining, num_returns=min(batch_size, len(remaining)), **timeout
+        )
+        if not ready:
+            raise TimeoutError(f"{len(remaining)} result(s) not ready")
+        for ref, value in zip(ready, ray_api.get(list(ready), **timeout)):
+            values[position[ref]] = value
+    return values
+
+
 def _positive_int(label: str, value: object) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
         raise ValueError(f"{label}={value!r} must be a positive integer")
@@ -675,24 +699,17 @@ class RayVirtualCluster:
 
     def _collect(self, ray_api: Any, refs: list[Any], batch_size: int, bounded: bool) -> list[Any]:
         """The values of ``refs`` in order, fetched at most ``batch_size`` at a time."""
-        timeout = {"timeout": self.placement_timeout_s} if bounded else {}
-        if len(refs) <= batch_size:
-            return list(ray_api.get(refs, **timeout))
-        position = {ref: i for i, ref in enumerate(refs)}
-        values: list[Any] = [None] * len(refs)
-        remaining = list(refs)
-        while remaining:
-            ready, remaining = ray_api.wait(
-                remaining, num_returns=min(batch_size, len(remaining)), **timeout
+        if not bounded:  # a replaced ``ray`` gets NeMo-RL's exact calls
+            return _collect_in_batches(ray_api, refs, batch_size, {})
+        try:
+            return _collect_in_batches(
+                ray_api, refs, batch_size, {"timeout": self.placement_timeout_s}
             )
-            if not ready:
-                raise TimeoutError(
-                    f"virtual cluster {self.name!r}: {len(remaining)} bundle(s) did not report "
-                    f"an address and port within {self.placement_timeout_s:g}s"
-                )
-            for ref, value in zip(ready, ray_api.get(list(ready), **timeout)):
-                values[position[ref]] = value
-        return values
+        except (TimeoutError, ray_api.exceptions.GetTimeoutError):
+            raise TimeoutError(
+                f"virtual cluster {self.name!r}: bundles did not report an address and port "
+                f"within {self.placement_timeout_s:g}s"
+            ) from None
 
     def _repeated_ports(self, results: list[tuple[str, int] | None]) -> list[int]:
         """Positions whose port repeats an earlier one on its address, or a master port."""
