@@ -248,7 +248,8 @@ def sort_bundle_indices_by_topology(
     ``bundle_data[i]`` is :class:`BundleTopology` of bundle ``i``. Without any
     topology (every domain and rank unknown) bundles go by ``(node id, gpu id)``.
     Otherwise by the lowest rank of their domain, then their node's rank, then gpu
-    id. With ``segment_size`` (which needs ``gpus_per_node``), each domain keeps the
+    id; the bundles of one domain stay together even when two domains share their
+    lowest rank. With ``segment_size`` (which needs ``gpus_per_node``), each domain keeps the
     bundles of its whole segments only, its lowest-ranked ones, and the rest are left
     out of the result.
     """
@@ -287,10 +288,13 @@ def sort_bundle_indices_by_topology(
     for i in indices:
         domain = bundles[i].nvlink_domain
         lowest[domain] = min(lowest.get(domain, bundles[i].topo_rank), bundles[i].topo_rank)
+    # The domain itself breaks a tie between domains with the same lowest rank, so the
+    # bundles of one domain always stay together.
     return sorted(
         indices,
         key=lambda i: (
             lowest[bundles[i].nvlink_domain],
+            bundles[i].nvlink_domain,
             bundles[i].topo_rank,
             bundles[i].gpu_id,
         ),
