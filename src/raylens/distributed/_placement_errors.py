@@ -4,9 +4,9 @@ from __future__ import annotations
 
 __all__ = [
     "ClusterResourceError",
-    "PlacementTimeoutError",
     "PlacementArgumentError",
     "PlacementGroupIndexError",
+    "PlacementTimeoutError",
     "ResourceInsufficientError",
 ]
 

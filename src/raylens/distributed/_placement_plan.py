@@ -164,7 +164,9 @@ def _max_retries() -> int:
             f"{MAX_RETRIES_ENV}={printable(raw)!r} must be an integer greater than 0"
         ) from None
     if retries < 1:
-        raise PlacementArgumentError(f"{MAX_RETRIES_ENV}={retries} must be an integer greater than 0")
+        raise PlacementArgumentError(
+            f"{MAX_RETRIES_ENV}={retries} must be an integer greater than 0"
+        )
     return retries
 
 
@@ -216,3 +218,107 @@ def _remove_placement_groups(groups: list[Any], seam: RaySeam = DEFAULT_RAY_SEAM
                 "virtual_cluster.remove_placement_group",
                 f"could not remove placement group {group!r}; it is released when the Ray job ends",
             )
+
+
+def _missing_resources_message(
+    name: str,
+    counts: Sequence[int],
+    bundle: Mapping[str, float],
+    missing: Mapping[str, tuple[float, float]],
+) -> str:
+    lines = [
+        f"the Ray cluster cannot hold virtual cluster {name!r} ({list(counts)} bundles of {dict(bundle)}):"
+    ]
+    for resource, (needed, present) in missing.items():
+        lines.append(f"  {resource}: needs {needed:g}, the cluster has {present:g}")
+    if "GPU" in missing:
+        lines.append("  on a cluster without GPUs, build the virtual cluster with use_gpus=False")
+    return "\n".join(lines)
+
+
+def _unplaced_message(
+    name: str, bundle: Mapping[str, float], timeout_s: float, unplaced: Sequence[_GroupPlan]
+) -> str:
+    described = "; ".join(
+        f"{group.name!r} ({group.bundle_count} bundles of {dict(bundle)}, "
+        f"{group.strategy}, logical nodes {group.nodes})"
+        for group in unplaced
+    )
+    return (
+        f"virtual cluster {name!r}: {len(unplaced)} placement group(s) did not place "
+        f"within {timeout_s:g}s: {described}. The cluster has the resources in total, so "
+        "they are probably held by others or split across nodes in a way this strategy "
+        "cannot use. Every group this cluster created has been removed."
+    )
+
+
+class _BundleLayout:
+    """Where each bundle of a virtual cluster is, by arithmetic on its per-node counts.
+
+    Bundles are addressed as ``(node index, local index)``, where nodes are counted
+    among those that hold bundles: ``[2, 0, 2]`` has nodes 0 and 1. Once a unified
+    group is placed, ``_bundle_nodes`` holds the Ray node id of each of its bundles.
+    """
+
+    _bundle_ct_per_node_list: list[int]
+    use_unified_pg: bool
+    _bundle_nodes: list[str] | None
+
+    @property
+    def bundle_ct_per_node_list(self) -> list[int]:
+        """Bundles per logical node (a copy)."""
+        return list(self._bundle_ct_per_node_list)
+
+    def world_size(self) -> int:
+        """Total number of bundles."""
+        return sum(self._bundle_ct_per_node_list)
+
+    def node_count(self) -> int:
+        """Number of logical nodes that hold at least one bundle."""
+        return sum(1 for count in self._bundle_ct_per_node_list if count > 0)
+
+    def node_and_local_index(self, node_idx: int, local_bundle_idx: int) -> tuple[int, int]:
+        """``(NODE_RANK, LOCAL_RANK)`` of bundle ``(node_idx, local_bundle_idx)``.
+
+        A local index past the end of its node continues on the following nodes, which
+        is how a tied group that spans nodes is addressed from its first node. With
+        per-node groups this is the group's position and the bundle's index in it;
+        with a unified group that has been placed, the rank of the Ray node holding
+        the bundle and the bundle's index among those on that node.
+        """
+        global_idx, node, local = self._resolve(node_idx, local_bundle_idx)
+        if self.use_unified_pg and self._bundle_nodes is not None:
+            return _ranks_from_bundle_nodes(self._bundle_nodes)[global_idx]
+        return node, local
+
+    def _resolve(self, node_idx: int, local_bundle_idx: int) -> tuple[int, int, int]:
+        """``(global bundle index, node, index on that node)``; ValueError if absent.
+
+        Nodes are counted among those that hold bundles.
+        """
+        counts = [count for count in self._bundle_ct_per_node_list if count > 0]
+        if not (0 <= node_idx < len(counts)) or local_bundle_idx < 0:
+            raise ValueError(self._bad_bundle_message(node_idx, local_bundle_idx))
+        global_idx = sum(counts[:node_idx]) + local_bundle_idx
+        if global_idx >= self.world_size():
+            raise ValueError(self._bad_bundle_message(node_idx, local_bundle_idx))
+        remaining = global_idx
+        for node, count in enumerate(counts):
+            if remaining < count:
+                return global_idx, node, remaining
+            remaining -= count
+        raise AssertionError("unreachable: the global index was range-checked")
+
+    def _bundle_address(self, node_idx: int, local_bundle_idx: int) -> tuple[int, int, int]:
+        """``(placement group position, bundle index in that group, logical node)``."""
+        global_idx, node, local = self._resolve(node_idx, local_bundle_idx)
+        if self.use_unified_pg:
+            return 0, global_idx, node
+        return node, local, node
+
+    def _bad_bundle_message(self, node_idx: int, local_bundle_idx: int) -> str:
+        return (
+            f"bundle ({node_idx}, {local_bundle_idx}) is not in this virtual cluster: it has "
+            f"{self.node_count()} nodes with bundles ({self._bundle_ct_per_node_list} "
+            "bundles per node; empty nodes are not counted)"
+        )

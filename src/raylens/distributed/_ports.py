@@ -123,8 +123,7 @@ def _bind_socket_in_range(
             return port
         tried = f"{max_retries} attempts"
     raise PortRangeError(
-        f"Could not find a free port in range [{port_range_low}, {port_range_high}) "
-        f"after {tried}"
+        f"Could not find a free port in range [{port_range_low}, {port_range_high}) after {tried}"
     )
 
 

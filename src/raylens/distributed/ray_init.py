@@ -46,7 +46,7 @@ class ClusterConfig(_ClusterConfigRequired, total=False):
     segment_size: int | None
 
 
-class PY_EXECUTABLES:  # noqa: N801 - NeMo-RL's name
+class PY_EXECUTABLES:
     """The interpreter to run workers with, per dependency set.
 
     NeMo-RL builds one virtual environment per set (``uv run --extra vllm`` and so

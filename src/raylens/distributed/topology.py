@@ -34,6 +34,8 @@ __all__ = [
     "TOPO_RANK_KEY",
     "TOPO_RANK_UNKNOWN",
     "BundleTopology",
+    "bundle_order_from_labels",
+    "bundle_topology_from_labels",
     "get_ray_cluster_topology",
     "get_reordered_bundle",
     "prepare_segment_topology",
@@ -117,7 +119,8 @@ def topology_of_nodes(nodes: Iterable[Mapping[str, Any]]) -> Topology:
         node_id = node.get("NodeID")
         if not isinstance(node_id, str) or not node_id:
             _LOGGER.warning(
-                "topology: skipping a node record without a node id: %s", printable(repr(node)[:200])
+                "topology: skipping a node record without a node id: %s",
+                printable(repr(node)[:200]),
             )
             continue
         topology[node_id] = _node_topology(node)
@@ -319,6 +322,25 @@ def bundle_topology_from_labels(
     return data
 
 
+def bundle_order_from_labels(
+    bundle_nodes: Sequence[str],
+    nodes: Iterable[Mapping[str, Any]],
+    segment_size: int | None = None,
+    bundles_per_node: int | None = None,
+) -> tuple[list[int], tuple[str, ...]] | None:
+    """``(bundle order, domain per bundle)`` from node records alone; None without labels.
+
+    For CPU-only Ray, where no GPU ids exist: bundles on one node keep their order.
+    """
+    data = bundle_topology_from_labels(bundle_nodes, topology_of_nodes(nodes))
+    if all(
+        b.nvlink_domain == NVLINK_DOMAIN_UNKNOWN and b.topo_rank == TOPO_RANK_UNKNOWN for b in data
+    ):
+        return None
+    order = sort_bundle_indices_by_topology(data, segment_size, bundles_per_node)
+    return order, tuple(b.nvlink_domain for b in data)
+
+
 def get_reordered_bundle(
     pg: Any,
     segment_size: int | None = None,
@@ -356,7 +378,9 @@ def get_reordered_bundle(
     ]
     gpu_ids = [int(gpu) for gpu in ray.get(refs)]
     data = [
-        BundleTopology(gpu_ids[i], *topology.get(node, (NVLINK_DOMAIN_UNKNOWN, TOPO_RANK_UNKNOWN)), node)
+        BundleTopology(
+            gpu_ids[i], *topology.get(node, (NVLINK_DOMAIN_UNKNOWN, TOPO_RANK_UNKNOWN)), node
+        )
         for i, node in enumerate(bundle_nodes)
     ]
     order = sort_bundle_indices_by_topology(data, segment_size, gpus_per_node)

@@ -26,7 +26,6 @@ import weakref
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from raylens.distributed import _ports
 from raylens.distributed._placement_errors import (
     ClusterResourceError,
     PlacementArgumentError,
@@ -37,6 +36,7 @@ from raylens.distributed._placement_errors import (
 from raylens.distributed._placement_plan import (
     MAX_RETRIES_ENV,
     PLACEMENT_STRATEGIES,
+    _BundleLayout,
     _checked_constraints,
     _checked_counts,
     _checked_port_range,
@@ -45,10 +45,23 @@ from raylens.distributed._placement_plan import (
     _group_plans,
     _GroupPlan,
     _max_retries,
-    _missing_resources,
-    _ranks_from_bundle_nodes,
+    _missing_resources_message,
     _remove_placement_groups,
     _unified_by_default,
+    _unplaced_message,
+)
+from raylens.distributed._placement_plan import _missing_resources as _missing_resources
+from raylens.distributed._placement_plan import (
+    _ranks_from_bundle_nodes as _ranks_from_bundle_nodes,
+)
+from raylens.distributed._port_discovery import (
+    PORT_ROUNDS,
+    _collect_in_batches,
+    _port_finder_of,
+    _PortFinderStandIn,
+    _RayStandIn,
+    _repeated_ports,
+    _StrategyStandIn,
 )
 from raylens.distributed._ports import (
     DEFAULT_DYNAMO_CONTROL_PORT_RANGE_HIGH,
@@ -70,11 +83,13 @@ from raylens.distributed._ports import (
     DEFAULT_VLLM_PORT_RANGE_LOW,
     DEFAULT_VLLM_PORTS_PER_ENGINE,
     PortRangeError,
-    _bind_socket_in_range,
-    _get_free_consecutive_ports_local,
-    _get_free_port_local,
-    _get_node_ip_local,
 )
+from raylens.distributed._ports import _bind_socket_in_range as _bind_socket_in_range
+from raylens.distributed._ports import (
+    _get_free_consecutive_ports_local as _get_free_consecutive_ports_local,
+)
+from raylens.distributed._ports import _get_free_port_local as _get_free_port_local
+from raylens.distributed._ports import _get_node_ip_local as _get_node_ip_local
 from raylens.distributed.ray_init import PY_EXECUTABLES, ClusterConfig, init_ray
 from raylens.distributed.ray_seam import DEFAULT_RAY_SEAM, RaySeam
 from raylens.distributed.topology import (
@@ -82,15 +97,11 @@ from raylens.distributed.topology import (
     NVLINK_DOMAIN_UNKNOWN,
     TOPO_RANK_KEY,
     TOPO_RANK_UNKNOWN,
-    bundle_topology_from_labels,
+    bundle_order_from_labels,
     get_ray_cluster_topology,
     get_reordered_bundle,
     prepare_segment_topology,
     select_segment_nodes,
-    topology_of_nodes,
-)
-from raylens.distributed.topology import (
-    sort_bundle_indices_by_topology as _sort_bundle_indices_by_topology,
 )
 from raylens.validation import positive_seconds
 
@@ -135,51 +146,6 @@ __all__ = [
 
 _LOGGER = logging.getLogger("raylens.distributed")
 
-# Rounds of asking again for bundles whose port repeats one already handed out.
-_PORT_ROUNDS = 10
-
-
-class _RayStandIn:
-    """Stands for the ``ray`` module until it is needed; the module is imported then."""
-
-    def __getattr__(self, name: str) -> Any:
-        import ray as ray_module
-
-        return getattr(ray_module, name)
-
-    def __repr__(self) -> str:
-        return "<ray, imported on first use>"
-
-
-class _StrategyStandIn:
-    """Stands for Ray's ``PlacementGroupSchedulingStrategy`` class."""
-
-    def __call__(self, **kwargs: Any) -> Any:
-        from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
-
-        return PlacementGroupSchedulingStrategy(**kwargs)
-
-
-def _port_finder_of(seam: RaySeam) -> Any:
-    """The remote function that reports a node's IP and a free port in a range."""
-    return seam.remote(
-        "node_ip_and_free_port",
-        lambda ray_module: ray_module.remote(num_cpus=0, num_gpus=0)(
-            _ports._node_ip_and_free_port
-        ),
-    )
-
-
-class _PortFinderStandIn:
-    """Stands for the remote function ``_get_node_ip_and_free_port`` (built on first use)."""
-
-    def options(self, **options: Any) -> Any:
-        return _port_finder_of(DEFAULT_RAY_SEAM).options(**options)
-
-    def remote(self, *args: Any, **kwargs: Any) -> Any:
-        return _port_finder_of(DEFAULT_RAY_SEAM).remote(*args, **kwargs)
-
-
 _RAY_STAND_IN = _RayStandIn()
 _STRATEGY_STAND_IN = _StrategyStandIn()
 _PORT_FINDER_STAND_IN = _PortFinderStandIn()
@@ -187,46 +153,10 @@ ray: Any = _RAY_STAND_IN
 PlacementGroupSchedulingStrategy: Any = _STRATEGY_STAND_IN
 _get_node_ip_and_free_port: Any = _PORT_FINDER_STAND_IN
 
-# Re-exported for callers of the old names in this module.
-_reexported = (
-    _bind_socket_in_range,
-    _get_free_consecutive_ports_local,
-    _get_free_port_local,
-    _get_node_ip_local,
-    _missing_resources,
-    _ranks_from_bundle_nodes,
-    _sort_bundle_indices_by_topology,
-    topology_of_nodes,
-)
-
 
 def reset_remote_function_cache() -> None:
     """Forget the Ray remote definitions of the default seam (rebuilt on next use)."""
     DEFAULT_RAY_SEAM.reset()
-
-
-def _collect_in_batches(
-    ray_api: Any, refs: list[Any], batch_size: int, timeout: dict[str, float]
-) -> list[Any]:
-    """The values of ``refs`` in their order, at most ``batch_size`` fetched at a time.
-
-    ``ray.wait`` hands refs back as they finish, so each is put back in its place.
-    A wait that returns nothing ready has run out of time (TimeoutError).
-    """
-    if len(refs) <= batch_size:
-        return list(ray_api.get(refs, **timeout))
-    position = {ref: i for i, ref in enumerate(refs)}
-    values: list[Any] = [None] * len(refs)
-    remaining = list(refs)
-    while remaining:
-        ready, remaining = ray_api.wait(
-            remaining, num_returns=min(batch_size, len(remaining)), **timeout
-        )
-        if not ready:
-            raise TimeoutError(f"{len(remaining)} result(s) not ready")
-        for ref, value in zip(ready, ray_api.get(list(ready), **timeout)):
-            values[position[ref]] = value
-    return values
 
 
 def _positive_int(label: str, value: object) -> int:
@@ -235,7 +165,7 @@ def _positive_int(label: str, value: object) -> int:
     return value
 
 
-class RayVirtualCluster:
+class RayVirtualCluster(_BundleLayout):
     """Placement-group bundles reserved on a Ray cluster for worker groups.
 
     ``bundle_ct_per_node_list[i]`` is the number of bundles on logical node ``i``. Each
@@ -343,19 +273,6 @@ class RayVirtualCluster:
 
     # ---- description ------------------------------------------------------------------
 
-    @property
-    def bundle_ct_per_node_list(self) -> list[int]:
-        """Bundles per logical node (a copy)."""
-        return list(self._bundle_ct_per_node_list)
-
-    def world_size(self) -> int:
-        """Total number of bundles."""
-        return sum(self._bundle_ct_per_node_list)
-
-    def node_count(self) -> int:
-        """Number of logical nodes that hold at least one bundle."""
-        return sum(1 for count in self._bundle_ct_per_node_list if count > 0)
-
     def bundle_resources(self, node_idx: int | None = None) -> dict[str, float]:
         """The resources one bundle (of logical node ``node_idx``, when given) reserves."""
         resources: dict[str, float] = {"CPU": self.max_colocated_worker_groups}
@@ -374,53 +291,10 @@ class RayVirtualCluster:
 
     def _group_plan(self) -> list[_GroupPlan]:
         return _group_plans(
-            self.name, self._bundle_ct_per_node_list, self.placement_group_strategy, self.use_unified_pg
-        )
-
-    def node_and_local_index(self, node_idx: int, local_bundle_idx: int) -> tuple[int, int]:
-        """``(NODE_RANK, LOCAL_RANK)`` of bundle ``(node_idx, local_bundle_idx)``.
-
-        A local index past the end of its node continues on the following nodes, which
-        is how a tied group that spans nodes is addressed from its first node. With
-        per-node groups this is the group's position and the bundle's index in it;
-        with a unified group that has been placed, the rank of the Ray node holding
-        the bundle and the bundle's index among those on that node.
-        """
-        global_idx, node, local = self._resolve(node_idx, local_bundle_idx)
-        if self.use_unified_pg and self._bundle_nodes is not None:
-            return _ranks_from_bundle_nodes(self._bundle_nodes)[global_idx]
-        return node, local
-
-    def _resolve(self, node_idx: int, local_bundle_idx: int) -> tuple[int, int, int]:
-        """``(global bundle index, node, index on that node)``; ValueError if absent.
-
-        Nodes are counted among those that hold bundles.
-        """
-        counts = [count for count in self._bundle_ct_per_node_list if count > 0]
-        if not (0 <= node_idx < len(counts)) or local_bundle_idx < 0:
-            raise ValueError(self._bad_bundle_message(node_idx, local_bundle_idx))
-        global_idx = sum(counts[:node_idx]) + local_bundle_idx
-        if global_idx >= self.world_size():
-            raise ValueError(self._bad_bundle_message(node_idx, local_bundle_idx))
-        remaining = global_idx
-        for node, count in enumerate(counts):
-            if remaining < count:
-                return global_idx, node, remaining
-            remaining -= count
-        raise AssertionError("unreachable: the global index was range-checked")
-
-    def _bundle_address(self, node_idx: int, local_bundle_idx: int) -> tuple[int, int, int]:
-        """``(placement group position, bundle index in that group, logical node)``."""
-        global_idx, node, local = self._resolve(node_idx, local_bundle_idx)
-        if self.use_unified_pg:
-            return 0, global_idx, node
-        return node, local, node
-
-    def _bad_bundle_message(self, node_idx: int, local_bundle_idx: int) -> str:
-        return (
-            f"bundle ({node_idx}, {local_bundle_idx}) is not in this virtual cluster: it has "
-            f"{self.node_count()} nodes with bundles ({self._bundle_ct_per_node_list} "
-            "bundles per node; empty nodes are not counted)"
+            self.name,
+            self._bundle_ct_per_node_list,
+            self.placement_group_strategy,
+            self.use_unified_pg,
         )
 
     # ---- reaching Ray -----------------------------------------------------------------
@@ -504,7 +378,11 @@ class RayVirtualCluster:
             )
             self._sorted_bundle_indices = self._get_sorted_bundle_indices()
             return groups
-        kind = ClusterResourceError if isinstance(last, ClusterResourceError) else ResourceInsufficientError
+        kind = (
+            ClusterResourceError
+            if isinstance(last, ClusterResourceError)
+            else ResourceInsufficientError
+        )
         raise kind(
             f"virtual cluster {self.name!r}: no placement after {attempts} attempt(s) "
             f"({MAX_RETRIES_ENV} sets how many); the last failure: {last}"
@@ -563,18 +441,11 @@ class RayVirtualCluster:
         else:
             if self._bundle_nodes is None:
                 return None
-            data = bundle_topology_from_labels(
-                self._bundle_nodes, topology_of_nodes(ray_api.nodes())
-            )
-            if all(
-                entry.nvlink_domain == NVLINK_DOMAIN_UNKNOWN
-                and entry.topo_rank == TOPO_RANK_UNKNOWN
-                for entry in data
-            ):
+            per_node = max(self._bundle_ct_per_node_list) if segment else None
+            found = bundle_order_from_labels(self._bundle_nodes, ray_api.nodes(), segment, per_node)
+            if found is None:
                 return None  # no labels: the bundles keep Ray's order
-            bundles_per_node = max(self._bundle_ct_per_node_list) if segment else None
-            order = _sort_bundle_indices_by_topology(data, segment, bundles_per_node)
-            domains = tuple(entry.nvlink_domain for entry in data)
+            order, domains = found
         self._nvlink_domain_per_bundle_index = domains
         if len(order) != len(domains):
             raise PlacementArgumentError(
@@ -586,30 +457,13 @@ class RayVirtualCluster:
         return order
 
     def _missing_resources_message(self, missing: dict[str, tuple[float, float]]) -> str:
-        lines = [
-            f"the Ray cluster cannot hold virtual cluster {self.name!r} "
-            f"({self._bundle_ct_per_node_list} bundles of {self.bundle_resources()}):"
-        ]
-        for resource, (needed, present) in missing.items():
-            lines.append(f"  {resource}: needs {needed:g}, the cluster has {present:g}")
-        if "GPU" in missing:
-            lines.append(
-                "  on a cluster without GPUs, build the virtual cluster with use_gpus=False"
-            )
-        return "\n".join(lines)
+        return _missing_resources_message(
+            self.name, self._bundle_ct_per_node_list, self.bundle_resources(), missing
+        )
 
     def _unplaced_message(self, unplaced: list[_GroupPlan]) -> str:
-        described = "; ".join(
-            f"{group.name!r} ({group.bundle_count} bundles of {self.bundle_resources()}, "
-            f"{group.strategy}, logical nodes {group.nodes})"
-            for group in unplaced
-        )
-        return (
-            f"virtual cluster {self.name!r}: {len(unplaced)} placement group(s) did not place "
-            f"within {self.placement_timeout_s:g}s: {described}. The cluster has the "
-            "resources in total, so they are probably held by others or split across "
-            "nodes in a way this strategy cannot use. Every group this cluster created "
-            "has been removed."
+        return _unplaced_message(
+            self.name, self.bundle_resources(), self.placement_timeout_s, unplaced
         )
 
     def get_bundle_location(self, node_idx: int, local_bundle_idx: int) -> tuple[Any, int]:
@@ -632,14 +486,14 @@ class RayVirtualCluster:
         """
         self.get_placement_groups()
         bundle = self._sorted_bundle_indices[0] if self._sorted_bundle_indices else 0
-        for _ in range(_PORT_ROUNDS):
+        for _ in range(PORT_ROUNDS):
             address, port = self.get_available_address_and_port(0, bundle)
             if port not in self._allocated_master_ports:
                 self._allocated_master_ports.add(port)
                 return address, port
         raise PortRangeError(
             f"virtual cluster {self.name!r}: no master port outside the "
-            f"{len(self._allocated_master_ports)} already handed out after {_PORT_ROUNDS} "
+            f"{len(self._allocated_master_ports)} already handed out after {PORT_ROUNDS} "
             f"tries in [{self.port_range_low}, {self.port_range_high})"
         )
 
@@ -666,16 +520,16 @@ class RayVirtualCluster:
         bounded = self._patched_ray() is None
         results: list[tuple[str, int] | None] = [None] * len(pairs)
         pending = list(range(len(pairs)))
-        for _ in range(_PORT_ROUNDS):
+        for _ in range(PORT_ROUNDS):
             refs = [self._ask_port(ray_api, groups, *pairs[i]) for i in pending]
             for i, answer in zip(pending, self._collect(ray_api, refs, batch_size, bounded)):
                 results[i] = (str(answer[0]), int(answer[1]))
-            pending = self._repeated_ports(results)
+            pending = _repeated_ports(results, self._allocated_master_ports)
             if not pending:
                 return [result for result in results if result is not None]
         raise PortRangeError(
             f"virtual cluster {self.name!r}: {len(pending)} bundle(s) kept getting ports "
-            f"already handed out after {_PORT_ROUNDS} rounds in "
+            f"already handed out after {PORT_ROUNDS} rounds in "
             f"[{self.port_range_low}, {self.port_range_high}); widen the port range"
         )
 
@@ -711,18 +565,6 @@ class RayVirtualCluster:
                 f"within {self.placement_timeout_s:g}s"
             ) from None
 
-    def _repeated_ports(self, results: list[tuple[str, int] | None]) -> list[int]:
-        """Positions whose port repeats an earlier one on its address, or a master port."""
-        seen: set[tuple[str, int]] = set()
-        repeated = []
-        for i, result in enumerate(results):
-            if result is None:
-                continue
-            if result in seen or result[1] in self._allocated_master_ports:
-                repeated.append(i)
-            seen.add(result)
-        return repeated
-
     def _addresses_and_ports(self, bundles: Sequence[tuple[Any, int]]) -> list[tuple[str, int]]:
         """``(node IP, free port)`` for each ``(placement group, bundle index)``."""
         groups = self.get_placement_groups()
@@ -753,4 +595,3 @@ class RayVirtualCluster:
             f"strategy={self.placement_group_strategy!r}, use_gpus={self.use_gpus}, "
             f"reserved={self._node_placement_groups is not None})"
         )
-

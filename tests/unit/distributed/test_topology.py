@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import logging
 
 import pytest
@@ -129,7 +130,9 @@ def test_training_then_inference_take_disjoint_segments() -> None:
     assert inference == [{"c": 0.001}] * 8 and left == []
 
 
-def test_no_segment_size_or_no_domains_means_no_constraints(caplog: pytest.LogCaptureFixture) -> None:
+def test_no_segment_size_or_no_domains_means_no_constraints(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
     assert prepare_segment_topology(None, 4) == (None, [], {})
     plain = racks(**{NVLINK_DOMAIN_UNKNOWN: [-1, -1]})
     with caplog.at_level(logging.WARNING, logger="raylens.distributed"):
@@ -189,7 +192,7 @@ def test_order_is_a_permutation_with_each_domain_contiguous(
     assert sorted(order) == list(range(len(data)))
     domains = [data[i][1] for i in order]
     finished: set[str] = set()
-    for before, after in zip(domains, domains[1:]):
+    for before, after in itertools.pairwise(domains):
         if after != before:
             finished.add(before)
             assert after not in finished

@@ -115,7 +115,9 @@ def test_retries_run_out_with_the_last_shortfall_named(
     monkeypatch.setenv(RETRIES, "4")
     sleeper = Sleeper()
     made = cluster(fake_ray, [20], sleep=sleeper)
-    with pytest.raises(ClusterResourceError, match=r"(?s)4 attempt.*CPU: needs 20, the cluster has 16"):
+    with pytest.raises(
+        ClusterResourceError, match=r"(?s)4 attempt.*CPU: needs 20, the cluster has 16"
+    ):
         made.get_placement_groups()
     assert made._node_placement_groups is None
     assert sleeper.slept == [1, 2, 4, 8]

@@ -6,6 +6,7 @@ outcome does not depend on what else runs on this machine.
 
 from __future__ import annotations
 
+import itertools
 import random
 from collections.abc import Iterator
 
@@ -74,7 +75,7 @@ def test_bands_are_ordered_apart_and_below_the_ephemeral_floor() -> None:
             vc.DEFAULT_SGLANG_PROMETHEUS_PORT_RANGE_HIGH,
         ),
     ]
-    for (low, high), (next_low, _) in zip(bands, bands[1:]):
+    for (low, high), (next_low, _) in itertools.pairwise(bands):
         assert 1024 < low < high <= next_low < EPHEMERAL_FLOOR
     # Dynamo's HTTP and system endpoints sit inside the generation band.
     assert (
@@ -88,7 +89,7 @@ def test_bands_are_ordered_apart_and_below_the_ephemeral_floor() -> None:
     # Eight vLLM engines stay under the SGLang carve-out and above Ray's dashboard port.
     top_engine = vc.DEFAULT_VLLM_PORT_RANGE_LOW + 8 * vc.DEFAULT_VLLM_PORTS_PER_ENGINE
     assert top_engine < vc.DEFAULT_SGLANG_ROUTER_PORT_RANGE_LOW
-    assert 8265 < vc.DEFAULT_SGLANG_ROUTER_PORT_RANGE_LOW
+    assert vc.DEFAULT_SGLANG_ROUTER_PORT_RANGE_LOW > 8265
 
 
 def test_bind_in_range_retries_taken_ports(sockets: Sockets) -> None:
