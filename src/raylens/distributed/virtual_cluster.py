@@ -102,6 +102,7 @@ from raylens.distributed.topology import (
     get_reordered_bundle,
     prepare_segment_topology,
     select_segment_nodes,
+    sort_bundle_indices_by_topology,
 )
 from raylens.validation import positive_seconds
 
@@ -145,6 +146,9 @@ __all__ = [
 ]
 
 _LOGGER = logging.getLogger("raylens.distributed")
+
+#: NeMo-RL's name for :func:`~raylens.distributed.topology.sort_bundle_indices_by_topology`.
+_sort_bundle_indices_by_topology = sort_bundle_indices_by_topology
 
 _RAY_STAND_IN = _RayStandIn()
 _STRATEGY_STAND_IN = _StrategyStandIn()

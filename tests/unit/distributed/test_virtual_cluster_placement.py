@@ -182,3 +182,48 @@ def test_unified_cpu_cluster_without_labels_keeps_ray_s_order(fake_ray: FakeRay)
     made = cluster(fake_ray, [2, 2], use_unified_pg=True)
     made.get_placement_groups()
     assert made._sorted_bundle_indices is None
+
+
+def test_every_name_nemo_rl_s_tests_import_is_here() -> None:
+    from raylens.distributed import virtual_cluster as vc
+
+    names = [
+        "DEFAULT_GENERATION_PORT_RANGE_HIGH",
+        "DEFAULT_GENERATION_PORT_RANGE_LOW",
+        "DEFAULT_GYM_PORT_RANGE_HIGH",
+        "DEFAULT_GYM_PORT_RANGE_LOW",
+        "DEFAULT_MASTER_PORT_RANGE_HIGH",
+        "DEFAULT_MASTER_PORT_RANGE_LOW",
+        "DEFAULT_SGLANG_PROMETHEUS_PORT_RANGE_HIGH",
+        "DEFAULT_SGLANG_PROMETHEUS_PORT_RANGE_LOW",
+        "DEFAULT_SGLANG_ROUTER_PORT_RANGE_HIGH",
+        "DEFAULT_SGLANG_ROUTER_PORT_RANGE_LOW",
+        "DEFAULT_VLLM_PORT_RANGE_LOW",
+        "DEFAULT_VLLM_PORTS_PER_ENGINE",
+        "DEFAULT_DYNAMO_CONTROL_PORT_RANGE_LOW",
+        "DEFAULT_DYNAMO_HTTP_PORT_RANGE_HIGH",
+        "DEFAULT_DYNAMO_SYSTEM_PORT_RANGE_LOW",
+        "PY_EXECUTABLES",
+        "RayVirtualCluster",
+        "ResourceInsufficientError",
+        "ClusterConfig",
+        "init_ray",
+        "_bind_socket_in_range",
+        "_get_free_consecutive_ports_local",
+        "_get_free_port_local",
+        "_get_node_ip_and_free_port",
+        "_get_node_ip_local",
+        "NVLINK_DOMAIN_PREFIX",
+        "TOPO_RANK_KEY",
+        "NVLINK_DOMAIN_UNKNOWN",
+        "TOPO_RANK_UNKNOWN",
+        "_sort_bundle_indices_by_topology",
+        "select_segment_nodes",
+        "prepare_segment_topology",
+        "get_ray_cluster_topology",
+        "get_reordered_bundle",
+        "ray",
+        "PlacementGroupSchedulingStrategy",
+    ]
+    missing = [name for name in names if not hasattr(vc, name)]
+    assert missing == []
