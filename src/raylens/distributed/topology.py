@@ -64,10 +64,11 @@ Topology = dict[str, tuple[str, int]]
 class BundleTopology(NamedTuple):
     """Where one bundle sits: ``(gpu_id, nvlink_domain, topo_rank, node_id)``.
 
-    On CPU-only Ray the first field is the bundle's index among those on its node.
+    ``gpu_id`` is what Ray reports (an integer, or a string where devices are named by
+    UUID); on CPU-only Ray it is the bundle's index among those on its node.
     """
 
-    gpu_id: int
+    gpu_id: Any
     nvlink_domain: str
     topo_rank: int
     node_id: str
@@ -347,7 +348,7 @@ def get_reordered_bundle(
     gpus_per_node: int | None = None,
     *,
     ray: Any = None,
-) -> tuple[list[int], list[int], tuple[str, ...]]:
+) -> tuple[list[int], list[Any], tuple[str, ...]]:
     """``(bundle order, GPU id per ordered bundle, domain per original bundle)`` of ``pg``.
 
     Needs GPUs: one short task per bundle asks Ray for the GPU it was given. The
@@ -376,7 +377,8 @@ def get_reordered_bundle(
         ).remote()
         for i in range(count)
     ]
-    gpu_ids = [int(gpu) for gpu in ray.get(refs)]
+    # Kept as Ray gives them: integers, or strings where devices are named by UUID.
+    gpu_ids = list(ray.get(refs))
     data = [
         BundleTopology(
             gpu_ids[i], *topology.get(node, (NVLINK_DOMAIN_UNKNOWN, TOPO_RANK_UNKNOWN)), node
@@ -387,8 +389,8 @@ def get_reordered_bundle(
     return order, [gpu_ids[i] for i in order], tuple(b.nvlink_domain for b in data)
 
 
-def _first_gpu_id() -> int:
+def _first_gpu_id() -> Any:
     """Runs in a bundle: the first GPU Ray gave this task."""
     import ray
 
-    return int(ray.get_gpu_ids()[0])
+    return ray.get_gpu_ids()[0]

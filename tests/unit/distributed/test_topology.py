@@ -209,3 +209,57 @@ def test_bundle_topology_from_labels_counts_bundles_per_node() -> None:
         BundleTopology(0, NVLINK_DOMAIN_UNKNOWN, TOPO_RANK_UNKNOWN, "b"),
         BundleTopology(1, "nvlink_domain_r", 3, "a"),
     ]
+
+
+# ---- with GPUs (on FakeRay: the GPU id each bundle's task reports is scripted) ------
+
+
+def scripted_gpu_ids(monkeypatch: pytest.MonkeyPatch, ids: list[int]) -> None:
+    answers = iter(ids)
+    monkeypatch.setattr(topo, "_first_gpu_id", lambda: next(answers))
+
+
+def test_reordered_bundle_asks_each_bundle_for_its_gpu(
+    fake_ray: FakeRay, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    first, second = fake_ray.node_ids
+    fake_ray.node_labels[first] = {"nvlink_domain": "r", "topo_rank": "8"}
+    fake_ray.node_labels[second] = {"nvlink_domain": "r", "topo_rank": "2"}
+    # SPREAD alternates the bundles: first, second, first, second.
+    pg = fake_ray.util.placement_group([{"GPU": 1}] * 4, strategy="SPREAD")
+    scripted_gpu_ids(monkeypatch, [1, 1, 0, 0])
+    order, gpus, domains = topo.get_reordered_bundle(pg, ray=fake_ray)
+    assert order == [3, 1, 2, 0]  # the rank-2 node first, each node by GPU id
+    assert gpus == [0, 1, 0, 1]
+    assert domains == ("nvlink_domain_r",) * 4
+    asked = [options for name, _, options in fake_ray.tasks if name == "<lambda>"]
+    assert [o["scheduling_strategy"].placement_group_bundle_index for o in asked] == [0, 1, 2, 3]
+    assert all(o["num_gpus"] == 0.01 for o in asked)
+
+
+def test_unified_gpu_cluster_orders_bundles_and_refuses_broken_segments(
+    fake_ray: FakeRay, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from raylens.distributed.virtual_cluster import RayVirtualCluster
+
+    for node_id in fake_ray.node_ids:
+        fake_ray.node_resources[node_id]["GPU"] = 2.0
+    first, second = fake_ray.node_ids
+    fake_ray.node_resources[first].update({"nvlink_domain_a": 1.0, "topo_rank": 5.0})
+    fake_ray.node_resources[second].update({"nvlink_domain_b": 1.0, "topo_rank": 1.0})
+    scripted_gpu_ids(monkeypatch, [0, 0, 1, 1])
+    cluster = RayVirtualCluster(
+        [2, 2], num_gpus_per_node=2, use_unified_pg=True, ray_seam=fake_ray.seam()
+    )
+    cluster.get_placement_groups()
+    assert cluster._sorted_bundle_indices == [1, 3, 0, 2]
+    assert cluster._nvlink_domain_per_bundle_index == ("nvlink_domain_a", "nvlink_domain_b") * 2
+    cluster.shutdown()
+    # Two domains of one node each cannot make segments of two nodes.
+    scripted_gpu_ids(monkeypatch, [0, 0, 1, 1])
+    segmented = RayVirtualCluster(
+        [2, 2], num_gpus_per_node=2, segment_size=2, use_unified_pg=True, ray_seam=fake_ray.seam()
+    )
+    with pytest.raises(AssertionError, match=r"kept 0 of 4 bundles"):
+        segmented.get_placement_groups()
+    segmented.shutdown()
