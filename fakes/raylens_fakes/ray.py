@@ -3,7 +3,8 @@
 :class:`FakeRay` is an object shaped like the parts of ``ray`` that raylens' distributed
 layer calls: ``remote`` (actor classes and functions, with ``.options(...).remote(...)``),
 ``get``, ``wait``, ``put``, ``kill``, ``cancel``, ``is_initialized``, ``exceptions``,
-``get_runtime_context``, ``nodes`` and ``util`` (placement groups, their table,
+``get_runtime_context``, ``nodes`` (with ``node_resources`` and ``node_labels``),
+``cluster_resources`` and ``util`` (placement groups, their table,
 scheduling strategies). Nothing runs in another process: an actor is an instance of the
 decorated class on a named node, and a method call runs when its result is first asked
 for. Every effect is recorded (``actors``, ``killed``, ``submitted``, ``wait_timeouts``,
@@ -350,6 +351,11 @@ class FakeRay:
         self.wait_error: BaseException | None = None
         self.placement_groups: list[FakeRayPlacementGroup] = []
         self.pending_placement = False
+        # What ``nodes()`` and ``cluster_resources()`` report, per node id.
+        self.node_resources: dict[str, dict[str, float]] = {
+            node: {"CPU": 8.0} for node in self.node_ids
+        }
+        self.node_labels: dict[str, dict[str, str]] = {node: {} for node in self.node_ids}
         self.actor_setup: Callable[[str, type, dict[str, Any]], None] | None = None
         self.on_submit: list[Callable[[FakeActor, str], None]] = []
         self.on_kill: list[Callable[[FakeActor], None]] = []
@@ -439,9 +445,23 @@ class FakeRay:
 
     def nodes(self) -> list[dict[str, Any]]:
         return [
-            {"NodeID": node, "Alive": True, "NodeManagerAddress": "127.0.0.1", "Resources": {}}
+            {
+                "NodeID": node,
+                "Alive": True,
+                "NodeManagerAddress": "127.0.0.1",
+                "Resources": dict(self.node_resources.get(node, {})),
+                "Labels": dict(self.node_labels.get(node, {})),
+            }
             for node in self.node_ids
         ]
+
+    def cluster_resources(self) -> dict[str, float]:
+        """The sum of ``node_resources`` over the nodes."""
+        totals: dict[str, float] = {}
+        for resources in self.node_resources.values():
+            for key, amount in resources.items():
+                totals[key] = totals.get(key, 0.0) + amount
+        return totals
 
     # ---- helpers for tests ---------------------------------------------------------------
 

@@ -27,15 +27,19 @@ def _groups_named(prefix: str) -> dict[str, str]:
     }
 
 
-def test_missing_gpus_are_named(ray_cluster) -> None:
-    cluster = RayVirtualCluster([1], use_gpus=True, name="wants-gpu")
+def test_missing_gpus_are_named(ray_cluster, monkeypatch) -> None:
+    monkeypatch.setenv("NRL_VIRTUAL_CLUSTER_MAX_RETRIES", "2")
+    slept: list[float] = []
+    cluster = RayVirtualCluster([1], use_gpus=True, name="wants-gpu", sleep=slept.append)
     with pytest.raises(ClusterResourceError, match=r"GPU: needs 1, the cluster has 0"):
         cluster.get_placement_groups()
+    assert slept == [1, 2]  # retried with backoff before giving up
     assert _groups_named("wants-gpu") == {}
 
 
-def test_missing_cpus_are_named(ray_cluster) -> None:
-    cluster = RayVirtualCluster([4, 3], use_gpus=False, name="too-big")
+def test_missing_cpus_are_named(ray_cluster, monkeypatch) -> None:
+    monkeypatch.setenv("NRL_VIRTUAL_CLUSTER_MAX_RETRIES", "1")
+    cluster = RayVirtualCluster([4, 3], use_gpus=False, name="too-big", sleep=lambda s: None)
     with pytest.raises(ClusterResourceError, match=r"CPU: needs 7, the cluster has 6"):
         cluster.get_placement_groups()
     assert _groups_named("too-big") == {}
@@ -75,6 +79,7 @@ def test_spread_groups_address_port_and_shutdown(ray_cluster) -> None:
         assert address == ray_cluster.node_ips[placed[0]]
         ports = {port} | {cluster.get_master_address_and_port()[1] for _ in range(3)}
         assert len(ports) == 4
+        assert all(cluster.port_range_low <= p < cluster.port_range_high for p in ports)
 
         group, index = cluster.get_bundle_location(2, 0)
         assert group == groups[0] and index == 2

@@ -3,43 +3,159 @@
 :class:`RayVirtualCluster` describes how many bundles to reserve on each logical node
 and reserves them on first use. Worker groups then address a bundle as
 ``(node index, local bundle index)`` and ask the cluster where that is
-(:meth:`RayVirtualCluster.get_bundle_location`).
+(:meth:`RayVirtualCluster.get_bundle_location`) and which address and free port it has
+(:meth:`RayVirtualCluster.get_available_addresses_and_ports_batch`).
 
-Ray is imported only when a placement group is actually needed, so the class can be
-built, validated and inspected where Ray is not installed.
+The module also carries the rest of NeMo-RL's ``virtual_cluster`` API: joining or
+starting Ray (:func:`init_ray`), the port bands per service and the free-port helpers,
+and topology-aware placement (see :mod:`raylens.distributed.topology`).
+
+Ray is imported only when a placement group is actually needed, so the module imports
+where Ray is not installed. The module-level names ``ray``,
+``PlacementGroupSchedulingStrategy`` and ``_get_node_ip_and_free_port`` stand for Ray's
+and are looked up when a cluster uses them: replacing one (as NeMo-RL's tests do)
+changes what every cluster calls. Left alone, a cluster reaches Ray through its seam.
 """
 
 from __future__ import annotations
 
-import socket
+import logging
+import time
 import uuid
 import weakref
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
+from raylens.distributed._placement_errors import (
+    ClusterResourceError,
+    PlacementArgumentError,
+    PlacementGroupIndexError,
+    PlacementTimeoutError,
+    ResourceInsufficientError,
+)
+from raylens.distributed._placement_plan import (
+    MAX_RETRIES_ENV,
+    PLACEMENT_STRATEGIES,
+    _BundleLayout,
+    _checked_constraints,
+    _checked_counts,
+    _checked_port_range,
+    _checked_segment_size,
+    _checked_strategy,
+    _group_plans,
+    _GroupPlan,
+    _max_retries,
+    _missing_resources_message,
+    _remove_placement_groups,
+    _unified_by_default,
+    _unplaced_message,
+)
+from raylens.distributed._placement_plan import _missing_resources as _missing_resources
+from raylens.distributed._placement_plan import (
+    _ranks_from_bundle_nodes as _ranks_from_bundle_nodes,
+)
+from raylens.distributed._port_discovery import (
+    PORT_ROUNDS,
+    _collect_in_batches,
+    _port_finder_of,
+    _PortFinderStandIn,
+    _RayStandIn,
+    _repeated_ports,
+    _StrategyStandIn,
+)
+from raylens.distributed._ports import (
+    DEFAULT_DYNAMO_CONTROL_PORT_RANGE_HIGH,
+    DEFAULT_DYNAMO_CONTROL_PORT_RANGE_LOW,
+    DEFAULT_DYNAMO_HTTP_PORT_RANGE_HIGH,
+    DEFAULT_DYNAMO_HTTP_PORT_RANGE_LOW,
+    DEFAULT_DYNAMO_SYSTEM_PORT_RANGE_HIGH,
+    DEFAULT_DYNAMO_SYSTEM_PORT_RANGE_LOW,
+    DEFAULT_GENERATION_PORT_RANGE_HIGH,
+    DEFAULT_GENERATION_PORT_RANGE_LOW,
+    DEFAULT_GYM_PORT_RANGE_HIGH,
+    DEFAULT_GYM_PORT_RANGE_LOW,
+    DEFAULT_MASTER_PORT_RANGE_HIGH,
+    DEFAULT_MASTER_PORT_RANGE_LOW,
+    DEFAULT_SGLANG_PROMETHEUS_PORT_RANGE_HIGH,
+    DEFAULT_SGLANG_PROMETHEUS_PORT_RANGE_LOW,
+    DEFAULT_SGLANG_ROUTER_PORT_RANGE_HIGH,
+    DEFAULT_SGLANG_ROUTER_PORT_RANGE_LOW,
+    DEFAULT_VLLM_PORT_RANGE_LOW,
+    DEFAULT_VLLM_PORTS_PER_ENGINE,
+    PortRangeError,
+)
+from raylens.distributed._ports import _bind_socket_in_range as _bind_socket_in_range
+from raylens.distributed._ports import (
+    _get_free_consecutive_ports_local as _get_free_consecutive_ports_local,
+)
+from raylens.distributed._ports import _get_free_port_local as _get_free_port_local
+from raylens.distributed._ports import _get_node_ip_local as _get_node_ip_local
+from raylens.distributed.ray_init import PY_EXECUTABLES, ClusterConfig, init_ray
 from raylens.distributed.ray_seam import DEFAULT_RAY_SEAM, RaySeam
-from raylens.lens import warn_once
+from raylens.distributed.topology import (
+    NVLINK_DOMAIN_PREFIX,
+    NVLINK_DOMAIN_UNKNOWN,
+    TOPO_RANK_KEY,
+    TOPO_RANK_UNKNOWN,
+    bundle_order_from_labels,
+    get_ray_cluster_topology,
+    get_reordered_bundle,
+    prepare_segment_topology,
+    select_segment_nodes,
+    sort_bundle_indices_by_topology,
+)
 from raylens.validation import positive_seconds
 
 __all__ = [
+    "DEFAULT_DYNAMO_CONTROL_PORT_RANGE_HIGH",
+    "DEFAULT_DYNAMO_CONTROL_PORT_RANGE_LOW",
+    "DEFAULT_DYNAMO_HTTP_PORT_RANGE_HIGH",
+    "DEFAULT_DYNAMO_HTTP_PORT_RANGE_LOW",
+    "DEFAULT_DYNAMO_SYSTEM_PORT_RANGE_HIGH",
+    "DEFAULT_DYNAMO_SYSTEM_PORT_RANGE_LOW",
+    "DEFAULT_GENERATION_PORT_RANGE_HIGH",
+    "DEFAULT_GENERATION_PORT_RANGE_LOW",
+    "DEFAULT_GYM_PORT_RANGE_HIGH",
+    "DEFAULT_GYM_PORT_RANGE_LOW",
+    "DEFAULT_MASTER_PORT_RANGE_HIGH",
+    "DEFAULT_MASTER_PORT_RANGE_LOW",
+    "DEFAULT_SGLANG_PROMETHEUS_PORT_RANGE_HIGH",
+    "DEFAULT_SGLANG_PROMETHEUS_PORT_RANGE_LOW",
+    "DEFAULT_SGLANG_ROUTER_PORT_RANGE_HIGH",
+    "DEFAULT_SGLANG_ROUTER_PORT_RANGE_LOW",
+    "DEFAULT_VLLM_PORTS_PER_ENGINE",
+    "DEFAULT_VLLM_PORT_RANGE_LOW",
+    "NVLINK_DOMAIN_PREFIX",
+    "NVLINK_DOMAIN_UNKNOWN",
     "PLACEMENT_STRATEGIES",
+    "PY_EXECUTABLES",
+    "TOPO_RANK_KEY",
+    "TOPO_RANK_UNKNOWN",
+    "ClusterConfig",
     "ClusterResourceError",
     "PlacementTimeoutError",
+    "PortRangeError",
     "RayVirtualCluster",
+    "ResourceInsufficientError",
+    "get_ray_cluster_topology",
+    "get_reordered_bundle",
+    "init_ray",
+    "prepare_segment_topology",
     "reset_remote_function_cache",
+    "select_segment_nodes",
 ]
 
-#: Strategies a virtual cluster accepts, as Ray's placement groups take them. Unless
-#: told otherwise (``use_unified_pg``), the two PACK variants reserve one placement group
-#: per logical node (each node's bundles kept together) and the two SPREAD variants a
-#: single group holding every bundle, spread over the cluster's nodes.
-PLACEMENT_STRATEGIES = ("PACK", "STRICT_PACK", "SPREAD", "STRICT_SPREAD")
-_PER_NODE_STRATEGIES = ("PACK", "STRICT_PACK")
+_LOGGER = logging.getLogger("raylens.distributed")
 
-# How many ports the port finder binds before it gives up on finding one that this
-# cluster has not handed out already.
-_PORT_ATTEMPTS = 64
+#: NeMo-RL's name for :func:`~raylens.distributed.topology.sort_bundle_indices_by_topology`.
+_sort_bundle_indices_by_topology = sort_bundle_indices_by_topology
+
+_RAY_STAND_IN = _RayStandIn()
+_STRATEGY_STAND_IN = _StrategyStandIn()
+_PORT_FINDER_STAND_IN = _PortFinderStandIn()
+ray: Any = _RAY_STAND_IN
+PlacementGroupSchedulingStrategy: Any = _STRATEGY_STAND_IN
+_get_node_ip_and_free_port: Any = _PORT_FINDER_STAND_IN
 
 
 def reset_remote_function_cache() -> None:
@@ -47,155 +163,50 @@ def reset_remote_function_cache() -> None:
     DEFAULT_RAY_SEAM.reset()
 
 
-class ClusterResourceError(RuntimeError):
-    """The Ray cluster does not have the CPUs or GPUs a virtual cluster asks for."""
+def _positive_int(label: str, value: object) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ValueError(f"{label}={value!r} must be a positive integer")
+    return value
 
 
-class PlacementTimeoutError(TimeoutError):
-    """Placement groups were not placed in time; the groups this cluster made are removed."""
-
-
-@dataclass(frozen=True)
-class _GroupPlan:
-    """One placement group to create: its Ray name, logical nodes, and bundle count."""
-
-    name: str
-    nodes: list[int]
-    bundle_count: int
-    strategy: str
-
-
-def _ranks_from_bundle_nodes(bundle_nodes: Sequence[str]) -> list[tuple[int, int]]:
-    """``(node rank, local rank)`` of each bundle, from the Ray node id it was placed on.
-
-    Nodes are numbered in the order their first bundle appears; a bundle's local rank
-    counts the earlier bundles on the same node. So bundles that share a node rank
-    share a machine, whatever order Ray placed them in.
-    """
-    node_rank: dict[str, int] = {}
-    used: dict[str, int] = {}
-    ranks = []
-    for node_id in bundle_nodes:
-        rank = node_rank.setdefault(node_id, len(node_rank))
-        ranks.append((rank, used.get(node_id, 0)))
-        used[node_id] = used.get(node_id, 0) + 1
-    return ranks
-
-
-def _missing_resources(
-    required: Mapping[str, float], available: Mapping[str, float]
-) -> dict[str, tuple[float, float]]:
-    """``{resource: (needed, present)}`` for each resource the cluster has too little of."""
-    missing: dict[str, tuple[float, float]] = {}
-    for resource, needed in required.items():
-        present = float(available.get(resource, 0.0))
-        if present < needed:
-            missing[resource] = (needed, present)
-    return missing
-
-
-def _free_ports(excluded: set[int], count: int) -> list[int]:
-    """``count`` distinct TCP ports free on this host now, none of them in ``excluded``.
-
-    The probing sockets stay open until all are chosen, so the kernel cannot hand out
-    the same port twice.
-    """
-    held: list[socket.socket] = []
-    ports: list[int] = []
-    try:
-        for _ in range(_PORT_ATTEMPTS + count):
-            if len(ports) == count:
-                break
-            probe = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-            held.append(probe)
-            probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-            probe.bind(("", 0))
-            port = int(probe.getsockname()[1])
-            if port not in excluded and port not in ports:
-                ports.append(port)
-    finally:
-        for probe in held:
-            probe.close()
-    if len(ports) < count:
-        raise RuntimeError(
-            f"could not find {count} free port(s) outside the {len(excluded)} already handed "
-            f"out after {_PORT_ATTEMPTS + count} attempts"
-        )
-    return ports
-
-
-def _free_port(excluded: set[int]) -> int:
-    """A TCP port that is free on this host now and is not in ``excluded``."""
-    return _free_ports(excluded, 1)[0]
-
-
-def _address_and_free_ports(excluded: list[int], count: int) -> tuple[str, list[int]]:
-    """Runs on the node that holds a bundle: that node's IP and ``count`` free ports there."""
-    import ray
-
-    return ray.util.get_node_ip_address(), _free_ports(set(excluded), count)
-
-
-def _remote_address_and_free_ports(seam: RaySeam) -> Any:
-    return seam.remote(
-        "address_and_free_ports",
-        lambda ray: ray.remote(num_cpus=0, num_gpus=0)(_address_and_free_ports),
-    )
-
-
-def _remove_placement_groups(groups: list[Any], seam: RaySeam = DEFAULT_RAY_SEAM) -> None:
-    """Remove ``groups`` from Ray if this process is still connected; never raises.
-
-    Used both by :meth:`RayVirtualCluster.shutdown` and as the cluster's finalizer,
-    which may run at interpreter exit after Ray has already disconnected.
-    """
-    pending = list(groups)
-    groups.clear()
-    ray = seam.connected_ray() if pending else None
-    if ray is None:
-        return
-    for group in pending:
-        try:
-            ray.util.remove_placement_group(group)
-        except Exception:
-            warn_once(
-                "virtual_cluster.remove_placement_group",
-                f"could not remove placement group {group!r}; it is released when the Ray job ends",
-            )
-
-
-class RayVirtualCluster:
+class RayVirtualCluster(_BundleLayout):
     """Placement-group bundles reserved on a Ray cluster for worker groups.
 
     ``bundle_ct_per_node_list[i]`` is the number of bundles on logical node ``i``. Each
     bundle holds ``max_colocated_worker_groups`` CPUs, plus one GPU when ``use_gpus``
-    (worker groups placed on the same bundle share it). With ``use_gpus=False`` the
-    cluster runs on CPU-only Ray.
+    (worker groups placed on the same bundle share it), plus node ``i``'s entry of
+    ``node_resource_constraints`` (such as ``{"nvlink_domain_<uuid>": 0.001}``, which
+    pins the node to one NVLink domain; see
+    :func:`~raylens.distributed.topology.prepare_segment_topology`). With
+    ``use_gpus=False`` the cluster runs on CPU-only Ray.
 
-    ``placement_group_strategy`` is one of :data:`PLACEMENT_STRATEGIES` (default
-    ``PACK``). By default a cluster reserves one placement group per logical node that
-    has bundles, named ``{name}-node{i}``, so each node's bundles land together; that
-    group's position is the workers' ``NODE_RANK``. ``use_unified_pg=True`` reserves a
-    single group for all bundles instead (``{name}-all``); a worker's ``NODE_RANK`` is
-    then taken from the Ray node its bundle was actually placed on. Left at None, a
-    single group is used for the SPREAD strategies and per-node groups otherwise.
+    The positional order is NeMo-RL's. ``placement_group_strategy`` is one of
+    :data:`PLACEMENT_STRATEGIES`; left at None it is ``SPREAD``, NeMo-RL's default,
+    and the cluster reserves one group per logical node that has bundles
+    (``{name}-node{i}``, packed), whose position is the workers' ``NODE_RANK``. A
+    SPREAD variant given explicitly, or ``use_unified_pg=True``, reserves a single
+    group for all bundles (``{name}-all``) with that strategy; a worker's
+    ``NODE_RANK`` is then the Ray node its bundle was placed on.
 
-    Bundles are addressed as ``(node index, local index)``, where nodes are counted
-    among those that hold bundles: ``[2, 0, 2]`` has nodes 0 and 1.
+    ``port_range_low``/``port_range_high`` bound the ports handed out for rendezvous
+    and per worker (``[low, high)``, :data:`DEFAULT_MASTER_PORT_RANGE_LOW` to
+    :data:`DEFAULT_MASTER_PORT_RANGE_HIGH` by default). ``segment_size`` (nodes per
+    NVLink segment) makes a unified GPU cluster order its bundles by topology and
+    keep whole segments only.
 
     Nothing is reserved until :meth:`get_placement_groups` (or anything that needs a
-    bundle) is first called. Reservation first checks that the cluster as a whole has
-    the CPUs and GPUs asked for (:class:`ClusterResourceError` otherwise), then waits
-    at most ``placement_timeout_s`` seconds for every group to be placed; on timeout
+    bundle) is first called. Reserving is attempted up to
+    ``NRL_VIRTUAL_CLUSTER_MAX_RETRIES`` times (6 by default) while the cluster lacks
+    the CPUs or GPUs, sleeping ``2**attempt`` seconds after each failure (through
+    ``sleep``, ``time.sleep`` by default); then :class:`ClusterResourceError`. Each
+    attempt waits at most ``placement_timeout_s`` for the groups to place; on timeout
     the groups it made are removed and :class:`PlacementTimeoutError` names the ones
     that did not place.
 
     :meth:`shutdown` removes the groups. It is idempotent, harmless after
     ``ray.shutdown()``, and also runs when the object is garbage collected or the
-    interpreter exits.
-
-    ``ray_seam`` is how the cluster reaches Ray (:data:`DEFAULT_RAY_SEAM` when None);
-    worker groups built on the cluster use the same one unless given another.
+    interpreter exits. ``ray_seam`` is how the cluster reaches Ray
+    (:data:`DEFAULT_RAY_SEAM` when None); worker groups built on it use the same one.
     """
 
     def __init__(
@@ -205,38 +216,28 @@ class RayVirtualCluster:
         max_colocated_worker_groups: int = 1,
         num_gpus_per_node: int = 8,
         name: str = "",
+        placement_group_strategy: str | None = None,
+        port_range_low: int | None = None,
+        port_range_high: int | None = None,
+        segment_size: int | None = None,
+        node_resource_constraints: Sequence[Mapping[str, float] | None] | None = None,
         *,
-        placement_group_strategy: str = "PACK",
         placement_timeout_s: float = 180.0,
         use_unified_pg: bool | None = None,
         ray_seam: RaySeam | None = None,
+        sleep: Callable[[float], None] | None = None,
     ) -> None:
-        counts = self._checked_counts(bundle_ct_per_node_list)
-        if placement_group_strategy not in PLACEMENT_STRATEGIES:
-            allowed = ", ".join(PLACEMENT_STRATEGIES)
-            raise ValueError(
-                f"placement_group_strategy={placement_group_strategy!r} is not supported; "
-                f"use one of {allowed}"
-            )
+        counts = _checked_counts(bundle_ct_per_node_list)
+        strategy = (
+            "SPREAD"
+            if placement_group_strategy is None
+            else _checked_strategy("placement_group_strategy", placement_group_strategy)
+        )
         if use_unified_pg not in (True, False, None):
             raise ValueError(f"use_unified_pg={use_unified_pg!r} must be True, False or None")
-        if isinstance(max_colocated_worker_groups, bool) or not (
-            isinstance(max_colocated_worker_groups, int) and max_colocated_worker_groups >= 1
-        ):
-            raise ValueError(
-                f"max_colocated_worker_groups={max_colocated_worker_groups!r} must be an "
-                "integer of at least 1"
-            )
+        _positive_int("max_colocated_worker_groups", max_colocated_worker_groups)
         if use_gpus:
-            if (
-                isinstance(num_gpus_per_node, bool)
-                or not isinstance(num_gpus_per_node, int)
-                or num_gpus_per_node < 1
-            ):
-                raise ValueError(
-                    f"num_gpus_per_node={num_gpus_per_node!r} must be a positive integer "
-                    "when use_gpus=True"
-                )
+            _positive_int("num_gpus_per_node", num_gpus_per_node)
             for node_idx, count in enumerate(counts):
                 if count > num_gpus_per_node:
                     raise ValueError(
@@ -244,212 +245,229 @@ class RayVirtualCluster:
                         f"each bundle takes a GPU and num_gpus_per_node={num_gpus_per_node}"
                     )
         positive_seconds("placement_timeout_s", placement_timeout_s)
+        self.port_range_low, self.port_range_high = _checked_port_range(
+            DEFAULT_MASTER_PORT_RANGE_LOW if port_range_low is None else port_range_low,
+            DEFAULT_MASTER_PORT_RANGE_HIGH if port_range_high is None else port_range_high,
+        )
+        self.segment_size = _checked_segment_size(segment_size)
+        self.node_resource_constraints = _checked_constraints(
+            node_resource_constraints, len(counts)
+        )
         self._bundle_ct_per_node_list = counts
         self.use_gpus = bool(use_gpus)
         self.num_gpus_per_node = num_gpus_per_node
         self.max_colocated_worker_groups = max_colocated_worker_groups
         self.name = name or f"raylens-cluster-{uuid.uuid4().hex[:8]}"
-        self.placement_group_strategy = placement_group_strategy
+        self.placement_group_strategy = strategy
         self.use_unified_pg = (
-            placement_group_strategy not in _PER_NODE_STRATEGIES
+            _unified_by_default(placement_group_strategy)
             if use_unified_pg is None
             else bool(use_unified_pg)
         )
         self.placement_timeout_s = float(placement_timeout_s)
         self.ray_seam = ray_seam or DEFAULT_RAY_SEAM
-        self._placement_groups: list[Any] = []
+        self._sleep = sleep
+        self._node_placement_groups: list[Any] | None = None
+        self._sorted_bundle_indices: list[int] | None = None
+        self._nvlink_domain_per_bundle_index: tuple[str, ...] | None = None
         self._finalizer: weakref.finalize | None = None
-        self._handed_out_ports: set[int] = set()
+        self._allocated_master_ports: set[int] = set()
         # Ray node id of each bundle of a unified group, read once it is placed.
         self._bundle_nodes: list[str] | None = None
 
-    @staticmethod
-    def _checked_counts(bundle_ct_per_node_list: Sequence[int]) -> list[int]:
-        if not isinstance(bundle_ct_per_node_list, (list, tuple)):
-            raise ValueError(
-                "bundle_ct_per_node_list must be a list of bundle counts per node, such as "
-                f"[2, 2], got {bundle_ct_per_node_list!r}"
-            )
-        for count in bundle_ct_per_node_list:
-            if isinstance(count, bool) or not isinstance(count, int) or count < 0:
-                raise ValueError(
-                    f"bundle_ct_per_node_list holds {count!r}; every entry must be a "
-                    "non-negative integer"
-                )
-        if sum(bundle_ct_per_node_list) < 1:
-            raise ValueError(
-                f"bundle_ct_per_node_list={list(bundle_ct_per_node_list)} must ask for at "
-                "least one bundle"
-            )
-        return list(bundle_ct_per_node_list)
-
     # ---- description ------------------------------------------------------------------
 
-    @property
-    def bundle_ct_per_node_list(self) -> list[int]:
-        """Bundles per logical node (a copy)."""
-        return list(self._bundle_ct_per_node_list)
-
-    def world_size(self) -> int:
-        """Total number of bundles."""
-        return sum(self._bundle_ct_per_node_list)
-
-    def node_count(self) -> int:
-        """Number of logical nodes that hold at least one bundle."""
-        return sum(1 for count in self._bundle_ct_per_node_list if count > 0)
-
-    def bundle_resources(self) -> dict[str, int]:
-        """The resources one bundle reserves."""
-        resources = {"CPU": self.max_colocated_worker_groups}
+    def bundle_resources(self, node_idx: int | None = None) -> dict[str, float]:
+        """The resources one bundle (of logical node ``node_idx``, when given) reserves."""
+        resources: dict[str, float] = {"CPU": self.max_colocated_worker_groups}
         if self.use_gpus:
             resources["GPU"] = 1
+        if node_idx is not None and self.node_resource_constraints:
+            resources.update(self.node_resource_constraints[node_idx] or {})
         return resources
 
-    def required_resources(self) -> dict[str, int]:
-        """The resources all bundles together reserve."""
+    def required_resources(self) -> dict[str, float]:
+        """The CPUs and GPUs all bundles together reserve."""
         return {
             resource: amount * self.world_size()
             for resource, amount in self.bundle_resources().items()
         }
 
     def _group_plan(self) -> list[_GroupPlan]:
-        strategy = self.placement_group_strategy
-        if not self.use_unified_pg:
-            return [
-                _GroupPlan(f"{self.name}-node{node_idx}", [node_idx], count, strategy)
-                for node_idx, count in enumerate(self._bundle_ct_per_node_list)
-                if count > 0
-            ]
-        nodes = list(range(len(self._bundle_ct_per_node_list)))
-        return [_GroupPlan(f"{self.name}-all", nodes, self.world_size(), strategy)]
-
-    def node_and_local_index(self, node_idx: int, local_bundle_idx: int) -> tuple[int, int]:
-        """``(NODE_RANK, LOCAL_RANK)`` of bundle ``(node_idx, local_bundle_idx)``.
-
-        A local index past the end of its node continues on the following nodes, which
-        is how a tied group that spans nodes is addressed from its first node. With
-        per-node groups this is the group's position and the bundle's index in it;
-        with a unified group that has been placed, the rank of the Ray node holding
-        the bundle and the bundle's index among those on that node.
-        """
-        global_idx, node, local = self._resolve(node_idx, local_bundle_idx)
-        if self.use_unified_pg and self._bundle_nodes is not None:
-            return _ranks_from_bundle_nodes(self._bundle_nodes)[global_idx]
-        return node, local
-
-    def _resolve(self, node_idx: int, local_bundle_idx: int) -> tuple[int, int, int]:
-        """``(global bundle index, node, index on that node)``; ValueError if absent.
-
-        Nodes are counted among those that hold bundles.
-        """
-        counts = [count for count in self._bundle_ct_per_node_list if count > 0]
-        if not (0 <= node_idx < len(counts)) or local_bundle_idx < 0:
-            raise ValueError(self._bad_bundle_message(node_idx, local_bundle_idx))
-        global_idx = sum(counts[:node_idx]) + local_bundle_idx
-        if global_idx >= self.world_size():
-            raise ValueError(self._bad_bundle_message(node_idx, local_bundle_idx))
-        remaining = global_idx
-        for node, count in enumerate(counts):
-            if remaining < count:
-                return global_idx, node, remaining
-            remaining -= count
-        raise AssertionError("unreachable: the global index was range-checked")
-
-    def _bundle_address(self, node_idx: int, local_bundle_idx: int) -> tuple[int, int, int]:
-        """``(placement group position, bundle index in that group, logical node)``."""
-        global_idx, node, local = self._resolve(node_idx, local_bundle_idx)
-        if self.use_unified_pg:
-            return 0, global_idx, node
-        return node, local, node
-
-    def _bad_bundle_message(self, node_idx: int, local_bundle_idx: int) -> str:
-        return (
-            f"bundle ({node_idx}, {local_bundle_idx}) is not in this virtual cluster: it has "
-            f"{self.node_count()} nodes with bundles ({self._bundle_ct_per_node_list} "
-            "bundles per node; empty nodes are not counted)"
+        return _group_plans(
+            self.name,
+            self._bundle_ct_per_node_list,
+            self.placement_group_strategy,
+            self.use_unified_pg,
         )
 
-    # ---- placement --------------------------------------------------------------------
+    # ---- reaching Ray -----------------------------------------------------------------
 
     def _require_ray(self) -> Any:
-        ray = self.ray_seam.connected_ray()
-        if ray is None:
+        connected = self.ray_seam.connected_ray()
+        if connected is None:
             raise RuntimeError(
                 f"virtual cluster {self.name!r} needs a connected Ray: call ray.init() first"
             )
-        return ray
+        return connected
+
+    @staticmethod
+    def _patched_ray() -> Any:
+        """The module-level ``ray`` when something replaced it, else None."""
+        return None if ray is _RAY_STAND_IN else ray
+
+    def _ray_api(self) -> Any:
+        patched = self._patched_ray()
+        return patched if patched is not None else self._require_ray()
+
+    def _strategy(self, ray_api: Any, group: Any, bundle_index: int) -> Any:
+        if PlacementGroupSchedulingStrategy is not _STRATEGY_STAND_IN:
+            make = PlacementGroupSchedulingStrategy
+        else:
+            make = ray_api.util.scheduling_strategies.PlacementGroupSchedulingStrategy
+        return make(placement_group=group, placement_group_bundle_index=bundle_index)
+
+    def _port_finder(self) -> Any:
+        if _get_node_ip_and_free_port is not _PORT_FINDER_STAND_IN:
+            return _get_node_ip_and_free_port
+        return _port_finder_of(self.ray_seam)
+
+    # ---- placement --------------------------------------------------------------------
 
     def get_placement_groups(self) -> list[Any]:
-        """The placement groups of this cluster, reserved on the first call.
+        """The placement groups of this cluster (those with bundles), reserved on first call."""
+        groups = self._node_placement_groups
+        if groups is None:
+            groups = self._init_placement_groups()
+        return [group for group in groups if getattr(group, "bundle_specs", True)]
 
-        Raises :class:`ClusterResourceError` when the Ray cluster lacks the CPUs or
-        GPUs, and :class:`PlacementTimeoutError` when the groups do not place within
-        ``placement_timeout_s``.
+    def _init_placement_groups(
+        self, strategy: str | None = None, use_unified_pg: bool | None = None
+    ) -> list[Any]:
+        """Reserve the groups, with another strategy or layout if given; retried.
+
+        The choices apply only while nothing is reserved. Placement is attempted up
+        to ``NRL_VIRTUAL_CLUSTER_MAX_RETRIES`` times while the cluster lacks
+        resources, sleeping ``2**attempt`` seconds after each failed attempt.
         """
-        if self._placement_groups:
-            return list(self._placement_groups)
-        ray = self._require_ray()
-        missing = _missing_resources(self.required_resources(), ray.cluster_resources())
+        if self._node_placement_groups is not None:
+            return self._node_placement_groups
+        attempts = _max_retries()
+        if strategy is not None:
+            self.placement_group_strategy = _checked_strategy("strategy", strategy)
+        if use_unified_pg is not None:
+            self.use_unified_pg = bool(use_unified_pg)
+        last: ResourceInsufficientError | None = None
+        for attempt in range(attempts):
+            try:
+                groups = self._create_placement_groups_internal(
+                    self.placement_group_strategy, self.use_unified_pg
+                )
+            except ResourceInsufficientError as error:
+                last = error
+                delay = 2**attempt
+                _LOGGER.warning(
+                    "virtual cluster %r: placement attempt %d of %d failed (%s); next in %ds",
+                    self.name,
+                    attempt + 1,
+                    attempts,
+                    error,
+                    delay,
+                )
+                (self._sleep or time.sleep)(delay)
+                continue
+            self._node_placement_groups = groups
+            self._finalizer = weakref.finalize(
+                self, _remove_placement_groups, list(groups), self.ray_seam
+            )
+            self._sorted_bundle_indices = self._get_sorted_bundle_indices()
+            return groups
+        kind = (
+            ClusterResourceError
+            if isinstance(last, ClusterResourceError)
+            else ResourceInsufficientError
+        )
+        raise kind(
+            f"virtual cluster {self.name!r}: no placement after {attempts} attempt(s) "
+            f"({MAX_RETRIES_ENV} sets how many); the last failure: {last}"
+        ) from last
+
+    def _create_placement_groups_internal(
+        self, strategy: str, use_unified_pg: bool = False
+    ) -> list[Any]:
+        """One attempt: check the resources, create the groups, wait until they place."""
+        ray_api = self._ray_api()
+        missing = _missing_resources(self.required_resources(), ray_api.cluster_resources())
         if missing:
             raise ClusterResourceError(self._missing_resources_message(missing))
-        from ray.util.placement_group import placement_group
-
-        plan = self._group_plan()
+        plan = _group_plans(self.name, self._bundle_ct_per_node_list, strategy, use_unified_pg)
         created: list[Any] = []
         try:
             for group in plan:
-                bundles = [dict(self.bundle_resources()) for _ in range(group.bundle_count)]
+                bundles = [self.bundle_resources(node) for node in group.bundle_nodes]
                 created.append(
-                    placement_group(bundles=bundles, strategy=group.strategy, name=group.name)
+                    ray_api.util.placement_group(
+                        bundles=bundles, strategy=group.strategy, name=group.name
+                    )
                 )
             ready_refs = [group.ready() for group in created]
-            ready, _ = ray.wait(
+            ready, _ = ray_api.wait(
                 ready_refs, num_returns=len(ready_refs), timeout=self.placement_timeout_s
             )
+            if len(ready) < len(ready_refs):
+                ready_set = set(ready)
+                unplaced = [g for g, ref in zip(plan, ready_refs) if ref not in ready_set]
+                raise PlacementTimeoutError(self._unplaced_message(unplaced))
+            if use_unified_pg:
+                placed = ray_api.util.placement_group_table(created[0])["bundles_to_node_id"]
+                self._bundle_nodes = [str(placed[i]) for i in range(self.world_size())]
         except BaseException:
             _remove_placement_groups(created, self.ray_seam)
             raise
-        if len(ready) < len(ready_refs):
-            ready_set = set(ready)
-            unplaced = [group for group, ref in zip(plan, ready_refs) if ref not in ready_set]
-            _remove_placement_groups(created, self.ray_seam)
-            raise PlacementTimeoutError(self._unplaced_message(unplaced))
-        if self.use_unified_pg:
-            try:
-                placed = ray.util.placement_group_table(created[0])["bundles_to_node_id"]
-                self._bundle_nodes = [str(placed[i]) for i in range(self.world_size())]
-            except Exception:
-                _remove_placement_groups(created, self.ray_seam)
-                raise
-        self._placement_groups = created
-        self._finalizer = weakref.finalize(self, _remove_placement_groups, created, self.ray_seam)
-        return list(created)
+        return created
+
+    def _get_sorted_bundle_indices(self) -> list[int] | None:
+        """Bundle order by physical topology for a unified group; None otherwise.
+
+        With GPUs, each bundle's GPU id is asked from Ray (NeMo-RL's way); on CPU-only
+        Ray the order comes from the node labels alone, bundles on one node keeping
+        their order. The NVLink domain of each bundle is kept beside it.
+        """
+        groups = self._node_placement_groups
+        self._nvlink_domain_per_bundle_index = None
+        if groups is None or len(groups) != 1 or not self.use_unified_pg:
+            return None
+        ray_api = self._ray_api()
+        segment = self.segment_size
+        per_node = self.num_gpus_per_node if segment else None
+        if self.use_gpus:
+            order, _, domains = get_reordered_bundle(groups[0], segment, per_node, ray=ray_api)
+        else:
+            if self._bundle_nodes is None:
+                return None
+            per_node = max(self._bundle_ct_per_node_list) if segment else None
+            found = bundle_order_from_labels(self._bundle_nodes, ray_api.nodes(), segment, per_node)
+            if found is None:
+                return None  # no labels: the bundles keep Ray's order
+            order, domains = found
+        self._nvlink_domain_per_bundle_index = domains
+        if len(order) != len(domains):
+            raise PlacementArgumentError(
+                f"virtual cluster {self.name!r}: ordering by topology kept {len(order)} of "
+                f"{len(domains)} bundles because some NVLink domains hold an incomplete "
+                f"segment of {segment} nodes; pin nodes to whole segments with "
+                "node_resource_constraints (prepare_segment_topology)"
+            )
+        return order
 
     def _missing_resources_message(self, missing: dict[str, tuple[float, float]]) -> str:
-        lines = [
-            f"the Ray cluster cannot hold virtual cluster {self.name!r} "
-            f"({self._bundle_ct_per_node_list} bundles of {self.bundle_resources()}):"
-        ]
-        for resource, (needed, present) in missing.items():
-            lines.append(f"  {resource}: needs {needed:g}, the cluster has {present:g}")
-        if "GPU" in missing:
-            lines.append(
-                "  on a cluster without GPUs, build the virtual cluster with use_gpus=False"
-            )
-        return "\n".join(lines)
+        return _missing_resources_message(
+            self.name, self._bundle_ct_per_node_list, self.bundle_resources(), missing
+        )
 
     def _unplaced_message(self, unplaced: list[_GroupPlan]) -> str:
-        described = "; ".join(
-            f"{group.name!r} ({group.bundle_count} bundles of {self.bundle_resources()}, "
-            f"{group.strategy}, logical nodes {group.nodes})"
-            for group in unplaced
-        )
-        return (
-            f"virtual cluster {self.name!r}: {len(unplaced)} placement group(s) did not place "
-            f"within {self.placement_timeout_s:g}s: {described}. The cluster has the "
-            "resources in total, so they are probably held by others or split across "
-            "nodes in a way this strategy cannot use. Every group this cluster created "
-            "has been removed."
+        return _unplaced_message(
+            self.name, self.bundle_resources(), self.placement_timeout_s, unplaced
         )
 
     def get_bundle_location(self, node_idx: int, local_bundle_idx: int) -> tuple[Any, int]:
@@ -461,128 +479,123 @@ class RayVirtualCluster:
         group_position, bundle_index, _ = self._bundle_address(node_idx, local_bundle_idx)
         return self.get_placement_groups()[group_position], bundle_index
 
-    def get_master_address_and_port(self) -> tuple[str, int]:
-        """An address and port for a distributed rendezvous, on the node of bundle 0.
+    # ---- addresses and ports ----------------------------------------------------------
 
-        The address is the IP of the node holding the first bundle; the port was free
-        there when asked and has not been handed out before by this cluster, so two
-        worker groups on one cluster never get the same rendezvous.
+    def get_master_address_and_port(self) -> tuple[str, int]:
+        """An address and port for a distributed rendezvous, on the node of the first bundle.
+
+        The first bundle is the first in topology order when the cluster has one. Each
+        call returns a port no earlier call on this cluster returned, so two worker
+        groups sharing the cluster never share a rendezvous.
         """
-        return self._addresses_and_ports([self.get_bundle_location(0, 0)])[0]
+        self.get_placement_groups()
+        bundle = self._sorted_bundle_indices[0] if self._sorted_bundle_indices else 0
+        for _ in range(PORT_ROUNDS):
+            address, port = self.get_available_address_and_port(0, bundle)
+            if port not in self._allocated_master_ports:
+                self._allocated_master_ports.add(port)
+                return address, port
+        raise PortRangeError(
+            f"virtual cluster {self.name!r}: no master port outside the "
+            f"{len(self._allocated_master_ports)} already handed out after {PORT_ROUNDS} "
+            f"tries in [{self.port_range_low}, {self.port_range_high})"
+        )
 
     def get_available_address_and_port(self, pg_idx: int, bundle_idx: int) -> tuple[str, int]:
-        """The IP of the node holding bundle ``bundle_idx`` of placement group ``pg_idx``,
-        and a port free there that this cluster has not handed out before."""
+        """The IP of the node holding bundle ``bundle_idx`` of group ``pg_idx`` and a port
+        free there, in this cluster's port range (one batch of one)."""
+        return self.get_available_addresses_and_ports_batch([(pg_idx, bundle_idx)])[0]
+
+    def get_available_addresses_and_ports_batch(
+        self, pg_bundle_pairs: Sequence[tuple[int, int]], batch_size: int = 256
+    ) -> list[tuple[str, int]]:
+        """``(node IP, free port)`` for each ``(pg_idx, bundle_idx)``, in the same order.
+
+        One small task per pair runs on the pair's bundle (all submitted at once), and
+        results are fetched ``batch_size`` at a time so that thousands of them never
+        sit in the object store together. With a single (unified) group, ``pg_idx``
+        is ignored. A pair whose port repeats one given to another pair on the same
+        address, or a master port of this cluster, is asked again (up to 10 rounds).
+        """
+        _positive_int("batch_size", batch_size)
+        pairs = [(int(pg_idx), int(bundle_idx)) for pg_idx, bundle_idx in pg_bundle_pairs]
         groups = self.get_placement_groups()
-        if not 0 <= pg_idx < len(groups):
-            raise ValueError(
+        ray_api = self._ray_api()
+        bounded = self._patched_ray() is None
+        results: list[tuple[str, int] | None] = [None] * len(pairs)
+        pending = list(range(len(pairs)))
+        for _ in range(PORT_ROUNDS):
+            refs = [self._ask_port(ray_api, groups, *pairs[i]) for i in pending]
+            for i, answer in zip(pending, self._collect(ray_api, refs, batch_size, bounded)):
+                results[i] = (str(answer[0]), int(answer[1]))
+            pending = _repeated_ports(results, self._allocated_master_ports)
+            if not pending:
+                return [result for result in results if result is not None]
+        raise PortRangeError(
+            f"virtual cluster {self.name!r}: {len(pending)} bundle(s) kept getting ports "
+            f"already handed out after {PORT_ROUNDS} rounds in "
+            f"[{self.port_range_low}, {self.port_range_high}); widen the port range"
+        )
+
+    def _ask_port(self, ray_api: Any, groups: list[Any], pg_idx: int, bundle_idx: int) -> Any:
+        if len(groups) == 1:
+            group = groups[0]
+        elif 0 <= pg_idx < len(groups):
+            group = groups[pg_idx]
+        else:
+            raise PlacementGroupIndexError(
                 f"pg_idx={pg_idx!r} is out of range; this cluster has {len(groups)} "
                 "placement groups"
             )
-        return self._addresses_and_ports([(groups[pg_idx], bundle_idx)])[0]
+        if not getattr(group, "bundle_specs", True):
+            raise RuntimeError("No valid placement groups found to get available address and port")
+        return (
+            self._port_finder()
+            .options(scheduling_strategy=self._strategy(ray_api, group, bundle_idx), num_cpus=0)
+            .remote(self.port_range_low, self.port_range_high)
+        )
+
+    def _collect(self, ray_api: Any, refs: list[Any], batch_size: int, bounded: bool) -> list[Any]:
+        """The values of ``refs`` in order, fetched at most ``batch_size`` at a time."""
+        if not bounded:  # a replaced ``ray`` gets NeMo-RL's exact calls
+            return _collect_in_batches(ray_api, refs, batch_size, {})
+        try:
+            return _collect_in_batches(
+                ray_api, refs, batch_size, {"timeout": self.placement_timeout_s}
+            )
+        except (TimeoutError, ray_api.exceptions.GetTimeoutError):
+            raise TimeoutError(
+                f"virtual cluster {self.name!r}: bundles did not report an address and port "
+                f"within {self.placement_timeout_s:g}s"
+            ) from None
 
     def _addresses_and_ports(self, bundles: Sequence[tuple[Any, int]]) -> list[tuple[str, int]]:
-        """``(node IP, free port)`` for each ``(placement group, bundle index)``.
+        """``(node IP, free port)`` for each ``(placement group, bundle index)``."""
+        groups = self.get_placement_groups()
+        position = {id(group): i for i, group in enumerate(groups)}
+        pairs = [(position[id(group)], index) for group, index in bundles]
+        return self.get_available_addresses_and_ports_batch(pairs)
 
-        One task runs on each Ray node the bundles are on (found from Ray's placement
-        record) and reports that node's IP and as many free ports as bundles there.
-        Every port returned is distinct from the others and from those this cluster
-        handed out before; a node whose answer collides is asked again.
-        """
-        ray = self._require_ray()
-        from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+    # ---- release ----------------------------------------------------------------------
 
-        def ask(group: Any, bundle_index: int, count: int) -> Any:
-            strategy = PlacementGroupSchedulingStrategy(
-                placement_group=group, placement_group_bundle_index=bundle_index
-            )
-            return (
-                _remote_address_and_free_ports(self.ray_seam)
-                .options(scheduling_strategy=strategy)
-                .remote(sorted(self._handed_out_ports), count)
-            )
-
-        def fetch(refs: list[Any]) -> list[Any]:
-            try:
-                return list(ray.get(refs, timeout=self.placement_timeout_s))
-            except ray.exceptions.GetTimeoutError:
-                for ref in refs:
-                    ray.cancel(ref)
-                raise TimeoutError(
-                    f"virtual cluster {self.name!r}: {len(refs)} node(s) did not report an "
-                    f"address and free ports within {self.placement_timeout_s:g}s"
-                ) from None
-
-        by_node: dict[Any, list[int]] = {}
-        for position, node in enumerate(self._bundle_node_ids(ray, bundles)):
-            by_node.setdefault(node if node else ("bundle", position), []).append(position)
-        sites = list(by_node.values())
-        answers = fetch([ask(*bundles[positions[0]], len(positions)) for positions in sites])
-        results: list[tuple[str, int]] = [("", 0)] * len(bundles)
-        for positions, (address, ports) in zip(sites, answers):
-            fresh = [int(port) for port in ports if int(port) not in self._handed_out_ports]
-            self._handed_out_ports.update(fresh)
-            while len(fresh) < len(positions):
-                missing = len(positions) - len(fresh)
-                address, more = fetch([ask(*bundles[positions[0]], missing)])[0]
-                more = [int(port) for port in more if int(port) not in self._handed_out_ports]
-                self._handed_out_ports.update(more)
-                fresh.extend(more)
-            for position, port in zip(positions, fresh):
-                results[position] = (str(address), port)
-        return results
-
-    @staticmethod
-    def _bundle_node_ids(ray: Any, bundles: Sequence[tuple[Any, int]]) -> list[str | None]:
-        """The Ray node id each bundle was placed on, or None where Ray does not say."""
-        tables: dict[int, dict[Any, Any]] = {}
-        node_ids: list[str | None] = []
-        for group, bundle_index in bundles:
-            if id(group) not in tables:
-                try:
-                    table = ray.util.placement_group_table(group) or {}
-                    tables[id(group)] = dict(table.get("bundles_to_node_id") or {})
-                except Exception:
-                    tables[id(group)] = {}
-            node = tables[id(group)].get(bundle_index)
-            node_ids.append(str(node) if node else None)
-        return node_ids
-
-    def shutdown(self) -> None:
+    def shutdown(self) -> bool:
         """Release the placement groups. Idempotent; never needs Ray to still be up."""
         finalizer = self._finalizer
         self._finalizer = None
         if finalizer is not None:
             finalizer()
-        else:
-            _remove_placement_groups(self._placement_groups, self.ray_seam)
-        self._placement_groups = []
+        elif self._node_placement_groups:
+            _remove_placement_groups(list(self._node_placement_groups), self.ray_seam)
+        self._node_placement_groups = None
+        self._sorted_bundle_indices = None
+        self._nvlink_domain_per_bundle_index = None
         self._bundle_nodes = None
-
-    def _init_placement_groups(
-        self, strategy: str | None = None, use_unified_pg: bool | None = None
-    ) -> list[Any]:
-        """Reserve the groups, optionally with another strategy or layout first.
-
-        The entry point NeMo-RL's cluster has; the choice only applies before the
-        groups are reserved.
-        """
-        if not self._placement_groups:
-            if strategy is not None:
-                if strategy not in PLACEMENT_STRATEGIES:
-                    raise ValueError(
-                        f"strategy={strategy!r} is not supported; use one of "
-                        f"{', '.join(PLACEMENT_STRATEGIES)}"
-                    )
-                self.placement_group_strategy = strategy
-            if use_unified_pg is not None:
-                self.use_unified_pg = bool(use_unified_pg)
-        return self.get_placement_groups()
+        return True
 
     def __repr__(self) -> str:
         return (
             f"RayVirtualCluster(name={self.name!r}, "
             f"bundle_ct_per_node_list={self._bundle_ct_per_node_list}, "
             f"strategy={self.placement_group_strategy!r}, use_gpus={self.use_gpus}, "
-            f"reserved={bool(self._placement_groups)})"
+            f"reserved={self._node_placement_groups is not None})"
         )

@@ -432,4 +432,4 @@ class _CreationRecord:
     num_gpus: float | int
     bundle_indices: tuple[int, list[int]] | None
     extra_options: dict[str, Any]
-    initializer_key: str
+    initializer_key: int

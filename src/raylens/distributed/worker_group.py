@@ -158,8 +158,9 @@ class RayWorkerGroup(_WorkerDispatch):
         self._workers: list[Any] = []
         self._worker_metadata: list[dict[str, Any]] = []
         self._records: list[_CreationRecord] = []
-        self._initializers: dict[str, Any] = {}
-        self._initializer_sites: dict[str, tuple[Any, int, dict[str, str]]] = {}
+        # One initializer per logical node, shared by every tied group placed there.
+        self._initializer_pool: dict[int, Any] = {}
+        self._initializer_sites: dict[int, tuple[Any, int, dict[str, str]]] = {}
         self._placement_registered = False
         self._default_name = not name_prefix
         self.name_prefix = name_prefix or _DEFAULT_NAMES.take(remote_worker_builder)
@@ -236,7 +237,11 @@ class RayWorkerGroup(_WorkerDispatch):
                     },
                 )
                 key = self._initializer_for(
-                    remote_worker_builder, group, bundle_index, _get_initializer_env_vars(env)
+                    remote_worker_builder,
+                    plan.node_idx,
+                    group,
+                    bundle_index,
+                    _get_initializer_env_vars(env),
                 )
                 record = _CreationRecord(
                     placement_group=group,
@@ -283,12 +288,21 @@ class RayWorkerGroup(_WorkerDispatch):
         self._register_placement()
 
     def _initializer_for(
-        self, builder: RayWorkerBuilder, group: Any, bundle_index: int, env: dict[str, str]
-    ) -> str:
-        """Key of this group's initializer for ``group``, created at first need."""
-        key = group.id.hex()
-        if key not in self._initializers:
-            self._initializers[key] = builder._create_initializer(
+        self,
+        builder: RayWorkerBuilder,
+        node_idx: int,
+        group: Any,
+        bundle_index: int,
+        env: dict[str, str],
+    ) -> int:
+        """Key of this group's initializer on logical node ``node_idx``, made at first need.
+
+        Every tied group on that node shares it, so a group starts as many initializer
+        actors as it has nodes, not workers; it runs beside the node's first bundle.
+        """
+        key = node_idx
+        if key not in self._initializer_pool:
+            self._initializer_pool[key] = builder._create_initializer(
                 group, bundle_index, env, self._seam
             )
             self._initializer_sites[key] = (group, bundle_index, env)
@@ -296,7 +310,7 @@ class RayWorkerGroup(_WorkerDispatch):
 
     def _submit(self, builder: RayWorkerBuilder, record: _CreationRecord) -> Any:
         return builder._submit_worker(
-            self._initializers[record.initializer_key],
+            self._initializer_pool[record.initializer_key],
             record.placement_group,
             record.bundle_index,
             record.num_gpus,
@@ -450,7 +464,7 @@ class RayWorkerGroup(_WorkerDispatch):
                 f"did not report it dead within {_DEATH_WAIT_S:g}s; not recreating it"
             )
         record = self._records[worker_idx]
-        initializer = self._initializers.get(record.initializer_key)
+        initializer = self._initializer_pool.get(record.initializer_key)
         if initializer is not None:
             try:
                 new = ray.get(self._submit(self._builder, record))
@@ -460,7 +474,7 @@ class RayWorkerGroup(_WorkerDispatch):
             new = None
         if new is None:
             group, bundle_index, env = self._initializer_sites[record.initializer_key]
-            self._initializers[record.initializer_key] = self._builder._create_initializer(
+            self._initializer_pool[record.initializer_key] = self._builder._create_initializer(
                 group, bundle_index, env, self._seam
             )
             new = ray.get(self._submit(self._builder, record))
@@ -489,7 +503,7 @@ class RayWorkerGroup(_WorkerDispatch):
         every worker is killed in the end, then the initializers that owned them, and
         the group's host-memory placement is withdrawn. Calling it again returns True.
         """
-        if not self._workers and not self._initializers:
+        if not self._workers and not self._initializer_pool:
             if self._placement_registered:
                 self._forget_placement()
             return True
@@ -512,7 +526,7 @@ class RayWorkerGroup(_WorkerDispatch):
             self._workers = []
             self._worker_metadata = []
             self._records = []
-            self._initializers = {}
+            self._initializer_pool = {}
             self._initializer_sites = {}
             self._forget_placement()
             self._release_default_name()
@@ -585,8 +599,8 @@ class RayWorkerGroup(_WorkerDispatch):
     def _kill_initializers(self, ray: Any = None) -> None:
         if ray is None:
             ray = self._seam.connected_ray()
-        initializers = list(self._initializers.values())
-        self._initializers = {}
+        initializers = list(self._initializer_pool.values())
+        self._initializer_pool = {}
         if ray is None:
             return
         for initializer in initializers:

@@ -72,10 +72,10 @@ def _group_with_one_worker(log: list[str]) -> wg.RayWorkerGroup:
             num_gpus=0,
             bundle_indices=(0, [0]),
             extra_options={},
-            initializer_key="pg0",
+            initializer_key=0,
         )
     ]
-    group._initializers = {"pg0": _Recorder(log, "initializer")}
+    group._initializer_pool = {0: _Recorder(log, "initializer")}
     group._initializer_sites = {}
     group._placement_registered = False
     group.worker_to_tied_group_index = {0: 0}

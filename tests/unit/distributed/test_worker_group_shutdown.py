@@ -39,7 +39,7 @@ def make_group(ray: FakeRay, *workers: FakeActor, connected: bool = True) -> wg.
     group._workers = list(workers)
     group._worker_metadata = [{"name": w.name} for w in workers]
     group._records = [None] * len(workers)
-    group._initializers = {"pg-a": worker(ray, "init-a"), "pg-b": worker(ray, "init-b")}
+    group._initializer_pool = {0: worker(ray, "init-a"), 1: worker(ray, "init-b")}
     group._initializer_sites = {}
     group._default_name = False
     host_memory.register_worker_group_nodes("grp", [NODE])
@@ -92,13 +92,13 @@ def test_an_initializer_that_cannot_be_killed_is_warned_about_once_and_spares_no
 ) -> None:
     reset_warn_once()  # another test's group may have used the same warning key
     group = make_group(ray, worker(ray, "w0"))
-    group._initializers["pg-a"].kill_error = True
+    group._initializer_pool[0].kill_error = True
     with caplog.at_level("WARNING", logger="raylens"):
         assert group.shutdown() is True  # the workers are gone; an initializer is not a worker
     assert ray.killed == ["w0", "init-b"]
     warnings = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
     assert warnings == ["worker group 'grp': could not kill an initializer actor"]
-    assert group._initializers == {}
+    assert group._initializer_pool == {}
 
 
 def test_cleanup_outcomes(ray: FakeRay) -> None:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import re
-import socket
 import subprocess
 import sys
 
@@ -35,7 +34,7 @@ def test_defaults_and_sizes() -> None:
     assert cluster.world_size() == 5
     assert cluster.node_count() == 2
     assert cluster.bundle_ct_per_node_list == [2, 0, 3]
-    assert cluster.placement_group_strategy == "PACK"
+    assert cluster.placement_group_strategy == "SPREAD"  # NeMo-RL's default
     assert cluster.max_colocated_worker_groups == 1
     assert cluster.num_gpus_per_node == 8
     assert cluster.use_gpus is False
@@ -149,8 +148,9 @@ def test_pack_strategies_make_one_group_per_node(strategy: str) -> None:
 
 
 def test_default_is_one_pack_group_per_node() -> None:
+    # NeMo-RL's default strategy is SPREAD, yet by default it reserves packed groups per node.
     cluster = RayVirtualCluster([2, 0, 3], use_gpus=False, name="gen")
-    assert cluster.placement_group_strategy == "PACK"
+    assert cluster.placement_group_strategy == "SPREAD"
     assert cluster.use_unified_pg is False
     plan = cluster._group_plan()
     assert [(g.name, g.bundle_count, g.strategy) for g in plan] == [
@@ -169,7 +169,7 @@ def test_spread_strategies_make_one_unified_group(strategy: str) -> None:
 
 def test_unified_group_only_when_asked() -> None:
     unified = RayVirtualCluster([1, 1], use_gpus=False, use_unified_pg=True)
-    assert [(g.bundle_count, g.strategy) for g in unified._group_plan()] == [(2, "PACK")]
+    assert [(g.bundle_count, g.strategy) for g in unified._group_plan()] == [(2, "SPREAD")]
     per_node = RayVirtualCluster(
         [1, 1], use_gpus=False, placement_group_strategy="SPREAD", use_unified_pg=False
     )
@@ -243,53 +243,6 @@ def test_bundle_address_out_of_range(node: int, local: int) -> None:
     cluster = RayVirtualCluster([2, 0, 3], use_gpus=False)
     with pytest.raises(ValueError, match=rf"\({node}, {local}\)"):
         cluster._bundle_address(node, local)
-
-
-# ---- ports ----------------------------------------------------------------------------
-
-
-def test_free_port_avoids_excluded_ports() -> None:
-    first = vc._free_port(set())
-    assert 0 < first < 65536
-    second = vc._free_port({first})
-    assert second != first
-    with socket.socket() as probe:
-        probe.bind(("", second))
-
-
-def test_free_ports_are_distinct_and_avoid_excluded_ports() -> None:
-    excluded = {vc._free_port(set())}
-    ports = vc._free_ports(excluded, 5)
-    assert len(set(ports)) == 5
-    assert not set(ports) & excluded
-
-
-def test_free_port_gives_up_when_every_try_is_excluded(monkeypatch: pytest.MonkeyPatch) -> None:
-    class Stuck:
-        def __init__(self, *args: object) -> None:
-            pass
-
-        def __enter__(self) -> Stuck:
-            return self
-
-        def __exit__(self, *args: object) -> None:
-            pass
-
-        def setsockopt(self, *args: object) -> None:
-            pass
-
-        def bind(self, address: object) -> None:
-            pass
-
-        def getsockname(self) -> tuple[str, int]:
-            return ("0.0.0.0", 40000)
-
-        def close(self) -> None:
-            pass
-
-    monkeypatch.setattr(vc.socket, "socket", Stuck)
-    with pytest.raises(RuntimeError, match=r"free port"):
-        vc._free_port({40000})
 
 
 def test_upstream_positional_arguments_keep_their_order() -> None:
