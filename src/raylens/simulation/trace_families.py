@@ -116,7 +116,9 @@ def creep(t: FloatArray, rng: Rng) -> FloatArray:
     return out
 
 
-def sawtooth(t: FloatArray, rng: Rng, low: float, high: float, periods: tuple[float, float]) -> FloatArray:
+def sawtooth(
+    t: FloatArray, rng: Rng, low: float, high: float, periods: tuple[float, float]
+) -> FloatArray:
     """A heap that climbs by ``low``-``high`` bytes and releases it, every 20 s to 5 min (varying)."""
     out = np.zeros_like(t)
     at = t[0] - rng.uniform(0, periods[1])
@@ -276,7 +278,11 @@ def _assemble(
 ) -> Trace:
     """Add bases and jitter, cut gaps, add up the node."""
     n = len(t)
-    bases = {"policy": rng.uniform(8, 24), "rollout": rng.uniform(6, 20), "reference": rng.uniform(2, 8)}
+    bases = {
+        "policy": rng.uniform(8, 24),
+        "rollout": rng.uniform(6, 20),
+        "reference": rng.uniform(2, 8),
+    }
     parts = {}
     for name, values in groups.items():
         parts[name] = values + bases[name] * GIB + _jitter(rng, n, rng.uniform(2, 16) * MIB)
@@ -310,36 +316,55 @@ def _assemble(
     )
 
 
-def _colocated(rng: Rng, t: FloatArray) -> tuple[dict[str, FloatArray], FloatArray, list[tuple[float, float]]]:
+def _colocated(
+    rng: Rng, t: FloatArray
+) -> tuple[dict[str, FloatArray], FloatArray, list[tuple[float, float]]]:
     """GRPO with colocated generation: policy phases and heap, an engine sleeping and waking."""
-    steps, training = phases(t, rng, step=(0.5, 4.0) if rng.random() < 0.5 else (0.5, 2.0), ramp=(1, 10))
-    policy = steps + sawtooth(t, rng, 0.1 * GIB, 0.6 * GIB, (20, 120)) + arenas(t, rng, np.array([]))
+    steps, training = phases(
+        t, rng, step=(0.5, 4.0) if rng.random() < 0.5 else (0.5, 2.0), ramp=(1, 10)
+    )
+    policy = (
+        steps + sawtooth(t, rng, 0.1 * GIB, 0.6 * GIB, (20, 120)) + arenas(t, rng, np.array([]))
+    )
     rollout = sleep_wake(t, rng) + sawtooth(t, rng, 0.05 * GIB, 0.3 * GIB, (30, 300))
     reference = arenas(t, rng, np.array([])) + sawtooth(t, rng, 0.05 * GIB, 0.2 * GIB, (30, 90))
-    return {"policy": policy, "rollout": rollout, "reference": reference}, np.zeros_like(t), training
+    return (
+        {"policy": policy, "rollout": rollout, "reference": reference},
+        np.zeros_like(t),
+        training,
+    )
 
 
-def _big_heaps(rng: Rng, t: FloatArray) -> tuple[dict[str, FloatArray], FloatArray, list[tuple[float, float]]]:
+def _big_heaps(
+    rng: Rng, t: FloatArray
+) -> tuple[dict[str, FloatArray], FloatArray, list[tuple[float, float]]]:
     """Large garbage-collected heaps: 4-8 GiB sawtooth, periods of 30 s to 5 min."""
     steps, training = phases(t, rng, step=(0.5, 2.0), ramp=(1, 5))
     policy = steps + sawtooth(t, rng, 4 * GIB, 8 * GIB, (30, 300))
     rollout = sawtooth(t, rng, 1 * GIB, 4 * GIB, (20, 240))
     reference = sawtooth(t, rng, 0.2 * GIB, 1 * GIB, (30, 120))
-    return {"policy": policy, "rollout": rollout, "reference": reference}, np.zeros_like(t), training
+    return (
+        {"policy": policy, "rollout": rollout, "reference": reference},
+        np.zeros_like(t),
+        training,
+    )
 
 
-def _fragmenting(rng: Rng, t: FloatArray) -> tuple[dict[str, FloatArray], FloatArray, list[tuple[float, float]]]:
+def _fragmenting(
+    rng: Rng, t: FloatArray
+) -> tuple[dict[str, FloatArray], FloatArray, list[tuple[float, float]]]:
     """Fragmentation creeping and given back in every group, over modest heaps."""
     steps, training = phases(t, rng, step=(0.5, 3.0), ramp=(1, 20))
     groups = {
-        name: creep(t, rng) + sawtooth(t, rng, 0.05 * GIB, 0.5 * GIB, (20, 180))
-        for name in GROUPS
+        name: creep(t, rng) + sawtooth(t, rng, 0.05 * GIB, 0.5 * GIB, (20, 180)) for name in GROUPS
     }
     groups["policy"] = groups["policy"] + steps
     return groups, creep(t, rng), training
 
 
-def _restarting(rng: Rng, t: FloatArray) -> tuple[dict[str, FloatArray], FloatArray, list[tuple[float, float]]]:
+def _restarting(
+    rng: Rng, t: FloatArray
+) -> tuple[dict[str, FloatArray], FloatArray, list[tuple[float, float]]]:
     """Workers restarting every 1-3 h and warming up again, samples missing now and then."""
     steps, training = phases(t, rng, step=(0.5, 3.0), ramp=(1, 10))
     groups = {}
@@ -352,7 +377,9 @@ def _restarting(rng: Rng, t: FloatArray) -> tuple[dict[str, FloatArray], FloatAr
     return groups, np.zeros_like(t), training
 
 
-def _sleepy(rng: Rng, t: FloatArray) -> tuple[dict[str, FloatArray], FloatArray, list[tuple[float, float]]]:
+def _sleepy(
+    rng: Rng, t: FloatArray
+) -> tuple[dict[str, FloatArray], FloatArray, list[tuple[float, float]]]:
     """Inference engines sleeping and waking in two groups, a quiet trainer."""
     steps, training = phases(t, rng, step=(0.5, 1.5), ramp=(1, 5))
     groups = {
@@ -363,7 +390,9 @@ def _sleepy(rng: Rng, t: FloatArray) -> tuple[dict[str, FloatArray], FloatArray,
     return groups, np.zeros_like(t), training
 
 
-def _checkpointing(rng: Rng, t: FloatArray) -> tuple[dict[str, FloatArray], FloatArray, list[tuple[float, float]]]:
+def _checkpointing(
+    rng: Rng, t: FloatArray
+) -> tuple[dict[str, FloatArray], FloatArray, list[tuple[float, float]]]:
     """Checkpoints of 5-40 GiB held 10-120 s, slow phase steps, arenas."""
     steps, training = phases(t, rng, step=(1.0, 6.0), ramp=(10, 60))
     groups = {
@@ -374,7 +403,9 @@ def _checkpointing(rng: Rng, t: FloatArray) -> tuple[dict[str, FloatArray], Floa
     return groups, np.zeros_like(t), training
 
 
-def _object_store(rng: Rng, t: FloatArray) -> tuple[dict[str, FloatArray], FloatArray, list[tuple[float, float]]]:
+def _object_store(
+    rng: Rng, t: FloatArray
+) -> tuple[dict[str, FloatArray], FloatArray, list[tuple[float, float]]]:
     """Rollouts filling the object store during generation, freed after training."""
     steps, training = phases(t, rng, step=(0.5, 3.0), ramp=(1, 15))
     groups = {
@@ -385,7 +416,9 @@ def _object_store(rng: Rng, t: FloatArray) -> tuple[dict[str, FloatArray], Float
     return groups, object_store(t, rng, training), training
 
 
-def _warming(rng: Rng, t: FloatArray) -> tuple[dict[str, FloatArray], FloatArray, list[tuple[float, float]]]:
+def _warming(
+    rng: Rng, t: FloatArray
+) -> tuple[dict[str, FloatArray], FloatArray, list[tuple[float, float]]]:
     """A replay buffer warming up in the trainer, arenas filling, workers restarting."""
     steps, training = phases(t, rng, step=(0.5, 2.0), ramp=(1, 10))
     again = restart_times(t, rng, (7200, 14400))
@@ -397,7 +430,9 @@ def _warming(rng: Rng, t: FloatArray) -> tuple[dict[str, FloatArray], FloatArray
     return groups, creep(t, rng), training
 
 
-def _weights_loading(rng: Rng, t: FloatArray) -> tuple[dict[str, FloatArray], FloatArray, list[tuple[float, float]]]:
+def _weights_loading(
+    rng: Rng, t: FloatArray
+) -> tuple[dict[str, FloatArray], FloatArray, list[tuple[float, float]]]:
     """Phase steps of 5-20 GiB moved at about 1 GB/s (20-60 s), and weight refits."""
     steps, training = phases(t, rng, step=(5.0, 20.0), ramp=(20, 60))
     refit, _ = phases(t, rng, step=(2.0, 8.0), ramp=(2, 30))
@@ -409,7 +444,9 @@ def _weights_loading(rng: Rng, t: FloatArray) -> tuple[dict[str, FloatArray], Fl
     return groups, np.zeros_like(t), training
 
 
-def _quiet(rng: Rng, t: FloatArray) -> tuple[dict[str, FloatArray], FloatArray, list[tuple[float, float]]]:
+def _quiet(
+    rng: Rng, t: FloatArray
+) -> tuple[dict[str, FloatArray], FloatArray, list[tuple[float, float]]]:
     """A long, steady run: small heaps, rare phase changes."""
     steps, training = phases(t, rng, step=(0.5, 1.0), ramp=(1, 5))
     groups = {name: sawtooth(t, rng, 0.02 * GIB, 0.1 * GIB, (30, 300)) for name in GROUPS}
@@ -417,7 +454,9 @@ def _quiet(rng: Rng, t: FloatArray) -> tuple[dict[str, FloatArray], FloatArray, 
     return groups, np.zeros_like(t), training
 
 
-Workload = Callable[[Rng, FloatArray], tuple[dict[str, FloatArray], FloatArray, list[tuple[float, float]]]]
+Workload = Callable[
+    [Rng, FloatArray], tuple[dict[str, FloatArray], FloatArray, list[tuple[float, float]]]
+]
 
 
 @dataclass(frozen=True)

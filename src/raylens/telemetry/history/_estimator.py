@@ -53,7 +53,7 @@ CONFIRMING = 2
 PEAK_LEVEL = 2
 
 _SEGMENT = FLOORS // SEGMENTS
-_BOUNDS = tuple(range(0, FLOORS, _SEGMENT)) + (FLOORS - 1,)
+_BOUNDS = (*tuple(range(0, FLOORS, _SEGMENT)), FLOORS - 1)
 _INF = math.inf
 
 
@@ -72,7 +72,9 @@ class ScaleReading(NamedTuple):
     peak: float
 
 
-def _read(floors: deque[float], highs: deque[float], width: float, settings: GrowthSettings):
+def _read(
+    floors: deque[float], highs: deque[float], width: float, settings: GrowthSettings
+) -> tuple[ScaleReading, list[float]] | None:
     """The reading of one scale's floors, or None when too few slices hold samples."""
     filled = 0
     ratchet = [0.0] * FLOORS
@@ -103,9 +105,7 @@ def _read(floors: deque[float], highs: deque[float], width: float, settings: Gro
     # The newest segment must go on climbing: a rise that has stopped is not growing now.
     newest = ratchet[-1] - ratchet[whole]
     going_on = newest >= STEADY * rate * (FLOORS - 1 - whole) * width
-    rises = (
-        rate >= settings.grow_slow and bent <= STRAIGHT * climb and not slowing and going_on
-    )
+    rises = rate >= settings.grow_slow and bent <= STRAIGHT * climb and not slowing and going_on
     peak = max((h for h in highs if h == h), default=math.nan)
     return ScaleReading(width * FLOORS, rate, rises, slowing, peak), ratchet
 

@@ -213,8 +213,9 @@ class MemoryHistory:
             self._groups[node] = None
             return
         if len(groups) > MAX_GROUPS_PER_NODE:
-            largest = sorted(groups, key=lambda g: -float(np.nan_to_num(groups[g]).max()))
-            groups = {g: groups[g] for g in largest[:MAX_GROUPS_PER_NODE]}
+            given = groups
+            largest = sorted(given, key=lambda g: -float(np.nan_to_num(given[g]).max()))
+            groups = {g: given[g] for g in largest[:MAX_GROUPS_PER_NODE]}
         names = tuple(sorted(groups))
         finite = [np.where(np.isfinite(groups[name]), groups[name], 0.0) for name in names]
         # Summed exactly, so that the memory outside the groups does not depend on their order.
