@@ -225,10 +225,11 @@ def restart_times(t: FloatArray, rng: Rng, every: tuple[float, float]) -> FloatA
 
 
 def restarted(values: FloatArray, t: FloatArray, restarts: FloatArray, rng: Rng) -> FloatArray:
-    """``values`` with the process down for 10-60 s at each restart (its memory gone)."""
+    """``values`` with the process down for 10-60 s at each restart: NaN there, which the
+    node's assembly turns into a process holding nothing yet (its base memory gone too)."""
     out = values.copy()
     for at in restarts:
-        out[(t >= at) & (t < at + rng.uniform(10, 60))] = 0.0
+        out[(t >= at) & (t < at + rng.uniform(10, 60))] = np.nan
     return out
 
 
@@ -285,7 +286,10 @@ def _assemble(
     }
     parts = {}
     for name, values in groups.items():
-        parts[name] = values + bases[name] * GIB + _jitter(rng, n, rng.uniform(2, 16) * MIB)
+        part = values + bases[name] * GIB + _jitter(rng, n, rng.uniform(2, 16) * MIB)
+        down = np.isnan(values)
+        part[down] = 64 * MIB + _jitter(rng, int(down.sum()), 2 * MIB)
+        parts[name] = part
     other = other + rng.uniform(3, 8) * GIB + _jitter(rng, n, rng.uniform(4, 16) * MIB)
     leak_added = np.zeros(n)
     leak_group: str | None = None

@@ -49,6 +49,13 @@ MIN_FILLED = 16
 
 #: Longer scales that must rise too before a spell starts (fewer above the longest).
 CONFIRMING = 2
+#: Growth that would reach the node's kill line within this many seconds is flagged as soon
+#: as one scale reads it (see ``GrowthEstimator.room``).
+URGENT_S = 3600.0
+#: Growth at least this many times ``grow_slow`` needs less confirmation (see ``_confirmed``).
+FAST = 5.0
+#: A slice whose floor is below this share of the one before starts the series afresh.
+FRESH_SHARE = 0.5
 #: The scale whose highest sample is the series' recurring peak (or the longest one below).
 PEAK_LEVEL = 2
 
@@ -130,11 +137,15 @@ class GrowthEstimator:
     ``growth`` is the rate (bytes/s, never negative: memory given back reads 0) of the
     shortest scale read, the longest rising one's while growing; None until the shortest
     scale holds enough slices. ``rate`` is the growing series' rate, None while not growing.
-    ``peak`` is the highest sample of the longest scale read (what recurs, so what reaches a
-    kill line first). ``spells`` counts the times it started growing.
+    ``peak`` is the highest sample of the recent scales (what recurs, so what reaches a kill
+    line first). ``spells`` counts the times it started growing. ``room``, set by whoever
+    records, is the bytes left before the node's kill line: growth that would use it up within
+    :data:`URGENT_S` is flagged on the shortest evidence.
     """
 
     __slots__ = (
+        "_fresh_at",
+        "_last_floor",
         "_readings",
         "_scales",
         "_settings",
@@ -145,6 +156,7 @@ class GrowthEstimator:
         "last_value",
         "peak",
         "rate",
+        "room",
         "spells",
     )
 
@@ -154,6 +166,10 @@ class GrowthEstimator:
         self._scales = [_Scale(first * (1 << k)) for k in range(settings.levels)]
         self._spell_scale: int | None = None
         self._readings: list[ScaleReading | None] = [None] * settings.levels
+        self._fresh_at = -_INF
+        self._last_floor = -_INF
+        #: Bytes left before the node's kill line, when whoever records knows it.
+        self.room: float | None = None
         self.growth: float | None = None
         self.rate: float | None = None
         self.peak: float | None = None
@@ -203,6 +219,8 @@ class GrowthEstimator:
         scale = self._scales[level]
         if scale.index is None:
             scale.index, scale.low, scale.high = index, low, high
+            if level == 0:
+                self._fresh_at = t
             return
         if index == scale.index:
             if low < scale.low:
@@ -211,6 +229,10 @@ class GrowthEstimator:
                 scale.high = high
             return
         closed, closed_low, closed_high = scale.index, scale.low, scale.high
+        if level == 0:
+            if closed_low < FRESH_SHARE * self._last_floor:
+                self._fresh_at = t
+            self._last_floor = closed_low
         scale.floors.append(closed_low)
         scale.highs.append(closed_high)
         self._judge(level, t)
@@ -220,6 +242,33 @@ class GrowthEstimator:
         scale.index, scale.low, scale.high = index, low, high
         if level + 1 < len(self._scales):
             self._slice(level + 1, closed // 2, closed_low, closed_high, t)
+
+    def _urgent(self, reading: ScaleReading) -> bool:
+        """Whether growth at ``reading``'s rate would take what is left of the node's memory
+        (:attr:`room`) within :data:`URGENT_S`: worth a flag on one scale's word."""
+        room = self.room
+        return room is not None and reading.rate > 0 and room < URGENT_S * reading.rate
+
+    def _confirmed(self, level: int, t: float) -> bool:
+        """Whether the longer scales bear out a rise the scale ``level`` reads.
+
+        The next two scales must rise too; or, for fast growth in a series that has not started
+        afresh (its first sample, or memory falling to under half, as a process restart does)
+        within the longer one's span, the next must rise and the one after must not be levelling
+        off.
+        """
+        longer = self._readings[level + 1 : level + 1 + CONFIRMING]
+        if all(r is not None and r.rises for r in longer):
+            return True
+        if len(longer) < CONFIRMING or longer[0] is None or not longer[0].rises:
+            return False
+        outer = longer[-1]
+        return (
+            outer is not None
+            and not outer.slowing
+            and t - self._fresh_at >= outer.scale_s
+            and (self._readings[level] or outer).rate >= FAST * self._settings.grow_slow
+        )
 
     def _judge(self, level: int, t: float) -> None:
         scale = self._scales[level]
@@ -232,13 +281,14 @@ class GrowthEstimator:
             if shown is not None and shown.peak == shown.peak:
                 self.peak = shown.peak
                 break
-        if self._spell_scale is None:
-            longer = self._readings[level + 1 : level + 1 + CONFIRMING]
-            confirmed = all(r is not None and r.rises for r in longer)
-            if reading.rises and confirmed:
-                self._spell_scale = level
-                self.growing_since = t
-                self.spells += 1
+        if (
+            self._spell_scale is None
+            and reading.rises
+            and (self._confirmed(level, t) or self._urgent(reading))
+        ):
+            self._spell_scale = level
+            self.growing_since = t
+            self.spells += 1
         elif level == self._spell_scale and not reading.rises:
             half = FLOORS // 2
             climbed = ratchet[-1] - ratchet[half]

@@ -84,6 +84,7 @@ class NodeGrowthKeeper:
         reading and is not in this one leaves the node's figures; its history stays (see
         the module docstring).
         """
+        self.history.set_limit(NODE_KEY, self.kill_line.limit(host_total, cgroup_total))
         self.add(t, used, groups)
         return self._reading(used, self.history.node(NODE_KEY), host_total, cgroup_total)
 

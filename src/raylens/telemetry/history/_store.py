@@ -143,12 +143,16 @@ class MemoryHistory:
         self._lock = threading.Lock()
         self._series: dict[Key, _Entry] = {}
         self._groups: dict[str, tuple[str, ...] | None] = {}
+        self._limits: dict[str, float] = {}
+        # Bytes left before the line of the node being recorded, handed to its series.
+        self._room: float | None = None
 
     # recording -----------------------------------------------------------------
 
     def record(self, key: Key, t: float, value: float) -> None:
         """One sample of ``key``: ``value`` bytes at ``t`` seconds (any monotonic clock)."""
         with self._lock:
+            self._room = None
             self._entry(key).add(float(t), float(value))
 
     def record_many(self, key: Key, times: npt.ArrayLike, values: npt.ArrayLike) -> None:
@@ -160,6 +164,7 @@ class MemoryHistory:
                 f"times and values must be 1-D and of one length, got {t.shape} and {v.shape}"
             )
         with self._lock:
+            self._room = None
             self._entry(key).extend(t, v)
 
     def record_node(
@@ -208,6 +213,11 @@ class MemoryHistory:
     def _add_node(
         self, node: str, t: FloatArray, used: FloatArray, groups: Mapping[str, FloatArray] | None
     ) -> None:
+        limit = self._limits.get(node)
+        room = None
+        if limit is not None and len(used) and math.isfinite(float(used[-1])):
+            room = limit - float(used[-1])
+        self._room = room
         self._entry(node).extend(t, used)
         if groups is None:
             self._groups[node] = None
@@ -237,10 +247,20 @@ class MemoryHistory:
             if entry is not None and now - entry.seen_at >= self.settings.window_s:
                 del self._series[(node, name)]
 
+    def set_limit(self, node: str, limit: float | None) -> None:
+        """The node's kill line in bytes (None: unknown). Growth that would reach it within an
+        hour is flagged on the shortest evidence; without a line, only the usual evidence counts."""
+        with self._lock:
+            if limit is None or not math.isfinite(limit):
+                self._limits.pop(node, None)
+            else:
+                self._limits[node] = float(limit)
+
     def forget(self, node: str) -> None:
         """Drop a node, its groups and the memory outside them."""
         with self._lock:
             self._groups.pop(node, None)
+            self._limits.pop(node, None)
             for key in [
                 k for k in self._series if k == node or (isinstance(k, tuple) and k[0] == node)
             ]:
@@ -312,4 +332,5 @@ class MemoryHistory:
         entry = self._series.get(key)
         if entry is None:
             entry = self._series[key] = _Entry(self.settings)
+        entry.estimator.room = self._room if isinstance(key, tuple) or key in self._limits else None
         return entry

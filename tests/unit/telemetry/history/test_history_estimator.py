@@ -126,3 +126,32 @@ def test_late_and_repeated_samples_are_ignored() -> None:
     estimator.add(5.0, 9 * GIB)
     estimator.add(11.0, float("inf"))
     assert (estimator.last_time, estimator.last_value) == (10.0, 5 * GIB)
+
+
+def test_a_fast_leak_in_a_long_running_series_needs_one_longer_scale_less() -> None:
+    """Fast growth in a series running for longer than the scales that judge it: the next
+    scale rising and the one after not levelling off is enough."""
+    t = np.arange(0.0, 4 * HOURS)
+    start = 2 * HOURS
+    rate = 50 * MIB_MIN
+    values = 8 * GIB + np.clip(t - start, 0, None) * rate + jitter(len(t))
+    estimator = run(values)
+    assert estimator.growing and estimator.growing_since is not None
+    # Two longer scales (the window's four times) would take 20 minutes and more.
+    assert estimator.growing_since - start < 15 * 60
+    assert estimator.rate == pytest.approx(rate, rel=0.1)
+
+
+def test_growth_that_would_reach_the_kill_line_within_the_hour_is_flagged_on_the_shortest_scale() -> (
+    None
+):
+    t = np.arange(0.0, 20 * 60.0)
+    rate = 600 * MIB_MIN  # 10 MiB/s from the process's first reading: a warm-up or a leak
+    values = 8 * GIB + t * rate + jitter(len(t))
+    unknown, near = GrowthEstimator(SETTINGS), GrowthEstimator(SETTINGS)
+    near.room = 20 * GIB  # about half an hour at this rate
+    for estimator in (unknown, near):
+        estimator.add_many(t, values)
+    assert near.growing and near.growing_since is not None
+    assert near.growing_since <= 1.5 * SETTINGS.window_s
+    assert not unknown.growing  # a fresh series needs two longer scales without a line

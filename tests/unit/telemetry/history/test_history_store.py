@@ -278,3 +278,32 @@ def test_a_node_s_parts_are_recorded_as_recording_each_alone_would() -> None:
             assert by_node.series(key) == by_key.series(key), key
     node = by_node.node("n0")
     assert node is not None and node.growing and node.fastest_group == "policy"
+
+
+def test_a_node_near_its_kill_line_gets_its_fast_growth_flagged_on_the_shortest_scale() -> None:
+    """The sampler's case: a fresh worker growing 10 MB/s on a node with 24 GB, window 120 s."""
+    settings = GrowthSettings(window_s=120.0)
+    near, unknown = MemoryHistory(settings), MemoryHistory(settings)
+    line = kill_line(24e9)
+    rng = np.random.default_rng(3)
+    flagged: dict[str, float] = {}
+    for second in range(400):
+        t = float(second)
+        leak = max(0.0, t - 60.0) * 10e6
+        policy, rollout = 2e9 + leak + rng.normal(0, 2e6), 1.5e9 + rng.normal(0, 2e6)
+        used = 8e9 + leak + rng.normal(0, 5e6)
+        near.set_limit("n0", line)
+        for name, history in (("near", near), ("unknown", unknown)):
+            history.record_node("n0", t, used, {"policy": policy, "rollout": rollout})
+            view = history.node("n0")
+            assert view is not None
+            if view.groups["policy"].growing:
+                flagged.setdefault(name, t - 60.0)
+    view = near.node("n0")
+    assert view is not None and view.time_to_limit(line) is not None
+    assert flagged["near"] <= 200.0
+    assert view.groups["policy"].rate == pytest.approx(10e6, rel=0.2)
+    assert not view.groups["rollout"].growing
+    assert flagged.get("unknown", math.inf) > flagged["near"]
+    near.set_limit("n0", None)
+    near.forget("n0")
