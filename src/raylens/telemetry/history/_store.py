@@ -30,13 +30,24 @@ from raylens.telemetry.history._limit import time_to_limit
 from raylens.telemetry.history._series import Bucket, SeriesBuffer
 from raylens.telemetry.history._settings import GrowthSettings
 
-__all__ = ["MAX_GROUPS_PER_NODE", "Key", "MemoryHistory", "NodeGrowth", "SeriesGrowth"]
+__all__ = [
+    "FULL_RESOLUTION_S",
+    "MAX_GROUPS_PER_NODE",
+    "Key",
+    "MemoryHistory",
+    "NodeGrowth",
+    "SeriesGrowth",
+]
 
 #: A node id, or ``(node id, group)``; group None is the node's memory outside its groups.
 Key = str | tuple[str, str | None]
 
 #: Most worker groups kept per node; beyond it the smallest count as memory outside groups.
 MAX_GROUPS_PER_NODE = 64
+#: Longest span of samples kept at full resolution (what a post-mortem shows); older ones are
+#: kept in buckets. The growth judgement keeps its own slices, so a long window costs nothing
+#: here: a series holds at most this many seconds of samples whatever the window.
+FULL_RESOLUTION_S = 900.0
 
 
 @dataclass(frozen=True)
@@ -92,7 +103,8 @@ class _Entry:
     __slots__ = ("buffer", "estimator", "seen_at")
 
     def __init__(self, settings: GrowthSettings) -> None:
-        self.buffer = SeriesBuffer(settings.window_s, settings.bucket_s, settings.buckets)
+        full = min(settings.window_s, FULL_RESOLUTION_S)
+        self.buffer = SeriesBuffer(full, settings.bucket_s, settings.buckets)
         self.estimator = GrowthEstimator(settings)
         self.seen_at = -math.inf
 
@@ -310,7 +322,8 @@ class MemoryHistory:
             )
 
     def window(self, key: Key) -> tuple[FloatArray, FloatArray]:
-        """Copies of the full-resolution samples of ``key``'s last window (times, bytes)."""
+        """Copies of ``key``'s full-resolution samples (times, bytes): the last window, or
+        :data:`FULL_RESOLUTION_S` of a longer one."""
         with self._lock:
             entry = self._series.get(key)
             return entry.buffer.window() if entry else (np.empty(0), np.empty(0))

@@ -307,3 +307,35 @@ def test_a_node_near_its_kill_line_gets_its_fast_growth_flagged_on_the_shortest_
     assert flagged.get("unknown", math.inf) > flagged["near"]
     near.set_limit("n0", None)
     near.forget("n0")
+
+
+def test_a_day_long_window_holds_no_more_samples_than_fifteen_minutes() -> None:
+    """At the longest window and one sample a second, a series stays small (H3-20)."""
+    day, short = (
+        MemoryHistory(GrowthSettings(window_s=86_400.0, horizon_s=86_400.0)),
+        MemoryHistory(GrowthSettings(window_s=900.0, horizon_s=86_400.0)),
+    )
+    t = np.arange(0.0, 4 * 3600.0)
+    values = 8 * GIB + np.random.default_rng(1).normal(0.0, 8 * MIB, len(t))
+    for history in (day, short):
+        history.record_many("k", t, values)
+    assert day.nbytes() == short.nbytes()
+    assert day.nbytes() < 64 * 1024
+
+
+def test_groups_absent_for_a_window_are_forgotten_and_a_node_keeps_at_most_its_cap() -> None:
+    """Groups renamed at every step cannot grow what a node holds (H3-11)."""
+    from raylens.telemetry.history import MAX_GROUPS_PER_NODE
+
+    history = MemoryHistory(GrowthSettings(window_s=60.0))
+    for step in range(40):
+        t = np.arange(step * 60.0, (step + 1) * 60.0)
+        groups = {f"step-{step}": np.full(len(t), 1 * GIB)}
+        history.record_node_many("n0", t, np.full(len(t), 8 * GIB), groups)
+    held = [key for key in history.keys() if isinstance(key, tuple) and key[1]]
+    assert len(held) <= 2
+    many = {f"g{k}": np.full(10, float(k + 1) * MIB) for k in range(MAX_GROUPS_PER_NODE + 40)}
+    history.record_node_many("n1", np.arange(10.0), np.full(10, 8 * GIB), many)
+    view = history.node("n1")
+    assert view is not None and len(view.groups) == MAX_GROUPS_PER_NODE
+    assert "g0" not in view.groups  # the smallest count as memory outside the groups
