@@ -332,7 +332,8 @@ def test_groups_absent_for_a_window_are_forgotten_and_a_node_keeps_at_most_its_c
         t = np.arange(step * 60.0, (step + 1) * 60.0)
         groups = {f"step-{step}": np.full(len(t), 1 * GIB)}
         history.record_node_many("n0", t, np.full(len(t), 8 * GIB), groups)
-    held = [key for key in history.keys() if isinstance(key, tuple) and key[1]]
+    recorded = history.keys()
+    held = [key for key in recorded if isinstance(key, tuple) and key[1]]
     assert len(held) <= 2
     many = {f"g{k}": np.full(10, float(k + 1) * MIB) for k in range(MAX_GROUPS_PER_NODE + 40)}
     history.record_node_many("n1", np.arange(10.0), np.full(10, 8 * GIB), many)
