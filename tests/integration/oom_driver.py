@@ -21,12 +21,14 @@ from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 from ray.cluster_utils import Cluster
 
 from raylens.distributed._worker_dispatch import MultiWorkerFuture
+from raylens.distributed.group_memory_cycle import GroupMemoryCycle, attach_group_memory
+from raylens.distributed.group_memory_sampler import GroupMemorySamplers
 from raylens.distributed.virtual_cluster import RayVirtualCluster
 from raylens.distributed.worker_groups import RayWorkerBuilder, RayWorkerGroup
 from raylens.lens import init_telemetry, shutdown_telemetry
 from raylens.telemetry import host_memory
 from raylens.telemetry.growth import GrowthCycle, attach_growth
-from raylens.telemetry.history import GrowthSettings, resolve_kill_line_config
+from raylens.telemetry.history import resolve_kill_line_config
 from raylens.telemetry.oom import (
     RL_HOST_OOM_KILLS_METRIC,
     OomWatch,
@@ -94,12 +96,13 @@ def main(out_dir: str) -> dict[str, Any]:
         monitor = host_memory.HostMemoryMonitor(
             INTERVAL_S, scrape_mode="helper", consumer=True, scrape_timeout=2.0
         )
+        kill_line = resolve_kill_line_config(threshold=threshold)
+        # As the driver has it: a sampler on the node keeps its history, which the
+        # post-mortem asks for.
+        samplers = GroupMemorySamplers(kill_line=kill_line, growth_window_s=60.0)
+        attach_group_memory(monitor, GroupMemoryCycle(samplers, every_node=True))
         growth = attach_growth(
-            monitor,
-            GrowthCycle(
-                settings=GrowthSettings(window_s=60.0),
-                kill_line=resolve_kill_line_config(threshold=threshold),
-            ),
+            monitor, GrowthCycle(kill_line=kill_line, node_history=samplers.recent_history)
         )
         attach_oom_watch(monitor, OomWatch(growth=growth, writer=PostMortemWriter(out_dir)))
         virtual = RayVirtualCluster([1], use_gpus=False, name="oom", placement_timeout_s=60)

@@ -47,7 +47,7 @@ def test_a_policy_worker_killed_by_rays_memory_monitor_leaves_one_post_mortem(
     named = [p for p in summary["postmortems"] if p["victim"]["group"] == "policy"]
     assert named, summary["postmortems"]
     assert named[0]["killer"] == "ray" and named[0]["node_id"] == summary["node_id"]
-    # The node's memory up to the kill, from the history the scrape helper keeps.
+    # The node's memory up to the kill, from the history the node's sampler keeps.
     assert named[0]["node_used"] is not None and len(named[0]["node_used"]["samples"]) >= 3
     assert summary["postmortem_after_s"] <= 2 * summary["interval_s"]
     assert summary["counter"] == {f"{summary['node_id']}/ray": len(summary["postmortems"])}
