@@ -105,11 +105,18 @@ def main(out_dir: str) -> dict[str, Any]:
             monitor, GrowthCycle(kill_line=kill_line, node_history=samplers.recent_history)
         )
         attach_oom_watch(monitor, OomWatch(growth=growth, writer=PostMortemWriter(out_dir)))
+        # The sampler starts first and answers before the group exists: Ray's memory
+        # monitor picks the newest of the driver's workers, which must be the policy one.
+        monitor.start()
+        node_id = ray.get_runtime_context().get_node_id()
+        deadline = time.monotonic() + 60.0
+        while samplers.recent_history(node_id, time.time()) is None:
+            assert time.monotonic() < deadline, "the node's sampler never answered"
+            time.sleep(0.2)
         virtual = RayVirtualCluster([1], use_gpus=False, name="oom", placement_timeout_s=60)
         group = RayWorkerGroup(
             virtual, RayWorkerBuilder("group_workers.EnvWorker"), name_prefix="policy"
         )
-        monitor.start()
         time.sleep(3 * INTERVAL_S)  # the eviction counter's baseline is read
         ref = group.workers[0].__ray_call__.remote(_allocate, HEADROOM + 2 * GIB)
         started = time.monotonic()
