@@ -42,6 +42,7 @@ from raylens.distributed._sampler_parts import (
     _growth_window,
     _Sampler,
     ask_recent_history,
+    collect_group_memory,
     monitor_identity,
     worker_identity,
 )
@@ -49,10 +50,6 @@ from raylens.lens import warn_once
 from raylens.safe_text import printable
 from raylens.telemetry.group_memory import (
     DEFAULT_MAX_PROCESSES,
-    DEFAULT_REGISTRY,
-    DEFAULT_SNAPSHOT,
-    GroupMemorySnapshot,
-    GroupWorkerRegistry,
     NodeGroupMemory,
     as_group_worker,
 )
@@ -110,8 +107,6 @@ LARGEST_PROCESSES_TIMEOUT_S = 2.0
 LARGEST_PROCESSES_KEPT = 32
 
 _LOGGER = logging.getLogger("raylens.distributed")
-#: Most group names one warning quotes.
-_NAMES_QUOTED = 5
 #: No version stands: the next :meth:`GroupMemorySamplers.maintain` walks every list.
 _UNSETTLED = object()
 
@@ -665,45 +660,3 @@ class GroupMemorySamplers:
             for node_id in list(self._samplers):
                 self._remove(node_id)
             self._kill_stopping(all_of_them=True)
-
-
-def collect_group_memory(
-    samplers: GroupMemorySamplers,
-    *,
-    registry: GroupWorkerRegistry | None = None,
-    snapshot: GroupMemorySnapshot | None = None,
-    max_age: float | None = None,
-) -> dict[str, NodeGroupMemory | SamplerError]:
-    """One cycle: sample every registered worker's node and publish what came back.
-
-    ``registry`` and ``snapshot`` default to the module-wide ones of
-    :mod:`raylens.telemetry.group_memory`; ``max_age`` is passed to
-    :meth:`GroupMemorySnapshot.publish`. Returns the cycle's results, for a table.
-    """
-    source = registry if registry is not None else DEFAULT_REGISTRY
-    target = snapshot if snapshot is not None else DEFAULT_SNAPSHOT
-    results = samplers.sample(source.workers_by_node())
-    target.publish(results, max_age=max_age)
-    _warn_about_skipped_groups(results, samplers.max_processes)
-    return results
-
-
-def _warn_about_skipped_groups(
-    results: Mapping[str, NodeGroupMemory | SamplerError], max_processes: int
-) -> None:
-    """Say once which groups a reading left out to stay within its process cap."""
-    for node_id, reading in results.items():
-        if not isinstance(reading, NodeGroupMemory) or not reading.skipped_groups:
-            continue
-        names = reading.skipped_groups
-        quoted = ", ".join(f"'{printable(name[:80])}'" for name in names[:_NAMES_QUOTED])
-        more = f" and {len(names) - _NAMES_QUOTED} more" if len(names) > _NAMES_QUOTED else ""
-        warn_once(
-            "group_memory.process_cap",
-            f"node {printable(node_id[:80])}: worker group(s) {quoted}{more} have no "
-            f"group-memory figures: measuring them would pass the cap of {max_processes} "
-            "processes per node, which goes to the smallest groups first (raise it with "
-            "GroupMemorySamplers(max_processes=...); warned once)",
-            logger=_LOGGER,
-        )
-        return
