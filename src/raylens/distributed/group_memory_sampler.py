@@ -87,6 +87,9 @@ unanswered before it is replaced."""
 RECENT_HISTORY_TIMEOUT_S = 2.0
 """How long a post-mortem waits for a node's sampler to give its recent history."""
 
+RECENT_HISTORY_PAUSE_S = 30.0
+"""After a sampler gave no history, how long later post-mortems go without asking."""
+
 DEFAULT_PING_EVERY = 6
 """Cycles of :meth:`GroupMemorySamplers.maintain` between two liveness rounds by default."""
 
@@ -193,6 +196,8 @@ class GroupMemorySamplers:
         self._round = 0
         self._pings_out = False
         self._stopping: list[tuple[Any, float]] = []
+        # Until when (on the manager's clock) post-mortems do not ask for a history.
+        self._history_paused_until = -float("inf")
         # The caller's version of the worker lists every node's sampler was last told,
         # while nothing has been removed or failed since; see maintain().
         self._settled: object = _UNSETTLED
@@ -642,17 +647,23 @@ class GroupMemorySamplers:
 
         One Ray call, made only for a post-mortem, bounded by ``timeout_s``. None when the
         node has no sampler, it does not answer in time, or its answer is not a history.
-        Never raises.
+        After an ask that got nothing, none waits again for :data:`RECENT_HISTORY_PAUSE_S`
+        (a burst of kills on the monitor's thread costs one wait, not one each). Never raises.
         """
         with self._lock:
             sampler = self._samplers.get(node_id)
-        if sampler is None:
+            paused = self._clock() < self._history_paused_until
+        if sampler is None or paused:
             return None
         try:
             ray = self._ray_module()
         except Exception:
             return None
-        return ask_recent_history(ray, sampler.actor, node_id, at_wall, timeout_s)
+        found = ask_recent_history(ray, sampler.actor, node_id, at_wall, timeout_s)
+        if found is None:
+            with self._lock:
+                self._history_paused_until = self._clock() + RECENT_HISTORY_PAUSE_S
+        return found
 
     def close(self) -> None:
         """Remove every sampler, stopping ones included (idempotent)."""
