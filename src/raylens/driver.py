@@ -150,9 +150,7 @@ def _attach_group_memory(monitor: host_memory.HostMemoryMonitor) -> GroupMemoryC
     try:
         from raylens.distributed.group_memory_cycle import attach_group_memory
 
-        cycle = attach_group_memory(monitor)
-        cycle.every_node = True  # the driver's samplers are every node's home for growth
-        return cycle
+        return attach_group_memory(monitor)
     except Exception:
         warn_once(
             "driver.group_memory",
@@ -186,6 +184,9 @@ def _attach_growth(
         node_history = None
         if groups is not None:
             groups.samplers.configure_growth(window_s=window_s, kill_line=kill_line)
+            # From now on every scraped node gets a sampler, started with these settings:
+            # the samplers are every node's one home for its growth.
+            groups.every_node = True
             node_history = groups.samplers.recent_history
         cycle = GrowthCycle(
             settings=GrowthSettings(window_s=window_s),

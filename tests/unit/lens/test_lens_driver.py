@@ -211,10 +211,9 @@ def test_the_driver_gives_its_samplers_the_window_it_was_given(
 
     monitor = _RecordingMonitor()
     samplers = _GrowthSettingsTaken()
+    groups = SimpleNamespace(samplers=samplers, every_node=False)
     monkeypatch.setattr(host_memory, "start_host_memory_monitoring", lambda interval: monitor)
-    monkeypatch.setattr(
-        raylens.driver, "_attach_group_memory", lambda monitor: SimpleNamespace(samplers=samplers)
-    )
+    monkeypatch.setattr(raylens.driver, "_attach_group_memory", lambda monitor: groups)
     if env is None:
         monkeypatch.delenv("RAYLENS_GROWTH_WINDOW", raising=False)
     else:
@@ -227,6 +226,7 @@ def test_the_driver_gives_its_samplers_the_window_it_was_given(
     assert samplers.windows == [window]
     assert samplers.kill_lines == [cycles[0].kill_line]
     assert cycles[0].node_history == samplers.recent_history
+    assert groups.every_node  # set once the samplers have their settings
     errors = _errors(caplog)
     refused = keyword == "soon" or window != (keyword or float(env or 600.0))
     assert bool(errors) == refused
