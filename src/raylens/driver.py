@@ -167,12 +167,7 @@ def _attach_group_memory(monitor: host_memory.HostMemoryMonitor) -> GroupMemoryC
     try:
         from raylens.distributed.group_memory_cycle import attach_group_memory
 
-        cycle = attach_group_memory(monitor)
-        cycle.every_node = True  # the driver's samplers are every node's home for growth
-        # Started before any group's workers, each node's sampler is the last worker
-        # there that Ray's memory monitor would kill (README, "OOM kills").
-        cycle.samplers.start_early(_alive_node_ids())
-        return cycle
+        return attach_group_memory(monitor)
     except Exception:
         warn_once(
             "driver.group_memory",
@@ -213,13 +208,16 @@ def _attach_growth(
         node_history = None
         if groups is not None:
             groups.samplers.configure_growth(window_s=window_s, kill_line=kill_line)
+            # From now on every scraped node gets a sampler, started with these settings:
+            # the samplers are every node's one home for its growth.
+            groups.every_node = True
             node_history = groups.samplers.recent_history
         cycle = GrowthCycle(
             settings=GrowthSettings(window_s=window_s),
             kill_line=kill_line,
             node_history=node_history,
         )
-        return attach_growth(monitor, cycle)
+        attached = attach_growth(monitor, cycle)
     except Exception:
         warn_once(
             "driver.growth",
@@ -227,6 +225,23 @@ def _attach_growth(
             logger=logger,
         )
         return None
+    if groups is not None:
+        _start_samplers_early(groups)
+    return attached
+
+
+def _start_samplers_early(groups: GroupMemoryCycle) -> None:
+    """Start each live node's sampler now, before any group's workers: the newest workers are
+    the first Ray's memory monitor kills, so it chooses the sampler last (README, "OOM kills")."""
+    try:
+        groups.samplers.start_early(_alive_node_ids())
+    except Exception:
+        warn_once(
+            "driver.samplers_early",
+            "could not start the nodes' samplers ahead of the workers; each starts with its "
+            "node's first workers instead",
+            logger=logger,
+        )
 
 
 def _attach_phases(kernel_peaks: bool | None, phase_log: str | os.PathLike[str] | None) -> None:

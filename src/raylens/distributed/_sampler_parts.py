@@ -10,12 +10,20 @@ from __future__ import annotations
 import logging
 import os
 import socket
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
-from typing import Any, cast
+from typing import Any, Protocol, cast
 
 from raylens.lens import warn_once
 from raylens.safe_text import printable
-from raylens.telemetry.group_memory import own_process_identity
+from raylens.telemetry.group_memory import (
+    DEFAULT_REGISTRY,
+    DEFAULT_SNAPSHOT,
+    GroupMemorySnapshot,
+    GroupWorkerRegistry,
+    NodeGroupMemory,
+    own_process_identity,
+)
 from raylens.telemetry.history import (
     RecentHistory,
     check_growth_window,
@@ -25,12 +33,16 @@ from raylens.validation import positive_seconds
 
 __all__ = [
     "SamplerError",
+    "Sampling",
     "ask_recent_history",
+    "collect_group_memory",
     "monitor_identity",
     "worker_identity",
 ]
 
 _LOGGER = logging.getLogger("raylens.distributed")
+#: Most group names one warning quotes.
+_NAMES_QUOTED = 5
 
 
 @dataclass(frozen=True)
@@ -122,3 +134,56 @@ def worker_identity(_actor: object = None) -> tuple[str, int, int | None]:
 
     pid, ticks = own_process_identity()
     return ray.get_runtime_context().get_node_id(), pid, ticks
+
+
+class Sampling(Protocol):
+    """What :func:`collect_group_memory` asks of a sampler manager."""
+
+    @property
+    def max_processes(self) -> int: ...
+
+    def sample(
+        self, workers_by_node: Mapping[str, Iterable[tuple[str, int, int | None]]]
+    ) -> dict[str, NodeGroupMemory | SamplerError]: ...
+
+
+def collect_group_memory(
+    samplers: Sampling,
+    *,
+    registry: GroupWorkerRegistry | None = None,
+    snapshot: GroupMemorySnapshot | None = None,
+    max_age: float | None = None,
+) -> dict[str, NodeGroupMemory | SamplerError]:
+    """One cycle: sample every registered worker's node and publish what came back.
+
+    ``registry`` and ``snapshot`` default to the module-wide ones of
+    :mod:`raylens.telemetry.group_memory`; ``max_age`` is passed to
+    :meth:`GroupMemorySnapshot.publish`. Returns the cycle's results, for a table.
+    """
+    source = registry if registry is not None else DEFAULT_REGISTRY
+    target = snapshot if snapshot is not None else DEFAULT_SNAPSHOT
+    results = samplers.sample(source.workers_by_node())
+    target.publish(results, max_age=max_age)
+    _warn_about_skipped_groups(results, samplers.max_processes)
+    return results
+
+
+def _warn_about_skipped_groups(
+    results: Mapping[str, NodeGroupMemory | SamplerError], max_processes: int
+) -> None:
+    """Say once which groups a reading left out to stay within its process cap."""
+    for node_id, reading in results.items():
+        if not isinstance(reading, NodeGroupMemory) or not reading.skipped_groups:
+            continue
+        names = reading.skipped_groups
+        quoted = ", ".join(f"'{printable(name[:80])}'" for name in names[:_NAMES_QUOTED])
+        more = f" and {len(names) - _NAMES_QUOTED} more" if len(names) > _NAMES_QUOTED else ""
+        warn_once(
+            "group_memory.process_cap",
+            f"node {printable(node_id[:80])}: worker group(s) {quoted}{more} have no "
+            f"group-memory figures: measuring them would pass the cap of {max_processes} "
+            "processes per node, which goes to the smallest groups first (raise it with "
+            "GroupMemorySamplers(max_processes=...); warned once)",
+            logger=_LOGGER,
+        )
+        return

@@ -241,9 +241,10 @@ class GroupMemoryCycle:
     ) -> dict[str, PublishedReading | NodeGroupMemory | SamplerError]:
         """Keep the samplers running, and publish the figures the scrape brought back.
 
-        With :attr:`every_node`, every node the monitor scrapes keeps a sampler. Only the nodes whose sampler published anew
-        (or whose host or registration changed) get a new reading; every other node's
-        reading stands as built, so a cycle costs what changed plus one look per node.
+        With :attr:`every_node`, every node the monitor scrapes keeps a sampler. Only the
+        nodes whose sampler published anew (or whose host or registration changed) get a
+        new reading; every other node's reading stands as built, so a cycle costs what
+        changed plus one look per node.
         """
         version, workers, counts_by_node = self._registered()
         scraped = (

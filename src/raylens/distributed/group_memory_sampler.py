@@ -42,6 +42,7 @@ from raylens.distributed._sampler_parts import (
     _growth_window,
     _Sampler,
     ask_recent_history,
+    collect_group_memory,
     monitor_identity,
     worker_identity,
 )
@@ -49,10 +50,6 @@ from raylens.lens import warn_once
 from raylens.safe_text import printable
 from raylens.telemetry.group_memory import (
     DEFAULT_MAX_PROCESSES,
-    DEFAULT_REGISTRY,
-    DEFAULT_SNAPSHOT,
-    GroupMemorySnapshot,
-    GroupWorkerRegistry,
     NodeGroupMemory,
     as_group_worker,
 )
@@ -90,6 +87,9 @@ unanswered before it is replaced."""
 RECENT_HISTORY_TIMEOUT_S = 2.0
 """How long a post-mortem waits for a node's sampler to give its recent history."""
 
+RECENT_HISTORY_PAUSE_S = 30.0
+"""After a sampler gave no history, how long later post-mortems go without asking."""
+
 DEFAULT_PING_EVERY = 6
 """Cycles of :meth:`GroupMemorySamplers.maintain` between two liveness rounds by default."""
 
@@ -110,8 +110,6 @@ LARGEST_PROCESSES_TIMEOUT_S = 2.0
 LARGEST_PROCESSES_KEPT = 32
 
 _LOGGER = logging.getLogger("raylens.distributed")
-#: Most group names one warning quotes.
-_NAMES_QUOTED = 5
 #: No version stands: the next :meth:`GroupMemorySamplers.maintain` walks every list.
 _UNSETTLED = object()
 
@@ -198,6 +196,8 @@ class GroupMemorySamplers:
         self._round = 0
         self._pings_out = False
         self._stopping: list[tuple[Any, float]] = []
+        # Until when (on the manager's clock) post-mortems do not ask for a history.
+        self._history_paused_until = -float("inf")
         # The caller's version of the worker lists every node's sampler was last told,
         # while nothing has been removed or failed since; see maintain().
         self._settled: object = _UNSETTLED
@@ -691,17 +691,23 @@ class GroupMemorySamplers:
 
         One Ray call, made only for a post-mortem, bounded by ``timeout_s``. None when the
         node has no sampler, it does not answer in time, or its answer is not a history.
-        Never raises.
+        After an ask that got nothing, none waits again for :data:`RECENT_HISTORY_PAUSE_S`
+        (a burst of kills on the monitor's thread costs one wait, not one each). Never raises.
         """
         with self._lock:
             sampler = self._samplers.get(node_id)
-        if sampler is None:
+            paused = self._clock() < self._history_paused_until
+        if sampler is None or paused:
             return None
         try:
             ray = self._ray_module()
         except Exception:
             return None
-        return ask_recent_history(ray, sampler.actor, node_id, at_wall, timeout_s)
+        found = ask_recent_history(ray, sampler.actor, node_id, at_wall, timeout_s)
+        if found is None:
+            with self._lock:
+                self._history_paused_until = self._clock() + RECENT_HISTORY_PAUSE_S
+        return found
 
     def close(self) -> None:
         """Remove every sampler, stopping ones included (idempotent)."""
@@ -709,45 +715,3 @@ class GroupMemorySamplers:
             for node_id in list(self._samplers):
                 self._remove(node_id)
             self._kill_stopping(all_of_them=True)
-
-
-def collect_group_memory(
-    samplers: GroupMemorySamplers,
-    *,
-    registry: GroupWorkerRegistry | None = None,
-    snapshot: GroupMemorySnapshot | None = None,
-    max_age: float | None = None,
-) -> dict[str, NodeGroupMemory | SamplerError]:
-    """One cycle: sample every registered worker's node and publish what came back.
-
-    ``registry`` and ``snapshot`` default to the module-wide ones of
-    :mod:`raylens.telemetry.group_memory`; ``max_age`` is passed to
-    :meth:`GroupMemorySnapshot.publish`. Returns the cycle's results, for a table.
-    """
-    source = registry if registry is not None else DEFAULT_REGISTRY
-    target = snapshot if snapshot is not None else DEFAULT_SNAPSHOT
-    results = samplers.sample(source.workers_by_node())
-    target.publish(results, max_age=max_age)
-    _warn_about_skipped_groups(results, samplers.max_processes)
-    return results
-
-
-def _warn_about_skipped_groups(
-    results: Mapping[str, NodeGroupMemory | SamplerError], max_processes: int
-) -> None:
-    """Say once which groups a reading left out to stay within its process cap."""
-    for node_id, reading in results.items():
-        if not isinstance(reading, NodeGroupMemory) or not reading.skipped_groups:
-            continue
-        names = reading.skipped_groups
-        quoted = ", ".join(f"'{printable(name[:80])}'" for name in names[:_NAMES_QUOTED])
-        more = f" and {len(names) - _NAMES_QUOTED} more" if len(names) > _NAMES_QUOTED else ""
-        warn_once(
-            "group_memory.process_cap",
-            f"node {printable(node_id[:80])}: worker group(s) {quoted}{more} have no "
-            f"group-memory figures: measuring them would pass the cap of {max_processes} "
-            "processes per node, which goes to the smallest groups first (raise it with "
-            "GroupMemorySamplers(max_processes=...); warned once)",
-            logger=_LOGGER,
-        )
-        return

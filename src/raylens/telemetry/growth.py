@@ -45,12 +45,13 @@ from raylens.telemetry.host_memory import (
     RecordSource,
 )
 from raylens.telemetry.names import HOST_NAME_ATTR, RAY_NODE_ID_ATTR, RL_WORKER_GROUPS_ATTR
-from raylens.telemetry.raylet_payload import NodeGroupFigures
+from raylens.telemetry.raylet_payload import NodeFigures, NodeGroupFigures
 
 __all__ = [
     "NO_SAMPLER",
     "NO_SCRAPE",
     "OLD_SAMPLER",
+    "OUT_OF_BOUNDS",
     "RL_HOST_MEMORY_GROWTH_METRIC",
     "RL_HOST_MEMORY_LIMIT_METRIC",
     "RL_HOST_MEMORY_TIME_TO_LIMIT_METRIC",
@@ -205,6 +206,11 @@ NO_SAMPLER = (
 OLD_SAMPLER = "its sampler publishes no node growth (a raylens older than this one)"
 #: ... its latest scrape failed, so nothing it published is fresh.
 NO_SCRAPE = "no fresh scrape of this node"
+#: ... what its sampler published cannot be this node's (more used than the node has).
+OUT_OF_BOUNDS = "its sampler's figures are out of the node's physical bounds, so they are ignored"
+#: How far above the node's scraped total a sampler's figures may read (the two are read at
+#: different moments, and the sampler's total is the machine's where Ray's is a container's).
+_BOUNDS_SLACK = 1.05
 
 
 def _window_not_full(window_s: float) -> str:
@@ -358,26 +364,41 @@ def _outlook_of(
     node = None if figures is None else figures.node
     # Rows hold (group, rss, pss, processes, growth).
     rates = {} if figures is None else {r[0]: r[4] for r in figures.rows if r[4] is not None}
-    fastest = max(rates, key=rates.__getitem__) if rates else None
-    if node is None:
-        reason = NO_SCRAPE if not fresh else NO_SAMPLER if figures is None else OLD_SAMPLER
-        limit = kill_line.limit(total) if fresh else None
+    if node is not None and _within_bounds(node, total):
         return NodeOutlook(
-            node_id, host, worker_groups, used, None, False, limit, None, fastest, rates, reason
+            node_id,
+            host,
+            worker_groups,
+            node.used if node.used is not None else used,
+            node.growth,
+            node.growing,
+            node.limit if node.limit is not None else kill_line.limit(total),
+            node.time_to_limit if node.growing else None,
+            max(rates, key=rates.__getitem__) if rates else None,
+            rates,
+            None if node.growth is not None else _window_not_full(node.window_s),
         )
+    if not fresh:
+        reason = NO_SCRAPE
+    elif figures is None:
+        reason = NO_SAMPLER
+    elif node is None:
+        reason = OLD_SAMPLER
+    else:
+        reason, rates = OUT_OF_BOUNDS, {}
+    fastest = max(rates, key=rates.__getitem__) if rates else None
+    limit = kill_line.limit(total) if fresh else None
     return NodeOutlook(
-        node_id,
-        host,
-        worker_groups,
-        node.used if node.used is not None else used,
-        node.growth,
-        node.growing,
-        node.limit if node.limit is not None else kill_line.limit(total),
-        node.time_to_limit if node.growing else None,
-        fastest,
-        rates,
-        None if node.growth is not None else _window_not_full(node.window_s),
+        node_id, host, worker_groups, used, None, False, limit, None, fastest, rates, reason
     )
+
+
+def _within_bounds(node: NodeFigures, total: float | None) -> bool:
+    """Whether a sampler's figures fit the node: nothing used or drawn above its total."""
+    if total is None:
+        return True
+    bound = total * _BOUNDS_SLACK
+    return all(value is None or value <= bound for value in (node.used, node.limit))
 
 
 class _Named:

@@ -615,9 +615,10 @@ def test_reading_the_monitor_s_records_gives_the_readings_its_figures_give(
         from_figures(_FiguresOnly(monitor))  # type: ignore[arg-type]
         assert _readings(snapshots[0]) == _readings(snapshots[1])
 
-    # Every node's sampler publishes (it is the node's home for growth); only two hold groups.
-    with_groups = {node for node, reading in _readings(snapshots[0]).items() if reading.groups}
-    assert with_groups == {sim.node_id(1), sim.node_id(2)}
+    readings = _readings(snapshots[0])
+    # Node 0 hosts no group; its sampler publishes the node alone, with no group figures.
+    assert set(readings) == {sim.node_id(0), sim.node_id(1), sim.node_id(2)}
+    assert readings[sim.node_id(0)].groups == ()
 
 
 class _QuietSamplers(_MaintainedSamplers):

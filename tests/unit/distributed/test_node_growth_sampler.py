@@ -280,3 +280,20 @@ def test_the_driver_s_cycle_keeps_a_sampler_on_every_scraped_node_and_a_reader_s
     driver(monitor)  # type: ignore[arg-type]
     assert driver.samplers.nodes == {NODE_B}
     driver.close()
+
+
+def test_a_sampler_that_gives_no_history_costs_one_wait_per_pause(fake_ray: FakeRay) -> None:
+    clock = Ticks()
+    fake_ray.hang_actors_on(NODE_B)
+    manager = GroupMemorySamplers(ray=fake_ray, clock=clock)
+    manager.maintain({}, nodes={NODE_A, NODE_B})
+    waits = len(fake_ray.get_timeouts)
+
+    assert manager.recent_history(NODE_B, 1.7e9) is None  # it never answers
+    assert len(fake_ray.get_timeouts) == waits + 1
+    assert manager.recent_history(NODE_A, 1.7e9) is None  # paused: not even asked
+    assert len(fake_ray.get_timeouts) == waits + 1
+
+    clock.now += 31.0
+    assert manager.recent_history(NODE_A, 1.7e9) is not None
+    manager.close()

@@ -186,6 +186,10 @@ class _GrowthSettingsTaken:
     def recent_history(self, node_id: str, at_wall: float) -> None:
         return None
 
+    def start_early(self, node_ids: object) -> list[str]:
+        self.started_early = True
+        return []
+
 
 @pytest.mark.parametrize(
     ("keyword", "env", "window"),
@@ -211,10 +215,9 @@ def test_the_driver_gives_its_samplers_the_window_it_was_given(
 
     monitor = _RecordingMonitor()
     samplers = _GrowthSettingsTaken()
+    groups = SimpleNamespace(samplers=samplers, every_node=False)
     monkeypatch.setattr(host_memory, "start_host_memory_monitoring", lambda interval: monitor)
-    monkeypatch.setattr(
-        raylens.driver, "_attach_group_memory", lambda monitor: SimpleNamespace(samplers=samplers)
-    )
+    monkeypatch.setattr(raylens.driver, "_attach_group_memory", lambda monitor: groups)
     if env is None:
         monkeypatch.delenv("RAYLENS_GROWTH_WINDOW", raising=False)
     else:
@@ -227,6 +230,8 @@ def test_the_driver_gives_its_samplers_the_window_it_was_given(
     assert samplers.windows == [window]
     assert samplers.kill_lines == [cycles[0].kill_line]
     assert cycles[0].node_history == samplers.recent_history
+    assert groups.every_node  # set once the samplers have their settings
+    assert samplers.started_early  # and started then, ahead of any group's workers
     errors = _errors(caplog)
     refused = keyword == "soon" or window != (keyword or float(env or 300.0))
     assert bool(errors) == refused

@@ -17,6 +17,7 @@ from raylens.telemetry.growth import (
     NO_SAMPLER,
     NO_SCRAPE,
     OLD_SAMPLER,
+    OUT_OF_BOUNDS,
     RL_HOST_MEMORY_GROWTH_METRIC,
     RL_HOST_MEMORY_LIMIT_METRIC,
     RL_HOST_MEMORY_TIME_TO_LIMIT_METRIC,
@@ -181,6 +182,26 @@ def test_a_sampler_publishing_no_node_figures_and_a_failed_scrape_each_say_why()
     assert a.unavailable == OLD_SAMPLER and a.growth is None
     assert set(a.group_growth) == {"policy", "rollout"}  # its group figures still show
     assert b.unavailable == NO_SCRAPE and b.limit is None
+
+
+def test_figures_that_cannot_be_the_node_s_are_ignored_and_say_why() -> None:
+    monitor = SamplerMonitor(10 * 1024**2)
+    cycle = GrowthCycle(kill_line=LINE)
+    _run(cycle, monitor, 100)
+    published = monitor.group_figures()["a"][1]
+    assert published.node is not None
+    forged = NodeGroupFigures(
+        published.sampled_at,
+        published.groups,
+        published.node._replace(used=2 * TOTAL, growth=1e12, growing=True, time_to_limit=1.0),
+    )
+    monitor.group_figures = lambda: {"a": ("vm", forged, monitor.t)}  # type: ignore[method-assign]
+    cycle(monitor)
+
+    a = cycle.snapshot.latest()["a"]
+    assert a.unavailable == OUT_OF_BOUNDS
+    assert a.growth is None and a.time_to_limit is None and a.group_growth == {}
+    assert a.limit == pytest.approx(0.95 * TOTAL)  # drawn here, from the scraped total
 
 
 def test_a_node_that_left_is_forgotten() -> None:
