@@ -314,3 +314,22 @@ def test_a_call_that_never_returns_is_abandoned_at_its_deadline() -> None:
             run_bounded(lambda: {}["x"], 1.0)
     finally:
         release.set()
+
+
+def test_the_unreachable_line_sits_under_the_summary_of_the_table() -> None:
+    import io
+
+    from rich.console import Console
+
+    from raylens.live_table import NodeRow, node_table
+
+    row = NodeRow("a" * 56, "h", 1.0, 4.0, "policy", 3.0, error=UNREACHABLE_ERROR)
+    out = io.StringIO()
+    Console(file=out, width=200, force_terminal=False, color_system=None).print(
+        node_table([row], notes=["cluster unreachable: no answer since 10:00:00 (3 s)"])
+    )
+    lines = [line.rstrip() for line in out.getvalue().splitlines()]
+    summary = next(i for i, line in enumerate(lines) if line.startswith("1 node on 1 host"))
+    assert "1 failing" in lines[summary]
+    assert lines[summary + 1] == "cluster unreachable: no answer since 10:00:00 (3 s)"
+    assert any("cluster unreachable" in line and "aaaaaaaa" in line for line in lines)
