@@ -25,15 +25,9 @@ from raylens.cli.reachability import (
     ray_reconnect_setting,
     tcp_probe,
 )
+from raylens.cli.sample_lines import node_line
 from raylens.demo import keep_sigterm_handler
-from raylens.live_table import (
-    NodeRow,
-    counted,
-    format_kill,
-    node_line,
-    node_summary,
-    node_table,
-)
+from raylens.live_table import NodeRow, counted, format_kill, node_summary, node_table
 
 if TYPE_CHECKING:
     from raylens.cluster import ClusterView, RayClusterView
