@@ -198,15 +198,20 @@ def watch_nodes(
     once = getattr(args, "once", False)
     give_up = float(getattr(args, "give_up", None) or DEFAULT_GIVE_UP_S)
 
+    def give_up_if_silent() -> None:
+        silent = guard.silent_for() if guard is not None else None
+        if guard is not None and silent is not None and silent >= give_up:
+            raise ClusterLost(guard.give_up_message(give_up))
+
     def sample() -> None:
         if guard is not None:
             guard.check()
-            silent = guard.silent_for()
-            if silent is not None and silent >= give_up:
-                raise ClusterLost(guard.give_up_message(give_up))
+            give_up_if_silent()
         if before_sample is not None:
             before_sample()
         monitor.collect_once()
+        # A GCS that accepts connections but answers nothing is found out by the calls.
+        give_up_if_silent()
         rows = table.rows()
         notes: list[str] = []
         unreachable = guard.describe(give_up) if guard is not None else None

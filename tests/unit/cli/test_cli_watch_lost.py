@@ -49,15 +49,18 @@ class Clock:
 class ClockedStop(threading.Event):
     """A stop event whose waits pass on the simulated clock instead of real time."""
 
-    def __init__(self, clock: Clock) -> None:
+    def __init__(self, clock: Clock, *, until: float = 5000.0) -> None:
         super().__init__()
         self.clock = clock
+        self.until = until  # a watch that never gives up ends here, and its test fails
         self.waits: list[float] = []
 
     def wait(self, timeout: float | None = None) -> bool:
         assert timeout is not None
         self.waits.append(timeout)
         self.clock.now += timeout
+        if self.clock.now >= self.until:
+            self.set()
         return self.is_set()
 
 
@@ -333,3 +336,46 @@ def test_the_unreachable_line_sits_under_the_summary_of_the_table() -> None:
     assert "1 failing" in lines[summary]
     assert lines[summary + 1] == "cluster unreachable: no answer since 10:00:00 (3 s)"
     assert any("cluster unreachable" in line and "aaaaaaaa" in line for line in lines)
+
+
+def test_a_gcs_that_accepts_connections_but_answers_nothing_is_given_up_on(
+    make_monitor: Callable[..., hm.HostMemoryMonitor], capsys: pytest.CaptureFixture[str]
+) -> None:
+    cluster, clock = CountingCluster(), Clock()
+    cluster.add_node(port=8000, hostname="n0")
+    hung_from = 1010.0
+
+    def run(call: Callable[[], T], timeout: float) -> T:
+        if clock.now >= hung_from:
+            clock.now += timeout  # the call's deadline passes
+            raise TimeoutError
+        return call()
+
+    guard = GuardedCluster(
+        cluster,
+        "10.0.0.1:6379",
+        probe=lambda: True,  # the port still accepts connections
+        call_timeout=2.0,
+        clock=clock,
+        wall=clock.wall,
+        run=run,
+    )
+    monitor = make_monitor(guard, clock=clock, interval=5.0)
+    monitor._engine = _Canned()
+    args = argparse.Namespace(interval=5.0, duration=None, once=False, give_up=20.0)
+
+    with pytest.raises(ClusterLost, match=f"since {_since(1005.0)}"):
+        watch_nodes(
+            monitor,
+            args,
+            output=Output(as_json=True),
+            title="t",
+            stop=ClockedStop(clock),
+            cluster=guard,
+            clock=clock,
+            guard=guard,
+        )
+
+    records = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    assert records[-1]["unreachable"] is not None
+    assert clock.now <= 1005.0 + 20.0 + 2 * 2.0 + 5.0  # gave up at the cycle that passed 20 s
