@@ -458,10 +458,12 @@ def run_watch(
 
 
 def guard_for(view: RayClusterView, gcs_address: str, interval: float) -> GuardedCluster:
-    """The watch's guard over ``view``: GCS probes and calls bounded by the interval.
+    """The watch's guard over ``view``: GCS probes and calls under deadlines of their own.
 
-    A probe may take a fifth of the interval (at most 1 s, at least 0.1 s), a GCS
-    call half of it (at most 5 s).
+    A probe may take a fifth of the interval (at most 1 s, at least 0.1 s). A GCS call
+    may take the interval, at least 2 s and at most 10 s: a GCS that is gone is found
+    by the probe, so the call's deadline only has to catch one that hangs, without
+    mistaking a slow answer on a busy cluster for silence.
     """
     from raylens.cli.parser import split_host_port
 
@@ -471,7 +473,7 @@ def guard_for(view: RayClusterView, gcs_address: str, interval: float) -> Guarde
         view,
         gcs_address,
         probe=lambda: tcp_probe(host, port, probe_timeout),
-        call_timeout=min(5.0, max(0.5, interval / 2)),
+        call_timeout=max(2.0, min(10.0, interval)),
     )
 
 

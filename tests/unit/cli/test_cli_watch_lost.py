@@ -379,3 +379,24 @@ def test_a_gcs_that_accepts_connections_but_answers_nothing_is_given_up_on(
     records = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
     assert records[-1]["unreachable"] is not None
     assert clock.now <= 1005.0 + 20.0 + 2 * 2.0 + 5.0  # gave up at the cycle that passed 20 s
+
+
+@pytest.mark.parametrize(
+    ("interval", "probe_s", "call_s"), [(5.0, 1.0, 5.0), (0.2, 0.1, 2.0), (60.0, 1.0, 10.0)]
+)
+def test_the_watch_bounds_its_probe_and_calls_by_the_interval(
+    interval: float, probe_s: float, call_s: float, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from raylens.cli import cluster_views, reachability
+    from raylens.cluster import RayClusterView
+
+    probes: list[tuple[str, int, float]] = []
+    monkeypatch.setattr(
+        cluster_views, "tcp_probe", lambda host, port, timeout: probes.append((host, port, timeout))
+    )
+    guard = cluster_views.guard_for(RayClusterView(), "10.1.2.3:6379", interval)
+    guard.check()
+
+    assert probes == [("10.1.2.3", 6379, probe_s)]
+    assert guard.call_timeout == call_s
+    assert reachability.DEFAULT_GIVE_UP_S + 10.0 < reachability.RAY_RECONNECT_TIMEOUT_S
