@@ -81,9 +81,15 @@ def test_demo_shows_both_groups_and_leaves_nothing_behind() -> None:
     assert any("rollout" in line for line in table_lines), output
     assert "Demo finished" in output
     last_table = output.rsplit("raylens demo:", 1)[-1]
+    header = next(line for line in last_table.splitlines() if line.startswith("┃"))
+    groups = [cell.strip() for cell in header.split("┃")].index("worker groups")
     rows = [line for line in last_table.splitlines() if line.startswith("│")]
     assert len(rows) == 3
-    assert sorted(line.split("│")[6].strip() for line in rows) == ["policy", "policy", "rollout"]
+    assert sorted(line.split("│")[groups].strip() for line in rows) == [
+        "policy",
+        "policy",
+        "rollout",
+    ]
     _assert_gone(daemons)
 
 

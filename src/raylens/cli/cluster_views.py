@@ -25,15 +25,9 @@ from raylens.cli.reachability import (
     ray_reconnect_setting,
     tcp_probe,
 )
+from raylens.cli.sample_lines import node_line
 from raylens.demo import keep_sigterm_handler
-from raylens.live_table import (
-    NodeRow,
-    counted,
-    format_kill,
-    node_line,
-    node_summary,
-    node_table,
-)
+from raylens.live_table import NodeRow, counted, format_kill, node_summary, node_table
 
 if TYPE_CHECKING:
     from raylens.cluster import ClusterView, RayClusterView
@@ -210,15 +204,20 @@ def watch_nodes(
     once = getattr(args, "once", False)
     give_up = float(getattr(args, "give_up", None) or DEFAULT_GIVE_UP_S)
 
+    def give_up_if_silent() -> None:
+        silent = guard.silent_for() if guard is not None else None
+        if guard is not None and silent is not None and silent >= give_up:
+            raise ClusterLost(guard.give_up_message(give_up))
+
     def sample() -> None:
         if guard is not None:
             guard.check()
-            silent = guard.silent_for()
-            if silent is not None and silent >= give_up:
-                raise ClusterLost(guard.give_up_message(give_up))
+            give_up_if_silent()
         if before_sample is not None:
             before_sample()
         monitor.collect_once()
+        # A GCS that accepts connections but answers nothing is found out by the calls.
+        give_up_if_silent()
         rows = table.rows()
         notes: list[str] = []
         unreachable = guard.describe(give_up) if guard is not None else None
@@ -488,10 +487,12 @@ def run_watch(
 
 
 def guard_for(view: RayClusterView, gcs_address: str, interval: float) -> GuardedCluster:
-    """The watch's guard over ``view``: GCS probes and calls bounded by the interval.
+    """The watch's guard over ``view``: GCS probes and calls under deadlines of their own.
 
-    A probe may take a fifth of the interval (at most 1 s, at least 0.1 s), a GCS
-    call half of it (at most 5 s).
+    A probe may take a fifth of the interval (at most 1 s, at least 0.1 s). A GCS call
+    may take the interval, at least 2 s and at most 10 s: a GCS that is gone is found
+    by the probe, so the call's deadline only has to catch one that hangs, without
+    mistaking a slow answer on a busy cluster for silence.
     """
     from raylens.cli.parser import split_host_port
 
@@ -501,7 +502,7 @@ def guard_for(view: RayClusterView, gcs_address: str, interval: float) -> Guarde
         view,
         gcs_address,
         probe=lambda: tcp_probe(host, port, probe_timeout),
-        call_timeout=min(5.0, max(0.5, interval / 2)),
+        call_timeout=max(2.0, min(10.0, interval)),
     )
 
 

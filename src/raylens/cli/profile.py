@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 from raylens.cli.output import Output
 from raylens.cli.parser import CliError
 from raylens.cli.pipeline import start_telemetry
+from raylens.cli.sample_lines import process_line
 from raylens.cli.supervision import (
     Terminated,
     kill_child,
@@ -27,7 +28,7 @@ from raylens.cli.supervision import (
     stop_child,
     terminate_child,
 )
-from raylens.live_table import ProcessTreeRow, process_line, process_table
+from raylens.live_table import ProcessTreeRow, process_table
 
 if TYPE_CHECKING:
     from raylens.telemetry.process_memory import MemoryProfiler, ProcFS

@@ -8,8 +8,8 @@ call that is made runs on a daemon thread and is abandoned at its own deadline.
 
 Invariants a caller may rely on:
 
-- :class:`GuardedCluster` never blocks its caller longer than ``call_timeout`` (plus
-  the probe's ``probe_timeout`` in :meth:`GuardedCluster.check`).
+- A GCS call through :class:`GuardedCluster` never blocks its caller longer than
+  ``call_timeout``; :meth:`GuardedCluster.check` is as bounded as the probe it was given.
 - "Unreachable since" is the last moment the cluster answered, so the give-up time
   is counted from the earliest the cluster can have gone away.
 - While unreachable, every GCS call raises :class:`ClusterUnreachable` at once.

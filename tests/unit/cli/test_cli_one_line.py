@@ -9,7 +9,8 @@ from rich.console import Console
 from rich.text import Text
 
 from raylens.cli.output import Output, sample_loop
-from raylens.live_table import NodeRow, ProcessTreeRow, node_line, process_line
+from raylens.cli.sample_lines import node_line, process_line
+from raylens.live_table import NodeRow, ProcessTreeRow
 
 GIB = 1024**3
 

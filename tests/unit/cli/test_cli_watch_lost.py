@@ -49,15 +49,18 @@ class Clock:
 class ClockedStop(threading.Event):
     """A stop event whose waits pass on the simulated clock instead of real time."""
 
-    def __init__(self, clock: Clock) -> None:
+    def __init__(self, clock: Clock, *, until: float = 5000.0) -> None:
         super().__init__()
         self.clock = clock
+        self.until = until  # a watch that never gives up ends here, and its test fails
         self.waits: list[float] = []
 
     def wait(self, timeout: float | None = None) -> bool:
         assert timeout is not None
         self.waits.append(timeout)
         self.clock.now += timeout
+        if self.clock.now >= self.until:
+            self.set()
         return self.is_set()
 
 
@@ -314,3 +317,86 @@ def test_a_call_that_never_returns_is_abandoned_at_its_deadline() -> None:
             run_bounded(lambda: {}["x"], 1.0)
     finally:
         release.set()
+
+
+def test_the_unreachable_line_sits_under_the_summary_of_the_table() -> None:
+    import io
+
+    from rich.console import Console
+
+    from raylens.live_table import NodeRow, node_table
+
+    row = NodeRow("a" * 56, "h", 1.0, 4.0, "policy", 3.0, error=UNREACHABLE_ERROR)
+    out = io.StringIO()
+    Console(file=out, width=200, force_terminal=False, color_system=None).print(
+        node_table([row], notes=["cluster unreachable: no answer since 10:00:00 (3 s)"])
+    )
+    lines = [line.rstrip() for line in out.getvalue().splitlines()]
+    summary = next(i for i, line in enumerate(lines) if line.startswith("1 node on 1 host"))
+    assert "1 failing" in lines[summary]
+    assert lines[summary + 1] == "cluster unreachable: no answer since 10:00:00 (3 s)"
+    assert any("cluster unreachable" in line and "aaaaaaaa" in line for line in lines)
+
+
+def test_a_gcs_that_accepts_connections_but_answers_nothing_is_given_up_on(
+    make_monitor: Callable[..., hm.HostMemoryMonitor], capsys: pytest.CaptureFixture[str]
+) -> None:
+    cluster, clock = CountingCluster(), Clock()
+    cluster.add_node(port=8000, hostname="n0")
+    hung_from = 1010.0
+
+    def run(call: Callable[[], T], timeout: float) -> T:
+        if clock.now >= hung_from:
+            clock.now += timeout  # the call's deadline passes
+            raise TimeoutError
+        return call()
+
+    guard = GuardedCluster(
+        cluster,
+        "10.0.0.1:6379",
+        probe=lambda: True,  # the port still accepts connections
+        call_timeout=2.0,
+        clock=clock,
+        wall=clock.wall,
+        run=run,
+    )
+    monitor = make_monitor(guard, clock=clock, interval=5.0)
+    monitor._engine = _Canned()
+    args = argparse.Namespace(interval=5.0, duration=None, once=False, give_up=20.0)
+
+    with pytest.raises(ClusterLost, match=f"since {_since(1005.0)}"):
+        watch_nodes(
+            monitor,
+            args,
+            output=Output(as_json=True),
+            title="t",
+            stop=ClockedStop(clock),
+            cluster=guard,
+            clock=clock,
+            guard=guard,
+        )
+
+    records = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    assert records[-1]["unreachable"] is not None
+    assert clock.now <= 1005.0 + 20.0 + 2 * 2.0 + 5.0  # gave up at the cycle that passed 20 s
+
+
+@pytest.mark.parametrize(
+    ("interval", "probe_s", "call_s"), [(5.0, 1.0, 5.0), (0.2, 0.1, 2.0), (60.0, 1.0, 10.0)]
+)
+def test_the_watch_bounds_its_probe_and_calls_by_the_interval(
+    interval: float, probe_s: float, call_s: float, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from raylens.cli import cluster_views, reachability
+    from raylens.cluster import RayClusterView
+
+    probes: list[tuple[str, int, float]] = []
+    monkeypatch.setattr(
+        cluster_views, "tcp_probe", lambda host, port, timeout: probes.append((host, port, timeout))
+    )
+    guard = cluster_views.guard_for(RayClusterView(), "10.1.2.3:6379", interval)
+    guard.check()
+
+    assert probes == [("10.1.2.3", 6379, probe_s)]
+    assert guard.call_timeout == call_s
+    assert reachability.DEFAULT_GIVE_UP_S + 10.0 < reachability.RAY_RECONNECT_TIMEOUT_S

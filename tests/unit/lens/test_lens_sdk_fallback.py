@@ -129,3 +129,32 @@ def test_a_pipeline_on_a_reader_from_outside_is_not_renewed(
 def test_without_a_pipeline_there_is_nothing_to_renew() -> None:
     shutdown_telemetry()
     assert runtime.renew_pipeline() is False
+
+
+@pytest.mark.slow
+def test_a_renewed_prometheus_pipeline_keeps_its_endpoint_and_series(
+    gauge: RecordedMetric,
+) -> None:
+    import urllib.request
+
+    shutdown_telemetry()
+    handle = init_telemetry(TelemetryConfig(exporter="prometheus", prometheus_addr="127.0.0.1:0"))
+    try:
+        register_observable_gauge(gauge, lambda options: [Observation(5.0, {"node": "a"})])
+        assert handle.prometheus is not None
+        url = f"http://127.0.0.1:{handle.prometheus.port}/metrics"
+        prefix = gauge.name.replace(".", "_") + "_bytes{"
+
+        def lines() -> list[str]:
+            with urllib.request.urlopen(url, timeout=10) as answer:
+                text = answer.read().decode()
+            return [line for line in text.splitlines() if line.startswith(prefix)]
+
+        before = lines()
+        assert runtime.renew_pipeline() is True
+        after = lines()
+    finally:
+        shutdown_telemetry()
+
+    assert len(before) == 1 and before[0].endswith(" 5.0")
+    assert after == before
