@@ -209,7 +209,8 @@ class PhaseMarker:
     when not given; :meth:`configure` changes them. ``clock`` times phases,
     ``wall_clock`` stamps them; ``driver_node_id`` says which node the driver runs on;
     ``role`` says which process this is (default: a Ray worker when Ray runs this process
-    as one, else the driver; a process forked from the marker's is always a forked child).
+    as one, else the driver; a process forked from one connected to Ray is a forked child
+    whatever ``role`` says).
     """
 
     def __init__(
