@@ -92,8 +92,8 @@ class PhaseRole(enum.Enum):
     Only :attr:`DRIVER` publishes the phase on the cluster's board and tells the nodes'
     samplers. In a Ray task or actor (:attr:`RAY_WORKER`) the board key would be the
     driver's (a job has one), and the samplers are the driver's to tell; in a process
-    forked from the one that made the marker (:attr:`FORKED_CHILD`) the parent's GCS
-    client is not the child's to use (a call through it can wait forever). Those two
+    forked from one connected to Ray (:attr:`FORKED_CHILD`) the parent's GCS client is
+    not the child's to use (a call through it can wait forever). Those two
     measure the phase on their own process and record and log it there, and reach
     nothing else.
     """
@@ -209,7 +209,8 @@ class PhaseMarker:
     when not given; :meth:`configure` changes them. ``clock`` times phases,
     ``wall_clock`` stamps them; ``driver_node_id`` says which node the driver runs on;
     ``role`` says which process this is (default: a Ray worker when Ray runs this process
-    as one, else the driver; a process forked from the marker's is always a forked child).
+    as one, else the driver; a process forked from one connected to Ray is a forked child
+    whatever ``role`` says).
     """
 
     def __init__(

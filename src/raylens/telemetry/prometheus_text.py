@@ -41,6 +41,9 @@ _METRIC_NAME = re.compile(r"[a-zA-Z_:][a-zA-Z0-9_:]*")
 _LABEL_NAME = re.compile(r"[a-zA-Z_][a-zA-Z0-9_]*")
 #: A source label's value is cut to this many bytes (Ray's worker ids take 56).
 _MAX_SOURCE_BYTES = 128
+#: Sources given a share of their own; lines of any further source share one more.
+_MAX_SOURCES = 64
+_OTHER_SOURCES = b"\x00"  # no label value holds a NUL byte
 
 # A prefix shared by every wanted name is searched for once instead of each name on its own when
 # it is at least this long: long enough that its stray hits (help lines, sibling series such as
@@ -511,8 +514,9 @@ class WantedLines:
     ``source_label``, a line's source is that label's value (``""`` without it), and when
     the room is full a line of a source holding less than the largest one takes that
     one's latest line's place. Whatever one source publishes, and in whatever order, every
-    other source keeps its lines up to an equal share of the room; :attr:`overflowed` says
-    that some line was not kept.
+    other source keeps its lines up to an equal share of the room; past 64 sources, further
+    ones share one share (lines without the label always keep their own);
+    :attr:`overflowed` says that some line was not kept.
     """
 
     def __init__(
@@ -597,6 +601,8 @@ class WantedLines:
         size = len(line)
         source = self._source_of(line)
         held = self._bytes_by_source
+        if source and source not in held and len(held) >= _MAX_SOURCES:
+            source = _OTHER_SOURCES  # beyond that many, the rest share one share
         while self._kept_bytes + size > self._max_kept:
             largest = max(held, key=held.__getitem__, default=None)
             if largest is None or largest == source or held[largest] <= held.get(source, 0) + size:

@@ -187,3 +187,31 @@ def test_the_wire_carries_refusals_to_the_driver() -> None:
     decoded = decode_outcomes(rows, ["k"], 0.0, HeldFigures())
     assert decoded["k"].refused == (2, ("a=1e+300",))
     assert not math.isnan(decoded["k"].elapsed)
+
+
+def test_a_group_alternating_zero_and_1e300_leaves_the_nodes_growth_right() -> None:
+    from raylens.telemetry.history import (
+        GrowthConfig,
+        GrowthKeeper,
+        GrowthSettings,
+        resolve_kill_line_config,
+    )
+
+    keeper = GrowthKeeper(
+        GrowthConfig(GrowthSettings(window_s=60.0), resolve_kill_line_config(env={}))
+    )
+    rate = 2e6  # the node leaks 2 MB/s outside its one group
+    figures = None
+    for second in range(240):
+        used = 8e9 + rate * second
+        rss = "0" if second % 2 else "1e300"
+        payload = _payload(*_group("g", rss), used=repr(used)).replace(
+            b"1700000000", str(1_700_000_000 + second).encode()
+        )
+        outcome = outcome_of_payload(payload, len(payload))
+        assert outcome.values is not None
+        figures = keeper.observe(
+            NODE, outcome.values[USED_KEY], outcome.values[TOTAL_KEY], float(second), outcome.groups
+        )
+    assert figures is not None and figures.growth is not None
+    assert figures.growth == pytest.approx(rate, rel=0.1)

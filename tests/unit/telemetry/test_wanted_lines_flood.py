@@ -96,3 +96,18 @@ def test_lines_that_only_look_like_wanted_ones_take_no_room() -> None:
     wanted.feed(b"ray_node_mem_used 5\n")
     assert wanted.payload() == b"ray_node_mem_used 5\n"
     assert not wanted.overflowed
+
+
+def test_many_flooding_processes_never_push_out_the_nodes_own_series() -> None:
+    flood = []
+    for worker in range(200):  # more publishing processes than get a share of their own
+        labels = f'{PAD},WorkerId="{worker:056d}",memory_type="rss"'
+        flood += [
+            f'ray_raylens_worker_group_memory_bytes{{{labels},rl_worker_group="g{n}"}} 1\n'.encode()
+            for n in range(40)
+        ]
+    kept = _kept(flood + _real_lines())
+    values = parse_memory_samples(kept)
+    assert values[USED_KEY] == 3.2e10 and values[TOTAL_KEY] == 6.4e10
+    oom = parse_oom_samples(kept)
+    assert oom is not None and oom.ray_evictions == 2
