@@ -190,9 +190,11 @@ class RayVirtualCluster(_BundleLayout):
 
     ``port_range_low``/``port_range_high`` bound the ports handed out for rendezvous
     and per worker (``[low, high)``, :data:`DEFAULT_MASTER_PORT_RANGE_LOW` to
-    :data:`DEFAULT_MASTER_PORT_RANGE_HIGH` by default). ``segment_size`` (nodes per
-    NVLink segment) makes a unified GPU cluster order its bundles by topology and
-    keep whole segments only.
+    :data:`DEFAULT_MASTER_PORT_RANGE_HIGH` by default). A unified cluster orders
+    its bundles by topology once placed (``_sorted_bundle_indices``; the master port
+    is found on the first): with GPUs as NeMo-RL does, on CPU-only Ray from the node
+    labels alone. ``segment_size`` (nodes per NVLink segment) then keeps whole
+    segments only, and an NVLink domain holding a partial segment is an error.
 
     Nothing is reserved until :meth:`get_placement_groups` (or anything that needs a
     bundle) is first called. Reserving is attempted up to
