@@ -6,12 +6,9 @@ and reserves them on first use. Worker groups then address a bundle as
 (:meth:`RayVirtualCluster.get_bundle_location`) and which address and free port it has
 (:meth:`RayVirtualCluster.get_available_addresses_and_ports_batch`).
 
-The module also carries the rest of NeMo-RL's ``virtual_cluster`` API: joining or
-starting Ray (:func:`init_ray`), the port bands per service and the free-port helpers,
-and topology-aware placement (see :mod:`raylens.distributed.topology`).
-
-Ray is imported only when a placement group is actually needed, so the module imports
-where Ray is not installed. The module-level names ``ray``,
+It also carries the rest of NeMo-RL's ``virtual_cluster`` API: :func:`init_ray`, the
+port bands and free-port helpers, and topology-aware placement (:mod:`.topology`).
+Ray is imported only when needed. The module-level names ``ray``,
 ``PlacementGroupSchedulingStrategy`` and ``_get_node_ip_and_free_port`` stand for Ray's
 and are looked up when a cluster uses them: replacing one (as NeMo-RL's tests do)
 changes what every cluster calls. Left alone, a cluster reaches Ray through its seam.
