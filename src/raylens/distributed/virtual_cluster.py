@@ -6,12 +6,9 @@ and reserves them on first use. Worker groups then address a bundle as
 (:meth:`RayVirtualCluster.get_bundle_location`) and which address and free port it has
 (:meth:`RayVirtualCluster.get_available_addresses_and_ports_batch`).
 
-The module also carries the rest of NeMo-RL's ``virtual_cluster`` API: joining or
-starting Ray (:func:`init_ray`), the port bands per service and the free-port helpers,
-and topology-aware placement (see :mod:`raylens.distributed.topology`).
-
-Ray is imported only when a placement group is actually needed, so the module imports
-where Ray is not installed. The module-level names ``ray``,
+It also carries the rest of NeMo-RL's ``virtual_cluster`` API: :func:`init_ray`, the
+port bands and free-port helpers, and topology-aware placement (:mod:`.topology`).
+Ray is imported only when needed. The module-level names ``ray``,
 ``PlacementGroupSchedulingStrategy`` and ``_get_node_ip_and_free_port`` stand for Ray's
 and are looked up when a cluster uses them: replacing one (as NeMo-RL's tests do)
 changes what every cluster calls. Left alone, a cluster reaches Ray through its seam.
@@ -190,9 +187,11 @@ class RayVirtualCluster(_BundleLayout):
 
     ``port_range_low``/``port_range_high`` bound the ports handed out for rendezvous
     and per worker (``[low, high)``, :data:`DEFAULT_MASTER_PORT_RANGE_LOW` to
-    :data:`DEFAULT_MASTER_PORT_RANGE_HIGH` by default). ``segment_size`` (nodes per
-    NVLink segment) makes a unified GPU cluster order its bundles by topology and
-    keep whole segments only.
+    :data:`DEFAULT_MASTER_PORT_RANGE_HIGH` by default). A unified cluster orders
+    its bundles by topology once placed (``_sorted_bundle_indices``; the master port
+    is found on the first): with GPUs as NeMo-RL does, on CPU-only Ray from the node
+    labels alone. ``segment_size`` (nodes per NVLink segment) then keeps whole
+    segments only, and an NVLink domain holding a partial segment is an error.
 
     Nothing is reserved until :meth:`get_placement_groups` (or anything that needs a
     bundle) is first called. Reserving is attempted up to

@@ -92,9 +92,13 @@ def test_bands_are_ordered_apart_and_below_the_ephemeral_floor() -> None:
     assert vc.DEFAULT_SGLANG_ROUTER_PORT_RANGE_LOW > 8265
 
 
-def test_bind_in_range_retries_taken_ports(sockets: Sockets) -> None:
+def test_bind_in_range_retries_taken_ports(
+    sockets: Sockets, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    picks = iter([20003, 20001, 20009, 20005])
+    monkeypatch.setattr(random, "randint", lambda low, high: next(picks))
     sockets.taken = set(range(20000, 20009))
-    port = vc._bind_socket_in_range(sockets(), 20000, 20010, max_retries=500)
+    port = vc._bind_socket_in_range(sockets(), 20000, 20010, max_retries=50)
     assert port == 20009
     assert sockets.bound == [20009]
 
