@@ -481,6 +481,7 @@ TUNE_FAMILIES = (
     Family("sleepy", _sleepy, 8.0),
     Family("leak_constant", _colocated, 3.0, leak="constant"),
     Family("leak_under_heap", _big_heaps, 3.0, leak="mid_run"),
+    Family("leak_training_sleepy", _sleepy, 4.0, leak="training"),
 )
 TEST_FAMILIES = (
     Family("checkpointing", _checkpointing, 8.0),

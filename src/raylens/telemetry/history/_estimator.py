@@ -292,7 +292,11 @@ class GrowthEstimator:
         elif level == self._spell_scale and not reading.rises:
             half = FLOORS // 2
             climbed = ratchet[-1] - ratchet[half]
-            if climbed < self._settings.calm * (FLOORS - 1 - half) * scale.width:
+            longer_rises = any(r is not None and r.rises for r in self._readings[level + 1 :])
+            if (
+                not longer_rises
+                and climbed < self._settings.calm * (FLOORS - 1 - half) * scale.width
+            ):
                 self._spell_scale = None
                 self.growing_since = None
         rising = [r for r in self._readings if r is not None and r.rises]
