@@ -3,21 +3,23 @@
 The *ratchet* of a series at a moment is the lowest level memory comes back to from that
 moment on. Whatever memory takes and gives back (an allocator's sawtooth, a spike, a
 checkpoint's host copy, a phase's working set, the object store filled and freed) leaves the
-ratchet flat once it is given back; a step that stays makes it jump once; a leak makes it rise
-steadily, and only a leak makes it rise in every part of a long span.
+ratchet flat once it is given back; a step that stays makes it jump once; memory filling
+towards a plateau makes it climb ever slower; a leak makes it climb along a straight line.
 
-The estimator keeps, for each of ``levels`` scales (the window, then twice as long, four times
-as long, ...), the floors (minimum) of the last :data:`FLOORS` slices of the scale. When a
-slice closes it reads the ratchet of those floors in :data:`SEGMENTS` equal segments: the
-series *rises* at that scale when the ratchet climbs in every segment, by more than the
-floors' own noise, at a rate of at least ``grow_slow`` and at rates that agree within
-:data:`AGREEMENT`. A series is *growing* from the first scale that rises and stops when the
-ratchet of the scale that started it stalls for half that scale. Its rate is that of the
-longest scale rising.
+The estimator keeps, for each of ``levels`` scales (the window, then each twice the one
+before), the floor (lowest sample) of each of the last :data:`FLOORS` slices of the scale.
+When a slice closes, the scale is read: it *rises* when its ratchet, up to its newest
+quarter, climbs at ``grow_slow`` or faster, strays from the straight line between its ends by
+at most :data:`STRAIGHT` of the climb, does not climb clearly less over its second half than
+its first (:data:`STEADY`), and goes on climbing in the newest quarter. A series starts
+*growing* when a scale rises and the longer scales bear it out (``_confirmed``), or at once
+when the rise would reach the node's kill line within :data:`URGENT_S`. It stops when the
+scale that started the spell has stalled over its last half and no longer scale rises. Its
+rate is the longest rising scale's.
 
 Invariants a maintainer must keep: no clock is read (times are the caller's); memory per
-series is fixed (``levels`` x :data:`FLOORS` floats); feeding samples one at a time or in
-arrays gives the same figures.
+series is fixed (``levels`` x :data:`FLOORS` pairs of floats); feeding samples one at a time or
+in arrays gives the same figures.
 """
 
 from __future__ import annotations
@@ -35,7 +37,7 @@ __all__ = ["FLOORS", "SEGMENTS", "STRAIGHT", "GrowthEstimator", "ScaleReading"]
 
 #: Floors kept per scale: the scale is cut into this many slices.
 FLOORS = SLICES_PER_WINDOW
-#: Segments the ratchet is read in; each holds ``FLOORS // SEGMENTS`` slices.
+#: Parts a scale is cut into; the newest part must go on climbing, the others make the line.
 SEGMENTS = 4
 #: Farthest a rising scale's ratchet may stray from the straight line between its ends, as
 #: a share of its climb: a climb made of one or two steps strays farther.
@@ -60,7 +62,6 @@ FRESH_SHARE = 0.5
 PEAK_LEVEL = 2
 
 _SEGMENT = FLOORS // SEGMENTS
-_BOUNDS = (*tuple(range(0, FLOORS, _SEGMENT)), FLOORS - 1)
 _INF = math.inf
 
 
