@@ -77,6 +77,11 @@ STOP_TIMEOUT_S = 5.0
 DEFAULT_PSS_INTERVAL_SECONDS = 60.0
 """How often a sampler reads PSS per group by default (RSS is read every cycle)."""
 
+LOSS_KEPT_S = 60.0
+"""How long after workers are found gone the reading before them answers for the node's
+largest processes: Ray's memory monitor kills whole workers, and the post-mortem asks after
+the kill is noticed, by when the sampler has read the node without them."""
+
 DEFAULT_TREE_INTERVAL_SECONDS = 30.0
 """How often a sampler walks each worker's process tree again by default; a process a
 worker spawns in between is counted from the next walk (a new worker is walked at once)."""
@@ -121,6 +126,10 @@ class PublishingLoop:
         self._largest: tuple[tuple[tuple[int, str, int], ...], float] | None = None
         self._largest_before: tuple[tuple[tuple[int, str, int], ...], float] | None = None
         self._killed_since_previous = False
+        # The last reading before workers were lost, and when they were found gone.
+        self._largest_before_loss: tuple[tuple[tuple[int, str, int], ...], float] | None = None
+        self._lost_at = -float("inf")
+        self._gone_seen: set[tuple[str, int]] = set()
         self._keeper = keeper
         self._node_usage = node_usage
         self._clock = clock or time.monotonic
@@ -215,6 +224,10 @@ class PublishingLoop:
             stamp = self._wall_clock()
             self._publish_kernel_oom_kills()
             self._largest_before = self._largest
+            gone = {(worker.group, worker.pid) for worker in reading.gone}
+            if gone - self._gone_seen and self._largest_before is not None:
+                self._largest_before_loss, self._lost_at = self._largest_before, stamp
+            self._gone_seen = gone
             self._largest = (self._reader.largest_processes, stamp)
             self._publisher.set_sampled_at(stamp)
             self._passes += 1
@@ -236,14 +249,20 @@ class PublishingLoop:
     def largest_processes(self) -> dict[str, Any] | None:
         """The node's largest processes at the last reading before a kill, as builtins.
 
-        The latest reading's, unless the kernel's count rose at it: the victim was then
-        already gone, so the reading before it is the one that shows it. None before
-        the first reading.
+        The latest reading's, unless the kernel's count rose at it, or workers were found
+        gone within the last :data:`LOSS_KEPT_S`: the victims were then already gone, so the
+        reading before is the one that shows them. None before the first reading.
         """
         with self._lock:
             chosen = self._largest
             if self._killed_since_previous and self._largest_before is not None:
                 chosen = self._largest_before
+            elif (
+                self._largest_before_loss is not None
+                and chosen is not None
+                and chosen[1] - self._lost_at <= LOSS_KEPT_S
+            ):
+                chosen = self._largest_before_loss
         if chosen is None:
             return None
         processes, stamp = chosen

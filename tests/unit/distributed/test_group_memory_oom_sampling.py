@@ -85,3 +85,27 @@ def test_the_actor_answers_its_largest_processes(tmp_path: Path) -> None:
     actor.sample_and_publish_once()
     answer: Any = actor.largest_processes()
     assert [p[0] for p in answer["processes"]] == [210, 300, 200]
+
+
+def test_workers_lost_between_readings_keep_the_reading_before_them_for_a_while(
+    tmp_path: Path,
+) -> None:
+    """Ray's memory monitor kills whole workers: the reading after the kill no longer shows
+    them, so a post-mortem asking then gets the last reading that did, for a while."""
+    procfs = FakeProcFS(tmp_path / "node")
+    stamps = iter(float(t) for t in range(1000, 2000, 1))
+    loop = PublishingLoop(
+        GroupMemoryReader(ProcFS(procfs.root)), Recording(), wall_clock=lambda: next(stamps)
+    )
+    loop.set_workers(_workers(procfs))
+    loop.sample_and_publish_once()
+    procfs.remove_process(210)
+    procfs.remove_process(200)  # the policy worker, killed between two readings
+    loop.sample_and_publish_once()
+    loop.sample_and_publish_once()
+    kept: Any = loop.largest_processes()
+    assert kept["sampled_at"] == 1000.0 and [p[0] for p in kept["processes"]] == [210, 300, 200]
+    for _ in range(120):  # long after the loss, the latest reading again
+        loop.sample_and_publish_once()
+    latest: Any = loop.largest_processes()
+    assert latest["sampled_at"] > 1100.0 and [p[0] for p in latest["processes"]] == [300]
