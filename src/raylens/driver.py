@@ -114,7 +114,7 @@ def init_telemetry_driver(
     (``rl.host.memory.growth``, ``rl.worker_group.memory.growth``,
     ``rl.host.memory.limit``, ``rl.host.memory.time_to_limit``). ``growth_window`` is
     the samplers' sliding window in seconds; it defaults to ``RAYLENS_GROWTH_WINDOW``,
-    else 600. A bad window (one shorter than 30 readings included) is logged in one
+    else 300. A bad window (one shorter than 40 readings included) is logged in one
     line naming the shortest allowed, and the default used.
 
     Phases marked with :func:`raylens.phase` are exported

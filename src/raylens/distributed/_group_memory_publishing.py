@@ -337,7 +337,7 @@ class GroupMemorySamplerActor:
     growth history. Each reading also reads the node's used memory (``node_usage``,
     default :func:`~raylens.telemetry.node_usage.read_node_usage`) and records it with
     each group's RSS in the node's keeper: growth over ``growth_window_s`` (default
-    ``RAYLENS_GROWTH_WINDOW``, else 600 s), the kill line drawn by ``kill_line`` (default:
+    ``RAYLENS_GROWTH_WINDOW``, else 300 s), the kill line drawn by ``kill_line`` (default:
     resolved from the node's environment) and the time to it are published with the
     sampler's identity (its Ray actor id, and ``started_by``, the monitor that started
     it), so any reader sees them without keeping history.

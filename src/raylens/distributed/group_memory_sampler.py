@@ -128,7 +128,7 @@ class GroupMemorySamplers:
     with one warning for the process.
     ``pss_interval_seconds``, ``tree_interval_seconds``, ``max_processes`` and
     ``procfs_root`` configure each sampler's reader (see :class:`GroupMemoryReader`).
-    ``growth_window_s`` (default ``RAYLENS_GROWTH_WINDOW``, else 600 s; at least
+    ``growth_window_s`` (default ``RAYLENS_GROWTH_WINDOW``, else 300 s; at least
     :func:`~raylens.telemetry.history.shortest_growth_window` of ``sample_interval_s``) and
     ``kill_line`` (default: each sampler resolves it where it runs; see
     :meth:`configure_growth`) are each node's growth settings; ``started_by`` names this

@@ -94,7 +94,7 @@ class SimulatedCluster:
     node's simulated sampler also keeps the node's growth as a real one does (a
     :class:`~raylens.telemetry.history.NodeGrowthKeeper` fed one reading per sampler
     interval, default 1 s, on :attr:`clock`) over ``growth_window_s`` (default
-    ``RAYLENS_GROWTH_WINDOW``, else 600 s) and serves its figures, kill line drawn by
+    ``RAYLENS_GROWTH_WINDOW``, else 300 s) and serves its figures, kill line drawn by
     ``kill_line`` (default Ray's), so readers see growth exactly as from real samplers. A
     :class:`~raylens.simulation.memory_script.MemoryScript` provides both callables.
     ``kills`` (a :class:`~raylens.simulation.kill_script.KillScript`) scripts OOM kills:
