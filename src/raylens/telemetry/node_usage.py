@@ -17,14 +17,14 @@ for a missing or malformed file: the figure it would have given is absent.
 
 from __future__ import annotations
 
-import os
 from collections.abc import Callable
 from typing import NamedTuple
+
+from raylens.telemetry.procfs import read_small_file
 
 __all__ = ["CGROUP_ROOT", "NodeUsage", "read_node_usage"]
 
 CGROUP_ROOT = "/sys/fs/cgroup"
-_MAX_BYTES = 64 * 1024
 _KIB = 1024
 #: A cgroup "limit" at or above this is no limit (v1 reports about 2**63 when unset).
 _NO_LIMIT = 1 << 62
@@ -40,18 +40,6 @@ class NodeUsage(NamedTuple):
     host_total: float
     cgroup_total: float | None
 
-
-def _read(path: str, opener: Opener | None) -> bytes | None:
-    try:
-        fd = (opener or os.open)(path, os.O_RDONLY)
-    except OSError:
-        return None
-    try:
-        return os.read(fd, _MAX_BYTES)
-    except OSError:
-        return None
-    finally:
-        os.close(fd)
 
 
 def _number(raw: bytes) -> int | None:
@@ -74,7 +62,7 @@ def _fields(text: bytes, wanted: tuple[bytes, ...]) -> dict[bytes, int]:
 
 def _host(procfs_root: str, opener: Opener | None) -> tuple[int, int] | None:
     """``(used, total)`` from ``meminfo``, or None."""
-    text = _read(f"{procfs_root.rstrip('/')}/meminfo", opener)
+    text = read_small_file(f"{procfs_root.rstrip('/')}/meminfo", opener)
     if text is None:
         return None
     found = _fields(text, (b"MemTotal", b"MemAvailable"))
@@ -101,15 +89,15 @@ def _cgroup(root: str, opener: Opener | None) -> tuple[int, int | None] | None:
             (b"total_inactive_file", b"total_active_file"),
         ),
     ):
-        usage_text = _read(usage_file, opener)
-        stat_text = None if usage_text is None else _read(stat_file, opener)
+        usage_text = read_small_file(usage_file, opener)
+        stat_text = None if usage_text is None else read_small_file(stat_file, opener)
         if usage_text is None or stat_text is None:
             continue
         usage = _number(usage_text)
         stat = _fields(stat_text, keys)
         if usage is None or len(stat) != len(keys):
             return None
-        limit_text = _read(limit_file, opener)
+        limit_text = read_small_file(limit_file, opener)
         limit = None if limit_text is None else _number(limit_text)
         if limit is not None and (limit <= 0 or limit >= _NO_LIMIT):
             limit = None

@@ -56,6 +56,28 @@ class ProcessTreeMemory:
     process_count: int
 
 
+#: Most bytes :func:`read_small_file` reads: a meminfo, vmstat or cgroup file, whole.
+SMALL_FILE_BYTES = 64 * 1024
+
+
+def read_small_file(path: str, opener: Opener | None = None) -> bytes | None:
+    """Up to :data:`SMALL_FILE_BYTES` of ``path`` in one read, or None when it cannot be read.
+
+    For the kernel's small counter files (``/proc/meminfo``, ``/proc/vmstat``, a cgroup's
+    ``memory.*``); ``opener`` stands in for :func:`os.open` (tests point it at a fake tree).
+    """
+    try:
+        fd = (opener or os.open)(path, os.O_RDONLY)
+    except OSError:
+        return None
+    try:
+        return os.read(fd, SMALL_FILE_BYTES)
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
+
+
 def check_pid(name: str, pid: object) -> int:
     """``pid`` if it is a positive int; ValueError naming ``name`` and the value otherwise."""
     if isinstance(pid, bool) or not isinstance(pid, int) or pid <= 0:

@@ -11,9 +11,10 @@ or fake reads; the files are small and read in one call, with a size cap.
 
 from __future__ import annotations
 
-import os
 from collections.abc import Callable
 from typing import NamedTuple
+
+from raylens.telemetry.procfs import read_small_file
 
 __all__ = [
     "CGROUP_ROOT",
@@ -27,7 +28,6 @@ CGROUP_ROOT = "/sys/fs/cgroup"
 SOURCE_CGROUP = "cgroup"
 SOURCE_VMSTAT = "vmstat"
 _KEY = b"oom_kill"
-_MAX_BYTES = 64 * 1024
 
 Opener = Callable[[str, int], int]
 
@@ -38,18 +38,6 @@ class KernelOomCount(NamedTuple):
     kills: int
     source: str
 
-
-def _read(path: str, opener: Opener | None) -> bytes | None:
-    try:
-        fd = (opener or os.open)(path, os.O_RDONLY)
-    except OSError:
-        return None
-    try:
-        return os.read(fd, _MAX_BYTES)
-    except OSError:
-        return None
-    finally:
-        os.close(fd)
 
 
 def _field(text: bytes) -> int | None:
@@ -72,10 +60,10 @@ def read_kernel_oom_count(
     ``cgroup_root`` None skips the container's figure.
     """
     if cgroup_root is not None:
-        events = _read(f"{cgroup_root.rstrip('/')}/memory.events", opener)
+        events = read_small_file(f"{cgroup_root.rstrip('/')}/memory.events", opener)
         kills = None if events is None else _field(events)
         if kills is not None:
             return KernelOomCount(kills, SOURCE_CGROUP)
-    vmstat = _read(f"{procfs_root.rstrip('/')}/vmstat", opener)
+    vmstat = read_small_file(f"{procfs_root.rstrip('/')}/vmstat", opener)
     kills = None if vmstat is None else _field(vmstat)
     return None if kills is None else KernelOomCount(kills, SOURCE_VMSTAT)
