@@ -18,6 +18,7 @@ from raylens.cli.gcs_probe import GcsProbe, check_reachable, confirm_gcs
 from raylens.cli.output import Output, sample_loop
 from raylens.cli.parser import CliError, cluster_address
 from raylens.cli.pipeline import scrape_timeout_for, start_telemetry, stop_monitoring
+from raylens.cli.recording import frame_of_rows, open_recorder
 from raylens.cli.reachability import (
     DEFAULT_GIVE_UP_S,
     RAY_RECONNECT_ENV,
@@ -209,6 +210,7 @@ def watch_nodes(
     interval, duration = args.interval, args.duration
     once = getattr(args, "once", False)
     give_up = float(getattr(args, "give_up", None) or DEFAULT_GIVE_UP_S)
+    recorder = open_recorder(getattr(args, "record", None))
 
     def sample() -> None:
         if guard is not None:
@@ -238,6 +240,8 @@ def watch_nodes(
         }
         shown = phase_title(title, phases)
         now = time.time()
+        if recorder is not None:
+            recorder.append(frame_of_rows(now, rows, phases, recent))
         lines = [format_kill(kill, now=now) for kill in recent]
         output.show(
             lambda: node_table(rows, title=shown, kills=lines, notes=notes),
