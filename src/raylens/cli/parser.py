@@ -227,6 +227,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     _add_common(simulate, interval=1.0)
     _add_script_flags(simulate)
+    _add_record_flag(simulate)
 
     profile = commands.add_parser(
         "profile", help="run a command and sample its process tree's memory while it runs"

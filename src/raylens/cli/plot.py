@@ -34,6 +34,7 @@ INSTALL_HINT = "raylens plot needs matplotlib; install it with: pip install 'ray
 MAX_NODES_DRAWN = 16
 """Most node panels one image holds; the rest are named in the title as left out."""
 _GIB = 1024.0**3
+_PHASE_COLOURS = ("tab:purple", "tab:olive", "tab:cyan", "tab:pink", "tab:brown", "tab:gray")
 # A post-mortem is bounded well below this; a larger file is read as a record.
 _MAX_WHOLE_JSON = 8 * 1024 * 1024
 
@@ -90,6 +91,8 @@ def build_figure(run: RecordedRun, *, title: str = "") -> Figure:
     origin = min(times) if times else 0.0
     figure = Figure(figsize=(11, 2.6 * len(drawn) + 0.8), layout="constrained")
     FigureCanvasAgg(figure)
+    names = sorted({span.name for span in run.phases})
+    colours = {name: _PHASE_COLOURS[i % len(_PHASE_COLOURS)] for i, name in enumerate(names)}
     axes_list = figure.subplots(len(drawn), 1, sharex=True, squeeze=False)[:, 0]
     for node_id, axes in zip(drawn, axes_list):
         track = run.nodes[node_id]
@@ -117,23 +120,26 @@ def build_figure(run: RecordedRun, *, title: str = "") -> Figure:
             axes.axhline(
                 track.limit / _GIB, color="tab:red", linestyle=":", label="kill line", gid="kill-line"
             )
+        labelled: set[str] = set()
         for span in run.phases:
             axes.axvspan(
                 span.start - origin,
                 span.end - origin,
-                alpha=0.12,
-                color="tab:purple",
+                alpha=0.15,
+                color=colours[span.name],
                 gid=f"phase:{span.name}",
+                label=None if span.name in labelled else f"phase {_text(span.name, 32)}",
             )
-            axes.text(
-                span.start - origin,
-                1.0,
-                _text(span.name, 32) + ("" if span.start_known else " (at kill)"),
-                transform=axes.get_xaxis_transform(),
-                fontsize=7,
-                va="top",
-                color="tab:purple",
-            )
+            labelled.add(span.name)
+            if not span.start_known:
+                axes.text(
+                    span.start - origin,
+                    0.98,
+                    f" phase {_text(span.name, 32)} at the kill (its start is not recorded)",
+                    transform=axes.get_xaxis_transform(),
+                    fontsize=7,
+                    va="top",
+                )
         for kill in run.kills:
             if kill.node_id == node_id:
                 axes.axvline(kill.time - origin, color="tab:red", linewidth=1.5, gid="kill")
@@ -149,7 +155,7 @@ def build_figure(run: RecordedRun, *, title: str = "") -> Figure:
         axes.set_ylabel("GiB")
         axes.set_title(f"node {_text(node_id, 16)} ({_text(track.host)})", fontsize=9, loc="left")
         axes.grid(alpha=0.3)
-        axes.legend(fontsize=7, loc="upper left")
+        axes.legend(fontsize=7, loc="upper left", ncols=2)
     start = datetime.datetime.fromtimestamp(origin, tz=datetime.timezone.utc)
     axes_list[-1].set_xlabel(f"seconds since {start.isoformat(timespec='seconds')}")
     heading = title or ("OOM post-mortem" if run.source == "postmortem" else "raylens record")

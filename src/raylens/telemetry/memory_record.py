@@ -15,7 +15,8 @@ Invariants a maintainer must keep:
   the line that would take it past starts a fresh file, the full one moved to
   ``<path>.1`` (replacing the one before), so the pair holds at most twice the bound;
 - appending never raises into the caller: a failure is logged once per path;
-- each kill is written once, in the first frame that shows it.
+- each kill is written once, in the first frame that shows it;
+- a line left unfinished (a crash mid-write) is closed before the next one is written.
 """
 
 from __future__ import annotations
@@ -60,7 +61,7 @@ RECORD_MODE = 0o600
 MAX_LINE_BYTES = 4 * 1024 * 1024
 """A line longer than this is skipped unread."""
 _MAX_NAME = 256
-_FLAGS = os.O_WRONLY | os.O_APPEND | os.O_CREAT | getattr(os, "O_CLOEXEC", 0)
+_FLAGS = os.O_RDWR | os.O_APPEND | os.O_CREAT | getattr(os, "O_CLOEXEC", 0)
 
 
 @dataclass(frozen=True)
@@ -161,6 +162,9 @@ class MemoryRecorder:
                 os.replace(self.path, f"{self.path}.1")
         fd = os.open(self.path, _FLAGS, RECORD_MODE)
         try:
+            size = os.fstat(fd).st_size
+            if size and os.pread(fd, 1, size - 1) != b"\n":
+                data = b"\n" + data  # a line cut short (a crash) stays a line of its own
             view = memoryview(data)
             while view:
                 view = view[os.write(fd, view) :]
