@@ -318,6 +318,11 @@ class PhaseMarker:
         running = self._running
         return None if running is None else running.phase
 
+    def current_started(self) -> tuple[str, float] | None:
+        """The phase in progress in this driver and when it began (Unix time), or None."""
+        running = self._running
+        return None if running is None else (running.phase, running.started_wall)
+
     # entering and leaving --------------------------------------------------------------
 
     def enter(self, name: str, *, holder: FrameType | None = None) -> str:
