@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Protocol
 from raylens.cli.gcs_probe import GcsProbe, check_reachable, confirm_gcs
 from raylens.cli.output import Output, sample_loop
 from raylens.cli.parser import CliError, cluster_address
+from raylens.cli.phase_notes import ended_phase_line
 from raylens.cli.pipeline import scrape_timeout_for, start_telemetry, stop_monitoring
 from raylens.cli.recording import frame_of_rows, open_recorder
 from raylens.cli.reachability import (
@@ -189,7 +190,7 @@ def watch_nodes(
     from raylens.distributed.group_memory_cycle import attach_group_memory
     from raylens.telemetry.growth import attach_growth
     from raylens.telemetry.oom import OomWatch, attach_oom_watch
-    from raylens.telemetry.phase_board import read_current_phases
+    from raylens.telemetry.phase_board import read_current_phases, read_ended_phases
 
     monitor.declare_consumer()  # the table reads every cycle, so every cycle scrapes
     # Worker groups of this process (the demo's) get a per-group column; samplers start
@@ -228,6 +229,10 @@ def watch_nodes(
             rows = [dataclasses.replace(row, error=UNREACHABLE_ERROR) for row in rows]
             notes.append(unreachable)
         phases = read_current_phases(board)
+        ended = read_ended_phases(board)
+        notes.extend(
+            ended_phase_line(e, now=time.time(), several_jobs=len(ended) > 1) for e in ended[:4]
+        )
         recent = [kill.as_plain() for kill in kills.ledger.recent()]
         record = {
             "time": time.time(),
@@ -235,6 +240,7 @@ def watch_nodes(
             "totals": node_summary(rows).to_json(),
             "warnings": [row.warning for row in rows if row.warning],
             "phases": [current.to_json() for current in phases],
+            "last_phases": [e.to_json() for e in ended],
             "oom_kills": recent,
             "unreachable": unreachable,
         }
