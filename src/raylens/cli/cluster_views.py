@@ -18,9 +18,8 @@ from raylens.cli.demo_frames import DEMO_GROUPS_WAIT_S, wait_for_group_figures
 from raylens.cli.gcs_probe import GcsProbe, check_reachable, confirm_gcs
 from raylens.cli.output import Output, sample_loop
 from raylens.cli.parser import CliError, cluster_address
-from raylens.cli.phase_notes import phase_on_board, ended_phase_line, phase_title
+from raylens.cli.phase_notes import ended_phase_line, phase_on_board, phase_title
 from raylens.cli.pipeline import scrape_timeout_for, start_telemetry, stop_monitoring
-from raylens.cli.recording import frame_of_rows, open_recorder
 from raylens.cli.reachability import (
     DEFAULT_GIVE_UP_S,
     RAY_RECONNECT_ENV,
@@ -28,6 +27,7 @@ from raylens.cli.reachability import (
     ray_reconnect_setting,
     tcp_probe,
 )
+from raylens.cli.recording import frame_of_rows, open_recorder
 from raylens.demo import keep_sigterm_handler
 from raylens.live_table import (
     NodeRow,

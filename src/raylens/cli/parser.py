@@ -254,9 +254,7 @@ def build_parser() -> argparse.ArgumentParser:
         "(needs raylens[plot])",
     )
     plot.add_argument("file", metavar="FILE", help="a record or an OOM post-mortem JSON file")
-    plot.add_argument(
-        "-o", "--output", default=None, help="the PNG to write (default: FILE.png)"
-    )
+    plot.add_argument("-o", "--output", default=None, help="the PNG to write (default: FILE.png)")
     return parser
 
 

@@ -118,7 +118,11 @@ def build_figure(run: RecordedRun, *, title: str = "") -> Figure:
             )
         if track.limit is not None:
             axes.axhline(
-                track.limit / _GIB, color="tab:red", linestyle=":", label="kill line", gid="kill-line"
+                track.limit / _GIB,
+                color="tab:red",
+                linestyle=":",
+                label="kill line",
+                gid="kill-line",
             )
         labelled: set[str] = set()
         for span in run.phases:

@@ -31,7 +31,9 @@ def open_recorder(path: str | None) -> MemoryRecorder | None:
         os.close(fd)
     except (OSError, ValueError) as error:
         reason = error.strerror if isinstance(error, OSError) and error.strerror else str(error)
-        raise CliError(f"--record {printable(repr(path))}: cannot write there: {printable(reason)}")
+        raise CliError(
+            f"--record {printable(repr(path))}: cannot write there: {printable(reason)}"
+        ) from None
     return recorder
 
 

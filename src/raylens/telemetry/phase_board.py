@@ -215,12 +215,8 @@ def _decode_ended(job: str, raw: object) -> EndedPhase:
     if not isinstance(document, dict):
         raise ValueError(f"a JSON {type(document).__name__}, not an object")
     name = check_phase_name(document.get("phase"))
-    ended, duration = document.get("ended_at"), document.get("duration_s")
-    for label, value in (("ended_at", ended), ("duration_s", duration)):
-        if isinstance(value, bool) or not isinstance(value, (int, float)):
-            raise ValueError(f"{label} is {value!r:.80}, not a number")
-        if not math.isfinite(value):
-            raise ValueError(f"{label} is {value!r:.80}, not a finite number")
+    ended = _finite(document, "ended_at")
+    duration = _finite(document, "duration_s")
     rows = document.get("groups")
     if not isinstance(rows, list) or len(rows) > MAX_ENDED_GROUPS:
         raise ValueError(f"groups must be a list of at most {MAX_ENDED_GROUPS} rows")
@@ -235,7 +231,16 @@ def _decode_ended(job: str, raw: object) -> EndedPhase:
         )
         if names_ok and numbers_ok and isinstance(source, str) and peak >= 0:
             groups.append(EndedGroup(group, node, peak, delta, source[:16]))
-    return EndedPhase(job, name, float(ended), float(duration), tuple(groups))
+    return EndedPhase(job, name, ended, duration, tuple(groups))
+
+
+def _finite(document: dict[str, Any], key: str) -> float:
+    value = document.get(key)
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise ValueError(f"{key} is {value!r:.80}, not a number")
+    if not math.isfinite(value):
+        raise ValueError(f"{key} is {value!r:.80}, not a finite number")
+    return float(value)
 
 
 def publish_current_phase(cluster: ClusterView, phase: str | None, started_at: float = 0.0) -> bool:

@@ -26,7 +26,8 @@ NODE = "a" * 56
 class _Canned:
     def scrape(self, jobs: Sequence[Job], timeout: float | None = None) -> dict[Hashable, Outcome]:
         return {
-            job[0]: Outcome({"host_memory_used": 1e9, "host_memory_total": 4e9}, None) for job in jobs
+            job[0]: Outcome({"host_memory_used": 1e9, "host_memory_total": 4e9}, None)
+            for job in jobs
         }
 
     def close(self, timeout: float = 1.0) -> None:
@@ -34,13 +35,26 @@ class _Canned:
 
 
 def _watch_once(
-    make_monitor: Callable[..., hm.HostMemoryMonitor], cluster: FakeCluster, *, as_json: bool, tmp_path: Path
+    make_monitor: Callable[..., hm.HostMemoryMonitor],
+    cluster: FakeCluster,
+    *,
+    as_json: bool,
+    tmp_path: Path,
 ) -> None:
     watcher = cluster.for_job("ffff")
     monitor = make_monitor(watcher)
     monitor._engine = _Canned()
-    args = argparse.Namespace(interval=1.0, duration=None, once=True, record=str(tmp_path / "r.jsonl"))
-    watch_nodes(monitor, args, output=Output(as_json=as_json), title="t", stop=threading.Event(), cluster=watcher)
+    args = argparse.Namespace(
+        interval=1.0, duration=None, once=True, record=str(tmp_path / "r.jsonl")
+    )
+    watch_nodes(
+        monitor,
+        args,
+        output=Output(as_json=as_json),
+        title="t",
+        stop=threading.Event(),
+        cluster=watcher,
+    )
 
 
 def _published(cluster: FakeCluster) -> None:
@@ -53,7 +67,9 @@ def _published(cluster: FakeCluster) -> None:
 
 
 def test_json_carries_the_last_phase_of_each_live_job(
-    make_monitor: Callable[..., hm.HostMemoryMonitor], capsys: pytest.CaptureFixture[str], tmp_path: Path
+    make_monitor: Callable[..., hm.HostMemoryMonitor],
+    capsys: pytest.CaptureFixture[str],
+    tmp_path: Path,
 ) -> None:
     cluster = FakeCluster()
     cluster.add_node(port=8000)
@@ -70,7 +86,9 @@ def test_json_carries_the_last_phase_of_each_live_job(
 
 
 def test_the_table_says_the_last_phase_under_it(
-    make_monitor: Callable[..., hm.HostMemoryMonitor], capsys: pytest.CaptureFixture[str], tmp_path: Path
+    make_monitor: Callable[..., hm.HostMemoryMonitor],
+    capsys: pytest.CaptureFixture[str],
+    tmp_path: Path,
 ) -> None:
     cluster = FakeCluster()
     cluster.add_node(port=8000)
@@ -85,8 +103,12 @@ def test_the_table_says_the_last_phase_under_it(
 
 def test_the_line_names_the_largest_peaks_first_and_counts_the_rest() -> None:
     groups = tuple(EndedGroup(f"g{i}", NODE, i * MIB, 0, "kernel") for i in range(7))
-    line = ended_phase_line(EndedPhase("01", "gen\x1b[2J", 60.0, 2.0, groups), now=63.0, several_jobs=True)
-    assert line.startswith("last phase 'gen\\x1b[2J' of job 01 (2.0 s, ended 3.0s ago): g6 peak 6.0 MiB")
+    line = ended_phase_line(
+        EndedPhase("01", "gen\x1b[2J", 60.0, 2.0, groups), now=63.0, several_jobs=True
+    )
+    assert line.startswith(
+        "last phase 'gen\\x1b[2J' of job 01 (2.0 s, ended 3.0s ago): g6 peak 6.0 MiB"
+    )
     assert line.endswith("; 3 more group(s)") and "g2 " not in line
     empty = ended_phase_line(EndedPhase("01", "gen", 60.0, 2.0, ()), now=60.0)
     assert empty.endswith(": no group figures")

@@ -64,8 +64,12 @@ def _frames(minutes: float = 10.0) -> list[Frame]:
             Frame(
                 time=T0 + offset,
                 nodes=(
-                    NodeFrame("aa" * 28, "gpu-1", policy + 1e9, 64 * GIB, 60 * GIB, {"policy": policy}),
-                    NodeFrame("bb" * 28, "gpu-2", rollout + 1e9, 64 * GIB, 60 * GIB, {"rollout": rollout}),
+                    NodeFrame(
+                        "aa" * 28, "gpu-1", policy + 1e9, 64 * GIB, 60 * GIB, {"policy": policy}
+                    ),
+                    NodeFrame(
+                        "bb" * 28, "gpu-2", rollout + 1e9, 64 * GIB, 60 * GIB, {"rollout": rollout}
+                    ),
                 ),
                 phases=() if current is None else (("01000000", current[0], current[1]),),
                 kills=(kill,) if T0 + offset >= KILL_AT else (),
@@ -133,7 +137,9 @@ def test_a_bad_line_costs_only_itself(tmp_path: Path) -> None:
     recorder = MemoryRecorder(path)
     recorder.append(_frames(0.1)[0])
     with open(path, "a") as handle:
-        handle.write('{"v": 1, "t": 1, "nodes": [{"id": 5}, "x"]}\n{"v": 99, "t": 2}\nnot json\n{"v":1,"t"')
+        handle.write(
+            '{"v": 1, "t": 1, "nodes": [{"id": 5}, "x"]}\n{"v": 99, "t": 2}\nnot json\n{"v":1,"t"'
+        )
     recorder.append(_frames(0.1)[1])
 
     run = read_record(path)
@@ -163,7 +169,7 @@ def test_the_plot_of_a_record_has_one_curve_per_group_and_the_phases_shaded(tmp_
         ("node aaaa", "group:policy"),
         ("node bbbb", "group:rollout"),
     ]
-    (_, policy), = [c for c in curves if c[1].get_gid() == "group:policy"]
+    ((_, policy),) = [c for c in curves if c[1].get_gid() == "group:policy"]
     xs, ys = policy.get_data()
     assert xs[0] == 0.0 and xs[-1] == 598.0
     assert ys[-1] - ys[0] == pytest.approx(598 * 10 / 1024, rel=1e-6)  # GiB
@@ -175,9 +181,9 @@ def test_the_plot_of_a_record_has_one_curve_per_group_and_the_phases_shaded(tmp_
         "phase:weight refit",
     }
     kills = _artists(figure, "kill")
-    assert [(a.get_title(loc="left")[:9], k.get_gid()) for a, k in kills if k.get_gid() == "kill"] == [
-        ("node aaaa", "kill")
-    ]
+    assert [
+        (a.get_title(loc="left")[:9], k.get_gid()) for a, k in kills if k.get_gid() == "kill"
+    ] == [("node aaaa", "kill")]
     assert len([k for _, k in kills if k.get_gid() == "kill-line"]) == 2
 
 
@@ -224,10 +230,12 @@ def test_a_post_mortem_plots_its_groups_its_kill_line_and_its_phase(tmp_path: Pa
         "group:policy",
         "group:ref",
     ]
-    (_, span), = _artists(figure, "phase:")
+    ((_, span),) = _artists(figure, "phase:")
     assert span.get_gid() == "phase:training"
-    kill_x = [line.get_xdata()[0] for _, line in _artists(figure, "kill") if line.get_gid() == "kill"]
-    (_, policy), = [c for c in _artists(figure, "group:policy")]
+    kill_x = [
+        line.get_xdata()[0] for _, line in _artists(figure, "kill") if line.get_gid() == "kill"
+    ]
+    ((_, policy),) = [c for c in _artists(figure, "group:policy")]
     assert kill_x == [pytest.approx(policy.get_xdata()[-1] + 0.5)]
     assert any("phase training at the kill" in text.get_text() for text in axes.texts)
     assert main(["plot", str(path), "-o", str(tmp_path / "oom.png")]) == 0

@@ -35,10 +35,15 @@ NODE_A, NODE_B = "a" * 56, "b" * 56
 
 def _record(groups_a: list[tuple[str, int, int, int]], groups_b: list[Any] = ()) -> PhaseRecord:
     def node(rows: Any) -> NodePhaseMemory:
-        return NodePhaseMemory("h", tuple(GroupPhaseMemory(g, s, e, p, "kernel") for g, s, e, p in rows))
+        return NodePhaseMemory(
+            "h", tuple(GroupPhaseMemory(g, s, e, p, "kernel") for g, s, e, p in rows)
+        )
 
     return PhaseRecord(
-        "train", duration_s=12.5, ended_at=5000.0, nodes={NODE_A: node(groups_a), NODE_B: node(groups_b)}
+        "train",
+        duration_s=12.5,
+        ended_at=5000.0,
+        nodes={NODE_A: node(groups_a), NODE_B: node(groups_b)},
     )
 
 
@@ -51,7 +56,12 @@ def test_the_ended_phase_reaches_another_process_with_each_groups_largest_peak()
     assert publish_ended_phase(cluster.for_job("01"), record)
 
     (ended,) = read_ended_phases(cluster.for_job("02"))
-    assert (ended.job_id, ended.phase, ended.ended_at, ended.duration_s) == ("01", "train", 5000.0, 12.5)
+    assert (ended.job_id, ended.phase, ended.ended_at, ended.duration_s) == (
+        "01",
+        "train",
+        5000.0,
+        12.5,
+    )
     assert ended.groups == (
         EndedGroup("policy", NODE_A, 400 * MB, 10 * MB, "kernel"),
         EndedGroup("rollout", NODE_B, 95 * MB, 60 * MB, "kernel"),
@@ -79,13 +89,25 @@ def test_hostile_ended_entries_cost_only_themselves(caplog: pytest.LogCaptureFix
     good_row = ["g", NODE_A, 5, -1, "kernel"]
     hostile = {
         "0b": b"x" * (MAX_ENDED_PHASE_BYTES + 1),
-        "0c": json.dumps({"phase": "\x1b[2J", "ended_at": 1, "duration_s": 1, "groups": []}).encode(),
-        "0d": json.dumps({"phase": "t", "ended_at": "soon", "duration_s": 1, "groups": []}).encode(),
-        "0e": json.dumps({"phase": "t", "ended_at": 1, "duration_s": 1, "groups": [good_row] * 99}).encode(),
+        "0c": json.dumps(
+            {"phase": "\x1b[2J", "ended_at": 1, "duration_s": 1, "groups": []}
+        ).encode(),
+        "0d": json.dumps(
+            {"phase": "t", "ended_at": "soon", "duration_s": 1, "groups": []}
+        ).encode(),
+        "0e": json.dumps(
+            {"phase": "t", "ended_at": 1, "duration_s": 1, "groups": [good_row] * 99}
+        ).encode(),
     }
     for job, raw in hostile.items():
         cluster.for_job(job).kv_put(f"{ENDED_PHASE_KEY_PREFIX}{job}", raw)
-    bad_rows = [good_row, ["g", NODE_A, True, 0, "kernel"], ["g", NODE_A, -5, 0, "k"], "x", ["", "n", 1, 1, "k"]]
+    bad_rows = [
+        good_row,
+        ["g", NODE_A, True, 0, "kernel"],
+        ["g", NODE_A, -5, 0, "k"],
+        "x",
+        ["", "n", 1, 1, "k"],
+    ]
     cluster.for_job("0f").kv_put(
         f"{ENDED_PHASE_KEY_PREFIX}0f",
         json.dumps({"phase": "t", "ended_at": 1, "duration_s": 1, "groups": bad_rows}).encode(),
@@ -135,9 +157,10 @@ def test_a_driver_without_logging_sees_the_summary_on_stderr(
 def test_a_driver_with_logging_gets_the_summary_there_and_not_on_stderr(
     tmp_path: Path, caplog: pytest.LogCaptureFixture, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    with caplog.at_level(logging.INFO, logger="raylens.phases"), _marker(
-        tmp_path, FakeCluster()
-    ).phase("gen"):
+    with (
+        caplog.at_level(logging.INFO, logger="raylens.phases"),
+        _marker(tmp_path, FakeCluster()).phase("gen"),
+    ):
         pass
     assert any(r.getMessage().startswith("phase 'gen' ended") for r in caplog.records)
     assert capsys.readouterr().err == ""

@@ -8,6 +8,7 @@ simulated: the stop event's waits advance the loop's clock.
 
 from __future__ import annotations
 
+import itertools
 import sys
 import threading
 from pathlib import Path
@@ -59,7 +60,9 @@ class Recording:
         pass
 
 
-def _loop(tmp_path: Path, refresh: float | None) -> tuple[PublishingLoop, Recording, Clock, FakeProcFS]:
+def _loop(
+    tmp_path: Path, refresh: float | None
+) -> tuple[PublishingLoop, Recording, Clock, FakeProcFS]:
     clock = Clock()
     proc = FakeProcFS(tmp_path / "node")
     proc.add_process(200, rss_bytes=10 * MB)
@@ -87,7 +90,7 @@ def test_no_value_goes_longer_than_the_refresh_without_being_set_again(
         assert not loop.wait_republishing(stop, interval)
 
     times = [at for at, group, _ in publisher.sets if group == "policy"]
-    gaps = [later - earlier for earlier, later in zip(times, times[1:])]
+    gaps = [later - earlier for earlier, later in itertools.pairwise(times)]
     assert max(gaps) <= refresh + 1e-9
     assert len(times) >= 5 * interval / refresh
     # Between readings the value set is the latest reading's, unchanged.
