@@ -562,6 +562,7 @@ def run_demo(
         monitor = host_memory.HostMemoryMonitor(
             args.interval, scrape_timeout=scrape_timeout_for(args.interval)
         )
+        phases = demo.DemoPhases(clock=clock)
         try:
             watch_nodes(
                 monitor,
@@ -574,8 +575,10 @@ def run_demo(
                 one_line=False,
                 groups_first_s=DEMO_GROUPS_WAIT_S,
                 growth_window_s=shortest_growth_window(),
+                before_sample=phases.step,
             )
         finally:
+            phases.close()
             stop_monitoring(monitor)
     output.note("Demo finished; the Ray cluster is shut down.")
     return output.exit_status()

@@ -65,3 +65,35 @@ def test_the_wait_is_bounded_and_a_stop_ends_it() -> None:
     assert not wait_for_group_figures(
         never, never, stop=stopped, clock=clock, within_s=3.0, poll_s=0.5
     )
+
+
+class Marker:
+    def __init__(self) -> None:
+        self.calls: list[tuple[str, str]] = []
+
+    def enter(self, name: str) -> str:
+        self.calls.append(("enter", name))
+        return f"token-{len(self.calls)}"
+
+    def leave(self, name: str, token: str | None = None) -> None:
+        self.calls.append(("leave", f"{name} {token}"))
+
+
+def test_the_demo_marks_its_phases_in_turn_and_ends_the_last_one() -> None:
+    from raylens.demo import DemoPhases
+
+    clock, marker = Clock(), Marker()
+    phases = DemoPhases(clock=clock, phases=[("gen", 4.0), ("train", 2.0)], marker=marker)
+    for _ in range(5):  # samples 2 s apart: 0, 2, 4, 6, 8
+        phases.step()
+        clock.now += 2.0
+    phases.close()
+    phases.close()
+    assert marker.calls == [
+        ("enter", "gen"),
+        ("leave", "gen token-1"),  # at 4
+        ("enter", "train"),
+        ("leave", "train token-3"),  # at 6
+        ("enter", "gen"),
+        ("leave", "gen token-5"),  # at the end
+    ]

@@ -155,12 +155,16 @@ def test_a_driver_without_logging_sees_the_summary_on_stderr(
 
 
 def test_a_driver_with_logging_gets_the_summary_there_and_not_on_stderr(
-    tmp_path: Path, caplog: pytest.LogCaptureFixture, capsys: pytest.CaptureFixture[str]
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    with (
-        caplog.at_level(logging.INFO, logger="raylens.phases"),
-        _marker(tmp_path, FakeCluster()).phase("gen"),
-    ):
+    # A logger with a handler of the driver's own, and nothing else above it.
+    configured = logging.Logger("raylens.phases.configured")
+    seen: list[str] = []
+    handler = logging.Handler()
+    handler.emit = lambda record: seen.append(record.getMessage())  # type: ignore[method-assign]
+    configured.addHandler(handler)
+    monkeypatch.setattr(phase_log, "logger", configured)
+    with _marker(tmp_path, FakeCluster()).phase("gen"):
         pass
-    assert any(r.getMessage().startswith("phase 'gen' ended") for r in caplog.records)
+    assert len(seen) == 1 and seen[0].startswith("phase 'gen' ended")
     assert capsys.readouterr().err == ""
