@@ -27,7 +27,7 @@ if TYPE_CHECKING:
 _MIB = 1024 * 1024
 _PAGE = 4096
 
-DEMO_PHASES: tuple[tuple[str, float], ...] = (("generation", 16.0), ("training", 8.0))
+DEMO_PHASES: tuple[tuple[str, float], ...] = (("generation", 8.0), ("training", 4.0))
 """The demo's training loop: each phase's name and how long it lasts, in turn."""
 
 
