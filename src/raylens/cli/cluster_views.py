@@ -172,6 +172,7 @@ def watch_nodes(
     one_line: bool = True,
     groups_first_s: float = 0.0,
     growth_window_s: float | None = None,
+    wall: Callable[[], float] | None = None,
 ) -> None:
     """Sample and show the node table every ``args.interval`` until --once, the end or stop.
 
@@ -189,6 +190,7 @@ def watch_nodes(
     demo, which is there to be looked at, draws its table everywhere). With
     ``groups_first_s`` the first frame waits up to that long for every labelled node's
     group figures; ``growth_window_s`` is the samplers' growth window (default theirs).
+    ``wall`` stamps each sample (``time`` in ``--json``, and ``--record``'s lines).
     """
     from raylens.cluster import default_cluster_view
     from raylens.distributed.group_memory_cycle import attach_group_memory
@@ -196,6 +198,7 @@ def watch_nodes(
     from raylens.telemetry.oom import OomWatch, attach_oom_watch
     from raylens.telemetry.phase_board import read_current_phases, read_ended_phases
 
+    wall = wall or (lambda: time.time())  # looked up at each call: freezegun's, in tests
     monitor.declare_consumer()  # the table reads every cycle, so every cycle scrapes
     # Worker groups of this process (the demo's) get a per-group column; samplers start
     # only once a group registers its workers, so elsewhere this costs nothing.
@@ -237,11 +240,11 @@ def watch_nodes(
         phases = read_current_phases(board)
         ended = read_ended_phases(board)
         notes.extend(
-            ended_phase_line(e, now=time.time(), several_jobs=len(ended) > 1) for e in ended[:4]
+            ended_phase_line(e, now=wall(), several_jobs=len(ended) > 1) for e in ended[:4]
         )
         recent = [kill.as_plain() for kill in kills.ledger.recent()]
         record = {
-            "time": time.time(),
+            "time": wall(),
             "nodes": [row.to_json() for row in rows],
             "totals": node_summary(rows).to_json(),
             "warnings": [row.warning for row in rows if row.warning],
@@ -251,7 +254,7 @@ def watch_nodes(
             "unreachable": unreachable,
         }
         shown = phase_title(title, phases)
-        now = time.time()
+        now = wall()
         if recorder is not None:
             recorder.append(frame_of_rows(now, rows, phases, recent))
         lines = [format_kill(kill, now=now) for kill in recent]

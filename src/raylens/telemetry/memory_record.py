@@ -271,8 +271,10 @@ def read_record(path: str | os.PathLike[str]) -> RecordedRun:
 
 
 def _fill(run: RecordedRun, documents: Iterable[dict[str, Any]]) -> None:
-    open_phases: dict[tuple[str, str, float], float] = {}
+    # Per phase in progress: where its span begins, and the last frame that showed it.
+    open_phases: dict[tuple[str, str, float], tuple[float, float]] = {}
     seen_kills: set[tuple[object, ...]] = set()
+    previous: float | None = None
     for document in documents:
         at = float(document["t"])
         for node in _list(document.get("nodes")):
@@ -284,18 +286,27 @@ def _fill(run: RecordedRun, documents: Iterable[dict[str, Any]]) -> None:
                 if job is not None and phase is not None and started is not None:
                     current.add((job, phase, started))
         for key in set(open_phases) - current:  # ended before this frame
-            run.phases.append(PhaseSpan(key[1], key[2], at))
-            del open_phases[key]
+            run.phases.append(PhaseSpan(key[1], open_phases.pop(key)[0], at))
         for key in current:
-            open_phases[key] = at
+            began = open_phases[key][0] if key in open_phases else _began(key[2], previous, at)
+            open_phases[key] = (began, at)
+        previous = at
         for kill in _list(document.get("kills")):
             mark = _kill(kill)
             if mark is not None and _kill_key(kill) not in seen_kills:
                 seen_kills.add(_kill_key(kill))
                 run.kills.append(mark)
-    for key, last in open_phases.items():
-        run.phases.append(PhaseSpan(key[1], key[2], last))
+    for key, (began, last) in open_phases.items():
+        run.phases.append(PhaseSpan(key[1], began, last))
     run.phases.sort(key=lambda span: span.start)
+
+
+def _began(started_at: float, previous: float | None, first_seen: float) -> float:
+    """Where a phase first seen at ``first_seen`` begins: its own ``started_at`` when that
+    lies between the frame before and this one, else this frame (the stamp comes from the
+    driver's clock, which may not agree with the recorder's)."""
+    earliest = first_seen if previous is None else previous
+    return started_at if earliest <= started_at <= first_seen else first_seen
 
 
 def _list(value: object) -> list[Any]:

@@ -286,3 +286,65 @@ def test_simulate_records_its_nodes_groups_and_phase_and_the_record_plots(
     assert [span.name for span in run.phases] == ["generation"]
     figure = build_figure(run)
     assert len(_artists(figure, "phase:")) == 2
+
+
+def test_a_recorded_simulated_run_plots_one_curve_per_group_with_its_phases_shaded(
+    tmp_path: Path, make_monitor: Any, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Five simulated minutes of a three-node cluster, recorded by the watch loop, then drawn."""
+    import argparse
+    import threading
+
+    from raylens.cli.cluster_views import watch_nodes
+    from raylens.cli.output import Output
+    from raylens.simulation.phase_script import PhaseScript
+    from raylens.simulation.simulated_cluster import SimulatedCluster
+    from raylens.telemetry import host_memory
+
+    now = [1000.0]
+
+    class ClockedStop(threading.Event):
+        def wait(self, timeout: float | None = None) -> bool:
+            assert timeout is not None
+            now[0] += timeout
+            return self.is_set()
+
+    def memory(node: int, t: float) -> tuple[float, float]:
+        return 8 * GIB + 2**20 * t * (node == 0), 64 * GIB
+
+    def groups(node: int, t: float) -> dict[str, float]:
+        return {"policy" if node < 2 else "rollout": 4 * GIB + 2**20 * t * (node == 0)}
+
+    phases = PhaseScript([("generation", 0, 40), ("training", 40, 60)], repeat_s=60)
+    path = tmp_path / "sim.jsonl"
+    with SimulatedCluster(
+        3, clock=lambda: now[0], schedule=memory, groups=groups, phases=phases
+    ) as sim:
+        host_memory.register_worker_group_nodes("policy", sim.node_ids[:2])
+        host_memory.register_worker_group_nodes("rollout", sim.node_ids[2:])
+        monitor = make_monitor(sim.cluster, clock=lambda: now[0], interval=5.0)
+        args = argparse.Namespace(interval=5.0, duration=300.0, once=False, record=str(path))
+        watch_nodes(
+            monitor,
+            args,
+            output=Output(as_json=True),
+            title="sim",
+            stop=ClockedStop(),
+            cluster=sim.cluster,
+            before_sample=sim.publish_phase,
+            clock=lambda: now[0],
+            wall=lambda: T0 + now[0],
+        )
+    capsys.readouterr()
+
+    run = read_record(path)
+    assert len(run.nodes) == 3 and len(next(iter(run.nodes.values())).times) == 61
+    figure = build_figure(run)
+    curves = sorted(line.get_gid() for _, line in _artists(figure, "group:"))
+    assert curves == ["group:policy", "group:policy", "group:rollout"]  # one per group per node
+    spans = {(a.get_title(loc="left"), s.get_gid()) for a, s in _artists(figure, "phase:")}
+    assert {gid for _, gid in spans} == {"phase:generation", "phase:training"}
+    # Per panel: five minutes of two phases, and the generation begun at the last frame.
+    assert len(_artists(figure, "phase:")) == 3 * 11
+    generation = sorted(span for span in run.phases if span.name == "generation")[0]
+    assert (generation.start, generation.end) == (T0 + 1000.0, T0 + 1040.0)
