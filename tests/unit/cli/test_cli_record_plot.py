@@ -346,5 +346,5 @@ def test_a_recorded_simulated_run_plots_one_curve_per_group_with_its_phases_shad
     assert {gid for _, gid in spans} == {"phase:generation", "phase:training"}
     # Per panel: five minutes of two phases, and the generation begun at the last frame.
     assert len(_artists(figure, "phase:")) == 3 * 11
-    generation = sorted(span for span in run.phases if span.name == "generation")[0]
+    generation = next(span for span in run.phases if span.name == "generation")  # sorted
     assert (generation.start, generation.end) == (T0 + 1000.0, T0 + 1040.0)
