@@ -49,6 +49,7 @@ from raylens.telemetry.history import (
     GrowthSettings,
     KillLineConfig,
     NodeGrowthKeeper,
+    NodeReading,
     RecentHistory,
     resolve_kill_line_config,
 )
@@ -122,7 +123,9 @@ class PublishingLoop:
         self._reader = reader
         self._refresh_s = refresh_s or ray_gauge_refresh_s
         # What the latest pass published, set again between passes (see republish).
-        self._last: tuple[NodeGroupMemory, float, Any, tuple[int, str] | None] | None = None
+        self._last: (
+            tuple[NodeGroupMemory, float, NodeReading | None, tuple[int, str] | None] | None
+        ) = None
         self._on_reading = on_reading
         self._kernel_oom_count = kernel_oom_count
         self._kernel_kills: int | None = None
@@ -254,8 +257,13 @@ class PublishingLoop:
             for group, rate in figures.group_growth.items():
                 if rate is not None and group in self._published:
                     publisher.set_growth(group, rate)
-        if self._keeper is not None and isinstance(publisher, NodeGrowthPublisher):
-            publisher.set_node(figures, self._keeper.window_s)
+        keeper = self._keeper
+        if (
+            keeper is not None
+            and self._node_usage is not None
+            and isinstance(publisher, NodeGrowthPublisher)
+        ):
+            publisher.set_node(figures, keeper.window_s)
         if kernel is not None and isinstance(publisher, KernelOomPublisher):
             publisher.set_kernel_oom_kills(*kernel)
         publisher.set_sampled_at(stamp)
@@ -287,7 +295,7 @@ class PublishingLoop:
         processes, stamp = chosen
         return {"sampled_at": stamp, "processes": [list(entry) for entry in processes]}
 
-    def _record_node(self, reading: NodeGroupMemory) -> Any:
+    def _record_node(self, reading: NodeGroupMemory) -> NodeReading | None:
         """Record the node and its groups in the keeper; the node's figures (None if unknown)."""
         keeper = self._keeper
         if keeper is None or self._node_usage is None:
