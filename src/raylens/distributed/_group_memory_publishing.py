@@ -101,8 +101,9 @@ class PublishingLoop:
 
     Between two passes the latest figures are set again every ``refresh_s()`` seconds
     (default :func:`ray_gauge_refresh_s`; None: never), so that Ray's metrics agent,
-    which drops a gauge value not reported again within two report intervals, never
-    drops a group's series between two readings, whatever its report interval.
+    which drops a gauge value not reported again within two report intervals, keeps a
+    group's series between two readings even where the worker reports only values set
+    since its last report.
     Thread-safe.
     """
 
@@ -373,9 +374,10 @@ def ray_gauge_refresh_s() -> float | None:
     """How often a value published through Ray must be set again not to expire; None without Ray.
 
     Ray's metrics agent keeps a gauge value for two report intervals
-    (``max(metrics_report_interval_ms, 1000)`` each) after the worker last exported it,
-    and the worker exports what was set since its previous export: a value set at least
-    every half interval reaches the agent at every export, or the one after.
+    (``max(metrics_report_interval_ms, 1000)`` each) after the worker last exported it.
+    A worker that exports only what was set since its previous export needs a value set
+    at least every half interval, which then reaches the agent at every export or the
+    one after (Ray 2.60's workers export the last value at every interval anyway).
     """
     ray = sys.modules.get("ray")
     try:
