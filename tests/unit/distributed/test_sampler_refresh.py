@@ -1,9 +1,9 @@
 """A sampler sets its figures again between readings, as often as Ray's agent needs to keep them.
 
 Ray's metrics agent drops a gauge value the worker has not exported again within two
-report intervals; the worker exports what was set since its last export. So a value must
-be set at least every half report interval, whatever the reading interval. Time here is
-simulated: the stop event's waits advance the loop's clock.
+report intervals; a worker that exports only what was set since its last export needs a
+value set at least every half report interval, whatever the reading interval. Time here
+is simulated: the stop event's waits advance the loop's clock.
 """
 
 from __future__ import annotations
