@@ -291,7 +291,7 @@ def test_simulate_records_its_nodes_groups_and_phase_and_the_record_plots(
 def test_a_recorded_simulated_run_plots_one_curve_per_group_with_its_phases_shaded(
     tmp_path: Path, make_monitor: Any, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    """Five simulated minutes of a three-node cluster, recorded by the watch loop, then drawn."""
+    """Ten simulated minutes of a three-node cluster, recorded by the watch loop, then drawn."""
     import argparse
     import threading
 
@@ -323,7 +323,7 @@ def test_a_recorded_simulated_run_plots_one_curve_per_group_with_its_phases_shad
         host_memory.register_worker_group_nodes("policy", sim.node_ids[:2])
         host_memory.register_worker_group_nodes("rollout", sim.node_ids[2:])
         monitor = make_monitor(sim.cluster, clock=lambda: now[0], interval=5.0)
-        args = argparse.Namespace(interval=5.0, duration=300.0, once=False, record=str(path))
+        args = argparse.Namespace(interval=5.0, duration=600.0, once=False, record=str(path))
         watch_nodes(
             monitor,
             args,
@@ -338,13 +338,13 @@ def test_a_recorded_simulated_run_plots_one_curve_per_group_with_its_phases_shad
     capsys.readouterr()
 
     run = read_record(path)
-    assert len(run.nodes) == 3 and len(next(iter(run.nodes.values())).times) == 61
+    assert len(run.nodes) == 3 and len(next(iter(run.nodes.values())).times) == 121
     figure = build_figure(run)
     curves = sorted(line.get_gid() for _, line in _artists(figure, "group:"))
     assert curves == ["group:policy", "group:policy", "group:rollout"]  # one per group per node
     spans = {(a.get_title(loc="left"), s.get_gid()) for a, s in _artists(figure, "phase:")}
     assert {gid for _, gid in spans} == {"phase:generation", "phase:training"}
-    # Per panel: five minutes of two phases, and the generation begun at the last frame.
-    assert len(_artists(figure, "phase:")) == 3 * 11
+    # Per panel: ten minutes of two phases, and the generation begun at the last frame.
+    assert len(_artists(figure, "phase:")) == 3 * 21
     generation = next(span for span in run.phases if span.name == "generation")  # sorted
     assert (generation.start, generation.end) == (T0 + 1000.0, T0 + 1040.0)
