@@ -91,6 +91,8 @@ def build_figure(run: RecordedRun, *, title: str = "") -> Figure:
     origin = min(times) if times else 0.0
     figure = Figure(figsize=(11, 2.6 * len(drawn) + 0.8), layout="constrained")
     FigureCanvasAgg(figure)
+    groups = sorted({name for node in run.nodes.values() for name in node.groups})
+    group_colours = {name: f"C{i % 10}" for i, name in enumerate(groups)}  # one per group
     names = sorted({span.name for span in run.phases})
     colours = {name: _PHASE_COLOURS[i % len(_PHASE_COLOURS)] for i, name in enumerate(names)}
     axes_list = figure.subplots(len(drawn), 1, sharex=True, squeeze=False)[:, 0]
@@ -103,6 +105,7 @@ def build_figure(run: RecordedRun, *, title: str = "") -> Figure:
                 [v / _GIB for v in values],
                 label=_text(name),
                 gid=f"group:{name}",
+                color=group_colours[name],
                 linewidth=1.6,
             )
         used = [(t - origin, v / _GIB) for t, v in zip(track.times, track.used) if v is not None]
