@@ -342,6 +342,10 @@ def test_a_recorded_simulated_run_plots_one_curve_per_group_with_its_phases_shad
     figure = build_figure(run)
     curves = sorted(line.get_gid() for _, line in _artists(figure, "group:"))
     assert curves == ["group:policy", "group:policy", "group:rollout"]  # one per group per node
+    colours = {line.get_gid(): set() for _, line in _artists(figure, "group:")}
+    for _, line in _artists(figure, "group:"):
+        colours[line.get_gid()].add(line.get_color())
+    assert len(colours["group:policy"]) == 1 and colours["group:policy"] != colours["group:rollout"]
     spans = {(a.get_title(loc="left"), s.get_gid()) for a, s in _artists(figure, "phase:")}
     assert {gid for _, gid in spans} == {"phase:generation", "phase:training"}
     # Per panel: ten minutes of two phases, and the generation begun at the last frame.
