@@ -13,9 +13,10 @@ from __future__ import annotations
 import os
 import signal
 import threading
-from collections.abc import Iterator
+import time
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from raylens.lens import warn_once
 
@@ -25,6 +26,59 @@ if TYPE_CHECKING:
 
 _MIB = 1024 * 1024
 _PAGE = 4096
+
+DEMO_PHASES: tuple[tuple[str, float], ...] = (("generation", 8.0), ("training", 4.0))
+"""The demo's training loop: each phase's name and how long it lasts, in turn."""
+
+
+class _Marker(Protocol):
+    def enter(self, name: str) -> str: ...
+
+    def leave(self, name: str, token: str | None = None) -> object: ...
+
+
+class DemoPhases:
+    """Marks the demo's phases in turn (:data:`DEMO_PHASES`), so its table shows a phase in
+    progress and, under it, the last one ended with its peak and delta per group.
+
+    :meth:`step` (called before each sample) ends the phase whose time is up and begins
+    the next; :meth:`close` ends the one in progress. ``marker`` defaults to the driver's.
+    """
+
+    def __init__(
+        self,
+        *,
+        clock: Callable[[], float] = time.monotonic,
+        phases: Sequence[tuple[str, float]] = DEMO_PHASES,
+        marker: _Marker | None = None,
+    ) -> None:
+        self._clock = clock
+        self._phases = tuple(phases)
+        self._marker = marker
+        self._index = -1
+        self._running: tuple[str, str] | None = None
+        self._ends_at = 0.0
+
+    def _the_marker(self) -> _Marker:
+        if self._marker is None:
+            from raylens.distributed.phases import DEFAULT_MARKER
+
+            self._marker = DEFAULT_MARKER
+        return self._marker
+
+    def step(self) -> None:
+        if self._running is not None and self._clock() < self._ends_at:
+            return
+        self.close()
+        self._index = (self._index + 1) % len(self._phases)
+        name, seconds = self._phases[self._index]
+        self._running = (name, self._the_marker().enter(name))
+        self._ends_at = self._clock() + seconds
+
+    def close(self) -> None:
+        running, self._running = self._running, None
+        if running is not None:
+            self._the_marker().leave(*running)
 
 
 @contextmanager
@@ -151,6 +205,9 @@ class DemoCluster:
             "num_cpus": self.cpus_per_node,
             "object_store_memory": 80 * _MIB,
             "include_dashboard": False,
+            # Every node's agent serves what the samplers publish within a second (Ray's
+            # default is 10 s), so the table shows each group's memory from its first frame.
+            "_system_config": {"metrics_report_interval_ms": 1000},
         }
         # Each node is started with Ctrl-C held back, so that one typed meanwhile is
         # raised only once the cluster knows the node and close() can stop it.

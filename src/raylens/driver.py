@@ -23,7 +23,8 @@ from __future__ import annotations
 import dataclasses
 import logging
 import os
-from collections.abc import Mapping
+import time
+from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING
 
 from opentelemetry.sdk.metrics.export import MetricReader
@@ -46,6 +47,7 @@ from raylens.telemetry.history import (
     growth_window_for_sampling,
     resolve_kill_line_config,
 )
+from raylens.telemetry.memory_record import Frame, MemoryRecorder, NodeFrame
 from raylens.telemetry.oom import OomWatch, PostMortemWriter, attach_oom_watch
 
 if TYPE_CHECKING:
@@ -96,6 +98,7 @@ def init_telemetry_driver(
     growth_window: float | None = None,
     kernel_peaks: bool | None = None,
     phase_log: str | os.PathLike[str] | None = None,
+    record: str | os.PathLike[str] | None = None,
 ) -> TelemetryHandle:
     """Start telemetry in the driver, host-memory monitoring included. Never raises.
 
@@ -124,6 +127,11 @@ def init_telemetry_driver(
     JSON line per phase (default ``RAYLENS_PHASE_LOG``, else none). A bad one is logged and
     the default used.
 
+    ``record`` names a file that gets one JSON line per monitor cycle: every node's used
+    memory and kill line, each group's memory there, the phase in progress and new OOM
+    kills (bounded: a full file moves to ``<record>.1``). ``raylens plot`` draws it. A
+    path that cannot be written is logged once and the driver goes on.
+
     Each cycle also looks for workers lost to memory (Ray's memory monitor, the
     kernel's OOM killer, a worker group's call failing with ``OutOfMemoryError``) and
     writes one post-mortem per kill event into ``RAYLENS_POSTMORTEM_DIR`` (default
@@ -142,7 +150,9 @@ def init_telemetry_driver(
     if monitor is not None:
         groups = _attach_group_memory(monitor)
         growth = _attach_growth(monitor, growth_window, groups)
-        _attach_postmortems(monitor, growth, groups)
+        kills = _attach_postmortems(monitor, growth, groups)
+        if record is not None:
+            _attach_record(monitor, record, growth, kills)
     _attach_phases(kernel_peaks, phase_log)
     add_shutdown_hook(host_memory.stop_host_memory_monitoring)
     return handle
@@ -266,7 +276,7 @@ def _attach_postmortems(
     monitor: host_memory.HostMemoryMonitor,
     growth: GrowthCycle | None,
     groups: GroupMemoryCycle | None,
-) -> None:
+) -> OomWatch | None:
     """Notice OOM kills at every cycle and write a post-mortem for each (see ``telemetry.oom``)."""
     try:
         from raylens.distributed.phases import current_phase
@@ -278,7 +288,7 @@ def _attach_postmortems(
             largest_processes_of=None if groups is None else groups.samplers.largest_processes,
         )
         watch.ledger.phase_of = current_phase  # a failed call's report names its phase
-        attach_oom_watch(monitor, watch)
+        return attach_oom_watch(monitor, watch)
     except Exception:
         warn_once(
             "driver.oom",
@@ -286,3 +296,69 @@ def _attach_postmortems(
             "recorded",
             logger=logger,
         )
+        return None
+
+
+class _CycleRecorder:
+    """A monitor cycle hook appending one :class:`Frame` per cycle to a record file."""
+
+    def __init__(
+        self,
+        recorder: MemoryRecorder,
+        growth: GrowthCycle | None,
+        kills: OomWatch | None,
+        wall: Callable[[], float] = time.time,
+    ) -> None:
+        self.recorder = recorder
+        self.growth = growth
+        self.kills = kills
+        self.wall = wall
+
+    def __call__(self, monitor: host_memory.HostMemoryMonitor) -> None:
+        from raylens.distributed.phases import DEFAULT_MARKER
+        from raylens.telemetry.group_memory import DEFAULT_SNAPSHOT
+
+        groups = {
+            node: {g.group: float(g.rss_bytes) for g in reading.groups}
+            for node, (reading, _age) in DEFAULT_SNAPSHOT.latest().items()
+        }
+        outlooks = self.growth.snapshot.latest() if self.growth is not None else {}
+        nodes = []
+        for sample in monitor.latest():
+            if sample.error is not None:
+                continue
+            outlook = outlooks.get(sample.node_id)
+            nodes.append(
+                NodeFrame(
+                    sample.node_id,
+                    sample.host,
+                    sample.used,
+                    sample.total,
+                    outlook.limit if outlook is not None else None,
+                    groups.get(sample.node_id, {}),
+                )
+            )
+        current = DEFAULT_MARKER.current_started()
+        recent = self.kills.ledger.recent() if self.kills is not None else []
+        self.recorder.append(
+            Frame(
+                self.wall(),
+                tuple(nodes),
+                () if current is None else (("driver", current[0], current[1]),),
+                tuple(kill.as_plain() for kill in recent),
+            )
+        )
+
+
+def _attach_record(
+    monitor: host_memory.HostMemoryMonitor,
+    path: str | os.PathLike[str],
+    growth: GrowthCycle | None,
+    kills: OomWatch | None,
+) -> None:
+    try:
+        recorder = MemoryRecorder(path)
+    except (TypeError, ValueError) as error:
+        logger.error("raylens record: %s; nothing is recorded", error)
+        return
+    monitor.add_cycle_hook(_CycleRecorder(recorder, growth, kills))

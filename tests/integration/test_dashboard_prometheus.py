@@ -7,8 +7,8 @@ Prometheus scrapes three raylens processes on 127.0.0.1, each with the Prometheu
 - ``raylens profile -- sleep`` (a live process tree and the profiler's host);
 - a feeder that this file runs as a script: a simulated node above 90% of its memory and
   growing towards its kill line, a reading of memory per worker group, a profiled server
-  whose process is gone, and a worker killed for memory, so the alert expressions, the
-  per-group and the growth panels have something to show.
+  whose process is gone, a worker killed for memory and an ended phase, so the alert
+  expressions, the per-group, growth, phase and kill panels have something to show.
 """
 
 from __future__ import annotations
@@ -68,6 +68,13 @@ def feed(port: int) -> None:
     )
     from raylens.telemetry.growth import GrowthSnapshot, NodeOutlook, register_growth_gauges
     from raylens.telemetry.oom import Killer, OomLedger, register_oom_counter
+    from raylens.telemetry.phase_memory import (
+        GroupPhaseMemory,
+        NodePhaseMemory,
+        PhaseMemoryTable,
+        PhaseRecord,
+        register_phase_gauges,
+    )
     from raylens.telemetry.process_memory import MemoryProfiler, ServerMemoryTarget
     from raylens_fakes.simulated import SimulatedCluster
 
@@ -119,6 +126,17 @@ def feed(port: int) -> None:
             kills = OomLedger()
             kills.count(nodes[0], Killer.RAY)
             register_oom_counter(kills)
+            phases = PhaseMemoryTable()
+            register_phase_gauges(phases)
+            peak = GroupPhaseMemory("policy", 2 * GIB, 3 * GIB, 4 * GIB, "kernel")
+            phases.record(
+                PhaseRecord(
+                    "generation",
+                    duration_s=12.5,
+                    ended_at=time.time(),
+                    nodes={nodes[0]: NodePhaseMemory(simulated.hostname(0), (peak,))},
+                )
+            )
             monitor = host_memory.HostMemoryMonitor(
                 1.0, cluster=simulated.cluster, scrape_mode="inprocess", consumer=True
             )

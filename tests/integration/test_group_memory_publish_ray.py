@@ -70,6 +70,7 @@ def endpoint() -> Iterator[Endpoint]:
         os.environ["PYTHONPATH"] = pythonpath
         system_config = {} if interval_ms is None else {"metrics_report_interval_ms": interval_ms}
         ray.init(
+            address="local",  # a Ray of its own, never one already running on the machine
             num_cpus=2,
             object_store_memory=80 * MB,
             include_dashboard=False,
@@ -244,3 +245,35 @@ def test_a_sampler_read_twice_a_second_to_be_quick_publishes_a_groups_rss_on_its
         f"a stopped sampler's after {stopped_s:.2f} s; published RSS "
         f"{published[-1] / MB:.1f} MiB against /proc {expected / MB:.1f} MiB"
     )
+
+
+def test_a_groups_series_never_leaves_the_endpoint_between_readings(endpoint, worker) -> None:
+    """With readings further apart than Ray's gauge expiry, every scrape still finds the group.
+
+    Ray's agent drops a gauge value not exported again within two report intervals. The
+    sampler here reads every 5 s, longer than that expiry at a 1 s report interval; for
+    ten report intervals, every scrape (every 0.1 s) must find the group.
+    """
+    reading_s = 5.0
+    node_id, pid, ticks = ray.get(worker.__ray_call__.remote(worker_identity), timeout=60)
+    manager = GroupMemorySamplers(sample_interval_s=reading_s, ping_every=1)
+    try:
+        assert manager.maintain({node_id: [("policy", pid, ticks)]}) == {}
+        wait_for(
+            lambda: _group_rss(endpoint.url, "policy"),
+            3 * endpoint.report_interval_s + 30.0,
+            "policy's RSS on the endpoint",
+        )
+        scrapes = missing = 0
+        until = time.monotonic() + max(10 * endpoint.report_interval_s, 2 * reading_s)
+        while time.monotonic() < until:
+            scrapes += 1
+            missing += not _group_rss(endpoint.url, "policy")
+            time.sleep(0.1)
+    finally:
+        manager.close()
+    print(
+        f"report interval {endpoint.report_interval_s:g} s, readings every {reading_s:g} s: "
+        f"policy missing from {missing} of {scrapes} scrapes"
+    )
+    assert scrapes >= 20 and missing == 0

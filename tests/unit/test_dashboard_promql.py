@@ -161,3 +161,42 @@ def test_the_growth_panels_keep_only_nodes_of_the_chosen_group(tmp_path: Path) -
         ],
     }
     _run_promtool(tmp_path, test)
+
+
+def test_the_phase_panels_take_each_groups_largest_peak_and_sum_what_it_left(
+    tmp_path: Path,
+) -> None:
+    panels = {p["title"]: p for p in query_panels(load_dashboard())}
+    peak = _all(panels["Peak per phase and worker group (largest node)"]["targets"][0]["expr"])
+    left = _all(panels["Memory left behind per phase and worker group"]["targets"][0]["expr"])
+    where = 'host_name="vm",rl_phase="train",rl_worker_group="policy",rl_peak_source="kernel"'
+    series = {
+        f'rl_worker_group_memory_phase_peak_bytes{{{where},ray_node_id="a"}}': "400 400",
+        f'rl_worker_group_memory_phase_peak_bytes{{{where},ray_node_id="b"}}': "300 300",
+        f'rl_worker_group_memory_phase_delta_bytes{{{where},ray_node_id="a"}}': "10 10",
+        f'rl_worker_group_memory_phase_delta_bytes{{{where},ray_node_id="b"}}': "-4 -4",
+    }
+    labels = '{rl_phase="train",rl_worker_group="policy"}'
+    test = {
+        "rule_files": [],
+        "evaluation_interval": "1m",
+        "tests": [
+            {
+                "interval": "1m",
+                "input_series": [{"series": s, "values": v} for s, v in series.items()],
+                "promql_expr_test": [
+                    {
+                        "expr": peak,
+                        "eval_time": "1m",
+                        "exp_samples": [{"labels": labels, "value": 400}],
+                    },
+                    {
+                        "expr": left,
+                        "eval_time": "1m",
+                        "exp_samples": [{"labels": labels, "value": 6}],
+                    },
+                ],
+            }
+        ],
+    }
+    _run_promtool(tmp_path, test)

@@ -273,7 +273,25 @@ def test_dashboard_covers_every_area() -> None:
         "rl_worker_group_memory_growth_bytes_per_second",
         "rl_host_memory_time_to_limit_seconds",
         "rl_host_memory_limit_bytes",
+        "rl_worker_group_memory_phase_peak_bytes",
+        "rl_worker_group_memory_phase_delta_bytes",
+        "rl_host_oom_kills_total",
     } <= used
+
+
+def test_phase_panels_follow_both_variables_and_name_the_phase_and_group() -> None:
+    panels = [
+        panel
+        for panel in query_panels(load_dashboard())
+        if any("phase_" in target["expr"] for target in panel["targets"])
+    ]
+    assert len(panels) >= 2
+    for panel in panels:
+        for target in panel["targets"]:
+            expr = target["expr"]
+            assert 'rl_worker_group=~"${worker_group}"' in expr, panel["title"]
+            assert 'host_name=~"$host"' in expr, panel["title"]
+            assert "rl_phase" in expr or "{{rl_phase}}" in target["legendFormat"], panel["title"]
 
 
 # Node series carry the node's worker groups as one comma-separated label.

@@ -11,6 +11,7 @@ from collections.abc import Callable, Sequence
 from raylens.cli.cluster_views import run_demo, run_simulate, run_watch
 from raylens.cli.output import configure_logging
 from raylens.cli.parser import CliError, build_parser
+from raylens.cli.plot import run_plot
 from raylens.cli.profile import run_profile
 from raylens.cli.supervision import Terminated, raise_on_sigterm
 from raylens.lens import shutdown_telemetry
@@ -21,6 +22,7 @@ _HANDLERS: dict[str, Callable[[argparse.Namespace, threading.Event], int]] = {
     "watch": run_watch,
     "simulate": run_simulate,
     "profile": run_profile,
+    "plot": run_plot,
 }
 
 

@@ -14,9 +14,11 @@ from collections.abc import Callable
 from types import ModuleType
 from typing import TYPE_CHECKING, Protocol
 
+from raylens.cli.demo_frames import DEMO_GROUPS_WAIT_S, wait_for_group_figures
 from raylens.cli.gcs_probe import GcsProbe, check_reachable, confirm_gcs
 from raylens.cli.output import Output, sample_loop
 from raylens.cli.parser import CliError, cluster_address
+from raylens.cli.phase_notes import ended_phase_line, phase_on_board, phase_title
 from raylens.cli.pipeline import scrape_timeout_for, start_telemetry, stop_monitoring
 from raylens.cli.reachability import (
     DEFAULT_GIVE_UP_S,
@@ -25,6 +27,7 @@ from raylens.cli.reachability import (
     ray_reconnect_setting,
     tcp_probe,
 )
+from raylens.cli.recording import frame_of_rows, open_recorder
 from raylens.cli.sample_lines import node_line
 from raylens.demo import keep_sigterm_handler
 from raylens.live_table import NodeRow, counted, format_kill, node_summary, node_table
@@ -33,7 +36,6 @@ if TYPE_CHECKING:
     from raylens.cluster import ClusterView, RayClusterView
     from raylens.telemetry.growth import GrowthSnapshot
     from raylens.telemetry.host_memory import HostMemoryMonitor, NodeSample
-    from raylens.telemetry.phase_board import CurrentPhase
     from raylens.telemetry.raylet_payload import NodeGroupFigures
 
 # How many samples of each node's trend the table keeps.
@@ -162,6 +164,9 @@ def watch_nodes(
     before_sample: Callable[[], object] | None = None,
     guard: GuardedCluster | None = None,
     one_line: bool = True,
+    groups_first_s: float = 0.0,
+    growth_window_s: float | None = None,
+    wall: Callable[[], float] | None = None,
 ) -> None:
     """Sample and show the node table every ``args.interval`` until --once, the end or stop.
 
@@ -176,18 +181,24 @@ def watch_nodes(
     :class:`ClusterLost`, at that moment rather than at the next interval.
 
     Outside a terminal each sample is one line, unless ``one_line`` is False (the
-    demo, which is there to be looked at, draws its table everywhere).
+    demo, which is there to be looked at, draws its table everywhere). With
+    ``groups_first_s`` the first frame waits up to that long for every labelled node's
+    group figures; ``growth_window_s`` is the samplers' growth window (default theirs).
+    ``wall`` stamps each sample (``time`` in ``--json``, and ``--record``'s lines).
     """
     from raylens.cluster import default_cluster_view
     from raylens.distributed.group_memory_cycle import attach_group_memory
     from raylens.telemetry.growth import attach_growth
     from raylens.telemetry.oom import OomWatch, attach_oom_watch
-    from raylens.telemetry.phase_board import read_current_phases
+    from raylens.telemetry.phase_board import read_current_phases, read_ended_phases
 
+    wall = wall or (lambda: time.time())  # looked up at each call: freezegun's, in tests
     monitor.declare_consumer()  # the table reads every cycle, so every cycle scrapes
     # Worker groups of this process (the demo's) get a per-group column; samplers start
     # only once a group registers its workers, so elsewhere this costs nothing.
-    attach_group_memory(monitor)
+    group_cycle = attach_group_memory(monitor)
+    if growth_window_s is not None:
+        group_cycle.samplers.configure_growth(window_s=growth_window_s)
     try:
         growth = attach_growth(monitor)
     except ValueError as error:  # RAYLENS_GROWTH_WINDOW or RAYLENS_MEMORY_USAGE_THRESHOLD
@@ -198,11 +209,12 @@ def watch_nodes(
     board = cluster if cluster is not None else default_cluster_view()
     kills = attach_oom_watch(
         monitor,
-        OomWatch(growth=growth, phase_of=lambda: _phase_on_board(read_current_phases(board))),
+        OomWatch(growth=growth, phase_of=lambda: phase_on_board(read_current_phases(board))),
     )
     interval, duration = args.interval, args.duration
     once = getattr(args, "once", False)
     give_up = float(getattr(args, "give_up", None) or DEFAULT_GIVE_UP_S)
+    recorder = open_recorder(getattr(args, "record", None))
 
     def give_up_if_silent() -> None:
         silent = guard.silent_for() if guard is not None else None
@@ -225,18 +237,25 @@ def watch_nodes(
             rows = [dataclasses.replace(row, error=UNREACHABLE_ERROR) for row in rows]
             notes.append(unreachable)
         phases = read_current_phases(board)
+        ended = read_ended_phases(board)
+        notes.extend(
+            ended_phase_line(e, now=wall(), several_jobs=len(ended) > 1) for e in ended[:4]
+        )
         recent = [kill.as_plain() for kill in kills.ledger.recent()]
         record = {
-            "time": time.time(),
+            "time": wall(),
             "nodes": [row.to_json() for row in rows],
             "totals": node_summary(rows).to_json(),
             "warnings": [row.warning for row in rows if row.warning],
             "phases": [current.to_json() for current in phases],
+            "last_phases": [e.to_json() for e in ended],
             "oom_kills": recent,
             "unreachable": unreachable,
         }
         shown = phase_title(title, phases)
-        now = time.time()
+        now = wall()
+        if recorder is not None:
+            recorder.append(frame_of_rows(now, rows, phases, recent))
         lines = [format_kill(kill, now=now) for kill in recent]
         output.show(
             lambda: node_table(rows, title=shown, kills=lines, notes=notes),
@@ -251,6 +270,10 @@ def watch_nodes(
     def give_up_at() -> float | None:  # the guard reads the same clock as the loop
         return guard.give_up_at(give_up) if guard is not None else None
 
+    if groups_first_s > 0:
+        wait_for_group_figures(
+            monitor, table, stop=stop, clock=clock, within_s=groups_first_s, poll_s=0.5
+        )
     with output.session(live=not once):
         sample_loop(
             sample,
@@ -262,25 +285,6 @@ def watch_nodes(
             clock=clock,
             wake_by=give_up_at,
         )
-
-
-def _phase_on_board(phases: list[CurrentPhase]) -> str | None:
-    """The phase in progress (several jobs' distinct phases joined), or None."""
-    names = sorted({current.phase for current in phases})
-    return ", ".join(names) if names else None
-
-
-def phase_title(title: str, phases: list[CurrentPhase]) -> str:
-    """``title`` followed by the phase in progress (the job's id too when several jobs have one)."""
-    from raylens.safe_text import printable
-
-    if not phases:
-        return title
-    if len(phases) == 1:
-        return f"{title} | phase {printable(phases[0].phase)}"
-    shown = ", ".join(f"{printable(p.phase)} (job {printable(p.job_id[:16])})" for p in phases[:4])
-    more = f" and {len(phases) - 4} more" if len(phases) > 4 else ""
-    return f"{title} | phases {shown}{more}"
 
 
 _GIB = 1024**3
@@ -557,10 +561,12 @@ def run_demo(
     with demo.DemoCluster(args.nodes) as cluster:
         output.note(cluster.describe())
         from raylens.telemetry import host_memory
+        from raylens.telemetry.history import shortest_growth_window
 
         monitor = host_memory.HostMemoryMonitor(
             args.interval, scrape_timeout=scrape_timeout_for(args.interval)
         )
+        phases = demo.DemoPhases(clock=clock)
         try:
             watch_nodes(
                 monitor,
@@ -571,8 +577,12 @@ def run_demo(
                 deadline=deadline,
                 clock=clock,
                 one_line=False,
+                groups_first_s=DEMO_GROUPS_WAIT_S,
+                growth_window_s=shortest_growth_window(),
+                before_sample=phases.step,
             )
         finally:
+            phases.close()
             stop_monitoring(monitor)
     output.note("Demo finished; the Ray cluster is shut down.")
     return output.exit_status()

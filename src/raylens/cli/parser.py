@@ -191,6 +191,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     demo.add_argument("--nodes", type=_count(2), default=3, help="Ray nodes to start (default 3)")
     _add_common(demo, interval=2.0)
+    _add_record_flag(demo)
 
     watch = commands.add_parser("watch", help="watch the memory of a running Ray cluster")
     watch.add_argument(
@@ -208,6 +209,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="exit with status 2 once the cluster has not answered for this many seconds "
         "(default 30)",
     )
+    _add_record_flag(watch)
 
     simulate = commands.add_parser(
         "simulate", help="watch a simulated cluster of fake raylets (no Ray needed)"
@@ -225,6 +227,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     _add_common(simulate, interval=1.0)
     _add_script_flags(simulate)
+    _add_record_flag(simulate)
 
     profile = commands.add_parser(
         "profile", help="run a command and sample its process tree's memory while it runs"
@@ -244,4 +247,23 @@ def build_parser() -> argparse.ArgumentParser:
         "to end without printing more",
     )
     profile.add_argument("argv", nargs=argparse.REMAINDER, metavar="-- COMMAND [ARGS...]")
+
+    plot = commands.add_parser(
+        "plot",
+        help="draw a recorded run (watch --record) or an OOM post-mortem as a PNG "
+        "(needs raylens[plot])",
+    )
+    plot.add_argument("file", metavar="FILE", help="a record or an OOM post-mortem JSON file")
+    plot.add_argument("-o", "--output", default=None, help="the PNG to write (default: FILE.png)")
     return parser
+
+
+def _add_record_flag(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--record",
+        metavar="FILE",
+        default=None,
+        help="append each sample's per-node and per-group memory, phases and kills to FILE "
+        "(JSON lines, kept under 32 MiB by moving a full file to FILE.1); "
+        "draw it with 'raylens plot FILE'",
+    )

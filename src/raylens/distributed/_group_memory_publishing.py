@@ -49,6 +49,7 @@ from raylens.telemetry.history import (
     GrowthSettings,
     KillLineConfig,
     NodeGrowthKeeper,
+    NodeReading,
     RecentHistory,
     resolve_kill_line_config,
 )
@@ -68,6 +69,7 @@ __all__ = [
     "NodeGrowthPublisher",
     "PublishingLoop",
     "RayMetricsPublisher",
+    "ray_gauge_refresh_s",
 ]
 
 SAMPLER_THREAD_NAME = "raylens-group-sampler"
@@ -101,6 +103,12 @@ class PublishingLoop:
     published (a phase's sampled peaks come from there). With ``keeper`` and
     ``node_usage`` (a reading of the node's memory), each pass also records the node and
     its groups there and publishes the node's figures and each group's growth.
+
+    Between two passes the latest figures are set again every ``refresh_s()`` seconds
+    (default :func:`ray_gauge_refresh_s`; None: never), so that Ray's metrics agent,
+    which drops a gauge value not reported again within two report intervals, keeps a
+    group's series between two readings even where the worker reports only values set
+    since its last report.
     Thread-safe.
     """
 
@@ -116,8 +124,14 @@ class PublishingLoop:
         clock: Callable[[], float] | None = None,
         on_reading: Callable[[NodeGroupMemory], None] | None = None,
         kernel_oom_count: Callable[[], KernelOomCount | None] | None = None,
+        refresh_s: Callable[[], float | None] | None = None,
     ) -> None:
         self._reader = reader
+        self._refresh_s = refresh_s or ray_gauge_refresh_s
+        # What the latest pass published, set again between passes (see republish).
+        self._last: (
+            tuple[NodeGroupMemory, float, NodeReading | None, tuple[int, str] | None] | None
+        ) = None
         self._on_reading = on_reading
         self._kernel_oom_count = kernel_oom_count
         self._kernel_kills: int | None = None
@@ -212,39 +226,72 @@ class PublishingLoop:
             reading = self._reader.read(self._workers)
             if self._closed:  # stopped while reading: stop() no longer waits for this pass
                 return None
-            present = set()
-            for group in reading.groups:
-                self._publisher.set_group(
-                    group.group, group.rss_bytes, group.pss_bytes, group.process_count
-                )
-                present.add(group.group)
-                self._published.add(group.group)
+            present = {group.group for group in reading.groups}
+            self._published |= present
+            self._publish_groups(reading)
             self._forget(self._published - present)
-            self._publish_node(reading)
+            figures = self._record_node(reading)
             stamp = self._wall_clock()
-            self._publish_kernel_oom_kills()
+            kernel = self._read_kernel_oom_kills()
+            self._last = (reading, stamp, figures, kernel)
+            self._publish_rest()
             self._largest_before = self._largest
             gone = {(worker.group, worker.pid) for worker in reading.gone}
             if gone - self._gone_seen and self._largest_before is not None:
                 self._largest_before_loss, self._lost_at = self._largest_before, stamp
             self._gone_seen = gone
             self._largest = (self._reader.largest_processes, stamp)
-            self._publisher.set_sampled_at(stamp)
             self._passes += 1
             if self._on_reading is not None:
                 self._on_reading(reading)
             return reading
 
-    def _publish_kernel_oom_kills(self) -> None:
-        """Read the kernel's OOM-kill count and publish it; note whether it rose since the last."""
+    def republish(self) -> bool:
+        """Set the latest pass's figures again, unchanged; whether there were any. Never reads."""
+        with self._lock:
+            if self._closed or self._last is None:
+                return False
+            self._publish_groups(self._last[0])
+            self._publish_rest()
+            return True
+
+    def _publish_groups(self, reading: NodeGroupMemory) -> None:
+        for group in reading.groups:
+            if group.group in self._published:
+                self._publisher.set_group(
+                    group.group, group.rss_bytes, group.pss_bytes, group.process_count
+                )
+
+    def _publish_rest(self) -> None:
+        """Hand the latest pass's node figures, growth, kills and stamp to the publisher."""
+        assert self._last is not None
+        _reading, stamp, figures, kernel = self._last
+        publisher = self._publisher
+        if figures is not None and isinstance(publisher, GrowthPublisher):
+            for group, rate in figures.group_growth.items():
+                if rate is not None and group in self._published:
+                    publisher.set_growth(group, rate)
+        keeper = self._keeper
+        if (
+            keeper is not None
+            and self._node_usage is not None
+            and isinstance(publisher, NodeGrowthPublisher)
+        ):
+            publisher.set_node(figures, keeper.window_s)
+        if kernel is not None and isinstance(publisher, KernelOomPublisher):
+            publisher.set_kernel_oom_kills(*kernel)
+        publisher.set_sampled_at(stamp)
+
+    def _read_kernel_oom_kills(self) -> tuple[int, str] | None:
+        """Read the kernel's OOM-kill count; note whether it rose since the last reading."""
         if self._kernel_oom_count is None or not isinstance(self._publisher, KernelOomPublisher):
-            return
+            return None
         found = self._kernel_oom_count()
         if found is None:
-            return
+            return None
         previous, self._kernel_kills = self._kernel_kills, found.kills
         self._killed_since_previous = previous is not None and found.kills > previous
-        self._publisher.set_kernel_oom_kills(found.kills, found.source)
+        return found.kills, found.source
 
     def largest_processes(self) -> dict[str, Any] | None:
         """The node's largest processes at the last reading before a kill, as builtins.
@@ -268,27 +315,21 @@ class PublishingLoop:
         processes, stamp = chosen
         return {"sampled_at": stamp, "processes": [list(entry) for entry in processes]}
 
-    def _publish_node(self, reading: NodeGroupMemory) -> None:
-        """Record the node and its groups in the keeper; publish the node's figures and growth."""
-        keeper, publisher = self._keeper, self._publisher
+    def _record_node(self, reading: NodeGroupMemory) -> NodeReading | None:
+        """Record the node and its groups in the keeper; the node's figures (None if unknown)."""
+        keeper = self._keeper
         if keeper is None or self._node_usage is None:
-            return
+            return None
         usage = self._node_usage()
-        figures = None
-        if usage is not None:
-            figures = keeper.record(
-                self._clock(),
-                usage.used,
-                {group.group: float(group.rss_bytes) for group in reading.groups},
-                host_total=usage.host_total,
-                cgroup_total=usage.cgroup_total,
-            )
-            if isinstance(publisher, GrowthPublisher):
-                for group, rate in figures.group_growth.items():
-                    if rate is not None and group in self._published:
-                        publisher.set_growth(group, rate)
-        if isinstance(publisher, NodeGrowthPublisher):
-            publisher.set_node(figures, keeper.window_s)
+        if usage is None:
+            return None
+        return keeper.record(
+            self._clock(),
+            usage.used,
+            {group.group: float(group.rss_bytes) for group in reading.groups},
+            host_total=usage.host_total,
+            cgroup_total=usage.cgroup_total,
+        )
 
     def recent_history(self, at_wall: float) -> RecentHistory | None:
         """The node's recent memory up to the wall-clock time ``at_wall``; None without a keeper.
@@ -320,8 +361,51 @@ class PublishingLoop:
                     logger=_LOGGER,
                 )
             interval = self._interval
-            if interval is None or stop.wait(interval):
+            if interval is None or self.wait_republishing(stop, interval):
                 return
+
+    def wait_republishing(self, stop: threading.Event, interval: float) -> bool:
+        """Wait ``interval`` seconds on ``stop``, setting the figures again every refresh.
+
+        Returns whether ``stop`` was set. Times are read on the loop's clock.
+        """
+        try:
+            refresh = self._refresh_s()
+        except Exception:
+            refresh = None
+        if refresh is None or not 0 < refresh < interval:
+            return stop.wait(interval)
+        deadline = self._clock() + interval
+        while True:
+            left = deadline - self._clock()
+            if left <= 0:
+                return False
+            if stop.wait(min(refresh, left)):
+                return True
+            if deadline - self._clock() > 0:
+                try:
+                    self.republish()
+                except Exception:
+                    _LOGGER.debug("could not set the sampler's figures again", exc_info=True)
+
+
+def ray_gauge_refresh_s() -> float | None:
+    """How often a value published through Ray must be set again not to expire; None without Ray.
+
+    Ray's metrics agent keeps a gauge value for two report intervals
+    (``max(metrics_report_interval_ms, 1000)`` each) after the worker last exported it.
+    A worker that exports only what was set since its previous export needs a value set
+    at least every half interval, which then reaches the agent at every export or the
+    one after (Ray 2.60's workers export the last value at every interval anyway).
+    """
+    ray = sys.modules.get("ray")
+    try:
+        report_ms = float(ray._config.metrics_report_interval_ms()) if ray is not None else None
+    except Exception:
+        return None
+    if report_ms is None:
+        return None
+    return max(report_ms, 1000.0) / 1000.0 / 2
 
 
 class GroupMemorySamplerActor:

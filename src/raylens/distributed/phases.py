@@ -36,8 +36,12 @@ from raylens.cluster import ClusterView, default_cluster_view
 from raylens.distributed._phase_nodes import PhaseNodes, SamplerPhaseNodes
 from raylens.lens import warn_once
 from raylens.safe_text import printable
-from raylens.telemetry.phase_board import clear_current_phase, publish_current_phase
-from raylens.telemetry.phase_log import PhaseLog
+from raylens.telemetry.phase_board import (
+    clear_current_phase,
+    publish_current_phase,
+    publish_ended_phase,
+)
+from raylens.telemetry.phase_log import PhaseLog, say_phase_summary
 from raylens.telemetry.phase_memory import (
     DEFAULT_TABLE,
     DRIVER_GROUP,
@@ -48,7 +52,6 @@ from raylens.telemetry.phase_memory import (
     check_phase_name,
     kernel_peaks_from_env,
     phase_log_from_env,
-    phase_log_line,
 )
 from raylens.telemetry.procfs import ProcFS
 from raylens.validation import positive_seconds
@@ -319,6 +322,11 @@ class PhaseMarker:
         running = self._running
         return None if running is None else running.phase
 
+    def current_started(self) -> tuple[str, float] | None:
+        """The phase in progress in this driver and when it began (Unix time), or None."""
+        running = self._running
+        return None if running is None else (running.phase, running.started_wall)
+
     # entering and leaving --------------------------------------------------------------
 
     def enter(self, name: str, *, holder: FrameType | None = None) -> str:
@@ -455,7 +463,9 @@ class PhaseMarker:
             missing=missing,
         )
         self.table.record(record)
-        logger.info("%s", phase_log_line(record))
+        say_phase_summary(record)
+        if not running.local:
+            self._publish_ended(record)
         log = self._log()
         if log is not None:
             log.append(record)
@@ -519,6 +529,13 @@ class PhaseMarker:
             clear_current_phase(view)
         else:
             publish_current_phase(view, name, started_at)
+
+    def _publish_ended(self, record: PhaseRecord) -> None:
+        try:
+            view = self._cluster if self._cluster is not None else default_cluster_view()
+        except Exception:
+            return
+        publish_ended_phase(view, record)
 
     def reset(self) -> None:
         """Forget the phase in progress without measuring it (tests)."""

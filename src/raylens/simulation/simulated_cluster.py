@@ -31,7 +31,13 @@ from raylens.telemetry.history import (
     NodeGrowthKeeper,
     NodeReading,
 )
-from raylens.telemetry.phase_board import publish_current_phase
+from raylens.telemetry.phase_board import publish_current_phase, publish_ended_phase
+from raylens.telemetry.phase_memory import (
+    SAMPLED_SOURCE,
+    GroupPhaseMemory,
+    NodePhaseMemory,
+    PhaseRecord,
+)
 from raylens.telemetry.raylet_payload import GroupFigure, NodeFigures
 from raylens.validation import positive_seconds
 
@@ -144,6 +150,7 @@ class SimulatedCluster:
         self._samplers: list[_SimulatedSampler] = []
         self.phases = phases
         self._published_phase: str | None = None
+        self._published_at = 0.0
         self.same_host = same_host
         self._template = template
         self.cluster = FakeCluster()
@@ -227,9 +234,34 @@ class SimulatedCluster:
         """
         current = self.current_phase()
         if current != self._published_phase:
+            ended, began = self._published_phase, self._published_at
             publish_current_phase(self.cluster, current, time.time())
-            self._published_phase = current
+            self._published_phase, self._published_at = current, self.elapsed()
+            if ended is not None:
+                publish_ended_phase(self.cluster, self.phase_record(ended, began, self.elapsed()))
         return current
+
+    def phase_record(self, name: str, start: float, end: float) -> PhaseRecord:
+        """The figures of phase ``name`` run from ``start`` to ``end`` (elapsed seconds), as a
+        driver would record them: each group's start, end and peak (sampled each second)."""
+        steps = min(600, max(1, math.ceil(end - start)))
+        times = [start + (end - start) * i / steps for i in range(steps + 1)]
+        nodes = {}
+        for index, node_id in enumerate(self.node_ids):
+            readings = [self.groups(index, t) if self.groups else {} for t in times]
+            figures = tuple(
+                GroupPhaseMemory(
+                    group,
+                    round(readings[0].get(group, 0.0)),
+                    round(readings[-1].get(group, 0.0)),
+                    round(max(reading.get(group, 0.0) for reading in readings)),
+                    SAMPLED_SOURCE,
+                )
+                for group in sorted({g for reading in readings for g in reading})
+            )
+            if figures:
+                nodes[node_id] = NodePhaseMemory(self.hostname(index), figures)
+        return PhaseRecord(name, duration_s=end - start, ended_at=time.time(), nodes=nodes)
 
     def kill_series(self, node_index: int) -> bytes:
         """The kill counters node ``node_index`` serves now (empty without ``kills``)."""

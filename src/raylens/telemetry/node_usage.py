@@ -41,7 +41,6 @@ class NodeUsage(NamedTuple):
     cgroup_total: float | None
 
 
-
 def _number(raw: bytes) -> int | None:
     digits = raw.strip()
     return int(digits) if digits.isdigit() and len(digits) <= 20 else None

@@ -18,13 +18,14 @@ import contextlib
 import json
 import logging
 import os
+import sys
 import threading
 
 from raylens.lens import warn_once
 from raylens.safe_text import printable
-from raylens.telemetry.phase_memory import PhaseRecord
+from raylens.telemetry.phase_memory import PhaseRecord, phase_log_line
 
-__all__ = ["MAX_PHASE_LOG_BYTES", "PHASE_LOG_MODE", "PhaseLog"]
+__all__ = ["MAX_PHASE_LOG_BYTES", "PHASE_LOG_MODE", "PhaseLog", "say_phase_summary"]
 
 logger = logging.getLogger("raylens.phases")
 
@@ -115,3 +116,18 @@ class PhaseLog:
         if fd is not None:
             with contextlib.suppress(OSError):
                 os.close(fd)
+
+
+def say_phase_summary(record: PhaseRecord) -> None:
+    """Log ``record``'s one-line summary at INFO on ``raylens.phases``, or on stderr.
+
+    A driver that configured no logging has no handler on the way up from this logger,
+    and Python would drop an INFO line: such a driver sees the summary on stderr, as it
+    sees raylens' warnings. A driver with logging set up decides through it.
+    """
+    line = phase_log_line(record)
+    if logger.hasHandlers():
+        logger.info("%s", line)
+        return
+    with contextlib.suppress(Exception):
+        print(f"raylens: {line}", file=sys.stderr, flush=True)

@@ -23,6 +23,7 @@ __all__ = [
     "ERROR_INTERNAL",
     "ERROR_NO_METRICS_PORT",
     "ERROR_PARSE",
+    "ERROR_SERVER_ERROR",
     "ERROR_TIMEOUT",
     "ERROR_TOO_LARGE",
     "EVICTION_NAME_LABEL",
@@ -143,6 +144,9 @@ RAY_WORKER_ID_LABEL = "WorkerId"
 ERROR_TIMEOUT = "timeout"
 ERROR_CONNECTION = "connection"
 ERROR_HTTP_STATUS = "http_status"
+#: The endpoint answered 5xx: Ray's metrics agent under load answers 500 and is asked
+#: again next cycle, so it is told apart from a wrong endpoint (404 and other statuses).
+ERROR_SERVER_ERROR = "server_error"
 ERROR_TOO_LARGE = "too_large"
 ERROR_ENCODING = "encoding"
 ERROR_PARSE = "parse"
@@ -154,6 +158,7 @@ SCRAPE_ERROR_TYPES = frozenset(
         ERROR_TIMEOUT,
         ERROR_CONNECTION,
         ERROR_HTTP_STATUS,
+        ERROR_SERVER_ERROR,
         ERROR_TOO_LARGE,
         ERROR_ENCODING,
         ERROR_PARSE,

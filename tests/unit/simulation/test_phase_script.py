@@ -116,3 +116,28 @@ def test_a_pulse_is_one_transient_and_its_peak_is_found_between_samples():
     assert script.group_peak(0, "g", 1.0, 2.0, resolution=0.5) == 110.0
     with pytest.raises(ValueError, match="duration"):
         Pulse(1.0, 0.0, 5.0)
+
+
+def test_the_simulated_cluster_publishes_each_ended_phase_with_its_groups_figures():
+    from raylens.telemetry.phase_board import read_ended_phases
+
+    now = [0.0]
+    script = PhaseScript([("gen", 0, 10), ("train", 10, 20)])
+
+    def groups(node: int, t: float) -> dict[str, float]:
+        # policy grows 1 MB/s through gen and falls back at its end; rollout is flat
+        return {"policy": 100e6 + (1e6 * t if t < 10 else 0.0)} if node == 0 else {"rollout": 5e6}
+
+    with SimulatedCluster(2, clock=lambda: now[0], phases=script, groups=groups) as simulated:
+        watcher = simulated.cluster.for_job("ffff")
+        simulated.publish_phase()
+        assert read_ended_phases(watcher) == []
+        now[0] = 10.0
+        assert simulated.publish_phase() == "train"
+        (ended,) = read_ended_phases(watcher)
+        assert (ended.phase, ended.duration_s) == ("gen", 10.0)
+        by_group = {g.group: g for g in ended.groups}
+        assert by_group["policy"].node_id == simulated.node_ids[0]
+        assert by_group["policy"].peak_bytes == 109_000_000  # the last sample before the fall
+        assert by_group["policy"].delta_bytes == 0  # back to where it began
+        assert (by_group["rollout"].peak_bytes, by_group["rollout"].delta_bytes) == (5_000_000, 0)

@@ -54,7 +54,9 @@ def test_the_machine_pair_is_exported_beside_rays_figure(
 
 FAILURES = {
     "hang": (lambda r: r.hang(), "timeout"),
-    "status": (lambda r: r.respond_status(503), "http_status"),
+    "status": (lambda r: r.respond_status(404), "http_status"),
+    "agent-busy": (lambda r: r.respond_status(500), "server_error"),
+    "unavailable": (lambda r: r.respond_status(503), "server_error"),
     "reset": (lambda r: r.reset_connections(), "connection"),
     "refused": (lambda r: r.close(), "connection"),
     "garbage": (lambda r: r.serve_garbage(), "parse"),
@@ -311,3 +313,20 @@ def test_the_watch_table_shows_a_node_without_metrics(
     console.print(node_table(NodeTable(monitor).rows()))
     (row,) = [line for line in console.export_text().splitlines() if "plain-ray" in line]
     assert "serves no metrics" in row and "ray[default]" in row
+
+
+def test_an_agent_that_answers_500_is_asked_again_next_cycle(
+    simulated_cluster: Factory, metrics_probe: MetricsProbe, make_monitor: Callable
+) -> None:
+    sim = simulated_cluster(1)
+    sim.raylet(0).respond_status(500)
+    monitor = make_monitor(sim.cluster)
+    monitor.collect_once()
+    ((attributes, value),) = _export(metrics_probe, UP).values()
+    assert (value, attributes["error.type"]) == (0, "server_error")
+
+    sim.raylet(0).serve_normally()
+    monitor.collect_once()  # the next cycle asks again, and the node is back
+    ((attributes, value),) = _export(metrics_probe, UP).values()
+    assert value == 1 and "error.type" not in attributes
+    assert set(_export(metrics_probe, "rl.host.memory.used")) == {sim.node_id(0)}

@@ -711,5 +711,5 @@ def test_a_node_two_monitors_report_exports_the_newest_sample_and_health(
     second.collect_once()  # the latest observation of the node's health is a failure
     metrics_probe.collect()
     assert [dict(a)["error.type"] for a in metrics_probe.points(hm.RL_HOST_SCRAPE_UP_METRIC)] == [
-        "http_status"
+        "server_error"
     ]

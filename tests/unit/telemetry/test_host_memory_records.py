@@ -70,7 +70,7 @@ def test_a_cycle_publishes_one_frozen_record_per_node(
     simulated_cluster: Factory, make_monitor: Callable[..., hm.HostMemoryMonitor]
 ) -> None:
     sim = simulated_cluster(3)
-    sim.raylet(2).respond_status(503)
+    sim.raylet(2).respond_status(404)
     hm.register_worker_group_nodes("policy", [sim.node_id(0)])
     monitor = make_monitor(sim.cluster)
 

@@ -39,7 +39,6 @@ class KernelOomCount(NamedTuple):
     source: str
 
 
-
 def _field(text: bytes) -> int | None:
     for line in text.splitlines():
         name, _, value = line.partition(b" ")

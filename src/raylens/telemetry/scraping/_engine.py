@@ -39,6 +39,7 @@ from raylens.telemetry.raylet_payload import (
     ERROR_HTTP_STATUS,
     ERROR_INTERNAL,
     ERROR_PARSE,
+    ERROR_SERVER_ERROR,
     ERROR_TIMEOUT,
     ERROR_TOO_LARGE,
     GROUP_SERIES,
@@ -160,9 +161,8 @@ async def _fetch(
             got_headers = True
             if response.status != 200:
                 reason = printable(response.reason or "")
-                return Outcome(
-                    None, f"HTTP {response.status} {reason}".strip(), error_type=ERROR_HTTP_STATUS
-                )
+                kind = ERROR_SERVER_ERROR if 500 <= response.status <= 599 else ERROR_HTTP_STATUS
+                return Outcome(None, f"HTTP {response.status} {reason}".strip(), error_type=kind)
             encoding = response.headers.get("Content-Encoding", "").strip().lower()
             if encoding not in ("", "identity"):
                 return Outcome(
