@@ -62,6 +62,7 @@ from raylens.telemetry.scraping import (
     PrestartingEngine,
     ScrapeEngine,
     ScrapeLimits,
+    TrustingEngine,
     fetch_once,
 )
 from raylens.validation import positive_seconds
@@ -208,6 +209,7 @@ class HostMemoryMonitor:
         self._stop_event = threading.Event()  # replaced on every start()
         self._thread: threading.Thread | None = None
         self._engine: ScrapeEngine | None = None
+        self._trusted_samplers: frozenset[str] | None = None
         self._threads: ThreadedScrapes[RayNode] | None = None
         #: The nodes of the cycle in progress, by key, for a replaced ``_scrape``.
         self._overridden_nodes: dict[Hashable, RayNode] = {}
@@ -478,7 +480,20 @@ class HostMemoryMonitor:
                     if self.scrape_mode is ScrapeMode.HELPER
                     else AsyncScrapeEngine(self.limits)
                 )
+                if self._trusted_samplers is not None and isinstance(
+                    self._engine, TrustingEngine
+                ):
+                    self._engine.trust_samplers(self._trusted_samplers)
             return self._engine
+
+    def trust_samplers(self, ids: frozenset[str] | None) -> None:
+        """Believe, from the next scrape on, only the series of the samplers in ``ids``: the
+        Ray actor ids of the samplers raylens started (None, the default: any sampler's)."""
+        with self._lock:
+            self._trusted_samplers = ids
+            engine = self._engine
+        if isinstance(engine, TrustingEngine):
+            engine.trust_samplers(ids)
 
     def _forget_departed(self, live: set[NodeKey]) -> None:
         """Drop everything held about nodes that left, so state stays as large as the cluster."""
