@@ -68,6 +68,10 @@ class _Sampler:
     workers: list[tuple[str, int, int | None]] | None = None
     # Its liveness ping not read yet.
     ping: Any = None
+    # Readings published, as its latest ping answered, and since when (manager's clock)
+    # that count has stood still; None until it is told to publish.
+    passes: object = None
+    advanced_at: float | None = None
 
 
 def _check_node_id(node_id: object) -> str:

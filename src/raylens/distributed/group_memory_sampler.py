@@ -104,6 +104,11 @@ DEFAULT_START_TIMEOUT_S = 300.0
 Generous: a sampler's first answer waits for a worker process to start on its node,
 and for the job's runtime environment to be set up there if the node is new to it."""
 
+STUCK_INTERVALS = 30
+"""Sampling intervals without a new reading, while the sampler answers its pings, after
+which its publishing loop counts as stuck and it is replaced (never under a minute)."""
+STUCK_MIN_S = 60.0
+
 LARGEST_PROCESSES_TIMEOUT_S = 2.0
 """How long a post-mortem waits for a node's sampler to list its largest processes."""
 #: Most processes taken from one sampler's answer.
@@ -533,6 +538,8 @@ class GroupMemorySamplers:
         except Exception as error:
             return _describe(error)
         sampler.workers = entries
+        if start:
+            sampler.passes, sampler.advanced_at = None, self._clock()
         return None
 
     def _start_publishing(
@@ -625,7 +632,7 @@ class GroupMemorySamplers:
                 continue
             sampler.ping = None
             try:
-                ray.get(ref, timeout=0)
+                passes = ray.get(ref, timeout=0)
             except ray.exceptions.RayActorError as error:
                 why = _describe(error)
                 results[node_id] = self._replace(
@@ -641,8 +648,30 @@ class GroupMemorySamplers:
                 results[node_id] = SamplerError(
                     node_id, f"sampler on node {node_id} failed its ping: {_describe(error)}"
                 )
+            else:
+                stuck = self._stuck_for(sampler, passes)
+                if stuck is not None:
+                    results[node_id] = self._replace(
+                        node_id,
+                        f"sampler on node {node_id} answers its pings but has published no "
+                        f"reading for {stuck:.0f} s; replaced",
+                    )
+                    continue
             sampler.answered = True
             sampler.missed = 0
+
+    def _stuck_for(self, sampler: _Sampler, passes: object) -> float | None:
+        """Seconds a publishing sampler's reading count has stood still, once that is more
+        than its loop may take (see :data:`STUCK_INTERVALS`); else None."""
+        if sampler.advanced_at is None:
+            return None
+        now = self._clock()
+        if passes != sampler.passes:
+            sampler.passes, sampler.advanced_at = passes, now
+            return None
+        still = now - sampler.advanced_at
+        limit = max(STUCK_INTERVALS * self.sample_interval_s, STUCK_MIN_S)
+        return still if still >= limit else None
 
     def sampler_actors(self) -> tuple[Any, dict[str, Any]]:
         """``(ray, {node id: sampler actor})`` of every running sampler, for phase boundaries."""

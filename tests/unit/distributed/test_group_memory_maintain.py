@@ -408,3 +408,27 @@ def test_close_leaves_no_version_standing(fake_ray, two_nodes):
 
     assert manager.nodes == {NODE_A, NODE_B}
     assert len(fake_ray.actors) == 4
+
+
+def test_a_sampler_whose_publishing_is_stuck_is_replaced_though_it_answers_pings(
+    fake_ray, two_nodes
+):
+    clock = Clock()
+    manager = _manager(fake_ray, ping_every=1, clock=clock)
+    manager.maintain(two_nodes)  # cycle 1: started, pinged
+    (a,) = _on(fake_ray, NODE_A)
+    (b,) = _on(fake_ray, NODE_B)
+    counts = iter(range(1, 10_000))
+    a.script("ping", lambda: next(counts))  # A publishes a reading between any two pings
+    b.script("ping", lambda: 7)  # B answers, but its count stands still
+    for _ in range(30):
+        clock.now += 2.5
+        assert manager.maintain(two_nodes) == {}  # 72.5 s still: under 30 intervals of 2.5 s
+
+    clock.now += 5.0
+    results = manager.maintain(two_nodes)
+
+    assert set(results) == {NODE_B}
+    assert "published no reading for 75 s; replaced" in results[NODE_B].message
+    assert b.killed and not a.killed
+    assert len(_on(fake_ray, NODE_B)) == 2
