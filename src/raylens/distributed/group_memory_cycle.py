@@ -22,7 +22,7 @@ import time
 from collections import Counter
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 from raylens import forking
 from raylens.distributed.group_memory_sampler import (
@@ -43,6 +43,7 @@ from raylens.telemetry.group_memory import (
     register_group_memory_gauges,
 )
 from raylens.telemetry.host_memory import RecordSource
+from raylens.telemetry.sampler_registry import SamplerRegistry
 
 if TYPE_CHECKING:
     from raylens.telemetry.host_memory import HostMemoryMonitor
@@ -164,6 +165,10 @@ class GroupMemoryCycle:
     (what the driver sets) a publishing cycle keeps a sampler on every node the monitor
     scrapes, workers or not, since the sampler is where a node's growth is computed;
     without it (a ``raylens watch``, which only reads) only on nodes with workers here.
+    A publishing cycle also has the monitor believe only the series of known samplers:
+    those it started, which it lists in the cluster's registry, and those the registry
+    lists (``trust``, default a :class:`~raylens.telemetry.sampler_registry.SamplerRegistry`
+    over the cluster in force).
     """
 
     def __init__(
@@ -174,8 +179,10 @@ class GroupMemoryCycle:
         snapshot: GroupMemorySnapshot | None = None,
         mode: CollectionMode | str = CollectionMode.PUBLISH,
         every_node: bool = False,
+        trust: SamplerRegistry | None = None,
     ) -> None:
         self.every_node = every_node
+        self.trust = trust if trust is not None else SamplerRegistry()
         self.samplers = samplers if samplers is not None else GroupMemorySamplers()
         self.registry = registry if registry is not None else DEFAULT_REGISTRY
         self.snapshot = snapshot if snapshot is not None else DEFAULT_SNAPSHOT
@@ -258,6 +265,7 @@ class GroupMemoryCycle:
             workers, version=(version, self._nodes_version), nodes=self._nodes
         )
         results: dict[str, PublishedReading | NodeGroupMemory | SamplerError] = dict(maintained)
+        self._trust_known_samplers(monitor)
         before = self._built
         built: dict[str, PublishedReading] = {}
         for node_id, host, figures in _carried_figures(monitor):
@@ -283,10 +291,33 @@ class GroupMemoryCycle:
         self.snapshot.publish(results, max_age=monitor.max_age)
         return results
 
+    def _trust_known_samplers(self, monitor: HostMemoryMonitor) -> None:
+        """List this driver's samplers in the registry; have ``monitor`` believe the known."""
+        samplers = self.samplers
+        if not isinstance(monitor, _TrustingMonitor) or not isinstance(samplers, _Listing):
+            return  # a stand-in that starts no sampler, or a monitor that believes any
+        if not samplers.ray_ready():
+            return
+        self.trust.started(samplers.sampler_ids())
+        self.trust.publish()
+        monitor.trust_samplers(self.trust.trusted())
+
     def close(self) -> None:
         """Remove every sampler; the next collection starts them again."""
         with self._lock:
             self.samplers.close()
+
+
+@runtime_checkable
+class _TrustingMonitor(Protocol):
+    def trust_samplers(self, ids: frozenset[str] | None) -> None: ...
+
+
+@runtime_checkable
+class _Listing(Protocol):
+    def ray_ready(self) -> bool: ...
+
+    def sampler_ids(self) -> list[str]: ...
 
 
 def _scraped_nodes(monitor: HostMemoryMonitor) -> set[str]:

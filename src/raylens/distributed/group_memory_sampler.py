@@ -673,6 +673,18 @@ class GroupMemorySamplers:
         limit = max(STUCK_INTERVALS * self.sample_interval_s, STUCK_MIN_S)
         return still if still >= limit else None
 
+    def sampler_ids(self) -> list[str]:
+        """The Ray actor ids of the samplers running or stopping now (what each publishes as
+        its identity); a handle without one is left out."""
+        with self._lock:
+            actors = [sampler.actor for sampler in self._samplers.values()]
+            actors += [actor for actor, _stopped_at in self._stopping]
+        ids = []
+        for actor in actors:
+            with contextlib.suppress(Exception):
+                ids.append(str(actor._actor_id.hex()))
+        return ids
+
     def sampler_actors(self) -> tuple[Any, dict[str, Any]]:
         """``(ray, {node id: sampler actor})`` of every running sampler, for phase boundaries."""
         with self._lock:
