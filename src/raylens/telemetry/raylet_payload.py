@@ -33,9 +33,9 @@ __all__ = [
     "GROUP_SERIES",
     "MACHINE_TOTAL_KEY",
     "MACHINE_USED_KEY",
+    "MAX_CLOCK_SKEW_S",
     "MAX_EVICTION_NAMES",
     "MAX_EVICTION_NAME_CHARS",
-    "MAX_CLOCK_SKEW_S",
     "MAX_GROUPS_PER_NODE",
     "MEMORY_TYPE_LABEL",
     "NODE_GROWING_GAUGE",
@@ -477,7 +477,9 @@ def read_sampler_series(
                 if age > STALE_AFTER_S:
                     node = node._replace(stale_for=age)
     groups = tuple(rows[name] for name in sorted(rows)[:MAX_GROUPS_PER_NODE])
-    return SamplerSeries(NodeGroupFigures(chosen[0].stamp or 0.0, groups, node), named, count, unknown)
+    return SamplerSeries(
+        NodeGroupFigures(chosen[0].stamp or 0.0, groups, node), named, count, unknown
+    )
 
 
 _NODE_NAMES = frozenset(NODE_SERIES)

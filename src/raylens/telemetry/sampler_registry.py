@@ -168,8 +168,7 @@ class SamplerRegistry:
                 shown = printable(repr(key))[:120]
                 warn_once(
                     f"samplers.registry.entry.{shown}",
-                    f"ignored the samplers registered under key {shown}: "
-                    f"{printable(error)[:200]}",
+                    f"ignored the samplers registered under key {shown}: {printable(error)[:200]}",
                     logger=logger,
                 )
         return frozenset(learned)

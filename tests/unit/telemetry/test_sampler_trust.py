@@ -6,13 +6,13 @@ the series of several publishers, as a node's agent serves them, and check which
 
 from __future__ import annotations
 
+from raylens.simulation.group_series import render_group_series
 from raylens.telemetry.raylet_payload import (
     GroupFigure,
     NodeFigures,
     read_sampler_series,
 )
 from raylens.telemetry.scraping import outcome_of_payload
-from raylens.simulation.group_series import render_group_series
 
 NOW = 1_800_000_000.0
 GIB = 1e9

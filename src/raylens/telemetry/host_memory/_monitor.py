@@ -480,9 +480,7 @@ class HostMemoryMonitor:
                     if self.scrape_mode is ScrapeMode.HELPER
                     else AsyncScrapeEngine(self.limits)
                 )
-                if self._trusted_samplers is not None and isinstance(
-                    self._engine, TrustingEngine
-                ):
+                if self._trusted_samplers is not None and isinstance(self._engine, TrustingEngine):
                     self._engine.trust_samplers(self._trusted_samplers)
             return self._engine
 
