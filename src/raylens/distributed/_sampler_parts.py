@@ -72,6 +72,9 @@ class _Sampler:
     # that count has stood still; None until it is told to publish.
     passes: object = None
     advanced_at: float | None = None
+    # Its ``worker_id`` call, until its answer is read; then that id ("": not known).
+    asked_worker: Any = None
+    worker_id: str = ""
 
 
 def _check_node_id(node_id: object) -> str:

@@ -310,14 +310,14 @@ class GroupMemoryCycle:
 
 @runtime_checkable
 class _TrustingMonitor(Protocol):
-    def trust_samplers(self, ids: frozenset[str] | None) -> None: ...
+    def trust_samplers(self, ids: Mapping[str, str] | None) -> None: ...
 
 
 @runtime_checkable
 class _Listing(Protocol):
     def ray_ready(self) -> bool: ...
 
-    def sampler_ids(self) -> list[str]: ...
+    def sampler_ids(self) -> dict[str, str]: ...
 
 
 def _scraped_nodes(monitor: HostMemoryMonitor) -> set[str]:

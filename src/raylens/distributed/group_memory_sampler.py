@@ -599,9 +599,12 @@ class GroupMemorySamplers:
     def _send_pings(self, results: dict[str, SamplerError]) -> None:
         for node_id, sampler in list(self._samplers.items()):
             if sampler.ping is not None:
-                continue  # the previous one is still out
+                self._pings_out = True  # the previous one is still out: read it next cycle
+                continue
             try:
                 sampler.ping = sampler.actor.ping.remote()
+                if not sampler.worker_id and sampler.workers is not None:
+                    sampler.asked_worker = sampler.actor.worker_id.remote()
             except Exception as error:
                 results[node_id] = self._replace(
                     node_id,
@@ -649,6 +652,7 @@ class GroupMemorySamplers:
                     node_id, f"sampler on node {node_id} failed its ping: {_describe(error)}"
                 )
             else:
+                self._learn_worker(ray, sampler)
                 stuck = self._stuck_for(sampler, passes)
                 if stuck is not None:
                     results[node_id] = self._replace(
@@ -659,6 +663,21 @@ class GroupMemorySamplers:
                     continue
             sampler.answered = True
             sampler.missed = 0
+
+    @staticmethod
+    def _learn_worker(ray: Any, sampler: _Sampler) -> None:
+        """Read the worker id a sampler answered, once that answer is there."""
+        ref = sampler.asked_worker
+        if ref is None:
+            return
+        with contextlib.suppress(Exception):
+            ready, _ = ray.wait([ref], num_returns=1, timeout=0)
+            if not ready:
+                return
+            answer = ray.get(ref, timeout=0)
+            if isinstance(answer, str):
+                sampler.worker_id = answer[:80]
+        sampler.asked_worker = None
 
     def _stuck_for(self, sampler: _Sampler, passes: object) -> float | None:
         """Seconds a publishing sampler's reading count has stood still, once that is more
@@ -673,16 +692,18 @@ class GroupMemorySamplers:
         limit = max(STUCK_INTERVALS * self.sample_interval_s, STUCK_MIN_S)
         return still if still >= limit else None
 
-    def sampler_ids(self) -> list[str]:
-        """The Ray actor ids of the samplers running or stopping now (what each publishes as
-        its identity); a handle without one is left out."""
+    def sampler_ids(self) -> dict[str, str]:
+        """``{actor id: worker id}`` of the samplers running or stopping now: what each
+        publishes as its identity, and the Ray worker its series come from (``""`` until it
+        answered, which is asked and read with the liveness pings); a handle without an id
+        is left out."""
         with self._lock:
-            actors = [sampler.actor for sampler in self._samplers.values()]
-            actors += [actor for actor, _stopped_at in self._stopping]
-        ids = []
-        for actor in actors:
+            actors = [(s.actor, s.worker_id) for s in self._samplers.values()]
+            actors += [(actor, "") for actor, _stopped_at in self._stopping]
+        ids = {}
+        for actor, worker in actors:
             with contextlib.suppress(Exception):
-                ids.append(str(actor._actor_id.hex()))
+                ids[str(actor._actor_id.hex())] = worker
         return ids
 
     def sampler_actors(self) -> tuple[Any, dict[str, Any]]:

@@ -9,7 +9,7 @@ the fixed set ``error.type`` may take.
 
 from __future__ import annotations
 
-from collections.abc import Container, Iterable
+from collections.abc import Iterable, Mapping
 from typing import Any, NamedTuple
 
 from raylens.safe_text import encodable
@@ -75,6 +75,7 @@ __all__ = [
     "NodeGroupFigures",
     "NodeOomCounts",
     "SamplerSeries",
+    "TrustedSamplers",
     "parse_group_samples",
     "parse_memory_samples",
     "parse_oom_samples",
@@ -190,6 +191,9 @@ GROUP_SERIES = (
     RAY_GROUP_GROWTH,
     *NODE_SERIES,
 )
+#: The samplers a reader believes: sampler id (a Ray actor id) to the Ray worker id its
+#: series must carry (``""`` while that is not known yet).
+TrustedSamplers = Mapping[str, str]
 #: Most groups read from one node's payload; the rest are dropped, in name order.
 MAX_GROUPS_PER_NODE = 256
 #: Most samplers a payload's refusals name (all are counted).
@@ -398,7 +402,7 @@ def parse_group_samples(
     metrics_text: str | bytes,
     *,
     now: float | None = None,
-    trusted: Container[str] | None = None,
+    trusted: TrustedSamplers | None = None,
 ) -> NodeGroupFigures | None:
     """The per-group figures one node's payload carries, or None when it carries none
     (see :func:`read_sampler_series`, which also says what it left out)."""
@@ -409,14 +413,16 @@ def read_sampler_series(
     metrics_text: str | bytes,
     *,
     now: float | None = None,
-    trusted: Container[str] | None = None,
+    trusted: TrustedSamplers | None = None,
 ) -> SamplerSeries:
     """The figures of the samplers publishing on one node, as one reading.
 
     Series are grouped by the process that published them (Ray's ``WorkerId``). A
     process's series count only if it publishes a stamp and, when ``trusted`` is given,
-    names in its window series a sampler id that ``trusted`` holds (any job can publish
-    under raylens' names; only samplers raylens started are believed). With ``now`` (the
+    names in its window series a sampler id that ``trusted`` holds, under the Ray worker id
+    ``trusted`` gives it where it gives one (any job can publish under raylens' names, and
+    copy a sampler's id into its labels, but Ray stamps every series with the worker that
+    set it). With ``now`` (the
     reader's Unix time), a stamp more than :data:`MAX_CLOCK_SKEW_S` ahead of it is
     refused. Of the samplers one monitor started (its ``started_by``), only the freshest
     counts: Ray serves a replaced sampler's last values for a while. The node's figures
@@ -439,7 +445,7 @@ def read_sampler_series(
     refused: list[str] = []
     count = unknown = 0
     newest: dict[str, _Candidate] = {}
-    for candidate in candidates.values():
+    for worker, candidate in candidates.items():
         stamp = candidate.stamp
         if stamp is None:
             continue
@@ -449,10 +455,13 @@ def read_sampler_series(
             why = f"{stamp - now:.3g} s ahead of this reader's clock"
             refused.append(f"{RAY_SAMPLER_SAMPLED_AT}={stamp:.6g} ({why})")
             continue
-        if trusted is not None and (not sampler or sampler not in trusted):
+        if trusted is not None and (
+            not sampler or sampler not in trusted or trusted[sampler] not in ("", worker)
+        ):
             count += 1
             unknown += 1
-            refused.append(f"{_RAY_SAMPLER_WINDOW}{{{SAMPLER_LABEL}={sampler[:80]!r}}} (unknown)")
+            why = "unknown" if sampler not in trusted else "not its worker"
+            refused.append(f"{_RAY_SAMPLER_WINDOW}{{{SAMPLER_LABEL}={sampler[:80]!r}}} ({why})")
             continue
         held = newest.get(started_by)
         if held is None or (held.stamp or 0.0) < stamp:

@@ -2,14 +2,17 @@
 
 Any job on a cluster can publish series under raylens' names on any node's endpoint, so a
 reader believes a sampler's series only when its id (the Ray actor id it publishes as its
-``rl_sampler`` label) is known: the samplers this process started, and those other
-drivers listed in the cluster's registry. A driver that starts samplers writes their ids
-under ``sampler/<job id>`` (Ray's internal KV, namespace ``raylens``, as the placement and
+``rl_sampler`` label) is known, and only under the Ray worker id known for it (Ray stamps
+every series with the worker that set it, so copying a sampler's id into another job's
+labels gains nothing once that is known): the samplers this process started, and those
+other drivers listed in the cluster's registry. A driver that starts samplers writes
+``{actor id: worker id}`` of each (``""`` while its worker id is not known) under
+``sampler/<job id>`` (Ray's internal KV, namespace ``raylens``, as the placement and
 the phases are); any reader (another driver, ``raylens watch``) reads every live job's
 entry.
 
 Entries are untrusted like every key there: one over :data:`MAX_ENTRY_BYTES` is refused
-before it is decoded, one that is not a list of short strings is left out, each with one
+before it is decoded, one that is not an object of short strings is left out, each with one
 warning naming its key; at most :data:`MAX_IDS_PER_ENTRY` ids are taken from an entry and
 at most :data:`MAX_JOBS_READ` entries are read. When the store cannot be read, the ids this
 process started are the ones believed, said once. Nothing here raises.
@@ -21,7 +24,7 @@ import json
 import logging
 import threading
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Mapping
 
 from raylens.cluster import ClusterView, default_cluster_view, supports_key_value
 from raylens.lens import warn_once
@@ -45,7 +48,7 @@ MAX_IDS_PER_ENTRY = 4096
 """Most sampler ids kept by a process, and taken from one job's entry."""
 MAX_ID_CHARS = 80
 """Longest sampler id taken (a Ray actor id is 32 hex characters)."""
-MAX_ENTRY_BYTES = MAX_IDS_PER_ENTRY * (MAX_ID_CHARS + 4) + 2
+MAX_ENTRY_BYTES = MAX_IDS_PER_ENTRY * (2 * MAX_ID_CHARS + 8) + 2
 """An entry larger than this is refused before it is decoded."""
 MAX_JOBS_READ = 64
 """Most live jobs' entries one read decodes."""
@@ -72,9 +75,9 @@ class SamplerRegistry:
         self._refresh_s = refresh_s
         self._lock = threading.Lock()
         # Insertion-ordered: past the cap, the oldest started go first.
-        self._own: dict[str, None] = {}
-        self._written: tuple[str, ...] | None = None
-        self._learned: frozenset[str] = frozenset()
+        self._own: dict[str, str] = {}
+        self._written: dict[str, str] | None = None
+        self._learned: dict[str, str] = {}
         self._read_at: float | None = None
 
     def _view(self) -> ClusterView:
@@ -82,26 +85,29 @@ class SamplerRegistry:
             self._cluster = default_cluster_view()
         return self._cluster
 
-    def started(self, ids: Iterable[str]) -> None:
-        """Note samplers this process started (kept, the newest :data:`MAX_IDS_PER_ENTRY`)."""
+    def started(self, ids: Mapping[str, str]) -> None:
+        """Note samplers this process started, ``{actor id: worker id or ""}`` (kept, the
+        newest :data:`MAX_IDS_PER_ENTRY`; a worker id once known stays)."""
         with self._lock:
-            for sampler in ids:
+            for sampler, worker in ids.items():
                 if sampler:
-                    self._own.setdefault(sampler[:MAX_ID_CHARS], None)
+                    key = sampler[:MAX_ID_CHARS]
+                    if worker or key not in self._own:
+                        self._own[key] = worker[:MAX_ID_CHARS]
             while len(self._own) > MAX_IDS_PER_ENTRY:
                 del self._own[next(iter(self._own))]
 
     @property
-    def own(self) -> frozenset[str]:
-        """The ids of the samplers this process started."""
+    def own(self) -> dict[str, str]:
+        """The samplers this process started: actor id to worker id (``""``: not known)."""
         with self._lock:
-            return frozenset(self._own)
+            return dict(self._own)
 
     def publish(self) -> bool:
         """Write this job's entry when its ids changed since the last write; whether the
         entry now stands. Never raises."""
         with self._lock:
-            ids = tuple(self._own)
+            ids = dict(self._own)
             if ids == self._written:
                 return True
         try:
@@ -111,7 +117,7 @@ class SamplerRegistry:
             job = cluster.job_id()
             if not job:
                 return False
-            cluster.kv_put(f"{SAMPLER_KEY_PREFIX}{job}", json.dumps(list(ids)).encode())
+            cluster.kv_put(f"{SAMPLER_KEY_PREFIX}{job}", json.dumps(ids).encode())
         except Exception as error:
             warn_once(
                 "samplers.registry.publish",
@@ -125,7 +131,7 @@ class SamplerRegistry:
             self._written = ids
         return True
 
-    def trusted(self) -> frozenset[str]:
+    def trusted(self) -> dict[str, str]:
         """The ids to believe: this process's samplers and every live job's registered
         ones, the latter read again at most every ``refresh_s``. Never raises."""
         now = self._clock()
@@ -139,9 +145,9 @@ class SamplerRegistry:
                 if learned is not None:
                     self._learned = learned
         with self._lock:
-            return frozenset(self._own) | self._learned
+            return {**self._learned, **self._own}
 
-    def _read(self) -> frozenset[str] | None:
+    def _read(self) -> dict[str, str] | None:
         """Every live job's registered ids; None when the store cannot be read (said once)."""
         try:
             cluster = self._view()
@@ -160,7 +166,7 @@ class SamplerRegistry:
                 logger=logger,
             )
             return None
-        learned: set[str] = set()
+        learned: dict[str, str] = {}
         for key, raw in raw_entries:
             try:
                 learned.update(_decode(raw))
@@ -171,10 +177,10 @@ class SamplerRegistry:
                     f"ignored the samplers registered under key {shown}: {printable(error)[:200]}",
                     logger=logger,
                 )
-        return frozenset(learned)
+        return learned
 
 
-def _decode(raw: object) -> list[str]:
+def _decode(raw: object) -> dict[str, str]:
     if not isinstance(raw, bytes):
         raise TypeError(f"a {type(raw).__name__}, not bytes")
     if len(raw) > MAX_ENTRY_BYTES:
@@ -182,10 +188,18 @@ def _decode(raw: object) -> list[str]:
             f"it takes {len(raw):,} bytes, more than the {MAX_ENTRY_BYTES:,} an entry may take"
         )
     if raw.count(b"[") + raw.count(b"{") > 1:
-        raise ValueError("it nests deeper than a list of ids")
+        raise ValueError("it nests deeper than one object of ids")
     document = json.loads(raw)
-    if not isinstance(document, list) or not all(
-        isinstance(item, str) and 0 < len(item) <= MAX_ID_CHARS for item in document
+    if not isinstance(document, dict) or not all(
+        isinstance(key, str)
+        and isinstance(value, str)
+        and 0 < len(key) <= MAX_ID_CHARS
+        and len(value) <= MAX_ID_CHARS
+        for key, value in document.items()
     ):
-        raise ValueError(f"not a list of ids of 1 to {MAX_ID_CHARS} characters")
-    return document[:MAX_IDS_PER_ENTRY]
+        raise ValueError(
+            f"not an object of sampler ids to worker ids, each of at most {MAX_ID_CHARS} characters"
+        )
+    if len(document) > MAX_IDS_PER_ENTRY:
+        raise ValueError(f"it lists more than {MAX_IDS_PER_ENTRY} samplers")
+    return document

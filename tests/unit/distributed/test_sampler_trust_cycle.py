@@ -24,12 +24,12 @@ class _TrustingMonitor:
     max_age = 30.0
 
     def __init__(self) -> None:
-        self.trusted: list[frozenset[str] | None] = []
+        self.trusted: list[dict[str, str] | None] = []
 
     def group_figures(self) -> dict[str, tuple[str, NodeGroupFigures, float]]:
         return {}
 
-    def trust_samplers(self, ids: frozenset[str] | None) -> None:
+    def trust_samplers(self, ids: dict[str, str] | None) -> None:
         self.trusted.append(ids)
 
 
@@ -43,7 +43,7 @@ def test_the_driver_believes_its_own_samplers_and_those_other_drivers_registered
     registry.register("policy", [(NODE_A, 200, procfs[NODE_A].start_ticks(200))])
     cluster = FakeCluster()
     other = SamplerRegistry(cluster.for_job("02000000"))
-    other.started(["f" * 32])
+    other.started({"f" * 32: "wf"})
     other.publish()
     cycle = GroupMemoryCycle(
         GroupMemorySamplers(ray=fake, ping_every=100),
@@ -57,19 +57,19 @@ def test_the_driver_believes_its_own_samplers_and_those_other_drivers_registered
 
     (sampler,) = fake.actors
     own = sampler._actor_id.hex()
-    assert monitor.trusted == [frozenset({own, "f" * 32})]
+    assert monitor.trusted == [{own: "", "f" * 32: "wf"}]
     entry = cluster.kv_get(f"{SAMPLER_KEY_PREFIX}{FakeCluster.DEFAULT_JOB_ID}")
-    assert entry is not None and json.loads(entry) == [own]
+    assert entry is not None and json.loads(entry) == {own: ""}
 
 
 def test_a_monitor_hands_the_samplers_it_believes_to_its_engine() -> None:
     monitor = hm.HostMemoryMonitor(1.0, cluster=FakeCluster(), scrape_mode="inprocess")
     try:
-        monitor.trust_samplers(frozenset({"s1"}))
+        monitor.trust_samplers({"s1": ""})
         engine = monitor._engine_for_use()
         assert isinstance(engine, AsyncScrapeEngine)
-        assert engine.trusted == {"s1"}
-        monitor.trust_samplers(frozenset({"s1", "s2"}))
-        assert engine.trusted == {"s1", "s2"}
+        assert engine.trusted == {"s1": ""}
+        monitor.trust_samplers({"s1": "w1", "s2": ""})
+        assert engine.trusted == {"s1": "w1", "s2": ""}
     finally:
         monitor.stop()

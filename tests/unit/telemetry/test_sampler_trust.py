@@ -88,7 +88,7 @@ def test_series_of_a_sampler_raylens_did_not_start_are_ignored_and_counted() -> 
     theirs = _sampler("w9", "job-actor", "someone/9", {"policy": 1.0, "fake": GIB}, NOW - 1)
     anonymous = render_group_series([GroupFigure("ghost", GIB, None, 1)], sampled_at=NOW - 1)
     outcome = outcome_of_payload(
-        RAYLET + theirs + anonymous + ours, 0, now=NOW, trusted=frozenset({"ours"})
+        RAYLET + theirs + anonymous + ours, 0, now=NOW, trusted={"ours": ""}
     )
     assert outcome.groups is not None
     assert outcome.groups.groups == (GroupFigure("policy", 4 * GIB, None, 1.0),)
@@ -98,9 +98,22 @@ def test_series_of_a_sampler_raylens_did_not_start_are_ignored_and_counted() -> 
     assert any("'job-actor'" in name and "unknown" in name for name in named)
 
 
+def test_a_job_copying_a_known_samplers_id_is_refused_once_its_worker_is_known() -> None:
+    ours = _sampler("w1", "ours", "driver/1", {"policy": 4 * GIB}, NOW - 2)
+    copy = _sampler("w9", "ours", "driver/1", {"policy": 1.0}, NOW - 1, used=1.0)
+    believed = read_sampler_series(copy + ours, now=NOW, trusted={"ours": "w1"})
+    assert believed.figures is not None and believed.figures.node is not None
+    assert believed.figures.groups == (GroupFigure("policy", 4 * GIB, None, 1.0),)
+    assert believed.figures.node.used == 20 * GIB
+    assert believed.unknown == 1
+    assert believed.refused == (
+        "ray_raylens_sampler_growth_window_seconds{rl_sampler='ours'} (not its worker)",
+    )
+
+
 def test_with_no_known_sampler_nothing_on_the_node_is_believed() -> None:
     payload = _sampler("w1", "s1", "driver/1", {"policy": GIB})
-    found = read_sampler_series(payload, now=NOW, trusted=frozenset())
+    found = read_sampler_series(payload, now=NOW, trusted={})
     assert found.figures is None
     assert found.unknown == 1
 

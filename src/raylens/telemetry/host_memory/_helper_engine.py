@@ -25,7 +25,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable, Hashable, Iterable, Sequence
+from collections.abc import Callable, Hashable, Iterable, Mapping, Sequence
 from pathlib import Path
 
 from raylens import forking
@@ -139,7 +139,7 @@ class HelperEngine:
         self._closed = False
         #: Sampler ids the helper is to believe (None: any), and whether the helper
         #: running now has been told them.
-        self._trusted: frozenset[str] | None = None
+        self._trusted: Mapping[str, str] | None = None
         self._trust_told = True
         #: What a forked child inherited from its parent: kept, never used or closed.
         self._inherited: list[object] = []
@@ -244,7 +244,7 @@ class HelperEngine:
             if not self._closed:
                 self._ensure()
 
-    def trust_samplers(self, ids: frozenset[str] | None) -> None:
+    def trust_samplers(self, ids: Mapping[str, str] | None) -> None:
         """Have the helper believe only the series of the samplers in ``ids`` (None: any),
         from the next batch on."""
         with self._lock:

@@ -209,7 +209,7 @@ class HostMemoryMonitor:
         self._stop_event = threading.Event()  # replaced on every start()
         self._thread: threading.Thread | None = None
         self._engine: ScrapeEngine | None = None
-        self._trusted_samplers: frozenset[str] | None = None
+        self._trusted_samplers: Mapping[str, str] | None = None
         self._threads: ThreadedScrapes[RayNode] | None = None
         #: The nodes of the cycle in progress, by key, for a replaced ``_scrape``.
         self._overridden_nodes: dict[Hashable, RayNode] = {}
@@ -484,9 +484,10 @@ class HostMemoryMonitor:
                     self._engine.trust_samplers(self._trusted_samplers)
             return self._engine
 
-    def trust_samplers(self, ids: frozenset[str] | None) -> None:
+    def trust_samplers(self, ids: Mapping[str, str] | None) -> None:
         """Believe, from the next scrape on, only the series of the samplers in ``ids``: the
-        Ray actor ids of the samplers raylens started (None, the default: any sampler's)."""
+        Ray actor ids of the samplers raylens started, each to the Ray worker id its series
+        must carry (``""`` while not known); None, the default: any sampler's."""
         with self._lock:
             self._trusted_samplers = ids
             engine = self._engine

@@ -23,7 +23,7 @@ import os
 import socket
 import threading
 import time
-from collections.abc import Container, Hashable, Sequence
+from collections.abc import Hashable, Sequence
 from typing import Any, NamedTuple
 
 import aiohttp
@@ -51,6 +51,7 @@ from raylens.telemetry.raylet_payload import (
     USED_KEY,
     NodeGroupFigures,
     NodeOomCounts,
+    TrustedSamplers,
     parse_memory_samples,
     parse_oom_samples,
     read_sampler_series,
@@ -151,7 +152,7 @@ async def _fetch(
     url: str,
     limits: ScrapeLimits,
     seconds: float,
-    trusted: Container[str] | None = None,
+    trusted: TrustedSamplers | None = None,
 ) -> Outcome:
     """GET ``url`` within ``seconds`` and the size cap, and parse the two series."""
     received = 0
@@ -221,13 +222,13 @@ def outcome_of_payload(
     received: int,
     *,
     now: float | None = None,
-    trusted: Container[str] | None = None,
+    trusted: TrustedSamplers | None = None,
 ) -> Outcome:
     """The outcome of a node whose wanted lines are ``kept`` (of ``received`` bytes): its
     series parsed by exact name and held to physical bounds
     (:func:`~raylens.telemetry.physical_bounds.bound_payload`); its samplers' series
     believed as :func:`~raylens.telemetry.raylet_payload.read_sampler_series` says, for the
-    reader's Unix time ``now`` and the sampler ids ``trusted`` (None: any)."""
+    reader's Unix time ``now`` and the samplers ``trusted`` (None: any)."""
     values = parse_memory_samples(kept)
     if USED_KEY not in values and TOTAL_KEY not in values:  # the machine pair alone is no sample
         return Outcome(
@@ -352,12 +353,12 @@ class AsyncScrapeEngine:
         self._in_flight: set[Hashable] = set()
         self._closed = False
         #: Sampler ids whose series are believed; None: any sampler's.
-        self.trusted: frozenset[str] | None = None
+        self.trusted: TrustedSamplers | None = None
         #: What a forked child inherited: its loop thread does not exist there.
         self._inherited: list[object] = []
         forking.reset_after_fork_in_child(self)
 
-    def trust_samplers(self, ids: frozenset[str] | None) -> None:
+    def trust_samplers(self, ids: TrustedSamplers | None) -> None:
         """Believe from now on only the series of the samplers in ``ids`` (None: any)."""
         self.trusted = ids
 

@@ -71,7 +71,7 @@ def serve(sock: socket.socket, limits: ScrapeLimits) -> None:
             message = read_message(sock)
             if isinstance(message, tuple) and len(message) == 2 and message[0] == "trust":
                 ids = message[1]
-                engine.trust_samplers(None if ids is None else frozenset(ids))
+                engine.trust_samplers(None if ids is None else dict(ids))
                 continue
             if not (isinstance(message, tuple) and message and message[0] == "scrape"):
                 return

@@ -9,7 +9,7 @@ start that process ahead of the first batch, and its pid.
 
 from __future__ import annotations
 
-from collections.abc import Hashable, Sequence
+from collections.abc import Hashable, Mapping, Sequence
 from typing import Protocol, runtime_checkable
 
 from raylens.telemetry.scraping._engine import Job, Outcome
@@ -54,6 +54,6 @@ class PrestartingEngine(ScrapeEngine, Protocol):
 class TrustingEngine(Protocol):
     """An engine that can be told whose sampler series to believe."""
 
-    def trust_samplers(self, ids: frozenset[str] | None, /) -> None:
+    def trust_samplers(self, ids: Mapping[str, str] | None, /) -> None:
         """Believe only the series of the samplers in ``ids`` from the next batch (None: any)."""
         ...
