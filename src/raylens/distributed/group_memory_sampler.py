@@ -36,6 +36,8 @@ from raylens.distributed._group_memory_publishing import (
     GroupMemorySamplerActor,
 )
 from raylens.distributed._sampler_parts import (
+    STUCK_INTERVALS,
+    STUCK_MIN_S,
     SamplerError,
     _check_node_id,
     _describe,
@@ -43,7 +45,9 @@ from raylens.distributed._sampler_parts import (
     _Sampler,
     ask_recent_history,
     collect_group_memory,
+    learn_worker,
     monitor_identity,
+    stuck_for,
     worker_identity,
 )
 from raylens.lens import warn_once
@@ -70,6 +74,8 @@ __all__ = [
     "DEFAULT_TIMEOUT_S",
     "DEFAULT_TREE_INTERVAL_SECONDS",
     "STOP_GRACE_S",
+    "STUCK_INTERVALS",
+    "STUCK_MIN_S",
     "GroupMemorySamplerActor",
     "GroupMemorySamplers",
     "SamplerError",
@@ -103,11 +109,6 @@ DEFAULT_START_TIMEOUT_S = 300.0
 
 Generous: a sampler's first answer waits for a worker process to start on its node,
 and for the job's runtime environment to be set up there if the node is new to it."""
-
-STUCK_INTERVALS = 30
-"""Sampling intervals without a new reading, while the sampler answers its pings, after
-which its publishing loop counts as stuck and it is replaced (never under a minute)."""
-STUCK_MIN_S = 60.0
 
 LARGEST_PROCESSES_TIMEOUT_S = 2.0
 """How long a post-mortem waits for a node's sampler to list its largest processes."""
@@ -652,8 +653,8 @@ class GroupMemorySamplers:
                     node_id, f"sampler on node {node_id} failed its ping: {_describe(error)}"
                 )
             else:
-                self._learn_worker(ray, sampler)
-                stuck = self._stuck_for(sampler, passes)
+                learn_worker(ray, sampler)
+                stuck = stuck_for(sampler, passes, self._clock(), self.sample_interval_s)
                 if stuck is not None:
                     results[node_id] = self._replace(
                         node_id,
@@ -663,34 +664,6 @@ class GroupMemorySamplers:
                     continue
             sampler.answered = True
             sampler.missed = 0
-
-    @staticmethod
-    def _learn_worker(ray: Any, sampler: _Sampler) -> None:
-        """Read the worker id a sampler answered, once that answer is there."""
-        ref = sampler.asked_worker
-        if ref is None:
-            return
-        with contextlib.suppress(Exception):
-            ready, _ = ray.wait([ref], num_returns=1, timeout=0)
-            if not ready:
-                return
-            answer = ray.get(ref, timeout=0)
-            if isinstance(answer, str):
-                sampler.worker_id = answer[:80]
-        sampler.asked_worker = None
-
-    def _stuck_for(self, sampler: _Sampler, passes: object) -> float | None:
-        """Seconds a publishing sampler's reading count has stood still, once that is more
-        than its loop may take (see :data:`STUCK_INTERVALS`); else None."""
-        if sampler.advanced_at is None:
-            return None
-        now = self._clock()
-        if passes != sampler.passes:
-            sampler.passes, sampler.advanced_at = passes, now
-            return None
-        still = now - sampler.advanced_at
-        limit = max(STUCK_INTERVALS * self.sample_interval_s, STUCK_MIN_S)
-        return still if still >= limit else None
 
     def sampler_ids(self) -> dict[str, str]:
         """``{actor id: worker id}`` of the samplers running or stopping now: what each
