@@ -248,7 +248,9 @@ class GroupMemoryCycle:
     ) -> dict[str, PublishedReading | NodeGroupMemory | SamplerError]:
         """Keep the samplers running, and publish the figures the scrape brought back.
 
-        With :attr:`every_node`, every node the monitor scrapes keeps a sampler. Only the
+        With :attr:`every_node`, every node the monitor scrapes keeps a sampler. A node whose
+        sampler has stopped publishing (its figures marked stale) gets its error, not its
+        figures. Only the
         nodes whose sampler published anew (or whose host or registration changed) get a
         new reading; every other node's reading stands as built, so a cycle costs what
         changed plus one look per node.
@@ -270,6 +272,14 @@ class GroupMemoryCycle:
         built: dict[str, PublishedReading] = {}
         for node_id, host, figures in _carried_figures(monitor):
             if node_id in results:
+                continue
+            stale = None if figures.node is None else figures.node.stale_for
+            if stale is not None:  # its sampler stopped publishing: nothing of it is exported
+                results[node_id] = SamplerError(
+                    node_id,
+                    f"the sampler on node {node_id} has published nothing for {stale:.0f} s, "
+                    "so its figures are stale",
+                )
                 continue
             previous = before.get(node_id)
             if (
