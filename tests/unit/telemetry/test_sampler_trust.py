@@ -6,14 +6,21 @@ the series of several publishers, as a node's agent serves them, and check which
 
 from __future__ import annotations
 
+import logging
+
+import pytest
+
 from raylens.simulation.group_series import render_group_series
+from raylens.telemetry import host_memory as hm
 from raylens.telemetry.raylet_payload import (
     GroupFigure,
     NodeFigures,
     read_sampler_series,
 )
 from raylens.telemetry.scraping import outcome_of_payload
+from raylens_fakes import FakeCluster
 
+NODE = "a" * 56
 NOW = 1_800_000_000.0
 GIB = 1e9
 RAYLET = b'ray_node_mem_total{ip="10.0.0.1"} 6.4e10\nray_node_mem_used{ip="10.0.0.1"} 3.2e10\n'
@@ -128,3 +135,35 @@ def test_a_stale_sampler_gives_way_to_a_fresh_one_and_alone_is_marked_stale() ->
     assert alone is not None and alone.node is not None
     assert alone.node.stale_for == 600
     assert alone.sampled_at == NOW - 600
+
+
+def test_a_future_stamp_and_an_unknown_publisher_are_named_in_the_nodes_one_warning(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    ours = _sampler("w1", "ours", "driver/1", {"policy": 4 * GIB}, NOW - 2)
+    theirs = _sampler("w9", "job-actor", "someone/9", {"fake": GIB}, NOW - 1)
+    ahead = _sampler("w8", "ours", "driver/1", {"policy": 1.0}, stamp=1e18)
+    outcome = outcome_of_payload(RAYLET + theirs + ahead + ours, 0, now=NOW, trusted={"ours": ""})
+
+    class Engine:
+        def scrape(self, jobs: list, timeout: float | None = None) -> dict:
+            return {job[0]: outcome for job in jobs}
+
+        def close(self, timeout: float = 1.0) -> None: ...
+
+    cluster = FakeCluster()
+    cluster.add_node(node_id=NODE, port=8080, hostname="vm")
+    monitor = hm.HostMemoryMonitor(1.0, cluster=cluster, scrape_mode="inprocess", consumer=True)
+    monitor._engine = Engine()  # type: ignore[attr-defined]
+    with caplog.at_level(logging.WARNING, logger="raylens"):
+        for _ in range(3):
+            monitor.collect_once()
+    figures = monitor.group_figures()[NODE][1]
+    monitor.stop()
+
+    assert [g.group for g in figures.groups] == ["policy"] and figures.groups[
+        0
+    ].rss_bytes == 4 * GIB
+    warnings = [r.getMessage() for r in caplog.records if "does not believe" in r.getMessage()]
+    assert len(warnings) == 1
+    assert "ahead of this reader's clock" in warnings[0] and "'job-actor'" in warnings[0]

@@ -745,13 +745,16 @@ def _request_seconds(
 
 
 def _warn_refused(node: RayNode, refused: tuple[int, tuple[str, ...]]) -> None:
-    """One warning per node naming what its payload held beyond physical bounds."""
+    """One warning per node naming what of its payload was not believed: values beyond
+    physical bounds, samplers stamped in the future, publishers that are no known sampler."""
     count, named = refused
     more = f" and {count - len(named)} more" if count > len(named) else ""
     warn_once(
         f"host_memory.refused.{node.node_id}",
         f"node {printable(node.node_id[:56])} ({printable(node.host)}) published {count} "
-        f"value(s) no machine can have, refused: {printable(', '.join(named))[:600]}{more}; "
+        "value(s) or sampler(s) raylens does not believe (beyond physical bounds, stamped "
+        "in the future, or not a sampler raylens started), refused: "
+        f"{printable(', '.join(named))[:600]}{more}; "
         "another job may be publishing series under raylens' names (warned once per node)",
         logger=logger,
     )
