@@ -183,6 +183,7 @@ class GroupMemoryCycle:
     ) -> None:
         self.every_node = every_node
         self.trust = trust if trust is not None else SamplerRegistry()
+        self._ids_version = -1  # of the samplers' ids last noted in ``trust``
         self.samplers = samplers if samplers is not None else GroupMemorySamplers()
         self.registry = registry if registry is not None else DEFAULT_REGISTRY
         self.snapshot = snapshot if snapshot is not None else DEFAULT_SNAPSHOT
@@ -308,7 +309,9 @@ class GroupMemoryCycle:
             return  # a stand-in that starts no sampler, or a monitor that believes any
         if not samplers.ray_ready():
             return
-        self.trust.started(samplers.sampler_ids())
+        if samplers.ids_version != self._ids_version:
+            self._ids_version = samplers.ids_version
+            self.trust.started(samplers.sampler_ids())
         self.trust.publish()
         monitor.trust_samplers(self.trust.trusted())
 
@@ -325,6 +328,9 @@ class _TrustingMonitor(Protocol):
 
 @runtime_checkable
 class _Listing(Protocol):
+    @property
+    def ids_version(self) -> int: ...
+
     def ray_ready(self) -> bool: ...
 
     def sampler_ids(self) -> dict[str, str]: ...

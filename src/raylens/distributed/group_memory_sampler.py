@@ -195,6 +195,8 @@ class GroupMemorySamplers:
         self._max_processes = max_processes
         self._lock = threading.Lock()
         self._samplers: dict[str, _Sampler] = {}
+        # Bumped whenever sampler_ids() may answer otherwise.
+        self._ids_version = 0
         self._remote_class: Any = None
         # maintain(): cycles so far, the cycle of the latest liveness round, whether its
         # pings are still to be read, and stopped samplers with when (killed after the grace).
@@ -256,6 +258,7 @@ class GroupMemorySamplers:
         actor = self._remote_class.options(scheduling_strategy=strategy, max_restarts=0).remote(
             **self._actor_kwargs
         )
+        self._ids_version += 1
         return _Sampler(actor, started_at=self._clock())
 
     def start_early(self, node_ids: Iterable[str]) -> list[str]:
@@ -294,6 +297,7 @@ class GroupMemorySamplers:
         sampler = self._samplers.pop(node_id, None)
         if sampler is None:
             return
+        self._ids_version += 1
         # An actor that is already gone needs no killing.
         with contextlib.suppress(Exception):
             self._ray_module().kill(sampler.actor, no_restart=True)
@@ -578,6 +582,7 @@ class GroupMemorySamplers:
     def _stop_sampler(self, node_id: str) -> None:
         """Ask a sampler to mark its groups gone; it is killed at a round after the grace."""
         sampler = self._samplers.pop(node_id)
+        self._ids_version += 1
         # One that cannot be asked is killed after the grace all the same.
         with contextlib.suppress(Exception):
             sampler.actor.stop.remote(forget_groups=True)
@@ -595,6 +600,8 @@ class GroupMemorySamplers:
                 continue
             with contextlib.suppress(Exception):  # one already gone needs no killing
                 ray.kill(actor, no_restart=True)
+        if len(kept) != len(self._stopping):
+            self._ids_version += 1
         self._stopping = kept
 
     def _send_pings(self, results: dict[str, SamplerError]) -> None:
@@ -653,7 +660,9 @@ class GroupMemorySamplers:
                     node_id, f"sampler on node {node_id} failed its ping: {_describe(error)}"
                 )
             else:
-                learn_worker(ray, sampler)
+                if not sampler.worker_id:
+                    learn_worker(ray, sampler)
+                    self._ids_version += bool(sampler.worker_id)
                 stuck = stuck_for(sampler, passes, self._clock(), self.sample_interval_s)
                 if stuck is not None:
                     results[node_id] = self._replace(
@@ -664,6 +673,11 @@ class GroupMemorySamplers:
                     continue
             sampler.answered = True
             sampler.missed = 0
+
+    @property
+    def ids_version(self) -> int:
+        """A number that changes whenever :meth:`sampler_ids` may answer otherwise."""
+        return self._ids_version
 
     def sampler_ids(self) -> dict[str, str]:
         """``{actor id: worker id}`` of the samplers running or stopping now: what each

@@ -76,9 +76,16 @@ class SamplerRegistry:
         self._lock = threading.Lock()
         # Insertion-ordered: past the cap, the oldest started go first.
         self._own: dict[str, str] = {}
-        self._written: dict[str, str] | None = None
         self._learned: dict[str, str] = {}
         self._read_at: float | None = None
+        # Bumped whenever what is believed changes: a cycle in which nothing did costs a
+        # comparison, and hands its monitor the very mapping it handed before.
+        self._version = 0
+        self._merged: tuple[int, dict[str, str]] = (0, {})
+        # The version of this process's ids last written, and when a write last failed.
+        self._own_version = 0
+        self._written = -1
+        self._failed_at: float | None = None
 
     def _view(self) -> ClusterView:
         if self._cluster is None:
@@ -89,13 +96,20 @@ class SamplerRegistry:
         """Note samplers this process started, ``{actor id: worker id or ""}`` (kept, the
         newest :data:`MAX_IDS_PER_ENTRY`; a worker id once known stays)."""
         with self._lock:
+            own = self._own
+            before = len(own)
+            changed = False
             for sampler, worker in ids.items():
                 if sampler:
                     key = sampler[:MAX_ID_CHARS]
-                    if worker or key not in self._own:
-                        self._own[key] = worker[:MAX_ID_CHARS]
-            while len(self._own) > MAX_IDS_PER_ENTRY:
-                del self._own[next(iter(self._own))]
+                    if (worker and own.get(key) != worker[:MAX_ID_CHARS]) or key not in own:
+                        own[key] = worker[:MAX_ID_CHARS]
+                        changed = True
+            while len(own) > MAX_IDS_PER_ENTRY:
+                del own[next(iter(own))]
+            if changed or len(own) != before:
+                self._version += 1
+                self._own_version += 1
 
     @property
     def own(self) -> dict[str, str]:
@@ -104,12 +118,16 @@ class SamplerRegistry:
             return dict(self._own)
 
     def publish(self) -> bool:
-        """Write this job's entry when its ids changed since the last write; whether the
-        entry now stands. Never raises."""
+        """Write this job's entry when its ids changed since the last write (after a failed
+        write, again at most every ``refresh_s``); whether the entry now stands. Never raises."""
         with self._lock:
-            ids = dict(self._own)
-            if ids == self._written:
+            version = self._own_version
+            if version == self._written:
                 return True
+            failed_at = self._failed_at
+            if failed_at is not None and self._clock() - failed_at < self._refresh_s:
+                return False
+            ids = dict(self._own)
         try:
             cluster = self._view()
             if not supports_key_value(cluster) or not cluster.is_initialized():
@@ -126,14 +144,17 @@ class SamplerRegistry:
                 "not believe their series (warned once)",
                 logger=logger,
             )
+            with self._lock:
+                self._failed_at = self._clock()
             return False
         with self._lock:
-            self._written = ids
+            self._written, self._failed_at = version, None
         return True
 
-    def trusted(self) -> dict[str, str]:
+    def trusted(self) -> Mapping[str, str]:
         """The ids to believe: this process's samplers and every live job's registered
-        ones, the latter read again at most every ``refresh_s``. Never raises."""
+        ones, the latter read again at most every ``refresh_s``; the same mapping, not to be
+        changed, while none of them changed. Never raises."""
         now = self._clock()
         with self._lock:
             due = self._read_at is None or now - self._read_at >= self._refresh_s
@@ -142,10 +163,13 @@ class SamplerRegistry:
         if due:
             learned = self._read()
             with self._lock:
-                if learned is not None:
+                if learned is not None and learned != self._learned:
                     self._learned = learned
+                    self._version += 1
         with self._lock:
-            return {**self._learned, **self._own}
+            if self._merged[0] != self._version:
+                self._merged = (self._version, {**self._learned, **self._own})
+            return self._merged[1]
 
     def _read(self) -> dict[str, str] | None:
         """Every live job's registered ids; None when the store cannot be read (said once)."""

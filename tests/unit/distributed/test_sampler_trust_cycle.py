@@ -61,6 +61,9 @@ def test_the_driver_believes_its_own_samplers_and_those_other_drivers_registered
     entry = cluster.kv_get(f"{SAMPLER_KEY_PREFIX}{FakeCluster.DEFAULT_JOB_ID}")
     assert entry is not None and json.loads(entry) == {own: ""}
 
+    cycle(monitor)  # type: ignore[arg-type]  # nothing changed: the same mapping, no new work
+    assert monitor.trusted[1] is monitor.trusted[0]
+
 
 def test_a_monitor_hands_the_samplers_it_believes_to_its_engine() -> None:
     monitor = hm.HostMemoryMonitor(1.0, cluster=FakeCluster(), scrape_mode="inprocess")

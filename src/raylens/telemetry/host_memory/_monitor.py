@@ -489,6 +489,8 @@ class HostMemoryMonitor:
         Ray actor ids of the samplers raylens started, each to the Ray worker id its series
         must carry (``""`` while not known); None, the default: any sampler's."""
         with self._lock:
+            if ids is self._trusted_samplers:
+                return  # the same mapping again: nothing to tell the engine
             self._trusted_samplers = ids
             engine = self._engine
         if isinstance(engine, TrustingEngine):
