@@ -158,6 +158,16 @@ class _Method:
         return self
 
 
+class _FakeActorId:
+    """An actor id as a Ray handle holds it (``.hex()``); numbered in start order."""
+
+    def __init__(self, number: int) -> None:
+        self.number = number
+
+    def hex(self) -> str:
+        return f"{self.number:032x}"
+
+
 class FakeActor:
     """An actor handle: an ``instance`` of the decorated class (or None) on ``node_id``.
 
@@ -186,6 +196,8 @@ class FakeActor:
         self.dead = False
         self.killed = False
         self.kill_error = False
+        # What a Ray handle keeps as ``_actor_id``: 16 bytes, shown as 32 hex characters.
+        self._actor_id = _FakeActorId(len(ray.actors) + 1)
 
     def script(self, method: str, outcome: Any) -> FakeActor:
         """Decide how later calls of ``method`` end.

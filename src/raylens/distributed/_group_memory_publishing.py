@@ -500,6 +500,11 @@ class GroupMemorySamplerActor:
         """Read and publish every ``interval_s`` seconds, first at once (again: new interval)."""
         self._loop.start(interval_s)
 
+    def worker_id(self) -> str:
+        """This actor's Ray worker id (``""`` outside Ray): the ``WorkerId`` Ray stamps on its
+        series, by which readers tell them from another process's that copies its labels."""
+        return _own_worker_id()
+
     def stop(self, forget_groups: bool = False, timeout_s: float = STOP_TIMEOUT_S) -> None:
         """Stop timed readings; with ``forget_groups``, mark every published group gone."""
         self._loop.stop(forget_groups=forget_groups, timeout_s=timeout_s)
@@ -540,6 +545,17 @@ def _node_usage_reader(procfs: ProcFS) -> Callable[[], NodeUsage | None]:
     root, opener = procfs.root, procfs.opener
     cgroup_root = CGROUP_ROOT if root == "/proc" else None
     return lambda: read_node_usage(root, cgroup_root=cgroup_root, opener=opener)
+
+
+def _own_worker_id() -> str:
+    """This process's Ray worker id (hex); ``""`` outside Ray."""
+    ray = sys.modules.get("ray")
+    try:
+        if ray is not None and ray.is_initialized():
+            return printable(str(ray.get_runtime_context().get_worker_id()))[:80]
+    except Exception:
+        pass
+    return ""
 
 
 def _own_sampler_id() -> str:

@@ -7,6 +7,7 @@ manager's policy alone; everything here is re-exported there where it is public.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import socket
@@ -32,13 +33,22 @@ from raylens.telemetry.history import (
 from raylens.validation import positive_seconds
 
 __all__ = [
+    "STUCK_INTERVALS",
+    "STUCK_MIN_S",
     "SamplerError",
     "Sampling",
     "ask_recent_history",
     "collect_group_memory",
+    "learn_worker",
     "monitor_identity",
+    "stuck_for",
     "worker_identity",
 ]
+
+STUCK_INTERVALS = 30
+"""Sampling intervals without a new reading, while the sampler answers its pings, after
+which its publishing loop counts as stuck and it is replaced (never under a minute)."""
+STUCK_MIN_S = 60.0
 
 _LOGGER = logging.getLogger("raylens.distributed")
 #: Most group names one warning quotes.
@@ -68,6 +78,42 @@ class _Sampler:
     workers: list[tuple[str, int, int | None]] | None = None
     # Its liveness ping not read yet.
     ping: Any = None
+    # Readings published, as its latest ping answered, and since when (manager's clock)
+    # that count has stood still; None until it is told to publish.
+    passes: object = None
+    advanced_at: float | None = None
+    # Its ``worker_id`` call, until its answer is read; then that id ("": not known).
+    asked_worker: Any = None
+    worker_id: str = ""
+
+
+def learn_worker(ray: Any, sampler: _Sampler) -> None:
+    """Read the Ray worker id a sampler answered, once that answer is there. Never raises."""
+    ref = sampler.asked_worker
+    if ref is None:
+        return
+    with contextlib.suppress(Exception):
+        ready, _ = ray.wait([ref], num_returns=1, timeout=0)
+        if not ready:
+            return
+        answer = ray.get(ref, timeout=0)
+        if isinstance(answer, str):
+            sampler.worker_id = answer[:80]
+    sampler.asked_worker = None
+
+
+def stuck_for(sampler: _Sampler, passes: object, now: float, interval_s: float) -> float | None:
+    """Seconds a publishing sampler's reading count (``passes``, its ping's answer) has
+    stood still at ``now``, once that is more than its loop may take (see
+    :data:`STUCK_INTERVALS`, of ``interval_s``); else None."""
+    if sampler.advanced_at is None:
+        return None
+    if passes != sampler.passes:
+        sampler.passes, sampler.advanced_at = passes, now
+        return None
+    still = now - sampler.advanced_at
+    limit = max(STUCK_INTERVALS * interval_s, STUCK_MIN_S)
+    return still if still >= limit else None
 
 
 def _check_node_id(node_id: object) -> str:

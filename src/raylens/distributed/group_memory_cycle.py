@@ -22,7 +22,7 @@ import time
 from collections import Counter
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 from raylens import forking
 from raylens.distributed.group_memory_sampler import (
@@ -43,6 +43,7 @@ from raylens.telemetry.group_memory import (
     register_group_memory_gauges,
 )
 from raylens.telemetry.host_memory import RecordSource
+from raylens.telemetry.sampler_registry import SamplerRegistry
 
 if TYPE_CHECKING:
     from raylens.telemetry.host_memory import HostMemoryMonitor
@@ -164,6 +165,10 @@ class GroupMemoryCycle:
     (what the driver sets) a publishing cycle keeps a sampler on every node the monitor
     scrapes, workers or not, since the sampler is where a node's growth is computed;
     without it (a ``raylens watch``, which only reads) only on nodes with workers here.
+    A publishing cycle also has the monitor believe only the series of known samplers:
+    those it started, which it lists in the cluster's registry, and those the registry
+    lists (``trust``, default a :class:`~raylens.telemetry.sampler_registry.SamplerRegistry`
+    over the cluster in force).
     """
 
     def __init__(
@@ -174,8 +179,11 @@ class GroupMemoryCycle:
         snapshot: GroupMemorySnapshot | None = None,
         mode: CollectionMode | str = CollectionMode.PUBLISH,
         every_node: bool = False,
+        trust: SamplerRegistry | None = None,
     ) -> None:
         self.every_node = every_node
+        self.trust = trust if trust is not None else SamplerRegistry()
+        self._ids_version = -1  # of the samplers' ids last noted in ``trust``
         self.samplers = samplers if samplers is not None else GroupMemorySamplers()
         self.registry = registry if registry is not None else DEFAULT_REGISTRY
         self.snapshot = snapshot if snapshot is not None else DEFAULT_SNAPSHOT
@@ -241,7 +249,9 @@ class GroupMemoryCycle:
     ) -> dict[str, PublishedReading | NodeGroupMemory | SamplerError]:
         """Keep the samplers running, and publish the figures the scrape brought back.
 
-        With :attr:`every_node`, every node the monitor scrapes keeps a sampler. Only the
+        With :attr:`every_node`, every node the monitor scrapes keeps a sampler. A node whose
+        sampler has stopped publishing (its figures marked stale) gets its error, not its
+        figures. Only the
         nodes whose sampler published anew (or whose host or registration changed) get a
         new reading; every other node's reading stands as built, so a cycle costs what
         changed plus one look per node.
@@ -258,10 +268,19 @@ class GroupMemoryCycle:
             workers, version=(version, self._nodes_version), nodes=self._nodes
         )
         results: dict[str, PublishedReading | NodeGroupMemory | SamplerError] = dict(maintained)
+        self._trust_known_samplers(monitor)
         before = self._built
         built: dict[str, PublishedReading] = {}
         for node_id, host, figures in _carried_figures(monitor):
             if node_id in results:
+                continue
+            stale = None if figures.node is None else figures.node.stale_for
+            if stale is not None:  # its sampler stopped publishing: nothing of it is exported
+                results[node_id] = SamplerError(
+                    node_id,
+                    f"the sampler on node {node_id} has published nothing for {stale:.0f} s, "
+                    "so its figures are stale",
+                )
                 continue
             previous = before.get(node_id)
             if (
@@ -283,10 +302,38 @@ class GroupMemoryCycle:
         self.snapshot.publish(results, max_age=monitor.max_age)
         return results
 
+    def _trust_known_samplers(self, monitor: HostMemoryMonitor) -> None:
+        """List this driver's samplers in the registry; have ``monitor`` believe the known."""
+        samplers = self.samplers
+        if not isinstance(monitor, _TrustingMonitor) or not isinstance(samplers, _Listing):
+            return  # a stand-in that starts no sampler, or a monitor that believes any
+        if not samplers.ray_ready():
+            return
+        if samplers.ids_version != self._ids_version:
+            self._ids_version = samplers.ids_version
+            self.trust.started(samplers.sampler_ids())
+        self.trust.publish()
+        monitor.trust_samplers(self.trust.trusted())
+
     def close(self) -> None:
         """Remove every sampler; the next collection starts them again."""
         with self._lock:
             self.samplers.close()
+
+
+@runtime_checkable
+class _TrustingMonitor(Protocol):
+    def trust_samplers(self, ids: Mapping[str, str] | None) -> None: ...
+
+
+@runtime_checkable
+class _Listing(Protocol):
+    @property
+    def ids_version(self) -> int: ...
+
+    def ray_ready(self) -> bool: ...
+
+    def sampler_ids(self) -> dict[str, str]: ...
 
 
 def _scraped_nodes(monitor: HostMemoryMonitor) -> set[str]:

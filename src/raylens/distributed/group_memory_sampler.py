@@ -36,6 +36,8 @@ from raylens.distributed._group_memory_publishing import (
     GroupMemorySamplerActor,
 )
 from raylens.distributed._sampler_parts import (
+    STUCK_INTERVALS,
+    STUCK_MIN_S,
     SamplerError,
     _check_node_id,
     _describe,
@@ -43,7 +45,9 @@ from raylens.distributed._sampler_parts import (
     _Sampler,
     ask_recent_history,
     collect_group_memory,
+    learn_worker,
     monitor_identity,
+    stuck_for,
     worker_identity,
 )
 from raylens.lens import warn_once
@@ -70,6 +74,8 @@ __all__ = [
     "DEFAULT_TIMEOUT_S",
     "DEFAULT_TREE_INTERVAL_SECONDS",
     "STOP_GRACE_S",
+    "STUCK_INTERVALS",
+    "STUCK_MIN_S",
     "GroupMemorySamplerActor",
     "GroupMemorySamplers",
     "SamplerError",
@@ -189,6 +195,8 @@ class GroupMemorySamplers:
         self._max_processes = max_processes
         self._lock = threading.Lock()
         self._samplers: dict[str, _Sampler] = {}
+        # Bumped whenever sampler_ids() may answer otherwise.
+        self._ids_version = 0
         self._remote_class: Any = None
         # maintain(): cycles so far, the cycle of the latest liveness round, whether its
         # pings are still to be read, and stopped samplers with when (killed after the grace).
@@ -250,6 +258,7 @@ class GroupMemorySamplers:
         actor = self._remote_class.options(scheduling_strategy=strategy, max_restarts=0).remote(
             **self._actor_kwargs
         )
+        self._ids_version += 1
         return _Sampler(actor, started_at=self._clock())
 
     def start_early(self, node_ids: Iterable[str]) -> list[str]:
@@ -288,6 +297,7 @@ class GroupMemorySamplers:
         sampler = self._samplers.pop(node_id, None)
         if sampler is None:
             return
+        self._ids_version += 1
         # An actor that is already gone needs no killing.
         with contextlib.suppress(Exception):
             self._ray_module().kill(sampler.actor, no_restart=True)
@@ -533,6 +543,8 @@ class GroupMemorySamplers:
         except Exception as error:
             return _describe(error)
         sampler.workers = entries
+        if start:
+            sampler.passes, sampler.advanced_at = None, self._clock()
         return None
 
     def _start_publishing(
@@ -570,6 +582,7 @@ class GroupMemorySamplers:
     def _stop_sampler(self, node_id: str) -> None:
         """Ask a sampler to mark its groups gone; it is killed at a round after the grace."""
         sampler = self._samplers.pop(node_id)
+        self._ids_version += 1
         # One that cannot be asked is killed after the grace all the same.
         with contextlib.suppress(Exception):
             sampler.actor.stop.remote(forget_groups=True)
@@ -587,14 +600,19 @@ class GroupMemorySamplers:
                 continue
             with contextlib.suppress(Exception):  # one already gone needs no killing
                 ray.kill(actor, no_restart=True)
+        if len(kept) != len(self._stopping):
+            self._ids_version += 1
         self._stopping = kept
 
     def _send_pings(self, results: dict[str, SamplerError]) -> None:
         for node_id, sampler in list(self._samplers.items()):
             if sampler.ping is not None:
-                continue  # the previous one is still out
+                self._pings_out = True  # the previous one is still out: read it next cycle
+                continue
             try:
                 sampler.ping = sampler.actor.ping.remote()
+                if not sampler.worker_id and sampler.workers is not None:
+                    sampler.asked_worker = sampler.actor.worker_id.remote()
             except Exception as error:
                 results[node_id] = self._replace(
                     node_id,
@@ -625,7 +643,7 @@ class GroupMemorySamplers:
                 continue
             sampler.ping = None
             try:
-                ray.get(ref, timeout=0)
+                passes = ray.get(ref, timeout=0)
             except ray.exceptions.RayActorError as error:
                 why = _describe(error)
                 results[node_id] = self._replace(
@@ -641,8 +659,39 @@ class GroupMemorySamplers:
                 results[node_id] = SamplerError(
                     node_id, f"sampler on node {node_id} failed its ping: {_describe(error)}"
                 )
+            else:
+                if not sampler.worker_id:
+                    learn_worker(ray, sampler)
+                    self._ids_version += bool(sampler.worker_id)
+                stuck = stuck_for(sampler, passes, self._clock(), self.sample_interval_s)
+                if stuck is not None:
+                    results[node_id] = self._replace(
+                        node_id,
+                        f"sampler on node {node_id} answers its pings but has published no "
+                        f"reading for {stuck:.0f} s; replaced",
+                    )
+                    continue
             sampler.answered = True
             sampler.missed = 0
+
+    @property
+    def ids_version(self) -> int:
+        """A number that changes whenever :meth:`sampler_ids` may answer otherwise."""
+        return self._ids_version
+
+    def sampler_ids(self) -> dict[str, str]:
+        """``{actor id: worker id}`` of the samplers running or stopping now: what each
+        publishes as its identity, and the Ray worker its series come from (``""`` until it
+        answered, which is asked and read with the liveness pings); a handle without an id
+        is left out."""
+        with self._lock:
+            actors = [(s.actor, s.worker_id) for s in self._samplers.values()]
+            actors += [(actor, "") for actor, _stopped_at in self._stopping]
+        ids = {}
+        for actor, worker in actors:
+            with contextlib.suppress(Exception):
+                ids[str(actor._actor_id.hex())] = worker
+        return ids
 
     def sampler_actors(self) -> tuple[Any, dict[str, Any]]:
         """``(ray, {node id: sampler actor})`` of every running sampler, for phase boundaries."""

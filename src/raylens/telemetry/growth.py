@@ -56,6 +56,7 @@ __all__ = [
     "RL_HOST_MEMORY_LIMIT_METRIC",
     "RL_HOST_MEMORY_TIME_TO_LIMIT_METRIC",
     "RL_WORKER_GROUP_MEMORY_GROWTH_METRIC",
+    "STALE_SAMPLER",
     "FigureSource",
     "GrowthCycle",
     "GrowthMonitor",
@@ -208,6 +209,9 @@ OLD_SAMPLER = "its sampler publishes no node growth (a raylens older than this o
 NO_SCRAPE = "no fresh scrape of this node"
 #: ... what its sampler published cannot be this node's (more used than the node has).
 OUT_OF_BOUNDS = "its sampler's figures are out of the node's physical bounds, so they are ignored"
+#: ... its sampler's stamp has stood still (its publishing is stuck, or it is gone): the
+#: figures it last published are not believed; formatted with their age in seconds.
+STALE_SAMPLER = "its sampler has published nothing for {age:.0f} s, so its figures are stale"
 #: How far above the node's scraped total a sampler's figures may read (the two are read at
 #: different moments, and the sampler's total is the machine's where Ray's is a container's).
 _BOUNDS_SLACK = 1.05
@@ -364,7 +368,7 @@ def _outlook_of(
     node = None if figures is None else figures.node
     # Rows hold (group, rss, pss, processes, growth).
     rates = {} if figures is None else {r[0]: r[4] for r in figures.rows if r[4] is not None}
-    if node is not None and _within_bounds(node, total):
+    if node is not None and node.stale_for is None and _within_bounds(node, total):
         return NodeOutlook(
             node_id,
             host,
@@ -384,6 +388,8 @@ def _outlook_of(
         reason = NO_SAMPLER
     elif node is None:
         reason = OLD_SAMPLER
+    elif node.stale_for is not None:
+        reason, rates = STALE_SAMPLER.format(age=node.stale_for), {}
     else:
         reason, rates = OUT_OF_BOUNDS, {}
     fastest = max(rates, key=rates.__getitem__) if rates else None

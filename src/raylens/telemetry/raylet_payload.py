@@ -9,7 +9,7 @@ the fixed set ``error.type`` may take.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from typing import Any, NamedTuple
 
 from raylens.safe_text import encodable
@@ -34,6 +34,7 @@ __all__ = [
     "GROUP_SERIES",
     "MACHINE_TOTAL_KEY",
     "MACHINE_USED_KEY",
+    "MAX_CLOCK_SKEW_S",
     "MAX_EVICTION_NAMES",
     "MAX_EVICTION_NAME_CHARS",
     "MAX_GROUPS_PER_NODE",
@@ -65,6 +66,7 @@ __all__ = [
     "SAMPLER_WINDOW_GAUGE",
     "SCRAPE_ERROR_TYPES",
     "SERIES_BY_RAY_NAME",
+    "STALE_AFTER_S",
     "STARTED_BY_LABEL",
     "TOTAL_KEY",
     "USED_KEY",
@@ -73,9 +75,12 @@ __all__ = [
     "NodeFigures",
     "NodeGroupFigures",
     "NodeOomCounts",
+    "SamplerSeries",
+    "TrustedSamplers",
     "parse_group_samples",
     "parse_memory_samples",
     "parse_oom_samples",
+    "read_sampler_series",
 ]
 
 RAY_NODE_MEM_USED = "ray_node_mem_used"
@@ -191,8 +196,13 @@ GROUP_SERIES = (
     RAY_GROUP_GROWTH,
     *NODE_SERIES,
 )
+#: The samplers a reader believes: sampler id (a Ray actor id) to the Ray worker id its
+#: series must carry (``""`` while that is not known yet).
+TrustedSamplers = Mapping[str, str]
 #: Most groups read from one node's payload; the rest are dropped, in name order.
 MAX_GROUPS_PER_NODE = 256
+#: Most samplers a payload's refusals name (all are counted).
+_REFUSALS_NAMED = 8
 
 
 class GroupFigure(NamedTuple):
@@ -215,7 +225,8 @@ class NodeFigures(NamedTuple):
     per second over its window, None until the window is full (and while shrinking: the
     exposition's reader drops negative values); ``limit`` is the node's kill line and
     ``time_to_limit`` the seconds left to it, only while ``growing``. ``window_s``,
-    ``sampler`` and ``started_by`` say which sampler published and over what window.
+    ``sampler`` and ``started_by`` say which sampler published and over what window;
+    ``stale_for`` is set when that sampler has stopped publishing.
     """
 
     used: float | None
@@ -227,6 +238,9 @@ class NodeFigures(NamedTuple):
     window_s: float
     sampler: str
     started_by: str
+    #: Seconds the sampler's stamp had stood still when it was read, when that is more
+    #: than :data:`STALE_AFTER_S`; None while it publishes.
+    stale_for: float | None = None
 
 
 #: One group's figures as a plain tuple, in :class:`GroupFigure`'s field order.
@@ -314,62 +328,172 @@ class NodeGroupFigures:
         )
 
 
-def parse_group_samples(metrics_text: str | bytes) -> NodeGroupFigures | None:
-    """The per-group figures one node's payload carries, or None when it carries none.
+#: How far ahead of the reader's clock a sampler's stamp may be (clocks of two machines
+#: differ); a stamp further ahead is refused with everything its sampler published.
+MAX_CLOCK_SKEW_S = 30.0
+#: A sampler whose stamp is this much older than the reader's clock has stopped publishing:
+#: its figures are left out where another monitor's sampler is fresh, and marked stale
+#: (:attr:`NodeFigures.stale_for`) where none is.
+STALE_AFTER_S = 60.0
 
-    Several samplers may have published on one node (Ray serves a replaced sampler's
-    series until they age out, each with its own ``WorkerId``): only the series of the
-    one whose ``sampled_at`` is the latest count. A group whose value is NaN (what a
-    sampler publishes for a group that left) is absent, as is a group without an RSS
-    figure. Group names are made encodable here, where they enter raylens (a name with a
-    lone surrogate, which only a ``str`` payload can hold, has it replaced by U+FFFD).
-    The node's own figures come from the same sampler, when it publishes its window.
+
+class SamplerSeries(NamedTuple):
+    """What :func:`read_sampler_series` made of one payload: the figures believed, and why
+    the rest were not.
+
+    ``refused`` names the samplers left out (their stamp, or their identity, as plain text
+    still to be escaped for display); ``refused_count`` counts them all, ``unknown`` those
+    whose identity is not a known sampler's.
     """
-    samples = extract_labelled_samples(metrics_text, GROUP_SERIES)
-    latest: dict[str, float] = {}
-    for sample in samples:
-        if sample.name == RAY_SAMPLER_SAMPLED_AT:
-            latest[dict(sample.labels).get(RAY_WORKER_ID_LABEL, "")] = sample.value
-    if not latest:
-        return None
-    worker, sampled_at = max(latest.items(), key=lambda item: item[1])
-    rss: dict[str, float] = {}
-    pss: dict[str, float] = {}
-    processes: dict[str, float] = {}
-    growth: dict[str, float] = {}
-    node: dict[str, float] = {}
-    identity = ("", "")
-    for sample in samples:
-        labels = dict(sample.labels)
-        if labels.get(RAY_WORKER_ID_LABEL, "") != worker:
-            continue
-        if sample.name in _NODE_NAMES:
-            node[sample.name] = sample.value
-            if sample.name == _RAY_SAMPLER_WINDOW:
-                identity = (
+
+    figures: NodeGroupFigures | None
+    refused: tuple[str, ...] = ()
+    refused_count: int = 0
+    unknown: int = 0
+
+
+class _Candidate:
+    """One publishing process's sampler series (Ray's ``WorkerId`` tells them apart)."""
+
+    __slots__ = ("growth", "identity", "node", "processes", "pss", "rss", "stamp")
+
+    def __init__(self) -> None:
+        self.stamp: float | None = None
+        self.identity = ("", "")
+        self.node: dict[str, float] = {}
+        self.rss: dict[str, float] = {}
+        self.pss: dict[str, float] = {}
+        self.processes: dict[str, float] = {}
+        self.growth: dict[str, float] = {}
+
+    def add(self, name: str, labels: dict[str, str], value: float) -> None:
+        if name == RAY_SAMPLER_SAMPLED_AT:
+            self.stamp = value
+            return
+        if name in _NODE_NAMES:
+            self.node[name] = value
+            if name == _RAY_SAMPLER_WINDOW:
+                self.identity = (
                     encodable(labels.get(SAMPLER_LABEL, "")),
                     encodable(labels.get(STARTED_BY_LABEL, "")),
                 )
-            continue
+            return
         group = labels.get(GROUP_LABEL)
         if group is None:
-            continue
+            return
         group = encodable(group)
-        if sample.name == RAY_GROUP_PROCESSES:
-            processes[group] = sample.value
-        elif sample.name == RAY_GROUP_GROWTH:
-            growth[group] = sample.value
-        elif sample.name == RAY_GROUP_MEMORY:
+        if name == RAY_GROUP_PROCESSES:
+            self.processes[group] = value
+        elif name == RAY_GROUP_GROWTH:
+            self.growth[group] = value
+        elif name == RAY_GROUP_MEMORY:
             kind = labels.get(MEMORY_TYPE_LABEL)
             if kind == "rss":
-                rss[group] = sample.value
+                self.rss[group] = value
             elif kind == "pss":
-                pss[group] = sample.value
-    groups = tuple(
-        GroupFigure(name, rss[name], pss.get(name), processes.get(name), growth.get(name))
-        for name in sorted(rss)[:MAX_GROUPS_PER_NODE]
+                self.pss[group] = value
+
+    def figure(self, group: str) -> GroupFigure:
+        return GroupFigure(
+            group,
+            self.rss[group],
+            self.pss.get(group),
+            self.processes.get(group),
+            self.growth.get(group),
+        )
+
+
+def parse_group_samples(
+    metrics_text: str | bytes,
+    *,
+    now: float | None = None,
+    trusted: TrustedSamplers | None = None,
+) -> NodeGroupFigures | None:
+    """The per-group figures one node's payload carries, or None when it carries none
+    (see :func:`read_sampler_series`, which also says what it left out)."""
+    return read_sampler_series(metrics_text, now=now, trusted=trusted).figures
+
+
+def read_sampler_series(
+    metrics_text: str | bytes,
+    *,
+    now: float | None = None,
+    trusted: TrustedSamplers | None = None,
+) -> SamplerSeries:
+    """The figures of the samplers publishing on one node, as one reading.
+
+    Series are grouped by the process that published them (Ray's ``WorkerId``). A
+    process's series count only if it publishes a stamp and, when ``trusted`` is given,
+    names in its window series a sampler id that ``trusted`` holds, under the Ray worker id
+    ``trusted`` gives it where it gives one (any job can publish under raylens' names, and
+    copy a sampler's id into its labels, but Ray stamps every series with the worker that
+    set it). With ``now`` (the
+    reader's Unix time), a stamp more than :data:`MAX_CLOCK_SKEW_S` ahead of it is
+    refused. Of the samplers one monitor started (its ``started_by``), only the freshest
+    counts: Ray serves a replaced sampler's last values for a while. The node's figures
+    are the union of the rest: per group, the freshest sampler publishing it, so each
+    driver on a cluster sees every driver's groups; the node's own figures come from the
+    freshest sampler publishing them. With ``now``, samplers whose stamp is over
+    :data:`STALE_AFTER_S` old are left out while another is fresh; where none is, their
+    node figures say for how long they have been stale. A group whose value is NaN (what
+    a sampler publishes for a group that left) is absent, as is a group without an RSS
+    figure. Group names are made encodable here, where they enter raylens.
+    """
+    candidates: dict[str, _Candidate] = {}
+    for sample in extract_labelled_samples(metrics_text, GROUP_SERIES):
+        labels = dict(sample.labels)
+        worker = labels.get(RAY_WORKER_ID_LABEL, "")
+        candidate = candidates.get(worker)
+        if candidate is None:
+            candidate = candidates[worker] = _Candidate()
+        candidate.add(sample.name, labels, sample.value)
+    refused: list[str] = []
+    count = unknown = 0
+    newest: dict[str, _Candidate] = {}
+    for worker, candidate in candidates.items():
+        stamp = candidate.stamp
+        if stamp is None:
+            continue
+        sampler, started_by = candidate.identity
+        if now is not None and stamp > now + MAX_CLOCK_SKEW_S:
+            count += 1
+            why = f"{stamp - now:.3g} s ahead of this reader's clock"
+            refused.append(f"{RAY_SAMPLER_SAMPLED_AT}={stamp:.6g} ({why})")
+            continue
+        if trusted is not None and (
+            not sampler or sampler not in trusted or trusted[sampler] not in ("", worker)
+        ):
+            count += 1
+            unknown += 1
+            why = "unknown" if sampler not in trusted else "not its worker"
+            refused.append(f"{_RAY_SAMPLER_WINDOW}{{{SAMPLER_LABEL}={sampler[:80]!r}}} ({why})")
+            continue
+        held = newest.get(started_by)
+        if held is None or (held.stamp or 0.0) < stamp:
+            newest[started_by] = candidate
+    chosen = sorted(newest.values(), key=lambda c: c.stamp or 0.0, reverse=True)
+    if now is not None:
+        fresh = [c for c in chosen if now - (c.stamp or 0.0) <= STALE_AFTER_S]
+        chosen = fresh or chosen
+    named = tuple(refused[:_REFUSALS_NAMED])
+    if not chosen:
+        return SamplerSeries(None, named, count, unknown)
+    rows: dict[str, GroupFigure] = {}
+    node: NodeFigures | None = None
+    for candidate in chosen:
+        for group in candidate.rss:
+            if group not in rows:
+                rows[group] = candidate.figure(group)
+        if node is None:
+            node = _node_figures(candidate.node, candidate.identity)
+            if node is not None and now is not None:
+                age = now - (candidate.stamp or 0.0)
+                if age > STALE_AFTER_S:
+                    node = node._replace(stale_for=age)
+    groups = tuple(rows[name] for name in sorted(rows)[:MAX_GROUPS_PER_NODE])
+    return SamplerSeries(
+        NodeGroupFigures(chosen[0].stamp or 0.0, groups, node), named, count, unknown
     )
-    return NodeGroupFigures(sampled_at, groups, _node_figures(node, identity))
 
 
 _NODE_NAMES = frozenset(NODE_SERIES)

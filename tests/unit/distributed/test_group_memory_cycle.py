@@ -39,7 +39,7 @@ from raylens.telemetry.group_memory import (
     NodeGroupMemory,
     register_group_memory_gauges,
 )
-from raylens.telemetry.raylet_payload import GroupFigure, NodeGroupFigures
+from raylens.telemetry.raylet_payload import GroupFigure, NodeFigures, NodeGroupFigures
 from raylens_fakes import FakeCluster, FakeProcFS, MetricsProbe
 from raylens_fakes.ray import FakeActor, FakeRay
 
@@ -500,6 +500,26 @@ def test_a_publishing_cycle_keeps_the_samplers_running_and_exports_what_the_scra
         ("other-job", 0, 1, None),
     ]
     assert cycle.last_cost is not None and cycle.last_cost.nodes == 2
+
+
+def test_a_stale_samplers_groups_are_not_exported_as_current(
+    metrics_probe: MetricsProbe,
+) -> None:
+    registry = GroupWorkerRegistry()
+    snapshot = GroupMemorySnapshot()
+    cycle = GroupMemoryCycle(_MaintainedSamplers(), registry=registry, snapshot=snapshot)  # type: ignore[arg-type]
+    register_group_memory_gauges(snapshot)
+    node = NodeFigures(1e9, None, None, False, 2e9, None, 600.0, "s", "driver/1")
+    fresh = NodeGroupFigures(1.7e9, (GroupFigure("policy", 3e9, None, 1.0),), node)
+    stale = NodeGroupFigures(
+        1.7e9, (GroupFigure("rollout", 1e9, None, 1.0),), node._replace(stale_for=300.0)
+    )
+    monitor = _ScrapedMonitor({NODES[0]: ("vm", fresh, 10.0), NODES[1]: ("vm", stale, 10.0)})
+
+    cycle(monitor)  # type: ignore[arg-type]
+
+    assert _rss(metrics_probe) == {("policy", NODES[0]): 3e9}
+    assert set(snapshot.latest()) == {NODES[0]}
 
 
 def test_the_collection_mode_is_checked() -> None:

@@ -408,3 +408,65 @@ def test_close_leaves_no_version_standing(fake_ray, two_nodes):
 
     assert manager.nodes == {NODE_A, NODE_B}
     assert len(fake_ray.actors) == 4
+
+
+def test_a_sampler_whose_publishing_is_stuck_is_replaced_though_it_answers_pings(
+    fake_ray, two_nodes
+):
+    clock = Clock()
+    manager = _manager(fake_ray, ping_every=1, clock=clock)
+    manager.maintain(two_nodes)  # cycle 1: started, pinged
+    (a,) = _on(fake_ray, NODE_A)
+    (b,) = _on(fake_ray, NODE_B)
+    counts = iter(range(1, 10_000))
+    a.script("ping", lambda: next(counts))  # A publishes a reading between any two pings
+    b.script("ping", lambda: 7)  # B answers, but its count stands still
+    for _ in range(30):
+        clock.now += 2.5
+        assert manager.maintain(two_nodes) == {}  # 72.5 s still: under 30 intervals of 2.5 s
+
+    clock.now += 5.0
+    results = manager.maintain(two_nodes)
+
+    assert set(results) == {NODE_B}
+    assert "published no reading for 75 s; replaced" in results[NODE_B].message
+    assert b.killed and not a.killed
+    assert len(_on(fake_ray, NODE_B)) == 2
+
+
+def test_a_samplers_worker_id_is_learned_at_the_liveness_round(fake_ray, two_nodes):
+    def answer(actor: FakeActor, method: str) -> None:
+        if method == "set_workers":  # scripted before the round asks
+            actor.script("worker_id", lambda: f"worker-{actor.node_id[:1]}")
+
+    fake_ray.on_submit.append(answer)
+    manager = _manager(fake_ray, ping_every=1)
+    manager.maintain(two_nodes)  # cycle 1: started and told; pinged, asked its worker id
+    (a,) = _on(fake_ray, NODE_A)
+    (b,) = _on(fake_ray, NODE_B)
+    assert manager.sampler_ids() == {a._actor_id.hex(): "", b._actor_id.hex(): ""}
+
+    manager.maintain(two_nodes)  # cycle 2: the answers are read
+    manager.maintain(two_nodes)  # cycle 3: not asked again
+
+    assert manager.sampler_ids() == {a._actor_id.hex(): "worker-a", b._actor_id.hex(): "worker-b"}
+    assert _names(a).count("worker_id") == 1
+
+
+def test_the_only_sampler_wedged_after_answering_is_still_replaced_after_max_missed_rounds(
+    fake_ray, nodes
+):
+    workers = {NODE_A: [_worker(nodes[NODE_A], "policy", 200)]}
+    manager = _manager(fake_ray, ping_every=1, max_missed=2)
+    manager.maintain(workers)  # cycle 1: started, pinged
+    manager.maintain(workers)  # cycle 2: answered; pinged again
+    (a,) = _on(fake_ray, NODE_A)
+    a.hung = True
+    manager.maintain(workers)  # cycle 3: answered; the new ping hangs
+    assert isinstance(manager.maintain(workers).get(NODE_A), SamplerError)  # miss 1
+
+    results = manager.maintain(workers)  # miss 2: its ping, still out, is read again
+
+    assert a.killed
+    assert "replaced" in results[NODE_A].message
+    assert len(_on(fake_ray, NODE_A)) == 2

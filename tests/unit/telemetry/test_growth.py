@@ -204,6 +204,23 @@ def test_figures_that_cannot_be_the_node_s_are_ignored_and_say_why() -> None:
     assert a.limit == pytest.approx(0.95 * TOTAL)  # drawn here, from the scraped total
 
 
+def test_a_stale_samplers_figures_are_shown_as_stale_with_their_age_not_believed() -> None:
+    monitor = SamplerMonitor(10 * 1024**2)
+    cycle = GrowthCycle(kill_line=LINE)
+    _run(cycle, monitor, 100)
+    published = monitor.group_figures()["a"][1]
+    assert published.node is not None and published.node.growth is not None
+    stuck = NodeGroupFigures(
+        published.sampled_at, published.groups, published.node._replace(stale_for=240.0)
+    )
+    monitor.group_figures = lambda: {"a": ("vm", stuck, monitor.t)}  # type: ignore[method-assign]
+    cycle(monitor)
+
+    a = cycle.snapshot.latest()["a"]
+    assert a.unavailable == "its sampler has published nothing for 240 s, so its figures are stale"
+    assert a.growth is None and a.time_to_limit is None and a.group_growth == {}
+
+
 def test_a_node_that_left_is_forgotten() -> None:
     monitor = SamplerMonitor(0.0)
     cycle = GrowthCycle(kill_line=LINE)

@@ -25,7 +25,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable, Hashable, Iterable, Sequence
+from collections.abc import Callable, Hashable, Iterable, Mapping, Sequence
 from pathlib import Path
 
 from raylens import forking
@@ -137,6 +137,10 @@ class HelperEngine:
         self._batch = 0
         self._groups = GroupFiguresMemo()
         self._closed = False
+        #: Sampler ids the helper is to believe (None: any), and whether the helper
+        #: running now has been told them.
+        self._trusted: Mapping[str, str] | None = None
+        self._trust_told = True
         #: What a forked child inherited from its parent: kept, never used or closed.
         self._inherited: list[object] = []
         forking.reset_after_fork_in_child(self)
@@ -195,6 +199,7 @@ class HelperEngine:
             theirs.close()
         self._process, self._channel, self._ready = process, DriverChannel(ours), False
         self._stalled = 0
+        self._trust_told = self._trusted is None  # a new helper believes any sampler
 
     def _reap(self, grace: float = 0.1) -> None:
         """Forget the current helper, collecting its exit status (no zombie)."""
@@ -239,6 +244,14 @@ class HelperEngine:
             if not self._closed:
                 self._ensure()
 
+    def trust_samplers(self, ids: Mapping[str, str] | None) -> None:
+        """Have the helper believe only the series of the samplers in ``ids`` (None: any),
+        from the next batch on."""
+        with self._lock:
+            if ids != self._trusted:
+                self._trusted = ids
+                self._trust_told = False
+
     # Batches ---------------------------------------------------------------------------
 
     def scrape(self, jobs: Sequence[Job], timeout: float | None = None) -> dict[Hashable, Outcome]:
@@ -270,6 +283,9 @@ class HelperEngine:
                 self._batch += 1
                 keys = [job[0] for job in jobs]
                 known = self._groups.known(keys)
+                if not self._trust_told:
+                    channel.queue(("trust", self._trusted))
+                    self._trust_told = True
                 channel.queue(("scrape", self._batch, list(jobs), now + seconds, known))
                 reply = channel.exchange(_is_result_of(self._batch), wait_until, self._abort, alive)
                 if reply is None:

@@ -62,6 +62,7 @@ from raylens.telemetry.scraping import (
     PrestartingEngine,
     ScrapeEngine,
     ScrapeLimits,
+    TrustingEngine,
     fetch_once,
 )
 from raylens.validation import positive_seconds
@@ -208,6 +209,7 @@ class HostMemoryMonitor:
         self._stop_event = threading.Event()  # replaced on every start()
         self._thread: threading.Thread | None = None
         self._engine: ScrapeEngine | None = None
+        self._trusted_samplers: Mapping[str, str] | None = None
         self._threads: ThreadedScrapes[RayNode] | None = None
         #: The nodes of the cycle in progress, by key, for a replaced ``_scrape``.
         self._overridden_nodes: dict[Hashable, RayNode] = {}
@@ -478,7 +480,21 @@ class HostMemoryMonitor:
                     if self.scrape_mode is ScrapeMode.HELPER
                     else AsyncScrapeEngine(self.limits)
                 )
+                if self._trusted_samplers is not None and isinstance(self._engine, TrustingEngine):
+                    self._engine.trust_samplers(self._trusted_samplers)
             return self._engine
+
+    def trust_samplers(self, ids: Mapping[str, str] | None) -> None:
+        """Believe, from the next scrape on, only the series of the samplers in ``ids``: the
+        Ray actor ids of the samplers raylens started, each to the Ray worker id its series
+        must carry (``""`` while not known); None, the default: any sampler's."""
+        with self._lock:
+            if ids is self._trusted_samplers:
+                return  # the same mapping again: nothing to tell the engine
+            self._trusted_samplers = ids
+            engine = self._engine
+        if isinstance(engine, TrustingEngine):
+            engine.trust_samplers(ids)
 
     def _forget_departed(self, live: set[NodeKey]) -> None:
         """Drop everything held about nodes that left, so state stays as large as the cluster."""
@@ -731,13 +747,16 @@ def _request_seconds(
 
 
 def _warn_refused(node: RayNode, refused: tuple[int, tuple[str, ...]]) -> None:
-    """One warning per node naming what its payload held beyond physical bounds."""
+    """One warning per node naming what of its payload was not believed: values beyond
+    physical bounds, samplers stamped in the future, publishers that are no known sampler."""
     count, named = refused
     more = f" and {count - len(named)} more" if count > len(named) else ""
     warn_once(
         f"host_memory.refused.{node.node_id}",
         f"node {printable(node.node_id[:56])} ({printable(node.host)}) published {count} "
-        f"value(s) no machine can have, refused: {printable(', '.join(named))[:600]}{more}; "
+        "value(s) or sampler(s) raylens does not believe (beyond physical bounds, stamped "
+        "in the future, or not a sampler raylens started), refused: "
+        f"{printable(', '.join(named))[:600]}{more}; "
         "another job may be publishing series under raylens' names (warned once per node)",
         logger=logger,
     )

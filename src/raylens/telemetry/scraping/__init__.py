@@ -30,7 +30,7 @@ from raylens.telemetry.scraping._engine import (
     outcome_of_payload,
 )
 from raylens.telemetry.scraping._helper_program import leave_out_known_groups
-from raylens.telemetry.scraping._protocol import PrestartingEngine, ScrapeEngine
+from raylens.telemetry.scraping._protocol import PrestartingEngine, ScrapeEngine, TrustingEngine
 from raylens.telemetry.scraping._wire import (
     GROUPS_UNCHANGED,
     HeldFigures,
@@ -58,6 +58,7 @@ __all__ = [
     "Row",
     "ScrapeEngine",
     "ScrapeLimits",
+    "TrustingEngine",
     "decode_outcomes",
     "encode",
     "encode_outcomes",

@@ -31,7 +31,7 @@ import aiohttp.abc
 
 from raylens import forking
 from raylens.safe_text import printable
-from raylens.telemetry.physical_bounds import bound_payload
+from raylens.telemetry.physical_bounds import MAX_REFUSALS_NAMED, bound_payload
 from raylens.telemetry.prometheus_text import WantedLines
 from raylens.telemetry.raylet_payload import (
     ERROR_CONNECTION,
@@ -52,9 +52,10 @@ from raylens.telemetry.raylet_payload import (
     USED_KEY,
     NodeGroupFigures,
     NodeOomCounts,
-    parse_group_samples,
+    TrustedSamplers,
     parse_memory_samples,
     parse_oom_samples,
+    read_sampler_series,
 )
 from raylens.validation import positive_seconds
 
@@ -148,7 +149,11 @@ def _describe(exc: BaseException) -> str:
 
 
 async def _fetch(
-    session: aiohttp.ClientSession, url: str, limits: ScrapeLimits, seconds: float
+    session: aiohttp.ClientSession,
+    url: str,
+    limits: ScrapeLimits,
+    seconds: float,
+    trusted: TrustedSamplers | None = None,
 ) -> Outcome:
     """GET ``url`` within ``seconds`` and the size cap, and parse the two series."""
     received = 0
@@ -209,13 +214,21 @@ async def _fetch(
         )
     except (aiohttp.ClientError, OSError, ValueError) as exc:
         return Outcome(None, _describe(exc), error_type=ERROR_CONNECTION)
-    return outcome_of_payload(lines.payload(), received)
+    return outcome_of_payload(lines.payload(), received, now=time.time(), trusted=trusted)
 
 
-def outcome_of_payload(kept: bytes, received: int) -> Outcome:
+def outcome_of_payload(
+    kept: bytes,
+    received: int,
+    *,
+    now: float | None = None,
+    trusted: TrustedSamplers | None = None,
+) -> Outcome:
     """The outcome of a node whose wanted lines are ``kept`` (of ``received`` bytes): its
     series parsed by exact name and held to physical bounds
-    (:func:`~raylens.telemetry.physical_bounds.bound_payload`)."""
+    (:func:`~raylens.telemetry.physical_bounds.bound_payload`); its samplers' series
+    believed as :func:`~raylens.telemetry.raylet_payload.read_sampler_series` says, for the
+    reader's Unix time ``now`` and the samplers ``trusted`` (None: any)."""
     values = parse_memory_samples(kept)
     if USED_KEY not in values and TOTAL_KEY not in values:  # the machine pair alone is no sample
         return Outcome(
@@ -224,7 +237,8 @@ def outcome_of_payload(kept: bytes, received: int) -> Outcome:
             f"in the {received}-byte payload",
             error_type=ERROR_PARSE,
         )
-    bounded = bound_payload(values, parse_group_samples(kept), parse_oom_samples(kept))
+    samplers = read_sampler_series(kept, now=now, trusted=trusted)
+    bounded = bound_payload(values, samplers.figures, parse_oom_samples(kept))
     if USED_KEY not in bounded.values and TOTAL_KEY not in bounded.values:
         return Outcome(
             None,
@@ -232,7 +246,9 @@ def outcome_of_payload(kept: bytes, received: int) -> Outcome:
             f"in the {received}-byte payload",
             error_type=ERROR_PARSE,
         )
-    refused = (bounded.refused_count, bounded.refused) if bounded.refused_count else None
+    count = bounded.refused_count + samplers.refused_count
+    named = (*samplers.refused, *bounded.refused)[:MAX_REFUSALS_NAMED]
+    refused = (count, named) if count else None
     return Outcome(bounded.values, None, groups=bounded.groups, oom=bounded.oom, refused=refused)
 
 
@@ -336,9 +352,15 @@ class AsyncScrapeEngine:
         self._slots: tuple[asyncio.Semaphore, asyncio.Semaphore] | None = None
         self._in_flight: set[Hashable] = set()
         self._closed = False
+        #: Sampler ids whose series are believed; None: any sampler's.
+        self.trusted: TrustedSamplers | None = None
         #: What a forked child inherited: its loop thread does not exist there.
         self._inherited: list[object] = []
         forking.reset_after_fork_in_child(self)
+
+    def trust_samplers(self, ids: TrustedSamplers | None) -> None:
+        """Believe from now on only the series of the samplers in ``ids`` (None: any)."""
+        self.trusted = ids
 
     def reset_after_fork(self) -> None:
         """In a forked child: forget the parent's loop, session and requests; start afresh."""
@@ -496,7 +518,7 @@ class AsyncScrapeEngine:
                         error_type=ERROR_TIMEOUT,
                     )
                 else:
-                    outcome = await _fetch(session, url, self.limits, left)
+                    outcome = await _fetch(session, url, self.limits, left, self.trusted)
                     outcome = outcome._replace(duration=loop.time() - asked_at)
             finally:
                 semaphore.release()

@@ -8,7 +8,8 @@ driver's to handle; the helper then ends with it) and exits as soon as its
 driver is gone, SIGKILL included, or the channel closes.
 
 Messages in: ``("scrape", batch id, jobs, absolute monotonic deadline, known)``, where
-``known`` is ``{key: sampled_at}`` of the group figures the driver already holds.
+``known`` is ``{key: sampled_at}`` of the group figures the driver already holds, and
+``("trust", ids)``: the sampler ids whose series to believe from then on (None: any).
 Messages out: ``("ready",)`` once, then ``("result", batch id, rows)`` per batch: one row
 per node that answered, as :mod:`raylens.telemetry.scraping._wire` writes it, without the
 group figures the driver holds already (:func:`leave_out_known_groups`).
@@ -68,6 +69,10 @@ def serve(sock: socket.socket, limits: ScrapeLimits) -> None:
         write_message(sock, ("ready",))
         while True:
             message = read_message(sock)
+            if isinstance(message, tuple) and len(message) == 2 and message[0] == "trust":
+                ids = message[1]
+                engine.trust_samplers(None if ids is None else dict(ids))
+                continue
             if not (isinstance(message, tuple) and message and message[0] == "scrape"):
                 return
             _, batch, jobs, deadline, known = message

@@ -9,12 +9,12 @@ start that process ahead of the first batch, and its pid.
 
 from __future__ import annotations
 
-from collections.abc import Hashable, Sequence
+from collections.abc import Hashable, Mapping, Sequence
 from typing import Protocol, runtime_checkable
 
 from raylens.telemetry.scraping._engine import Job, Outcome
 
-__all__ = ["PrestartingEngine", "ScrapeEngine"]
+__all__ = ["PrestartingEngine", "ScrapeEngine", "TrustingEngine"]
 
 
 @runtime_checkable
@@ -47,4 +47,13 @@ class PrestartingEngine(ScrapeEngine, Protocol):
 
     def prestart(self) -> None:
         """Start the engine's process now, without waiting for it to be ready."""
+        ...
+
+
+@runtime_checkable
+class TrustingEngine(Protocol):
+    """An engine that can be told whose sampler series to believe."""
+
+    def trust_samplers(self, ids: Mapping[str, str] | None, /) -> None:
+        """Believe only the series of the samplers in ``ids`` from the next batch (None: any)."""
         ...
