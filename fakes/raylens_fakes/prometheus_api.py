@@ -1,0 +1,170 @@
+"""A fake Prometheus HTTP API answering the queries of raylens' Prometheus source.
+
+:class:`FakePrometheus` holds one :class:`FakeTarget` per scrape target and answers each
+of :class:`raylens.telemetry.prometheus_source.Query` as Prometheus would, aggregated
+the same way: in process (:meth:`FakePrometheus.fetch`, a ``Fetcher``), or over HTTP on
+127.0.0.1 (:meth:`FakePrometheus.serve`, an aiohttp application answering
+``/api/v1/query``). Answers are JSON bytes, so the source's parser reads what a real
+server would send; :attr:`FakePrometheus.calls` logs every query asked.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+from collections.abc import Mapping
+from typing import Any
+
+from aiohttp import web
+
+from raylens.telemetry.prometheus_source import (
+    Answer,
+    PrometheusSettings,
+    Query,
+    query_text,
+)
+from raylens.telemetry.raylet_payload import NODE_SERIES
+
+__all__ = ["FakePrometheus", "FakeTarget"]
+
+
+@dataclasses.dataclass
+class FakeTarget:
+    """One scrape target: a node's metrics agent as Prometheus last scraped it.
+
+    ``groups`` maps a group name to ``(rss, pss, processes, growth)``, any of the last
+    three None when unpublished. ``node`` holds the sampler's node figures in
+    ``NODE_SERIES`` order (window last); None publishes none. ``series`` False means
+    the target's series are gone (staleness markers after failed scrapes).
+    """
+
+    ip: str = "10.0.0.1"
+    used: float = 8 * 1024**3
+    total: float = 64 * 1024**3
+    up: float = 1.0
+    #: Unix time of the latest sample of the node's series.
+    scraped_at: float = 1_000.0
+    series: bool = True
+    worker_id: str = "0" * 56
+    sampled_at: float | None = None
+    groups: dict[str, tuple[float, float | None, float | None, float | None]] = (
+        dataclasses.field(default_factory=dict)
+    )
+    node: tuple[float | None, ...] | None = None
+    sampler: str = "actor-1"
+    started_by: str = "driver/1"
+    evictions: dict[str, float] = dataclasses.field(default_factory=dict)
+    kernel_kills: float | None = None
+
+
+def _number(value: float | None) -> str:
+    if value is None or math.isnan(value):
+        return "NaN"
+    if math.isinf(value):
+        return "+Inf" if value > 0 else "-Inf"
+    return repr(float(value))
+
+
+class FakePrometheus:
+    """Targets by instance, answering at ``now`` (Unix seconds, the evaluation time)."""
+
+    def __init__(self, job: str = "ray", now: float = 1_000.0) -> None:
+        self.job = job
+        self.now = now
+        self.targets: dict[str, FakeTarget] = {}
+        self.calls: list[str] = []
+        #: Per query, an answer body to send instead (a broken or hostile server).
+        self.override: dict[Query, bytes] = {}
+        self._by_text = {query_text(query, job): query for query in Query}
+
+    def series(self, query: Query) -> list[tuple[dict[str, str], float | None]]:
+        """``(labels, value)`` of every series ``query`` returns now."""
+        out: list[tuple[dict[str, str], float | None]] = []
+        for instance, target in sorted(self.targets.items()):
+            out.extend(self._of(query, instance, target))
+        return out
+
+    def _of(
+        self, query: Query, instance: str, t: FakeTarget
+    ) -> list[tuple[dict[str, str], float | None]]:
+        me = {"instance": instance}
+        worker = {**me, "WorkerId": t.worker_id}
+        if query is Query.UP:
+            return [(me, t.up)]
+        if not t.series:
+            return []
+        if query is Query.FRESH:
+            return [(me, t.scraped_at)]
+        if query is Query.NODE_USED:
+            return [({**me, "ip": t.ip}, t.used)]
+        if query is Query.NODE_TOTAL:
+            return [(me, t.total)]
+        if query is Query.EVICTIONS:
+            return [({**me, "Name": name}, count) for name, count in t.evictions.items()]
+        if query is Query.KERNEL_KILLS:
+            return [] if t.kernel_kills is None else [(me, t.kernel_kills)]
+        if t.sampled_at is None:
+            return []
+        if query is Query.SAMPLED_AT:
+            return [(worker, t.sampled_at)]
+        rows: list[tuple[dict[str, str], float | None]] = []
+        for group, (rss, pss, processes, growth) in t.groups.items():
+            named = {**worker, "rl_worker_group": group}
+            if query is Query.GROUP_MEMORY:
+                rows.append(({**named, "memory_type": "rss"}, rss))
+                if pss is not None:
+                    rows.append(({**named, "memory_type": "pss"}, pss))
+            elif query is Query.GROUP_PROCESSES and processes is not None:
+                rows.append((named, processes))
+            elif query is Query.GROUP_GROWTH and growth is not None:
+                rows.append((named, growth))
+        if t.node is not None:
+            if query is Query.NODE_FIGURES:
+                rows.extend(
+                    ({**worker, "__name__": name}, value)
+                    for name, value in zip(NODE_SERIES[:-1], t.node[:-1])
+                )
+            elif query is Query.WINDOW:
+                identity = {**worker, "rl_sampler": t.sampler, "rl_started_by": t.started_by}
+                rows.append((identity, t.node[-1]))
+        return rows
+
+    def answer(self, query: Query) -> bytes:
+        """The JSON body Prometheus would send for ``query``."""
+        if query in self.override:
+            return self.override[query]
+        result = [
+            {"metric": labels, "value": [self.now, _number(value)]}
+            for labels, value in self.series(query)
+        ]
+        document = {"status": "success", "data": {"resultType": "vector", "result": result}}
+        return json.dumps(document, separators=(",", ":")).encode()
+
+    def fetch(
+        self, settings: PrometheusSettings, queries: tuple[Query, ...]
+    ) -> Mapping[Query, Answer]:
+        """A ``Fetcher``: every query answered in process."""
+        answers = {}
+        for query in queries:
+            self.calls.append(query_text(query, settings.job))
+            answers[query] = Answer(self.answer(query), None, 0.0)
+        return answers
+
+    def serve(self) -> web.Application:
+        """An aiohttp application serving ``/api/v1/query`` (GET or form POST)."""
+
+        async def handle(request: web.Request) -> web.Response:
+            form: Any = await request.post() if request.method == "POST" else request.query
+            text = str(form.get("query", ""))
+            self.calls.append(text)
+            query = self._by_text.get(text)
+            if query is None:
+                body = {"status": "error", "errorType": "bad_data", "error": "unknown query"}
+                return web.json_response(body, status=400)
+            return web.Response(body=self.answer(query), content_type="application/json")
+
+        app = web.Application()
+        app.router.add_route("GET", "/api/v1/query", handle)
+        app.router.add_route("POST", "/api/v1/query", handle)
+        return app

@@ -1,0 +1,223 @@
+"""The Prometheus source against a fake Prometheus API, in process (no sockets)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from raylens.telemetry.prometheus_source import (
+    Answer,
+    PrometheusSettings,
+    PrometheusSource,
+    Query,
+)
+from raylens_fakes.cluster import FakeCluster
+from raylens_fakes.prometheus_api import FakePrometheus, FakeTarget
+
+GIB = 1024**3
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 500.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def _source(fake: FakePrometheus, **kw: object) -> PrometheusSource:
+    settings = PrometheusSettings("http://127.0.0.1:9090", scrape_interval_s=5.0)
+    return PrometheusSource(
+        settings, interval=5.0, fetch=fake.fetch, clock=Clock(), wall=lambda: fake.now, **kw
+    )
+
+
+def _fleet(nodes: int) -> FakePrometheus:
+    fake = FakePrometheus(now=1_000.0)
+    for index in range(nodes):
+        fake.targets[f"10.0.0.{index}:8080"] = FakeTarget(
+            ip=f"10.0.0.{index}",
+            used=(index + 1) * GIB,
+            scraped_at=999.0,
+            sampled_at=998.5,
+            groups={"policy": (2 * GIB, 1.5 * GIB, 4.0, 1024.0), "rollout": (GIB, None, 2.0, None)},
+            node=(3 * GIB, 2048.0, 0.0, 1.0, 60 * GIB, 900.0, 600.0),
+        )
+    return fake
+
+
+def test_a_cycle_sends_the_same_fixed_queries_whatever_the_number_of_nodes() -> None:
+    asked = []
+    for nodes in (1, 50):
+        fake = _fleet(nodes)
+        _source(fake).collect_once()
+        asked.append(sorted(fake.calls))
+    assert asked[0] == asked[1]
+    assert len(asked[0]) == len(Query) <= 12
+
+
+def test_nodes_groups_and_growth_come_from_the_series() -> None:
+    fake = _fleet(2)
+    source = _source(fake)
+    source.collect_once()
+    samples = source.latest()
+    assert [s.node_id for s in samples] == ["10.0.0.0:8080", "10.0.0.1:8080"]
+    first = samples[0]
+    assert (first.used, first.total, first.error) == (GIB, 64 * GIB, None)
+    assert first.host == "10.0.0.0"
+    assert first.worker_groups == "policy,rollout"
+    host, figures, _at = source.group_figures()["10.0.0.0:8080"]
+    assert host == "10.0.0.0" and figures.sampled_at == 998.5
+    assert figures.rows == (
+        ("policy", 2 * GIB, 1.5 * GIB, 4.0, 1024.0),
+        ("rollout", GIB, None, 2.0, None),
+    )
+    assert figures.node is not None
+    assert (figures.node.growth, figures.node.growing, figures.node.time_to_limit) == (
+        2048.0,
+        True,
+        900.0,
+    )
+    assert (figures.node.window_s, figures.node.sampler) == (600.0, "actor-1")
+
+
+def test_only_the_freshest_sampler_on_a_node_counts() -> None:
+    fake = _fleet(1)
+    target = fake.targets["10.0.0.0:8080"]
+    stale = FakeTarget(**{**target.__dict__, "worker_id": "1" * 56, "sampled_at": 900.0})
+    stale.groups = {"old": (9 * GIB, None, None, None)}
+    original = fake._of
+
+    def both(query: Query, instance: str, t: FakeTarget) -> list:
+        return original(query, instance, t) + (
+            original(query, instance, stale) if query not in (Query.UP, Query.FRESH, Query.NODE_USED, Query.NODE_TOTAL) else []
+        )
+
+    fake._of = both  # type: ignore[method-assign]
+    source = _source(fake)
+    source.collect_once()
+    _host, figures, _at = source.group_figures()["10.0.0.0:8080"]
+    assert [row[0] for row in figures.rows] == ["policy", "rollout"]
+
+
+def test_a_node_whose_series_are_older_than_two_scrape_intervals_is_failing_with_its_age() -> None:
+    fake = _fleet(2)
+    fake.targets["10.0.0.1:8080"].scraped_at = 1_000.0 - 11.0
+    source = _source(fake)
+    source.collect_once()
+    fresh, old = source.latest()
+    assert fresh.error is None
+    assert old.error is not None and "11 s old" in old.error and "5 s scrape interval" in old.error
+    assert "10.0.0.1:8080" not in source.group_figures()
+
+
+def test_a_stopped_node_stays_listed_as_failing_while_prometheus_lists_its_target() -> None:
+    fake = _fleet(2)
+    source = _source(fake)
+    source.collect_once()
+    gone = fake.targets["10.0.0.1:8080"]
+    gone.up, gone.series = 0.0, False  # Prometheus marked its series stale
+    fake.now += 7.0
+    source.collect_once()
+    samples = {s.node_id: s for s in source.latest()}
+    failing = samples["10.0.0.1:8080"]
+    assert failing.error is not None and "up 0" in failing.error and "8 s old" in failing.error
+    assert failing.used == 2 * GIB  # the last figures stand, as in direct scraping
+    del fake.targets["10.0.0.1:8080"]  # the target left the service-discovery file
+    source.collect_once()
+    assert [s.node_id for s in source.latest()] == ["10.0.0.0:8080"]
+
+
+def test_targets_without_node_memory_series_are_not_nodes() -> None:
+    fake = _fleet(1)
+    fake.targets["10.0.0.9:44217"] = FakeTarget(series=False)  # the autoscaler's endpoint
+    source = _source(fake)
+    source.collect_once()
+    assert [s.node_id for s in source.latest()] == ["10.0.0.0:8080"]
+
+
+def test_an_unanswering_prometheus_makes_every_known_node_fail_and_says_why() -> None:
+    fake = _fleet(1)
+    source = _source(fake)
+    source.collect_once()
+
+    def down(_settings: PrometheusSettings, queries: tuple[Query, ...]) -> dict:
+        return {query: Answer(None, "ConnectionRefusedError: refused", 0.0) for query in queries}
+
+    source.fetch = down
+    source.collect_once()
+    (sample,) = source.latest()
+    assert sample.error is not None and "did not answer" in sample.error
+    assert "refused" in sample.error
+    assert source.group_figures() == {}
+
+
+def test_one_failed_query_costs_only_its_own_figures() -> None:
+    fake = _fleet(1)
+    fake.override[Query.GROUP_GROWTH] = b'{"status":"error","errorType":"timeout","error":"x"}'
+    source = _source(fake)
+    source.collect_once()
+    (sample,) = source.latest()
+    assert sample.error is None and sample.used == GIB
+    _host, figures, _at = source.group_figures()["10.0.0.0:8080"]
+    assert figures.rows[0][4] is None and figures.rows[0][1] == 2 * GIB
+    assert any(line.startswith("group_growth") for line in source.query_errors())
+
+
+def test_kill_counters_sum_the_raylets_series_per_node() -> None:
+    fake = _fleet(1)
+    fake.targets["10.0.0.0:8080"].evictions = {"policy-0:Hog.f": 2.0, "rollout-0:X.y": 1.0}
+    fake.targets["10.0.0.0:8080"].kernel_kills = 4.0
+    source = _source(fake)
+    source.collect_once()
+    _host, counts, _at = source.oom_counts()["10.0.0.0:8080"]
+    assert counts.ray_evictions == 3.0 and counts.kernel_oom_kills == 4.0
+    assert counts.ray_victims == (("policy-0:Hog.f", 2.0), ("rollout-0:X.y", 1.0))
+
+
+def test_nodes_are_named_by_the_connected_cluster_when_there_is_one(
+    fake_cluster: FakeCluster,
+) -> None:
+    fake = _fleet(1)
+    fake_cluster.add_node(node_id="ab" * 28, address="10.0.0.0", port=8080, hostname="n0")
+    source = _source(fake, cluster=fake_cluster)
+    source.collect_once()
+    (sample,) = source.latest()
+    assert (sample.node_id, sample.host) == ("ab" * 28, "n0")
+
+
+def test_the_node_count_is_bounded() -> None:
+    fake = _fleet(5)
+    source = _source(fake, max_nodes=3)
+    source.collect_once()
+    assert len(source.latest()) == 3
+
+
+def test_hooks_run_after_each_cycle_and_on_stop() -> None:
+    fake = _fleet(1)
+    source = _source(fake)
+    seen: list[int] = []
+    stopped: list[bool] = []
+    source.add_cycle_hook(lambda s: seen.append(len(s.latest())), on_stop=lambda: stopped.append(True))
+    source.collect_once()
+    source.stop()
+    assert seen == [1] and stopped == [True] and source.latest() == []
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        b"not json",
+        b"[" * 100_000,
+        b'{"status":"success","data":{"resultType":"matrix","result":[]}}',
+        json.dumps({"status": "success", "data": {"resultType": "vector", "result": 3}}).encode(),
+    ],
+)
+def test_a_malformed_answer_is_that_query_s_error_only(body: bytes) -> None:
+    fake = _fleet(1)
+    fake.override[Query.NODE_TOTAL] = body
+    source = _source(fake)
+    source.collect_once()
+    (sample,) = source.latest()
+    assert sample.used == GIB and sample.total is None and sample.error is None
