@@ -13,6 +13,7 @@ lists its target; one whose target is gone has left. State is bounded by ``max_n
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 import urllib.parse
@@ -43,7 +44,7 @@ __all__ = ["MAX_NODES", "PrometheusSource"]
 
 #: Most nodes one source reports (and remembers); the rest are left out, by instance order.
 MAX_NODES = 100_000
-_LOGGER = "raylens.prometheus_source"
+_LOGGER = logging.getLogger("raylens.telemetry.prometheus_source")
 
 CycleHook = Callable[[Any], None]
 
@@ -142,6 +143,13 @@ class PrometheusSource:
         )
         self._publish(figures, self._names())
         self.last_cycle = figures
+        for query, why in figures.errors.items():
+            warn_once(
+                f"prometheus_source.query.{query.name}",
+                f"the Prometheus query for {query.name.lower()} failed: {printable(why)[:200]}; "
+                "its figures are missing this cycle (warned once)",
+                logger=_LOGGER,
+            )
         self._run_hooks(stopping=False)
 
     def _names(self) -> dict[str, tuple[str, str]]:
