@@ -48,8 +48,8 @@ class FakeTarget:
     series: bool = True
     worker_id: str = "0" * 56
     sampled_at: float | None = None
-    groups: dict[str, tuple[float, float | None, float | None, float | None]] = (
-        dataclasses.field(default_factory=dict)
+    groups: dict[str, tuple[float, float | None, float | None, float | None]] = dataclasses.field(
+        default_factory=dict
     )
     node: tuple[float | None, ...] | None = None
     sampler: str = "actor-1"

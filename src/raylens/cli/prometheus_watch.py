@@ -64,7 +64,9 @@ def run_prometheus_watch(
             with keep_sigterm_handler():
                 ray.init(address=args.address, logging_level="ERROR", log_to_driver=False)
         except Exception as error:  # Ray raises ConnectionError, RuntimeError, ValueError...
-            said = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+            said = (
+                str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+            )
             raise CliError(f"cannot reach a Ray cluster at {args.address!r}: {said}") from None
         cluster = RayClusterView()
     try:

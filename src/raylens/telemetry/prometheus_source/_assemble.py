@@ -228,12 +228,12 @@ def _kills(rows: dict[Query, list[Row]], nodes: dict[str, NodeFound]) -> None:
         if instance in nodes
     }
     for instance in evictions.keys() | kernel.keys():
-        by_name = evictions.get(instance)
-        names = sorted(by_name.items()) if by_name else []
+        counted = evictions.get(instance)
+        names = sorted(counted.items()) if counted else []
         if len(names) > MAX_EVICTION_NAMES:
             kept = [item for item in names if item[0]][: MAX_EVICTION_NAMES - 1]
             rest = sum(value for _name, value in names) - sum(value for _n, value in kept)
             names = [("", rest), *kept]
         nodes[instance].oom = NodeOomCounts(
-            None if by_name is None else sum(by_name.values()), kernel.get(instance), tuple(names)
+            None if counted is None else sum(counted.values()), kernel.get(instance), tuple(names)
         )

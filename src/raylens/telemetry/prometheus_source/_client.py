@@ -56,9 +56,7 @@ async def _one(
             settings.query_url, data={"query": query_text(query, settings.job)}
         ) as response:
             if response.status != 200 and response.status != 400 and response.status != 422:
-                return Answer(
-                    None, f"HTTP status {response.status}", time.perf_counter() - started
-                )
+                return Answer(None, f"HTTP status {response.status}", time.perf_counter() - started)
             chunks: list[bytes] = []
             size = 0
             while True:

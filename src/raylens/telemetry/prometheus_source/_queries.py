@@ -58,7 +58,7 @@ class Query(enum.Enum):
     FRESH = f'timestamp({RAY_NODE_MEM_USED}{{{{job="{{job}}"}}}})'
     #: Node memory as Ray's memory monitor counts it, and its total.
     NODE_USED = f'max by ({INSTANCE_LABEL}, ip) ({RAY_NODE_MEM_USED}{{{{job="{{job}}"}}}})'
-    NODE_TOTAL = f"max by ({INSTANCE_LABEL}) ({RAY_NODE_MEM_TOTAL}{{{{job=\"{{job}}\"}}}})"
+    NODE_TOTAL = f'max by ({INSTANCE_LABEL}) ({RAY_NODE_MEM_TOTAL}{{{{job="{{job}}"}}}})'
     #: Each sampler's stamp: which sampler on a node is the freshest.
     SAMPLED_AT = (
         f"max by ({INSTANCE_LABEL}, {RAY_WORKER_ID_LABEL}) "

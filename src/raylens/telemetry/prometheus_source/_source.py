@@ -269,7 +269,9 @@ class PrometheusSource:
         cycle = self.last_cycle
         if cycle is None:
             return []
-        return [f"{query.name.lower()}: {printable(text)[:200]}" for query, text in cycle.errors.items()]
+        return [
+            f"{query.name.lower()}: {printable(text)[:200]}" for query, text in cycle.errors.items()
+        ]
 
     # A thread of its own, for a driver ----------------------------------------------
 

@@ -91,7 +91,9 @@ def test_only_the_freshest_sampler_on_a_node_counts() -> None:
 
     def both(query: Query, instance: str, t: FakeTarget) -> list:
         return original(query, instance, t) + (
-            original(query, instance, stale) if query not in (Query.UP, Query.FRESH, Query.NODE_USED, Query.NODE_TOTAL) else []
+            original(query, instance, stale)
+            if query not in (Query.UP, Query.FRESH, Query.NODE_USED, Query.NODE_TOTAL)
+            else []
         )
 
     fake._of = both  # type: ignore[method-assign]
@@ -199,7 +201,9 @@ def test_hooks_run_after_each_cycle_and_on_stop() -> None:
     source = _source(fake)
     seen: list[int] = []
     stopped: list[bool] = []
-    source.add_cycle_hook(lambda s: seen.append(len(s.latest())), on_stop=lambda: stopped.append(True))
+    source.add_cycle_hook(
+        lambda s: seen.append(len(s.latest())), on_stop=lambda: stopped.append(True)
+    )
     source.collect_once()
     source.stop()
     assert seen == [1] and stopped == [True] and source.latest() == []
