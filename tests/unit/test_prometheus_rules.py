@@ -53,7 +53,7 @@ def test_every_series_the_rules_read_is_published() -> None:
     recorded = {rule["record"] for rule in rules if "record" in rule}
     for rule in rules:
         for name in _NAME.findall(rule["expr"]):
-            if name not in (GROUP_LABEL, "rl_phase"):
+            if name not in (GROUP_LABEL, "rl_phase", "ray_node_id"):
                 assert name in KNOWN, (rule.get("record") or rule.get("alert"), name)
         for name in re.findall(r"raylens:[a-z_:0-9]+", rule["expr"]):
             assert name in recorded, name
