@@ -10,10 +10,14 @@ server would send; :attr:`FakePrometheus.calls` logs every query asked.
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import dataclasses
 import json
 import math
-from collections.abc import Mapping
+import socket
+import threading
+from collections.abc import Iterator, Mapping
 from typing import Any
 
 from aiohttp import web
@@ -74,6 +78,10 @@ class FakePrometheus:
         self.now = now
         self.targets: dict[str, FakeTarget] = {}
         self.calls: list[str] = []
+        #: The ``Authorization`` header of every HTTP request ("" when absent).
+        self.authorizations: list[str] = []
+        #: Seconds the HTTP server waits between body bytes (0: sends at once).
+        self.trickle_s = 0.0
         #: Per query, an answer body to send instead (a broken or hostile server).
         self.override: dict[Query, bytes] = {}
         self._by_text = {query_text(query, job): query for query in Query}
@@ -154,17 +162,45 @@ class FakePrometheus:
     def serve(self) -> web.Application:
         """An aiohttp application serving ``/api/v1/query`` (GET or form POST)."""
 
-        async def handle(request: web.Request) -> web.Response:
+        async def handle(request: web.Request) -> web.StreamResponse:
             form: Any = await request.post() if request.method == "POST" else request.query
             text = str(form.get("query", ""))
             self.calls.append(text)
+            self.authorizations.append(request.headers.get("Authorization", ""))
             query = self._by_text.get(text)
             if query is None:
                 body = {"status": "error", "errorType": "bad_data", "error": "unknown query"}
                 return web.json_response(body, status=400)
-            return web.Response(body=self.answer(query), content_type="application/json")
+            if self.trickle_s <= 0:
+                return web.Response(body=self.answer(query), content_type="application/json")
+            response = web.StreamResponse(headers={"Content-Type": "application/json"})
+            await response.prepare(request)
+            for byte in self.answer(query):
+                await response.write(bytes([byte]))
+                await asyncio.sleep(self.trickle_s)
+            return response
 
         app = web.Application()
         app.router.add_route("GET", "/api/v1/query", handle)
         app.router.add_route("POST", "/api/v1/query", handle)
         return app
+
+    @contextlib.contextmanager
+    def running(self) -> Iterator[str]:
+        """Serve :meth:`serve` on 127.0.0.1 (a free port) from a thread; yields the base URL."""
+        loop = asyncio.new_event_loop()
+        runner = web.AppRunner(self.serve())
+        loop.run_until_complete(runner.setup())
+        sock = socket.socket()
+        sock.bind(("127.0.0.1", 0))
+        port = int(sock.getsockname()[1])
+        loop.run_until_complete(web.SockSite(runner, sock).start())
+        thread = threading.Thread(target=loop.run_forever, name="fake-prometheus", daemon=True)
+        thread.start()
+        try:
+            yield f"http://127.0.0.1:{port}"
+        finally:
+            loop.call_soon_threadsafe(loop.stop)
+            thread.join(10)
+            loop.run_until_complete(runner.cleanup())
+            loop.close()

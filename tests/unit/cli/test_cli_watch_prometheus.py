@@ -86,5 +86,7 @@ def test_an_unreachable_prometheus_is_one_line(capsys: pytest.CaptureFixture[str
     args = build_parser().parse_args(["watch", "--prometheus", "http://127.0.0.1:9", "--once"])
     from raylens.cli.parser import CliError
 
-    with pytest.raises(CliError, match=r"cannot read Prometheus at http://127\.0\.0\.1:9: .*refused"):
+    with pytest.raises(
+        CliError, match=r"cannot read Prometheus at http://127\.0\.0\.1:9: .*refused"
+    ):
         run_prometheus_watch(args, threading.Event(), fetch=refused)
