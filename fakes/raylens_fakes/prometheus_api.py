@@ -23,12 +23,13 @@ from typing import Any
 from aiohttp import web
 
 from raylens.telemetry.prometheus_source import (
+    GROUP_KINDS,
+    NODE_KINDS,
     Answer,
     PrometheusSettings,
     Query,
     query_text,
 )
-from raylens.telemetry.raylet_payload import NODE_SERIES
 
 __all__ = ["FakePrometheus", "FakeTarget"]
 
@@ -39,7 +40,8 @@ class FakeTarget:
 
     ``groups`` maps a group name to ``(rss, pss, processes, growth)``, any of the last
     three None when unpublished. ``node`` holds the sampler's node figures in
-    ``NODE_SERIES`` order (window last); None publishes none. ``series`` False means
+    ``NODE_KINDS`` order, then its window; None publishes none. The fake answers as
+    if the node had one sampler (the queries' freshest-sampler filter is Prometheus'). ``series`` False means
     the target's series are gone (staleness markers after failed scrapes).
     """
 
@@ -50,7 +52,6 @@ class FakeTarget:
     #: Unix time of the latest sample of the node's series.
     scraped_at: float = 1_000.0
     series: bool = True
-    worker_id: str = "0" * 56
     sampled_at: float | None = None
     groups: dict[str, tuple[float, float | None, float | None, float | None]] = dataclasses.field(
         default_factory=dict
@@ -97,9 +98,8 @@ class FakePrometheus:
         self, query: Query, instance: str, t: FakeTarget
     ) -> list[tuple[dict[str, str], float | None]]:
         me = {"instance": instance}
-        worker = {**me, "WorkerId": t.worker_id}
-        if query is Query.UP:
-            return [(me, t.up)]
+        if query is Query.DOWN:
+            return [(me, t.up)] if t.up == 0 else []
         if not t.series:
             return []
         if query is Query.FRESH:
@@ -115,27 +115,33 @@ class FakePrometheus:
         if t.sampled_at is None:
             return []
         if query is Query.SAMPLED_AT:
-            return [(worker, t.sampled_at)]
+            return [(me, t.sampled_at)]
         rows: list[tuple[dict[str, str], float | None]] = []
+        memory, processes_kind, growth_kind = GROUP_KINDS
         for group, (rss, pss, processes, growth) in t.groups.items():
-            named = {**worker, "rl_worker_group": group}
-            if query is Query.GROUP_MEMORY:
-                rows.append(({**named, "memory_type": "rss"}, rss))
-                if pss is not None:
-                    rows.append(({**named, "memory_type": "pss"}, pss))
-            elif query is Query.GROUP_PROCESSES and processes is not None:
-                rows.append((named, processes))
-            elif query is Query.GROUP_GROWTH and growth is not None:
-                rows.append((named, growth))
+            named = {**me, "rl_worker_group": group}
+            if query is Query.GROUPS:
+                rows.append(({**named, "k": memory}, rss))
+                if processes is not None:
+                    rows.append(({**named, "k": processes_kind}, processes))
+                if growth is not None:
+                    rows.append(({**named, "k": growth_kind}, growth))
+            elif query is Query.GROUP_PSS and pss is not None:
+                rows.append((named, pss))
         if t.node is not None:
+            used, growth, outside, growing, limit, left, window = t.node
             if query is Query.NODE_FIGURES:
+                values = (used, growth, outside, limit, left)
                 rows.extend(
-                    ({**worker, "__name__": name}, value)
-                    for name, value in zip(NODE_SERIES[:-1], t.node[:-1])
+                    ({**me, "k": kind}, value)
+                    for kind, value in zip(NODE_KINDS, values)
+                    if value is not None
                 )
+            elif query is Query.GROWING and growing == 1:
+                rows.append((me, 1.0))
             elif query is Query.WINDOW:
-                identity = {**worker, "rl_sampler": t.sampler, "rl_started_by": t.started_by}
-                rows.append((identity, t.node[-1]))
+                identity = {**me, "rl_sampler": t.sampler, "rl_started_by": t.started_by}
+                rows.append((identity, window))
         return rows
 
     def answer(self, query: Query) -> bytes:

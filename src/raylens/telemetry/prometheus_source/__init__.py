@@ -13,12 +13,15 @@ from __future__ import annotations
 from raylens.telemetry.prometheus_source._client import Answer, Fetcher, fetch_answers
 from raylens.telemetry.prometheus_source._queries import (
     DEFAULT_JOB,
+    GROUP_KINDS,
     INSTANCE_LABEL,
+    KIND_LABEL,
+    NODE_KINDS,
     Query,
     check_job,
     query_text,
 )
-from raylens.telemetry.prometheus_source._response import QueryError, Row, parse_vector
+from raylens.telemetry.prometheus_source._response import QueryError, Vector, parse_vector
 from raylens.telemetry.prometheus_source._settings import (
     CA_FILE_ENV,
     JOB_ENV,
@@ -35,9 +38,12 @@ from raylens.telemetry.prometheus_source._source import MAX_NODES, PrometheusSou
 __all__ = [
     "CA_FILE_ENV",
     "DEFAULT_JOB",
+    "GROUP_KINDS",
     "INSTANCE_LABEL",
+    "KIND_LABEL",
     "JOB_ENV",
     "MAX_NODES",
+    "NODE_KINDS",
     "PASSWORD_ENV",
     "SCRAPE_INTERVAL_ENV",
     "TOKEN_ENV",
@@ -49,7 +55,7 @@ __all__ = [
     "PrometheusSource",
     "Query",
     "QueryError",
-    "Row",
+    "Vector",
     "check_job",
     "check_url",
     "fetch_answers",

@@ -13,11 +13,11 @@ from __future__ import annotations
 import json
 import math
 from collections.abc import Iterable
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 from raylens.safe_text import encodable, printable
 
-__all__ = ["MAX_LABEL_CHARS", "QueryError", "Row", "parse_vector"]
+__all__ = ["MAX_LABEL_CHARS", "QueryError", "Vector", "parse_vector"]
 
 #: Longest label value kept, in characters; a longer one is cut.
 MAX_LABEL_CHARS = 256
@@ -27,13 +27,14 @@ class QueryError(ValueError):
     """An answer that is not a Prometheus instant-query vector, or says the query failed."""
 
 
-class Row(NamedTuple):
-    """One series of an instant vector: the wanted labels (in the asked order), the value,
-    and the evaluation time Prometheus stamped it with (Unix seconds)."""
+class Vector(NamedTuple):
+    """One instant vector: per series its wanted labels (in the asked order) then its value,
+    as one flat tuple; when Prometheus evaluated it (Unix seconds, None when empty); and how
+    many series were dropped."""
 
-    labels: tuple[str, ...]
-    value: float
-    at: float
+    rows: list[tuple[Any, ...]]
+    evaluated_at: float | None
+    dropped: int
 
 
 def _number(raw: object) -> float | None:
@@ -52,14 +53,8 @@ def _label(value: object) -> str:
     return encodable(value[:MAX_LABEL_CHARS])
 
 
-def parse_vector(body: bytes, keys: Iterable[str], *, max_series: int) -> tuple[list[Row], int]:
-    """The rows of an instant vector answer, and how many series were dropped.
-
-    ``keys`` are the labels read from each series (a missing one reads ``""``). Dropped
-    are series past ``max_series`` and series without a usable value (not a finite
-    number, or negative: Prometheus answers NaN for a gauge a sampler cleared).
-    """
-    wanted = tuple(keys)
+def _document(body: bytes) -> list[Any]:
+    """The ``data.result`` list of a successful instant-vector answer; QueryError otherwise."""
     try:
         document = json.loads(body)
     except (ValueError, RecursionError) as error:
@@ -79,19 +74,43 @@ def parse_vector(body: bytes, keys: Iterable[str], *, max_series: int) -> tuple[
     result = data.get("result")
     if not isinstance(result, list):
         raise QueryError("the answer's data.result is not a list")
-    rows: list[Row] = []
+    return result
+
+
+def parse_vector(body: bytes, keys: Iterable[str], *, max_series: int) -> Vector:
+    """The series of an instant vector answer, bounded; see the module docstring.
+
+    ``keys`` are the labels read from each series (a missing one reads ``""``). Dropped
+    are series past ``max_series`` and series without a usable value (not a finite
+    number, or negative: Prometheus answers NaN for a gauge a sampler cleared).
+    """
+    wanted = tuple(keys)
+    result = _document(body)
+    rows: list[tuple[Any, ...]] = []
     dropped = max(0, len(result) - max_series)
+    evaluated_at: float | None = None
+    limit = MAX_LABEL_CHARS
     for series in result[:max_series]:
-        if not isinstance(series, dict):
+        try:
+            metric = series["metric"]
+            stamp, raw = series["value"]
+            value = float(raw)
+            labels = [metric.get(key, "") for key in wanted]
+        except (TypeError, KeyError, ValueError, AttributeError, OverflowError):
             dropped += 1
             continue
-        metric, pair = series.get("metric"), series.get("value")
-        if not isinstance(metric, dict) or not isinstance(pair, list) or len(pair) != 2:
+        if not 0 <= value < math.inf:  # NaN fails both comparisons
             dropped += 1
             continue
-        at, value = _number(pair[0]), _number(pair[1])
-        if at is None or value is None or value < 0:
-            dropped += 1
-            continue
-        rows.append(Row(tuple([_label(metric.get(key)) for key in wanted]), value, at))
-    return rows, dropped
+        if evaluated_at is None:
+            evaluated_at = _number(stamp)
+        # Plain short ASCII (nearly every label) is kept as it is; anything else is checked.
+        labels = [
+            label
+            if type(label) is str and len(label) <= limit and label.isascii()
+            else _label(label)
+            for label in labels
+        ]
+        labels.append(value)
+        rows.append(tuple(labels))
+    return Vector(rows, evaluated_at, dropped)

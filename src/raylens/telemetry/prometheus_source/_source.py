@@ -34,6 +34,7 @@ from raylens.telemetry.prometheus_source._assemble import (
     CycleFigures,
     NodeFound,
     assemble,
+    collector_paused,
 )
 from raylens.telemetry.prometheus_source._client import Fetcher, fetch_answers
 from raylens.telemetry.prometheus_source._settings import PrometheusSettings
@@ -134,14 +135,16 @@ class PrometheusSource:
     def collect_once(self) -> None:
         """Send the cycle's queries, publish what they say, then run the cycle hooks."""
         answers = self.fetch(self.settings, QUERIES)
-        known = set(self._held)
-        figures = assemble(
-            answers,
-            max_series=self.settings.max_series,
-            max_nodes=self.max_nodes,
-            known=known,
-        )
-        self._publish(figures, self._names())
+        names = self._names()
+        with collector_paused():
+            figures = assemble(
+                answers,
+                max_series=self.settings.max_series,
+                max_nodes=self.max_nodes,
+                known=set(self._held),
+            )
+            del answers
+            self._publish(figures, names)
         self.last_cycle = figures
         for query, why in figures.errors.items():
             warn_once(
@@ -189,7 +192,7 @@ class PrometheusSource:
             error = None
             if unanswered:
                 error = f"Prometheus did not answer ({printable(why_none)[:120]}); {_age_text(age)}"
-            elif found.up == 0:
+            elif found.down:
                 error = f"Prometheus cannot scrape it (up 0); {_age_text(age)}"
             elif found.used is None or age is None:
                 error = f"no node memory series in Prometheus; {_age_text(age)}"

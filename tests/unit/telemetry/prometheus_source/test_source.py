@@ -82,27 +82,6 @@ def test_nodes_groups_and_growth_come_from_the_series() -> None:
     assert (figures.node.window_s, figures.node.sampler) == (600.0, "actor-1")
 
 
-def test_only_the_freshest_sampler_on_a_node_counts() -> None:
-    fake = _fleet(1)
-    target = fake.targets["10.0.0.0:8080"]
-    stale = FakeTarget(**{**target.__dict__, "worker_id": "1" * 56, "sampled_at": 900.0})
-    stale.groups = {"old": (9 * GIB, None, None, None)}
-    original = fake._of
-
-    def both(query: Query, instance: str, t: FakeTarget) -> list:
-        return original(query, instance, t) + (
-            original(query, instance, stale)
-            if query not in (Query.UP, Query.FRESH, Query.NODE_USED, Query.NODE_TOTAL)
-            else []
-        )
-
-    fake._of = both  # type: ignore[method-assign]
-    source = _source(fake)
-    source.collect_once()
-    _host, figures, _at = source.group_figures()["10.0.0.0:8080"]
-    assert [row[0] for row in figures.rows] == ["policy", "rollout"]
-
-
 def test_a_node_whose_series_are_older_than_two_scrape_intervals_is_failing_with_its_age() -> None:
     fake = _fleet(2)
     fake.targets["10.0.0.1:8080"].scraped_at = 1_000.0 - 11.0
@@ -157,14 +136,15 @@ def test_an_unanswering_prometheus_makes_every_known_node_fail_and_says_why() ->
 
 def test_one_failed_query_costs_only_its_own_figures() -> None:
     fake = _fleet(1)
-    fake.override[Query.GROUP_GROWTH] = b'{"status":"error","errorType":"timeout","error":"x"}'
+    fake.override[Query.GROUPS] = b'{"status":"error","errorType":"timeout","error":"x"}'
     source = _source(fake)
     source.collect_once()
     (sample,) = source.latest()
     assert sample.error is None and sample.used == GIB
     _host, figures, _at = source.group_figures()["10.0.0.0:8080"]
-    assert figures.rows[0][4] is None and figures.rows[0][1] == 2 * GIB
-    assert any(line.startswith("group_growth") for line in source.query_errors())
+    assert figures.rows == ()
+    assert figures.node is not None and figures.node.growth == 2048.0
+    assert any(line.startswith("groups") for line in source.query_errors())
 
 
 def test_kill_counters_sum_the_raylets_series_per_node() -> None:
