@@ -28,7 +28,6 @@ from raylens.telemetry.raylet_payload import (
     MAX_EVICTION_NAME_CHARS,
     MAX_EVICTION_NAMES,
     MAX_GROUPS_PER_NODE,
-    MEMORY_TYPE_LABEL,
     SAMPLER_LABEL,
     STARTED_BY_LABEL,
     FigureRow,
