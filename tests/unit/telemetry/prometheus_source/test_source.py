@@ -54,7 +54,14 @@ def test_a_cycle_sends_the_same_fixed_queries_whatever_the_number_of_nodes() -> 
         _source(fake).collect_once()
         asked.append(sorted(fake.calls))
     assert asked[0] == asked[1]
-    assert len(asked[0]) == len(Query) <= 12
+    assert len(asked[0]) == len(Query)
+
+
+def test_the_readme_says_how_many_queries_a_cycle_sends() -> None:
+    from pathlib import Path
+
+    readme = (Path(__file__).resolve().parents[4] / "README.md").read_text(encoding="utf-8")
+    assert f"fixed set of {len(Query)} instant queries" in readme
 
 
 def test_nodes_groups_and_growth_come_from_the_series() -> None:
