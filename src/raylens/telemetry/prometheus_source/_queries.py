@@ -80,9 +80,11 @@ _NODE_NAMES = tuple(name for name in NODE_SERIES[:-1] if name != _GROWING)
 _NODE_KIND_PATTERN = f"{_NODE_PREFIX}(.).*"
 #: The kind letter of the node's used memory, growth, outside growth, limit, time to limit.
 NODE_KINDS = tuple(name[len(_NODE_PREFIX)] for name in _NODE_NAMES)
-assert len(set(NODE_KINDS)) == len(NODE_KINDS) and tuple(
-    name[len(_GROUP_PREFIX) :].removeprefix("memory_")[0] for name in _GROUP_NAMES
-) == GROUP_KINDS
+assert (
+    len(set(NODE_KINDS)) == len(NODE_KINDS)
+    and tuple(name[len(_GROUP_PREFIX) :].removeprefix("memory_")[0] for name in _GROUP_NAMES)
+    == GROUP_KINDS
+)
 
 
 # Group memory is RSS or PSS; the other group series have no memory type.
