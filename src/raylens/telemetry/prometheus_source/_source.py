@@ -37,6 +37,7 @@ from raylens.telemetry.prometheus_source._assemble import (
     collector_paused,
 )
 from raylens.telemetry.prometheus_source._client import Fetcher, fetch_answers
+from raylens.telemetry.prometheus_source._queries import Query
 from raylens.telemetry.prometheus_source._settings import PrometheusSettings
 from raylens.telemetry.raylet_payload import NodeGroupFigures, NodeOomCounts
 from raylens.validation import positive_seconds
@@ -48,6 +49,8 @@ MAX_NODES = 100_000
 _LOGGER = logging.getLogger("raylens.telemetry.prometheus_source")
 
 CycleHook = Callable[[Any], None]
+#: The queries a node's row cannot do without.
+_ESSENTIAL = (Query.NODE_USED, Query.FRESH)
 
 
 class _Held:
@@ -173,8 +176,11 @@ class PrometheusSource:
     def _publish(self, figures: CycleFigures, names: Mapping[str, tuple[str, str]]) -> None:
         now, wall = self.clock(), self.wall()
         reference = figures.evaluated_at if figures.evaluated_at is not None else wall
-        unanswered = len(figures.errors) == len(QUERIES)
-        why_none = next(iter(figures.errors.values()), "") if unanswered else ""
+        # Without the node memory or its sample times, no node can be judged this cycle:
+        # every node known is failing, with the reason.
+        missing = [query for query in _ESSENTIAL if query in figures.errors]
+        unanswered = bool(missing)
+        why_none = figures.errors[missing[0]] if missing else ""
         limit = 2 * self.settings.scrape_interval_s
         samples: list[NodeSample] = []
         groups: dict[str, tuple[str, NodeGroupFigures, float]] = {}
@@ -191,7 +197,10 @@ class PrometheusSource:
             age = None if held.fresh_at is None else max(0.0, reference - held.fresh_at)
             error = None
             if unanswered:
-                error = f"Prometheus did not answer ({printable(why_none)[:120]}); {_age_text(age)}"
+                error = (
+                    f"Prometheus did not answer the {missing[0].name.lower()} query "
+                    f"({printable(why_none)[:120]}); {_age_text(age)}"
+                )
             elif found.down:
                 error = f"Prometheus cannot scrape it (up 0); {_age_text(age)}"
             elif found.used is None or age is None:

@@ -136,9 +136,22 @@ def test_an_unanswering_prometheus_makes_every_known_node_fail_and_says_why() ->
     source.fetch = down
     source.collect_once()
     (sample,) = source.latest()
-    assert sample.error is not None and "did not answer" in sample.error
+    assert sample.error is not None and "did not answer the node_used query" in sample.error
     assert "refused" in sample.error
     assert source.group_figures() == {}
+
+
+def test_a_failed_node_memory_query_keeps_every_known_node_listed_as_failing() -> None:
+    fake = _fleet(2)
+    source = _source(fake)
+    source.collect_once()
+    fake.override[Query.NODE_USED] = b'{"status":"error","errorType":"timeout","error":"slow"}'
+    source.collect_once()
+    samples = source.latest()
+    assert len(samples) == 2
+    assert all(
+        s.error is not None and "node_used" in s.error and "slow" in s.error for s in samples
+    )
 
 
 def test_one_failed_query_costs_only_its_own_figures() -> None:
