@@ -1,7 +1,7 @@
 """``raylens watch --prometheus`` against a real Prometheus scraping a real three-raylet cluster.
 
 The cluster runs in a driver process of its own (``prometheus_driver.py``: samplers on
-every node, ``policy`` and ``rollout``, a 30 s growth window); Prometheus finds the nodes
+every node, ``policy`` and ``rollout``, a 40 s growth window); Prometheus finds the nodes
 through Ray's service-discovery file and scrapes them every second. Read through
 Prometheus, the watch shows the same nodes, groups and growth as the watch that scrapes
 the nodes; and a node stopped under it turns failing within two scrape intervals.
@@ -31,7 +31,7 @@ HERE = Path(__file__).resolve().parent
 PROMETHEUS = shutil.which("prometheus")
 SCRAPE_INTERVAL_S = 1.0
 WATCH_INTERVAL_S = 0.5
-WINDOW_S = 30
+WINDOW_S = 40
 
 
 def _free_port() -> int:
