@@ -139,17 +139,17 @@ class PrometheusSettings:
                     f"{SCRAPE_INTERVAL_ENV}={printable(repr(interval))[:60]} must be a number "
                     "of seconds above 0 and at most 3600"
                 )
+        job = text(JOB_ENV) or DEFAULT_JOB
         try:
-            return cls(
-                url=check_url(given, source="--prometheus" if url is not None else URL_ENV),
-                job=check_job(text(JOB_ENV) or DEFAULT_JOB),
-                scrape_interval_s=seconds,
-                user=text(USER_ENV),
-                password=text(PASSWORD_ENV),
-                token=text(TOKEN_ENV),
-                ca_file=text(CA_FILE_ENV),
-            )
+            check_job(job)
         except ValueError as error:
-            if JOB_ENV in env and "job" in str(error):
-                raise ValueError(f"{JOB_ENV}: {error}") from None
-            raise
+            raise ValueError(f"{JOB_ENV}: {error}") from None
+        return cls(
+            url=check_url(given, source="--prometheus" if url is not None else URL_ENV),
+            job=job,
+            scrape_interval_s=seconds,
+            user=text(USER_ENV),
+            password=text(PASSWORD_ENV),
+            token=text(TOKEN_ENV),
+            ca_file=text(CA_FILE_ENV),
+        )

@@ -225,3 +225,33 @@ def test_a_malformed_answer_is_that_query_s_error_only(body: bytes) -> None:
     source.collect_once()
     (sample,) = source.latest()
     assert sample.used == GIB and sample.total is None and sample.error is None
+
+
+@pytest.mark.parametrize(
+    ("env", "said"),
+    [
+        ({"RAYLENS_PROMETHEUS_JOB": 'ray"} or up{x="'}, "RAYLENS_PROMETHEUS_JOB"),
+        ({"RAYLENS_PROMETHEUS_SCRAPE_INTERVAL": "soon"}, "RAYLENS_PROMETHEUS_SCRAPE_INTERVAL"),
+        ({"RAYLENS_PROMETHEUS_USER": "ann"}, "go together"),
+        (
+            {
+                "RAYLENS_PROMETHEUS_TOKEN": "t",
+                "RAYLENS_PROMETHEUS_USER": "a",
+                "RAYLENS_PROMETHEUS_PASSWORD": "p",
+            },
+            "not both",
+        ),
+        ({}, "no Prometheus URL"),
+    ],
+)
+def test_bad_settings_are_refused_naming_the_variable(env: dict[str, str], said: str) -> None:
+    url = None if not env else "http://127.0.0.1:9090"
+    with pytest.raises(ValueError, match=said):
+        PrometheusSettings.from_env(url=url, environ=env)
+
+
+def test_secrets_never_show_in_the_settings_repr() -> None:
+    settings = PrometheusSettings.from_env(
+        url="https://p.example:9090", environ={"RAYLENS_PROMETHEUS_TOKEN": "s3cret"}
+    )
+    assert "s3cret" not in repr(settings)
