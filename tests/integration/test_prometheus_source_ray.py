@@ -215,7 +215,11 @@ def test_watch_through_prometheus_matches_the_direct_watch_and_sees_a_node_stop(
         assert process.stdin is not None and process.stdout is not None
         process.stdin.write(f"kill {victim}\n")
         process.stdin.flush()
-        killed = float(process.stdout.readline().split()[1])
+        # Ray may say something of the node it stopped first: the answer is the line after.
+        answer = process.stdout.readline()
+        while answer and not answer.startswith("killed "):
+            answer = process.stdout.readline()
+        killed = float(answer.split()[1])
 
         def failing_at() -> float | None:
             for record in list(records):
