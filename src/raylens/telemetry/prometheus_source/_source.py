@@ -39,7 +39,13 @@ from raylens.telemetry.prometheus_source._assemble import (
 from raylens.telemetry.prometheus_source._client import Fetcher, fetch_answers
 from raylens.telemetry.prometheus_source._queries import Query
 from raylens.telemetry.prometheus_source._settings import PrometheusSettings
-from raylens.telemetry.raylet_payload import NodeGroupFigures, NodeOomCounts
+from raylens.telemetry.physical_bounds import bound_payload
+from raylens.telemetry.raylet_payload import (
+    TOTAL_KEY,
+    USED_KEY,
+    NodeGroupFigures,
+    NodeOomCounts,
+)
 from raylens.validation import positive_seconds
 
 __all__ = ["MAX_NODES", "PrometheusSource"]
@@ -63,6 +69,33 @@ class _Held:
         self.total: float | None = None
         self.fresh_at: float | None = None
         self.ip = ""
+
+
+def _bound(found: NodeFound) -> None:
+    """Hold ``found``'s figures to physical bounds, as direct scraping holds a payload's.
+
+    Anyone who can publish series that Prometheus scrapes can publish impossible ones; what
+    falls outside is refused (a group without a believable RSS is left out), warned once per
+    node.
+    """
+    values = {}
+    if found.used is not None:
+        values[USED_KEY] = found.used
+    if found.total is not None:
+        values[TOTAL_KEY] = found.total
+    bounded = bound_payload(values, found.groups, found.oom)
+    if not bounded.refused_count:
+        return
+    found.used, found.total = bounded.values.get(USED_KEY), bounded.values.get(TOTAL_KEY)
+    found.groups, found.oom = bounded.groups, bounded.oom
+    more = bounded.refused_count - len(bounded.refused)
+    warn_once(
+        f"prometheus_source.refused.{found.instance}",
+        f"node {printable(found.instance)[:120]}: Prometheus holds value(s) no machine can "
+        f"have, refused: {printable(', '.join(bounded.refused))[:600]}"
+        + (f" and {more} more" if more > 0 else ""),
+        logger=_LOGGER,
+    )
 
 
 def _age_text(age: float | None) -> str:
@@ -189,6 +222,8 @@ class PrometheusSource:
         instances = set(figures.nodes) | (set(self._held) if unanswered else set())
         for instance in sorted(instances):
             found = figures.nodes.get(instance) or NodeFound(instance)
+            if found.used is not None or found.groups is not None or found.oom is not None:
+                _bound(found)
             held = self._held.get(instance) or _Held()
             held_now[instance] = held
             if found.used is not None and found.fresh_at is not None:

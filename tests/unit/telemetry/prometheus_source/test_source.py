@@ -189,6 +189,21 @@ def test_nodes_are_named_by_the_connected_cluster_when_there_is_one(
     assert (sample.node_id, sample.host) == ("ab" * 28, "n0")
 
 
+def test_impossible_figures_are_refused_as_from_a_payload(caplog: pytest.LogCaptureFixture) -> None:
+    fake = _fleet(1)
+    target = fake.targets["10.0.0.0:8080"]
+    target.groups["forged"] = (1e20, None, 2.5, None)  # more than the node holds
+    target.groups["policy"] = (2 * GIB, None, 4.0, 1e30)  # a rate past the node's total
+    target.kernel_kills = 1e12
+    source = _source(fake)
+    source.collect_once()
+    _host, figures, _at = source.group_figures()["10.0.0.0:8080"]
+    assert [row[0] for row in figures.rows] == ["policy", "rollout"]
+    assert figures.rows[0] == ("policy", 2 * GIB, None, 4.0, None)
+    assert "10.0.0.0:8080" not in source.oom_counts()  # its one counter was refused
+    assert "no machine can have" in caplog.text and "forged" in caplog.text
+
+
 def test_the_node_count_is_bounded() -> None:
     fake = _fleet(5)
     source = _source(fake, max_nodes=3)
