@@ -29,6 +29,7 @@ from raylens.telemetry.host_memory import (
     format_worker_groups,
     ray_nodes,
 )
+from raylens.telemetry.physical_bounds import bound_payload
 from raylens.telemetry.prometheus_source._assemble import (
     QUERIES,
     CycleFigures,
@@ -39,7 +40,6 @@ from raylens.telemetry.prometheus_source._assemble import (
 from raylens.telemetry.prometheus_source._client import Fetcher, fetch_answers
 from raylens.telemetry.prometheus_source._queries import Query
 from raylens.telemetry.prometheus_source._settings import PrometheusSettings
-from raylens.telemetry.physical_bounds import bound_payload
 from raylens.telemetry.raylet_payload import (
     TOTAL_KEY,
     USED_KEY,
