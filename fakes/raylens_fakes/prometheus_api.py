@@ -83,6 +83,8 @@ class FakePrometheus:
         self.authorizations: list[str] = []
         #: Seconds the HTTP server waits between body bytes (0: sends at once).
         self.trickle_s = 0.0
+        #: Where the HTTP server redirects every query instead of answering (None: it answers).
+        self.redirect_to: str | None = None
         #: Per query, an answer body to send instead (a broken or hostile server).
         self.override: dict[Query, bytes] = {}
         self._by_text = {query_text(query, job): query for query in Query}
@@ -173,6 +175,8 @@ class FakePrometheus:
             text = str(form.get("query", ""))
             self.calls.append(text)
             self.authorizations.append(request.headers.get("Authorization", ""))
+            if self.redirect_to is not None:
+                raise web.HTTPTemporaryRedirect(self.redirect_to)
             query = self._by_text.get(text)
             if query is None:
                 body = {"status": "error", "errorType": "bad_data", "error": "unknown query"}

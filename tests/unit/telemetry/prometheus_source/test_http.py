@@ -121,3 +121,17 @@ def test_the_driver_reads_from_prometheus_and_exports_growth_not_node_memory(
     assert "rl.host.memory.growth" in names
     assert "rl.host.memory.time_to_limit" in names
     assert "rl.host.memory.used" not in names
+
+
+def test_a_redirect_is_not_followed_so_credentials_stay_with_the_server_given() -> None:
+    elsewhere = _fake()
+    redirecting = _fake()
+    with elsewhere.running() as other_url, redirecting.running() as url:
+        redirecting.redirect_to = f"{other_url}/api/v1/query"
+        settings = PrometheusSettings.from_env(
+            url=url, environ={"RAYLENS_PROMETHEUS_TOKEN": "s3cret"}
+        )
+        answers = fetch_answers(settings, (Query.DOWN,))
+    assert answers[Query.DOWN].body is None
+    assert "HTTP status 307" in str(answers[Query.DOWN].error)
+    assert elsewhere.calls == []
