@@ -270,3 +270,14 @@ def test_secrets_never_show_in_the_settings_repr() -> None:
         url="https://p.example:9090", environ={"RAYLENS_PROMETHEUS_TOKEN": "s3cret"}
     )
     assert "s3cret" not in repr(settings)
+
+
+def test_tls_is_verified_against_the_system_or_the_given_authorities() -> None:
+    import ssl
+
+    from raylens.telemetry.prometheus_source._client import _ssl_context
+
+    context = _ssl_context(PrometheusSettings("https://prom.example:9090"))
+    assert context is not None
+    assert context.verify_mode is ssl.CERT_REQUIRED and context.check_hostname
+    assert _ssl_context(PrometheusSettings("http://127.0.0.1:9090")) is None
