@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import gzip
 import json
 import math
 import socket
@@ -83,6 +84,8 @@ class FakePrometheus:
         self.authorizations: list[str] = []
         #: Seconds the HTTP server waits between body bytes (0: sends at once).
         self.trickle_s = 0.0
+        #: When True, the HTTP server sends its answers gzip-compressed, whatever was asked.
+        self.gzip = False
         #: Where the HTTP server redirects every query instead of answering (None: it answers).
         self.redirect_to: str | None = None
         #: Per query, an answer body to send instead (a broken or hostile server).
@@ -181,6 +184,12 @@ class FakePrometheus:
             if query is None:
                 body = {"status": "error", "errorType": "bad_data", "error": "unknown query"}
                 return web.json_response(body, status=400)
+            if self.gzip:
+                return web.Response(
+                    body=gzip.compress(self.answer(query)),
+                    content_type="application/json",
+                    headers={"Content-Encoding": "gzip"},
+                )
             if self.trickle_s <= 0:
                 return web.Response(body=self.answer(query), content_type="application/json")
             response = web.StreamResponse(headers={"Content-Type": "application/json"})

@@ -1,8 +1,10 @@
 """Sending one cycle's queries: all at once on one event loop, each bounded.
 
 Each request runs under a hard total deadline held by aiohttp (so a body trickled one
-byte at a time still ends) and its body is read up to a cap; a query that fails costs
-only its own figures. TLS is verified; credentials go in headers, never in the URL.
+byte at a time still ends) and its body is read up to a cap, uncompressed only (a
+compressed one is refused, never inflated); a query that fails costs only its own
+figures. TLS is verified; credentials go in headers, never in the URL, and no redirect
+is followed.
 """
 
 from __future__ import annotations
@@ -39,7 +41,8 @@ def _ssl_context(settings: PrometheusSettings) -> ssl.SSLContext | None:
 
 
 def _headers(settings: PrometheusSettings) -> dict[str, str]:
-    headers = {"Accept": "application/json"}
+    # A compressed body is refused rather than inflated: the cap is on what is read.
+    headers = {"Accept": "application/json", "Accept-Encoding": "identity"}
     if settings.token is not None:
         headers["Authorization"] = f"Bearer {settings.token}"
     elif settings.user is not None and settings.password is not None:
@@ -60,6 +63,13 @@ async def _one(
         ) as response:
             if response.status != 200 and response.status != 400 and response.status != 422:
                 return Answer(None, f"HTTP status {response.status}", time.perf_counter() - started)
+            encoding = response.headers.get("Content-Encoding", "identity").strip().lower()
+            if encoding not in ("", "identity"):
+                return Answer(
+                    None,
+                    f"a compressed answer ({printable(encoding)[:40]}) is refused",
+                    time.perf_counter() - started,
+                )
             chunks: list[bytes] = []
             size = 0
             while True:
@@ -89,7 +99,11 @@ async def _all(settings: PrometheusSettings, queries: tuple[Query, ...]) -> dict
     context = _ssl_context(settings)
     connector = aiohttp.TCPConnector(ssl=context if context is not None else True)
     async with aiohttp.ClientSession(
-        timeout=timeout, connector=connector, headers=_headers(settings), trust_env=False
+        timeout=timeout,
+        connector=connector,
+        headers=_headers(settings),
+        trust_env=False,
+        auto_decompress=False,
     ) as session:
         answers = await asyncio.gather(*(_one(session, settings, query) for query in queries))
     return dict(zip(queries, answers))

@@ -135,3 +135,12 @@ def test_a_redirect_is_not_followed_so_credentials_stay_with_the_server_given() 
     assert answers[Query.DOWN].body is None
     assert "HTTP status 307" in str(answers[Query.DOWN].error)
     assert elsewhere.calls == []
+
+
+def test_a_compressed_answer_is_refused_not_inflated() -> None:
+    fake = _fake()
+    fake.gzip = True
+    with fake.running() as url:
+        answers = fetch_answers(PrometheusSettings(url), (Query.NODE_USED,))
+    assert answers[Query.NODE_USED].body is None
+    assert "compressed answer (gzip) is refused" in str(answers[Query.NODE_USED].error)
