@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import logging
 
 import pytest
 
@@ -189,14 +190,17 @@ def test_nodes_are_named_by_the_connected_cluster_when_there_is_one(
     assert (sample.node_id, sample.host) == ("ab" * 28, "n0")
 
 
-def test_impossible_figures_are_refused_as_from_a_payload(caplog: pytest.LogCaptureFixture) -> None:
+def test_impossible_figures_are_refused_as_from_a_payload(
+    caplog: pytest.LogCaptureFixture, raylens_state: None
+) -> None:
     fake = _fleet(1)
     target = fake.targets["10.0.0.0:8080"]
     target.groups["forged"] = (1e20, None, 2.5, None)  # more than the node holds
     target.groups["policy"] = (2 * GIB, None, 4.0, 1e30)  # a rate past the node's total
     target.kernel_kills = 1e12
     source = _source(fake)
-    source.collect_once()
+    with caplog.at_level(logging.WARNING, logger="raylens"):
+        source.collect_once()
     _host, figures, _at = source.group_figures()["10.0.0.0:8080"]
     assert [row[0] for row in figures.rows] == ["policy", "rollout"]
     assert figures.rows[0] == ("policy", 2 * GIB, None, 4.0, None)
