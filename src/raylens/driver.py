@@ -25,7 +25,7 @@ import logging
 import os
 import time
 from collections.abc import Callable, Mapping
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, cast
 
 from opentelemetry.sdk.metrics.export import MetricReader
 
@@ -53,11 +53,18 @@ from raylens.telemetry.oom import OomWatch, PostMortemWriter, attach_oom_watch
 if TYPE_CHECKING:
     from raylens.distributed.group_memory_cycle import GroupMemoryCycle
 
-__all__ = ["DRIVER_CONSOLE_INTERVAL_MS", "driver_config_from_env", "init_telemetry_driver"]
+__all__ = [
+    "DRIVER_CONSOLE_INTERVAL_MS",
+    "SOURCES",
+    "driver_config_from_env",
+    "init_telemetry_driver",
+]
 
 logger = logging.getLogger("raylens.driver")
 
 DRIVER_CONSOLE_INTERVAL_MS = 5_000
+#: Where the driver reads the nodes' figures: from every node, or from a Prometheus.
+SOURCES = ("nodes", "prometheus")
 
 
 def driver_config_from_env(environ: Mapping[str, str] | None = None) -> TelemetryConfig:
@@ -99,6 +106,8 @@ def init_telemetry_driver(
     kernel_peaks: bool | None = None,
     phase_log: str | os.PathLike[str] | None = None,
     record: str | os.PathLike[str] | None = None,
+    source: str = "nodes",
+    prometheus_url: str | None = None,
 ) -> TelemetryHandle:
     """Start telemetry in the driver, host-memory monitoring included. Never raises.
 
@@ -132,6 +141,14 @@ def init_telemetry_driver(
     kills (bounded: a full file moves to ``<record>.1``). ``raylens plot`` draws it. A
     path that cannot be written is logged once and the driver goes on.
 
+    ``source="prometheus"`` reads the nodes' figures from the Prometheus that scrapes the
+    cluster (``prometheus_url``, else ``RAYLENS_PROMETHEUS_URL``; credentials and the rest
+    from ``RAYLENS_PROMETHEUS_*``) instead of scraping every node: the samplers, growth,
+    group memory, post-mortems and phases work as above, but ``rl.host.memory.used``,
+    ``.total`` and the ``rl.host.scrape.*`` series are not exported, since that Prometheus
+    already holds the same figures as ``ray_node_mem_used``/``_total`` and ``up``. A bad
+    source or URL is logged and the nodes are scraped instead.
+
     Each cycle also looks for workers lost to memory (Ray's memory monitor, the
     kernel's OOM killer, a worker group's call failing with ``OutOfMemoryError``) and
     writes one post-mortem per kill event into ``RAYLENS_POSTMORTEM_DIR`` (default
@@ -146,6 +163,12 @@ def init_telemetry_driver(
         if host_memory_interval is None
         else host_memory_interval
     )
+    if source == "prometheus" or source not in SOURCES:
+        if source not in SOURCES:
+            logger.error("raylens: source %r is not one of %s; scraping the nodes", source, SOURCES)
+        elif _start_prometheus_source(prometheus_url, interval, growth_window):
+            _attach_phases(kernel_peaks, phase_log)
+            return handle
     monitor = host_memory.start_host_memory_monitoring(interval)
     if monitor is not None:
         groups = _attach_group_memory(monitor)
@@ -156,6 +179,28 @@ def init_telemetry_driver(
     _attach_phases(kernel_peaks, phase_log)
     add_shutdown_hook(host_memory.stop_host_memory_monitoring)
     return handle
+
+
+def _start_prometheus_source(url: str | None, interval: float, window: float | None) -> bool:
+    """Read the figures from Prometheus, with the node-mode hooks; False when it cannot."""
+    from raylens.telemetry.prometheus_source import PrometheusSettings, PrometheusSource
+
+    try:
+        settings = PrometheusSettings.from_env(url=url)
+        reader = PrometheusSource(settings, interval=interval, cluster=default_cluster_view())
+    except ValueError as error:
+        logger.error("raylens: cannot read from Prometheus (%s); scraping the nodes", error)
+        return False
+    # The source answers what the monitor's hooks read of a monitor (latest, group_figures,
+    # oom_counts, cycle hooks), so the same hooks run on it.
+    monitor = cast("host_memory.HostMemoryMonitor", reader)
+    reader.declare_consumer()
+    groups = _attach_group_memory(monitor)
+    growth = _attach_growth(monitor, window, groups)
+    _attach_postmortems(monitor, growth, groups)
+    reader.start()
+    add_shutdown_hook(reader.stop)
+    return True
 
 
 def _alive_node_ids() -> list[str]:

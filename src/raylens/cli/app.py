@@ -8,18 +8,19 @@ import sys
 import threading
 from collections.abc import Callable, Sequence
 
-from raylens.cli.cluster_views import run_demo, run_simulate, run_watch
+from raylens.cli.cluster_views import run_demo, run_simulate
 from raylens.cli.output import configure_logging
 from raylens.cli.parser import CliError, build_parser
 from raylens.cli.plot import run_plot
 from raylens.cli.profile import run_profile
+from raylens.cli.prometheus_watch import run_watch_command
 from raylens.cli.supervision import Terminated, raise_on_sigterm
 from raylens.lens import shutdown_telemetry
 from raylens.safe_text import printable
 
 _HANDLERS: dict[str, Callable[[argparse.Namespace, threading.Event], int]] = {
     "demo": run_demo,
-    "watch": run_watch,
+    "watch": run_watch_command,
     "simulate": run_simulate,
     "profile": run_profile,
     "plot": run_plot,

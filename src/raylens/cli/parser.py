@@ -200,6 +200,15 @@ def build_parser() -> argparse.ArgumentParser:
         default=None,
         help="the cluster's GCS, HOST:PORT (default: RAY_ADDRESS, else auto)",
     )
+    watch.add_argument(
+        "--prometheus",
+        nargs="?",
+        const="",
+        default=None,
+        metavar="URL",
+        help="read the figures from the Prometheus that scrapes the cluster, at URL "
+        "(default: RAYLENS_PROMETHEUS_URL), instead of from every node",
+    )
     _add_common(watch, interval=5.0)
     _add_script_flags(watch)
     watch.add_argument(
