@@ -1,13 +1,15 @@
-"""The helper's messages as docs/architecture.md draws them are the ones the code sends.
+"""The helper's messages as docs/architecture.md and the wire module draw them are the ones sent.
 
 Both ends build their messages with the builders in ``telemetry/scraping/_wire.py``; the
-page's drawings are compared with ``MESSAGE_FIELDS`` and ``ROW_FIELDS``, and the builders
-with the same field lists, so a message that gains an item fails here until the page says so.
+drawings in the page and in that module's docstring are compared with ``MESSAGE_FIELDS`` and
+``ROW_FIELDS``, and the builders with the same field lists, so a message that gains an item
+fails here until both say so.
 """
 
 from __future__ import annotations
 
 import re
+import sys
 from pathlib import Path
 
 import pytest
@@ -73,8 +75,10 @@ def test_a_row_has_the_documented_items_and_comes_back_as_it_went() -> None:
     assert decoded["node-a"].elapsed == pytest.approx(0.25)
 
 
-def test_the_page_draws_each_message_and_the_row_with_the_codes_items() -> None:
-    page = _architecture()
+@pytest.mark.parametrize("where", ["docs/architecture.md", "the wire module's docstring"])
+def test_each_message_and_the_row_are_drawn_with_the_codes_items(where: str) -> None:
+    wire_module = sys.modules[scrape_message.__module__]
+    page = _architecture() if where.startswith("docs") else wire_module.__doc__ or ""
     expected = {fields[0]: _drawing(fields) for fields in MESSAGE_FIELDS.values()}
 
     drawn = _DRAWN.findall(page)
