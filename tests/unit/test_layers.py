@@ -48,7 +48,7 @@ def test_the_tree_keeps_every_import_contract() -> None:
     result = _lint_imports(_repo_root())
 
     assert result.returncode == 0, result.stdout + result.stderr
-    assert "Contracts: 6 kept, 0 broken." in result.stdout
+    assert "Contracts: 8 kept, 0 broken." in result.stdout
 
 
 def _copy_tree(root: Path, dest: Path) -> Path:
@@ -64,7 +64,7 @@ def _append_import(module: Path, line: str) -> None:
 
 
 @pytest.mark.slow
-def test_the_contracts_fail_on_an_upward_import_a_fake_a_synchronous_http_client_or_a_heavy_helper(
+def test_the_contracts_fail_on_an_upward_import_a_fake_an_http_client_a_heavy_helper_a_private_module_or_a_cycle(
     tmp_path: Path,
 ) -> None:
     copy = _copy_tree(_repo_root(), tmp_path)
@@ -80,14 +80,20 @@ def test_the_contracts_fail_on_an_upward_import_a_fake_a_synchronous_http_client
     _append_import(payload, "import raylens.telemetry.growth  # noqa")
     seam = copy / "src" / "raylens" / "distributed" / "ray_seam.py"
     _append_import(seam, "import raylens.distributed.worker_group  # noqa")
+    driver = copy / "src" / "raylens" / "driver.py"
+    _append_import(driver, "import raylens.telemetry.host_memory._snapshot  # noqa")
+    metrics = copy / "src" / "raylens" / "lens" / "metrics.py"
+    _append_import(metrics, "import raylens.lens.runtime  # noqa")
 
     result = _lint_imports(copy)
 
     assert result.returncode == 1, result.stdout + result.stderr
-    assert "Contracts: 0 kept, 6 broken." in result.stdout
+    assert "Contracts: 0 kept, 8 broken." in result.stdout
     assert "raylens.telemetry.scraping._engine -> raylens.lens" in result.stdout
     assert "raylens.telemetry is not allowed to import raylens.distributed" in result.stdout
     assert "raylens.simulation -> raylens_fakes.otel" in result.stdout
     assert "raylens.cluster -> requests" in result.stdout
     assert "raylens.telemetry.raylet_payload -> raylens.telemetry.growth" in result.stdout
     assert "raylens.distributed.ray_seam -> raylens.distributed.worker_group" in result.stdout
+    assert "raylens.driver -> raylens.telemetry.host_memory._snapshot" in result.stdout
+    assert "No cycles are allowed in raylens.lens." in result.stdout

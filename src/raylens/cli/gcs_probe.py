@@ -182,13 +182,13 @@ def confirm_gcs(
     if address == "auto" or "://" in address:
         return
     answer: list[str] = []
-    failure: list[BaseException] = []
+    failure: list[Exception] = []
     done = threading.Event()
 
     def ask() -> None:
         try:
             answer.append((probe or ray_gcs_probe)(address, timeout))
-        except BaseException as error:  # reported in the caller's thread
+        except Exception as error:  # the probe is injectable: any failure is the command's error
             failure.append(error)
         finally:
             done.set()

@@ -257,7 +257,7 @@ def run_profile(args: argparse.Namespace, stop: threading.Event) -> int:
             terminate_child(child)
         print("raylens: terminated; the profiled command was stopped too", file=sys.stderr)
         return 128 + signal.SIGTERM
-    except BaseException:
+    except BaseException:  # signal path: a SystemExit or a second signal mid-run included
         if child is not None:
             kill_child(child)  # whatever went wrong, the command is not left behind unwatched
         raise

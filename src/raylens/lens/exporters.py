@@ -78,7 +78,7 @@ class ConsoleLineExporter(MetricExporter):
                             line = format_point_line(
                                 metric.name, metric.unit, point.attributes, value
                             )
-                        except Exception:
+                        except Exception:  # a recorded value's own __str__ may raise anything
                             warn_once(
                                 f"lens.console.point.{encodable(metric.name)}",
                                 "console exporter skipped a point it could not format",

@@ -155,7 +155,7 @@ class _GaugeCallback:
                     observations = list(entry[1](options))
                 else:
                     observations = [exportable(o) for o in entry[1](options)]
-            except Exception:
+            except Exception:  # any caller's callback: its failure costs only its own points
                 warn_once(
                     f"lens.callback.{self.name}",
                     f"callback for gauge {self.name!r} failed; no points",
@@ -175,7 +175,7 @@ class _GaugeCallback:
             return
         try:
             _sdk_state.forget_attribute_sets(self.instrument, expired)
-        except Exception:
+        except Exception:  # SDK internals differ by release; any failure means renew instead
             self.instrument = None
             warn_once(
                 "lens.sdk_state.forget",
@@ -234,7 +234,7 @@ def renew_pipeline() -> bool:
         _create_observables(handle)
     try:
         old.shutdown(timeout_millis=5000)
-    except Exception:
+    except Exception:  # the old provider's exporters run their own code; the renewal stands
         warn_once("lens.renew.shutdown", "shutting the previous meter provider down failed")
     return True
 
@@ -497,7 +497,7 @@ def _run_shutdown_hooks() -> None:
     for hook in hooks:
         try:
             hook()
-        except Exception:
+        except Exception:  # any layer's hook: one that fails must not keep the next from running
             name = getattr(hook, "__qualname__", type(hook).__name__)
             warn_once(f"lens.shutdown.hook.{name}", f"shutdown hook {name} failed")
 
@@ -530,10 +530,10 @@ def _stop_pipeline(handle: TelemetryHandle, timeout_ms: int) -> None:
     if provider is not None:
         try:
             provider.shutdown(timeout_millis=timeout_ms)
-        except Exception:
+        except Exception:  # its readers and exporters run their own code; shutdown never raises
             warn_once("lens.shutdown.provider", "shutting the meter provider down failed")
     for closer in getattr(handle, "_closers", ()):
         try:
             closer()
-        except Exception:
+        except Exception:  # an endpoint's own close; shutdown never raises
             warn_once("lens.shutdown.closer", "closing an exporter endpoint failed")

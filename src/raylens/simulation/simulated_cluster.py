@@ -14,6 +14,7 @@ cluster would not fit under it.
 
 from __future__ import annotations
 
+import contextlib
 import math
 import threading
 import time
@@ -159,12 +160,11 @@ class SimulatedCluster:
         self._closed = False
         self._start = clock()
         ensure_open_file_limit(256 + _FDS_PER_NODE * n_nodes)
-        try:
+        with contextlib.ExitStack() as on_failure:
+            on_failure.callback(self.close)  # what started is closed if any node fails
             for _ in range(n_nodes):
                 self.add_node()
-        except BaseException:
-            self.close()
-            raise
+            on_failure.pop_all()
 
     def __len__(self) -> int:
         return len(self.raylets)
@@ -285,13 +285,12 @@ class SimulatedCluster:
                 else None
             ),
         )
-        try:
+        with contextlib.ExitStack() as on_failure:
+            on_failure.callback(raylet.close)  # a raylet the cluster did not take is closed
             node_id = self.cluster.add_node(
                 address=raylet.host, port=raylet.port, hostname=self.hostname(index)
             )
-        except BaseException:
-            raylet.close()
-            raise
+            on_failure.pop_all()
         self.raylets.append(raylet)
         self.node_ids.append(node_id)
         self._samplers.append(_SimulatedSampler(self, index))

@@ -6,7 +6,12 @@ import gc
 import weakref
 from typing import Any
 
+import pytest
+
 from raylens.telemetry import host_memory as hm
+
+# Each collection here walks only what the test made.
+pytestmark = pytest.mark.usefixtures("young_heap")
 
 
 def _monitor(cluster: Any) -> hm.HostMemoryMonitor:

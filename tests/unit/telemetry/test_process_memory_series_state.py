@@ -20,6 +20,9 @@ from raylens.telemetry.process_memory import (
 )
 from raylens_fakes.procfs import PAGE_SIZE, FakeProcFS
 
+# Each collection here walks only what the test made.
+pytestmark = pytest.mark.usefixtures("young_heap")
+
 MB = 2**20
 HOST = HostMemory(used_bytes=6 * MB, available_bytes=10 * MB, total_bytes=16 * MB)
 SMALLER_HOST = HostMemory(used_bytes=2 * MB, available_bytes=14 * MB, total_bytes=16 * MB)

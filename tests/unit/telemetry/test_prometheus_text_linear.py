@@ -13,6 +13,10 @@ ratio grows with the line, so lines of 256 KiB keep it hundreds of times past th
 ``extract_labelled_samples`` is held to the same bound on the same lines, and on valid lines
 built to make reading the labels costly: endless label sets, huge names and values made of
 escapes or undecodable bytes, and payloads of nothing but short wanted lines.
+
+The drawn lines (the two property tests) wait on wall-clock measurements of quarter-megabyte
+payloads dozens of times over, so they run once, in the slow tier; the fixed shapes below run
+in every tier.
 """
 
 from __future__ import annotations
@@ -155,6 +159,7 @@ def _check(line: str, blanks_before: bool, as_text: bool) -> None:
     _assert_linear(raw, lambda: extract_samples(payload, WANTED))
 
 
+@pytest.mark.slow
 @settings(derandomize=True)
 @given(line=hostile_lines(), blanks_before=st.booleans(), as_text=st.booleans())
 def test_hostile_wanted_line_costs_linear_time(
@@ -203,6 +208,7 @@ def _check_labelled(line: bytes, blanks_before: bool, as_text: bool) -> None:
     _assert_linear(raw, lambda: extract_labelled_samples(payload, WANTED))
 
 
+@pytest.mark.slow
 @settings(max_examples=30, deadline=None, derandomize=True)
 @given(line=hostile_lines(), blanks_before=st.booleans(), as_text=st.booleans())
 def test_hostile_wanted_line_costs_linear_time_with_labels(

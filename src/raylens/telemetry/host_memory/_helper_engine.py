@@ -36,6 +36,7 @@ from raylens.telemetry.names import (
 from raylens.telemetry.raylet_payload import ERROR_INTERNAL
 from raylens.telemetry.scraping import (
     BATCH_SLACK_S,
+    READY_MESSAGE,
     ChannelBroken,
     DriverChannel,
     HeldFigures,
@@ -45,6 +46,9 @@ from raylens.telemetry.scraping import (
     Row,
     ScrapeLimits,
     decode_outcomes,
+    is_result_of,
+    scrape_message,
+    trust_message,
 )
 
 __all__ = ["HELPER_GONE", "STALLED_CYCLES", "GroupFiguresMemo", "HelperEngine"]
@@ -76,11 +80,11 @@ _IMPORT_ROOT = str(Path(__file__).resolve().parents[3])
 
 
 def _is_result_of(batch: int) -> Callable[[object], bool]:
-    return lambda message: isinstance(message, tuple) and message[:2] == ("result", batch)
+    return lambda message: is_result_of(message, batch)
 
 
 def _is_ready(message: object) -> bool:
-    return message == ("ready",)
+    return message == READY_MESSAGE
 
 
 class GroupFiguresMemo:
@@ -284,9 +288,9 @@ class HelperEngine:
                 keys = [job[0] for job in jobs]
                 known = self._groups.known(keys)
                 if not self._trust_told:
-                    channel.queue(("trust", self._trusted))
+                    channel.queue(trust_message(self._trusted))
                     self._trust_told = True
-                channel.queue(("scrape", self._batch, list(jobs), now + seconds, known))
+                channel.queue(scrape_message(self._batch, list(jobs), now + seconds, known))
                 reply = channel.exchange(_is_result_of(self._batch), wait_until, self._abort, alive)
                 if reply is None:
                     if not self._abort.is_set():

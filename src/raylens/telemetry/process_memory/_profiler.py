@@ -386,7 +386,7 @@ class MemoryProfiler:
         while not stop.wait(self._interval):
             try:
                 self.sample_once()
-            except Exception:
+            except Exception:  # the sampling thread's last guard: it samples on whatever failed
                 warn_once("process_memory.sample", "memory profiler sample failed", logger=logger)
 
     def sample_once(self) -> None:
@@ -401,7 +401,7 @@ class MemoryProfiler:
             host: HostMemory | None
             try:
                 host = self._host_collector()
-            except Exception:
+            except Exception:  # the collector is the caller's to choose; it may fail any way
                 host = None
                 warn_once(
                     "process_memory.host_collector",
@@ -446,7 +446,7 @@ class MemoryProfiler:
                     memory = self._collector(target.pid)
                 else:
                     memory = self._rss_collector(target.pid)
-            except Exception:
+            except Exception:  # the collectors are the caller's to choose; they may fail any way
                 warn_once(
                     _collector_warning_key(name),
                     f"measuring server {name!r} (pid {target.pid}) failed; no values this sample",
@@ -519,7 +519,7 @@ class MemoryProfiler:
         """
         try:
             function(*args)
-        except Exception:
+        except Exception:  # a caller's replacement of a module function; the sample stands
             warn_once(
                 f"process_memory.replaced.{name}",
                 f"the replaced {name} failed; this sample's values are kept but not recorded",

@@ -190,7 +190,7 @@ def _never_raising(
     def observe(options: CallbackOptions) -> list[Observation]:
         try:
             return list(callback(options))
-        except Exception:
+        except Exception:  # runs inside a meter that is not lens': nothing may escape to it
             warn_once(
                 f"process_memory.callback.{name}",
                 f"reading the points of {name!r} failed; no points this collection",
@@ -400,7 +400,7 @@ class ProcessMemorySeries:
             if handle is not None:
                 lens_pipeline = isinstance(handle, TelemetryHandle)
                 self._get_instruments(handle.meter, lens_pipeline=lens_pipeline)
-        except Exception:
+        except Exception:  # a handle installed from outside brings a meter of any make
             warn_once(
                 "process_memory.export",
                 "setting up the process-memory gauges failed; this sample exports no points",

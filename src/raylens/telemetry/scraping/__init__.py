@@ -33,11 +33,18 @@ from raylens.telemetry.scraping._helper_program import leave_out_known_groups
 from raylens.telemetry.scraping._protocol import PrestartingEngine, ScrapeEngine, TrustingEngine
 from raylens.telemetry.scraping._wire import (
     GROUPS_UNCHANGED,
+    MESSAGE_FIELDS,
+    READY_MESSAGE,
+    ROW_FIELDS,
     HeldFigures,
     MalformedRows,
     Row,
     decode_outcomes,
     encode_outcomes,
+    is_result_of,
+    result_message,
+    scrape_message,
+    trust_message,
 )
 
 __all__ = [
@@ -46,7 +53,10 @@ __all__ = [
     "MAX_BODY_BYTES",
     "MAX_CONCURRENCY",
     "MAX_MESSAGE_BYTES",
+    "MESSAGE_FIELDS",
     "NOT_ASKED_IN_FLIGHT",
+    "READY_MESSAGE",
+    "ROW_FIELDS",
     "AsyncScrapeEngine",
     "ChannelBroken",
     "DriverChannel",
@@ -63,8 +73,12 @@ __all__ = [
     "encode",
     "encode_outcomes",
     "fetch_once",
+    "is_result_of",
     "leave_out_known_groups",
     "outcome_of_payload",
     "read_message",
+    "result_message",
+    "scrape_message",
+    "trust_message",
     "write_message",
 ]

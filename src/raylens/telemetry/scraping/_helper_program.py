@@ -7,12 +7,10 @@ the driver's script. It ignores SIGINT (a Ctrl-C in the driver's terminal is the
 driver's to handle; the helper then ends with it) and exits as soon as its
 driver is gone, SIGKILL included, or the channel closes.
 
-Messages in: ``("scrape", batch id, jobs, absolute monotonic deadline, known)``, where
-``known`` is ``{key: sampled_at}`` of the group figures the driver already holds, and
-``("trust", ids)``: the sampler ids whose series to believe from then on (None: any).
-Messages out: ``("ready",)`` once, then ``("result", batch id, rows)`` per batch: one row
-per node that answered, as :mod:`raylens.telemetry.scraping._wire` writes it, without the
-group figures the driver holds already (:func:`leave_out_known_groups`).
+Messages in: a scrape request per batch, and a trust message naming the sampler ids whose
+series to believe from then on; out: ``ready`` once, then a result per batch, with one row
+per node that answered, without the group figures the driver holds already
+(:func:`leave_out_known_groups`). :mod:`raylens.telemetry.scraping._wire` defines them all.
 """
 
 from __future__ import annotations
@@ -27,7 +25,12 @@ from collections.abc import Hashable, Mapping
 
 from raylens.telemetry.scraping._channel import ChannelBroken, read_message, write_message
 from raylens.telemetry.scraping._engine import AsyncScrapeEngine, Outcome, ScrapeLimits
-from raylens.telemetry.scraping._wire import encode_outcomes
+from raylens.telemetry.scraping._wire import (
+    READY_MESSAGE,
+    encode_outcomes,
+    is_trust_message,
+    result_message,
+)
 
 __all__ = ["HELPER_SLACK_S", "leave_out_known_groups", "main", "serve"]
 
@@ -66,10 +69,10 @@ def serve(sock: socket.socket, limits: ScrapeLimits) -> None:
     """Answer scrape batches on ``sock`` until it closes or a message says otherwise."""
     engine = AsyncScrapeEngine(limits)
     try:
-        write_message(sock, ("ready",))
+        write_message(sock, READY_MESSAGE)
         while True:
             message = read_message(sock)
-            if isinstance(message, tuple) and len(message) == 2 and message[0] == "trust":
+            if is_trust_message(message):
                 ids = message[1]
                 engine.trust_samplers(None if ids is None else dict(ids))
                 continue
@@ -81,7 +84,7 @@ def serve(sock: socket.socket, limits: ScrapeLimits) -> None:
                 engine.scrape(jobs, seconds, HELPER_SLACK_S) if seconds > 0 else {}
             )
             results, unchanged = leave_out_known_groups(results, known)
-            write_message(sock, ("result", batch, encode_outcomes(jobs, results, unchanged)))
+            write_message(sock, result_message(batch, encode_outcomes(jobs, results, unchanged)))
     except (ChannelBroken, OSError):
         return
     finally:

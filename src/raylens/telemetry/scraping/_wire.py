@@ -1,4 +1,15 @@
-"""How a batch's outcomes cross from the helper to the driver: one flat tuple per node.
+"""The messages on the helper's socket, and how a batch's outcomes cross it: a flat tuple per node.
+
+Four messages, each a plain tuple whose first item names it; :data:`MESSAGE_FIELDS` names
+every item, in order, and the builders below are the only places either end makes one:
+
+- :func:`scrape_message`, driver to helper: ``("scrape", batch, jobs, deadline, known)``,
+  the jobs ``(key, url, wedged)``, the deadline on the monotonic clock the two processes
+  share, and ``known``, ``{key: sampled_at}`` of the group figures the driver holds;
+- :func:`trust_message`, driver to helper: ``("trust", ids)``, the sampler ids whose series
+  to believe from then on (None: any), sent before the first batch and after a restart;
+- :data:`READY_MESSAGE`, helper to driver, once: ``("ready",)``;
+- :func:`result_message`, helper to driver, per batch: ``("result", batch, rows)``.
 
 The driver's thread is the one a whole job waits on, so what it receives is shaped for
 the cheapest decoding there: plain values in exact tuples (no class to call per node
@@ -41,18 +52,78 @@ from raylens.telemetry.scraping._engine import Job, Outcome
 
 __all__ = [
     "GROUPS_UNCHANGED",
+    "MESSAGE_FIELDS",
+    "READY_MESSAGE",
+    "ROW_FIELDS",
     "HeldFigures",
     "MalformedRows",
     "Row",
     "decode_outcomes",
     "encode_outcomes",
+    "is_result_of",
+    "is_trust_message",
+    "result_message",
+    "scrape_message",
+    "trust_message",
 ]
+
+#: Every message's items, in order, by its kind (its first item).
+MESSAGE_FIELDS: Mapping[str, tuple[str, ...]] = {
+    "scrape": ("scrape", "batch", "jobs", "deadline", "known"),
+    "trust": ("trust", "ids"),
+    "ready": ("ready",),
+    "result": ("result", "batch", "rows"),
+}
+#: A row's items, in order; see the module docstring.
+ROW_FIELDS = (
+    "index",
+    "values",
+    "error",
+    "wedged",
+    "asked",
+    "elapsed",
+    "error_type",
+    "duration",
+    "groups",
+    "oom",
+    "refused",
+)
+#: What the helper sends once, when it is ready for batches.
+READY_MESSAGE = ("ready",)
+
+
+def scrape_message(
+    batch: int, jobs: list[Job], deadline: float, known: Mapping[Hashable, float]
+) -> tuple[str, int, list[Job], float, Mapping[Hashable, float]]:
+    """The driver's request for one batch (see the module docstring)."""
+    return ("scrape", batch, jobs, deadline, known)
+
+
+def trust_message(ids: object) -> tuple[str, object]:
+    """The driver's word on which samplers' series the helper believes (see the module docstring)."""
+    return ("trust", ids)
+
+
+def is_trust_message(message: object) -> bool:
+    """Whether ``message`` is a :func:`trust_message`."""
+    return isinstance(message, tuple) and len(message) == 2 and message[0] == "trust"
+
+
+def result_message(batch: int, rows: list[Row]) -> tuple[str, int, list[Row]]:
+    """The helper's answer to batch ``batch``."""
+    return ("result", batch, rows)
+
+
+def is_result_of(message: object, batch: int) -> bool:
+    """Whether ``message`` is the answer to batch ``batch``."""
+    return isinstance(message, tuple) and message[:2] == ("result", batch)
+
 
 #: A row's ``groups`` when the driver already holds the node's figures.
 GROUPS_UNCHANGED = True
 #: One row per node; see the module docstring.
 Row = tuple[Any, ...]
-_ROW_WIDTH = 11
+_ROW_WIDTH = len(ROW_FIELDS)
 _FIGURE_WIDTH = len(GroupFigure._fields)
 _OOM_WIDTH = len(NodeOomCounts._fields)
 _NODE_WIDTH = len(NodeFigures._fields)
