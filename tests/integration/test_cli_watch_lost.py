@@ -19,6 +19,17 @@ import pytest
 pytestmark = pytest.mark.integration
 
 
+def _give_the_session_its_key_value_client_back() -> None:
+    """``Cluster.shutdown`` resets Ray's one key-value client for the whole process, the
+    session cluster's connection included; the tests after this one publish through it."""
+    import ray
+    from ray._private import worker
+    from ray.experimental import internal_kv
+
+    if ray.is_initialized():
+        internal_kv._initialize_internal_kv(worker.global_worker.gcs_client)
+
+
 def test_watch_of_a_cluster_shut_down_under_it_exits_2_within_30_s_in_one_line() -> None:
     pytest.importorskip("ray")
     from ray.cluster_utils import Cluster
@@ -72,6 +83,7 @@ def test_watch_of_a_cluster_shut_down_under_it_exits_2_within_30_s_in_one_line()
             watch.kill()
             watch.wait()
         cluster.shutdown()
+        _give_the_session_its_key_value_client_back()
 
     lines = [line for line in err.splitlines() if line.strip()]
     assert status == 2, err
