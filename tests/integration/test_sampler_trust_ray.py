@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 import sys
+import threading
 import time
 import urllib.request
 from collections.abc import Iterator
@@ -44,8 +45,16 @@ class Forger:
         )
         memory, stamp, window = self.gauges
         memory.set(1e9, tags={"rl_worker_group": "forged", "memory_type": "rss"})
-        stamp.set(time.time() + 20.0)  # fresher than the real one, within the clock skew
         window.set(600.0, tags={"rl_sampler": sampler, "rl_started_by": "someone/1"})
+
+        def keep_fresh() -> None:
+            # A forger keeps publishing, as a sampler does: a stamp left alone goes stale
+            # and would be dropped for that alone, however slowly the endpoint came round.
+            while True:
+                stamp.set(time.time() + 20.0)  # fresher than the real one, within the skew
+                time.sleep(0.5)  # the forger's own publishing pace
+
+        threading.Thread(target=keep_fresh, daemon=True).start()
         return True
 
 
