@@ -3,8 +3,11 @@
 Any job can set ``ray.util.metrics`` gauges with raylens' names, labels included (here it
 copies the real sampler's id), and the node's agent serves them beside the real sampler's.
 A reader that believes only the samplers raylens started, each under the Ray worker id its
-series carry, reads the real sampler's figures and refuses the forger's, counting it. The module starts its own one-node Ray reporting every second,
-unless Ray is already connected (then it uses that one, at Ray's pace).
+series carry, reads the real sampler's figures and refuses the forger's, counting it.
+Inside the full suite the session's cluster may still serve samplers that earlier tests
+stopped; those are refused as unknown beside the forger. The module starts its own
+one-node Ray reporting every second, unless Ray is already connected (then it uses that
+one).
 """
 
 from __future__ import annotations
@@ -30,6 +33,8 @@ from raylens.telemetry.raylet_payload import read_sampler_series  # noqa: E402
 HERE = Path(__file__).resolve().parent
 MB = 2**20
 DEADLINE_S = 90.0
+#: How the forger's group series reads on the endpoint.
+FORGED_SERIES = b'rl_worker_group="forged"'
 
 
 class Forger:
@@ -62,11 +67,6 @@ class Forger:
 
 @pytest.fixture(scope="module")
 def url() -> Iterator[str]:
-    if ray.is_initialized():
-        # Run after the session's three-node cluster is up, the forged series never reach the
-        # endpoint read here within the deadline, for a reason not yet found; the test runs
-        # on a Ray of its own: `pytest tests/integration/test_sampler_trust_ray.py`.
-        pytest.skip("needs a Ray of its own; run this file on its own")
     started_here = not ray.is_initialized()
     if started_here:
         # The workers import this module (the forger) and raylens as the driver does.
@@ -112,22 +112,20 @@ def test_a_jobs_actor_posing_as_a_sampler_is_not_believed(url: str) -> None:
         assert ray.get(forger.publish.remote(actor_id), timeout=60)
         while True:  # until both publishers' series are served
             payload = _payload(url)
-            anyone = read_sampler_series(payload, now=time.time())
             believed = read_sampler_series(payload, now=time.time(), trusted=ours)
-            if (
-                anyone.figures is not None
-                and any(g.group == "forged" for g in anyone.figures.groups)
-                and believed.figures is not None
-                and believed.figures.node is not None
-            ):
+            if FORGED_SERIES in payload and believed.figures and believed.figures.node:
                 break
             assert time.monotonic() < deadline, "the endpoint never served both publishers"
             time.sleep(0.5)  # polling a served endpoint at its report pace
 
         assert [g.group for g in believed.figures.groups] == []
         assert believed.figures.node.sampler == actor_id
-        assert believed.unknown == 1
-        assert any("(not its worker)" in named for named in believed.refused)
+        # The forger, claiming our sampler's id from another worker. Samplers that earlier
+        # monitors stopped may still be served beside it (Ray keeps a dead worker's last
+        # values a while): those are refused too, as unknown, and counted with it.
+        forged = [named for named in believed.refused if actor_id in named]
+        assert len(forged) == 1 and forged[0].endswith("(not its worker)"), believed.refused
+        assert believed.unknown >= 1
     finally:
         samplers.close()
         ray.kill(forger)
