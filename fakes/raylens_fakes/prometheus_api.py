@@ -58,6 +58,8 @@ class FakeTarget:
         default_factory=dict
     )
     node: tuple[float | None, ...] | None = None
+    #: Per group, how old its PSS was at the sampler's reading (published only where set).
+    pss_ages: dict[str, float] = dataclasses.field(default_factory=dict)
     sampler: str = "actor-1"
     started_by: str = "driver/1"
     evictions: dict[str, float] = dataclasses.field(default_factory=dict)
@@ -122,7 +124,7 @@ class FakePrometheus:
         if query is Query.SAMPLED_AT:
             return [(me, t.sampled_at)]
         rows: list[tuple[dict[str, str], float | None]] = []
-        memory, processes_kind, growth_kind = GROUP_KINDS
+        memory, processes_kind, growth_kind, pss_age_kind = GROUP_KINDS
         for group, (rss, pss, processes, growth) in t.groups.items():
             named = {**me, "rl_worker_group": group}
             if query is Query.GROUPS:
@@ -131,6 +133,8 @@ class FakePrometheus:
                     rows.append(({**named, "k": processes_kind}, processes))
                 if growth is not None:
                     rows.append(({**named, "k": growth_kind}, growth))
+                if group in t.pss_ages:
+                    rows.append(({**named, "k": pss_age_kind}, t.pss_ages[group]))
             elif query is Query.GROUP_PSS and pss is not None:
                 rows.append((named, pss))
         if t.node is not None:

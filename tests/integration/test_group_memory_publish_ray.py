@@ -33,6 +33,7 @@ ray = pytest.importorskip("ray")
 from group_workers import EnvWorker, wait_for  # noqa: E402
 
 from raylens.distributed.group_memory_sampler import (  # noqa: E402
+    DEFAULT_PSS_INTERVAL_SECONDS,
     GroupMemorySamplers,
     worker_identity,
 )
@@ -131,6 +132,19 @@ def _series(url: str, name: str) -> list[tuple[dict[str, str], float]]:
     return found
 
 
+def _pss_ages(url: str, group: str) -> list[float]:
+    """The age of the group's PSS as the newest sampler on the endpoint published it."""
+    with urllib.request.urlopen(url, timeout=5) as response:
+        figures = parse_group_samples(response.read())
+    if figures is None:
+        return []
+    return [
+        figure.pss_age_s
+        for figure in figures.groups
+        if figure.group == group and figure.pss_bytes is not None and figure.pss_age_s is not None
+    ]
+
+
 def _group_rss(url: str, group: str) -> list[float]:
     """The group's RSS as the newest sampler on the endpoint published it (none: empty).
 
@@ -210,6 +224,13 @@ def test_a_sampler_read_twice_a_second_to_be_quick_publishes_a_groups_rss_on_its
 
         latencies = _latencies(endpoint.url, 4, 4 * endpoint.report_interval_s + 10.0)
         assert latencies, "no new reading reached the endpoint"
+        # PSS is read every 60 s by default; the readings in between carry it with its age.
+        ages = wait_for(
+            lambda: [age for age in _pss_ages(endpoint.url, "policy") if age > 0],
+            bound,
+            "policy's PSS served with the age it has carried",
+        )
+        assert all(0 < age <= DEFAULT_PSS_INTERVAL_SECONDS for age in ages), ages
 
         # Told a list without policy: policy reads NaN, then (Ray's expiry) is gone.
         assert manager.maintain({node_id: [("rollout", pid, ticks)]}) == {}
@@ -243,7 +264,8 @@ def test_a_sampler_read_twice_a_second_to_be_quick_publishes_a_groups_rss_on_its
         f"max {max(latencies):.2f} s; a dropped group {'NaN' if dropped else 'gone'} after "
         f"{dropped_s:.2f} s, "
         f"a stopped sampler's after {stopped_s:.2f} s; published RSS "
-        f"{published[-1] / MB:.1f} MiB against /proc {expected / MB:.1f} MiB"
+        f"{published[-1] / MB:.1f} MiB against /proc {expected / MB:.1f} MiB; PSS served "
+        f"{ages[-1]:.1f} s old"
     )
 
 

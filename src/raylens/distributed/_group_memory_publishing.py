@@ -35,6 +35,7 @@ from raylens.distributed._sampler_gauges import (
     GrowthPublisher,
     KernelOomPublisher,
     NodeGrowthPublisher,
+    PssAgePublisher,
     RayMetricsPublisher,
 )
 from raylens.lens import warn_once
@@ -256,11 +257,16 @@ class PublishingLoop:
             return True
 
     def _publish_groups(self, reading: NodeGroupMemory) -> None:
+        publisher = self._publisher
+        aged = publisher if isinstance(publisher, PssAgePublisher) else None
         for group in reading.groups:
             if group.group in self._published:
-                self._publisher.set_group(
+                publisher.set_group(
                     group.group, group.rss_bytes, group.pss_bytes, group.process_count
                 )
+                if aged is not None:
+                    age = None if group.pss_bytes is None else group.pss_age_seconds
+                    aged.set_pss_age(group.group, age)
 
     def _publish_rest(self) -> None:
         """Hand the latest pass's node figures, growth, kills and stamp to the publisher."""

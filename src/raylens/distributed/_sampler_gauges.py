@@ -18,6 +18,7 @@ from raylens.telemetry.raylet_payload import (
     GROUP_LABEL,
     GROUP_MEMORY_GAUGE,
     GROUP_PROCESSES_GAUGE,
+    GROUP_PSS_AGE_GAUGE,
     MEMORY_TYPE_LABEL,
     NODE_GROWING_GAUGE,
     NODE_GROWTH_GAUGE,
@@ -38,6 +39,7 @@ __all__ = [
     "GrowthPublisher",
     "KernelOomPublisher",
     "NodeGrowthPublisher",
+    "PssAgePublisher",
     "RayMetricsPublisher",
 ]
 
@@ -76,6 +78,14 @@ class GrowthPublisher(Protocol):
 
 
 @runtime_checkable
+class PssAgePublisher(Protocol):
+    """A publisher that also takes how old each group's PSS figure is."""
+
+    def set_pss_age(self, group: str, seconds: float | None) -> None:
+        """Publish the age of the group's PSS at this reading (None: no PSS is known)."""
+
+
+@runtime_checkable
 class NodeGrowthPublisher(Protocol):
     """A publisher that also takes the node's own figures after each reading."""
 
@@ -106,13 +116,15 @@ class RayMetricsPublisher:
     ) -> None:
         self._gauge_class = gauge_class
         self._identity = {SAMPLER_LABEL: sampler, STARTED_BY_LABEL: started_by}
-        self._gauges: tuple[Any, Any, Any, Any] | None = None
+        self._gauges: tuple[Any, Any, Any, Any, Any] | None = None
         self._node_gauges: tuple[Any, ...] | None = None
-        # Groups whose PSS series holds a number, so a PSS that stops being known gets NaN.
+        # Groups whose PSS series holds a number, so a PSS that stops being known gets NaN;
+        # the same for the series of its age.
         self._with_pss: set[str] = set()
+        self._with_pss_age: set[str] = set()
         self._oom_gauge: Any = None
 
-    def _made(self) -> tuple[Any, Any, Any, Any]:
+    def _made(self) -> tuple[Any, Any, Any, Any, Any]:
         if self._gauges is None:
             gauge = self._gauge_class or _ray_gauge_class()
             self._gauges = (
@@ -138,11 +150,18 @@ class RayMetricsPublisher:
                     "second, over raylens' growth window; absent until the window is full.",
                     tag_keys=(GROUP_LABEL,),
                 ),
+                gauge(
+                    GROUP_PSS_AGE_GAUGE,
+                    description="How old a worker group's PSS figure on this node was at "
+                    "raylens' sampler's latest reading, in seconds (PSS is read less often "
+                    "than RSS).",
+                    tag_keys=(GROUP_LABEL,),
+                ),
             )
         return self._gauges
 
     def set_group(self, group: str, rss_bytes: int, pss_bytes: int | None, processes: int) -> None:
-        memory, counts, _, _ = self._made()
+        memory, counts, *_ = self._made()
         memory.set(float(rss_bytes), tags={GROUP_LABEL: group, MEMORY_TYPE_LABEL: _RSS})
         if pss_bytes is not None:
             memory.set(float(pss_bytes), tags={GROUP_LABEL: group, MEMORY_TYPE_LABEL: _PSS})
@@ -153,8 +172,9 @@ class RayMetricsPublisher:
         counts.set(float(processes), tags={GROUP_LABEL: group})
 
     def forget_group(self, group: str) -> None:
-        memory, counts, _, growth = self._made()
+        memory, counts, _, growth, _ = self._made()
         growth.set(_NAN, tags={GROUP_LABEL: group})
+        self.set_pss_age(group, None)
         memory.set(_NAN, tags={GROUP_LABEL: group, MEMORY_TYPE_LABEL: _RSS})
         if group in self._with_pss:
             memory.set(_NAN, tags={GROUP_LABEL: group, MEMORY_TYPE_LABEL: _PSS})
@@ -166,6 +186,14 @@ class RayMetricsPublisher:
 
     def set_growth(self, group: str, bytes_per_second: float) -> None:
         self._made()[3].set(float(bytes_per_second), tags={GROUP_LABEL: group})
+
+    def set_pss_age(self, group: str, seconds: float | None) -> None:
+        if seconds is not None:
+            self._made()[4].set(float(seconds), tags={GROUP_LABEL: group})
+            self._with_pss_age.add(group)
+        elif group in self._with_pss_age:
+            self._made()[4].set(_NAN, tags={GROUP_LABEL: group})
+            self._with_pss_age.discard(group)
 
     def _node_made(self) -> tuple[Any, ...]:
         if self._node_gauges is None:

@@ -17,6 +17,7 @@ from raylens.telemetry.raylet_payload import (
     RAY_GROUP_GROWTH,
     RAY_GROUP_MEMORY,
     RAY_GROUP_PROCESSES,
+    RAY_GROUP_PSS_AGE,
     RAY_SAMPLER_SAMPLED_AT,
     RAY_WORKER_ID_LABEL,
     SAMPLER_LABEL,
@@ -93,6 +94,9 @@ def render_group_series(
         if figure.growth is not None:
             labels = _labels(worker_id, address, {GROUP_LABEL: figure.group})
             processes.append(f"{RAY_GROUP_GROWTH}{{{labels}}} {float(figure.growth):e}")
+        if figure.pss_age_s is not None:
+            labels = _labels(worker_id, address, {GROUP_LABEL: figure.group})
+            processes.append(f"{RAY_GROUP_PSS_AGE}{{{labels}}} {float(figure.pss_age_s)!r}")
         if figure.process_count is not None:
             labels = _labels(worker_id, address, {GROUP_LABEL: figure.group})
             processes.append(f"{RAY_GROUP_PROCESSES}{{{labels}}} {float(figure.process_count):e}")

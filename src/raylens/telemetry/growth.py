@@ -366,7 +366,7 @@ def _outlook_of(
     kill_line: KillLineConfig,
 ) -> NodeOutlook:
     node = None if figures is None else figures.node
-    # Rows hold (group, rss, pss, processes, growth).
+    # Rows hold (group, rss, pss, processes, growth, pss age).
     rates = {} if figures is None else {r[0]: r[4] for r in figures.rows if r[4] is not None}
     if node is not None and node.stale_for is None and _within_bounds(node, total):
         return NodeOutlook(

@@ -5,7 +5,8 @@ Any job on a cluster can publish series under raylens' names on any node's endpo
 could be true of a machine: memory from 0 to the node's total (at most
 :data:`MAX_NODE_MEMORY_BYTES`), a process count a whole number up to Linux's largest pid
 (:data:`MAX_PROCESSES`), a kill counter a whole number up to :data:`MAX_KILL_COUNT`, a
-growth rate no faster than the node's total per second. What falls outside is refused
+growth rate no faster than the node's total per second, a PSS age from 0 to a week
+(:data:`MAX_PSS_AGE_S`). What falls outside is refused
 here, before it is rounded, recorded in a history, exported or printed: a memory figure
 is left out (a group without its RSS is left out whole, as a group without an RSS figure
 always is), the rest become unknown (None). Each refusal is named in :attr:`Bounded.refused`
@@ -27,6 +28,7 @@ from raylens.telemetry.raylet_payload import (
     RAY_GROUP_GROWTH,
     RAY_GROUP_MEMORY,
     RAY_GROUP_PROCESSES,
+    RAY_GROUP_PSS_AGE,
     RAY_NODE_OOM_KILLS,
     RAY_WORKER_EVICTIONS,
     SERIES_BY_RAY_NAME,
@@ -39,6 +41,7 @@ __all__ = [
     "MAX_KILL_COUNT",
     "MAX_NODE_MEMORY_BYTES",
     "MAX_PROCESSES",
+    "MAX_PSS_AGE_S",
     "MAX_REFUSALS_NAMED",
     "Bounded",
     "bound_payload",
@@ -49,6 +52,8 @@ MAX_NODE_MEMORY_BYTES = float(2**50)
 """1 PiB: more memory than any one machine has; also far below an int64's range."""
 MAX_PROCESSES = 4_194_304
 """Linux's largest possible pid (``PID_MAX_LIMIT`` on 64-bit kernels)."""
+MAX_PSS_AGE_S = 7 * 86400.0
+"""A week: far longer than any PSS interval a sampler is given; older ages are refused."""
 MAX_KILL_COUNT = float(2**32)
 """More kills than a node can see in its life; kill counters above it are refused."""
 MAX_REFUSALS_NAMED = 8
@@ -124,7 +129,7 @@ def _bound_groups(figures: NodeGroupFigures, total: float, refusals: _Refusals) 
     rows = []
     changed = False
     for row in figures.rows:
-        name, rss, pss, processes, growth = row
+        name, rss, pss, processes, growth, pss_age = row
         fine = True
         if not _memory_ok(rss, total):
             refusals.add(f"{RAY_GROUP_MEMORY}[rss]", rss, name)
@@ -139,10 +144,15 @@ def _bound_groups(figures: NodeGroupFigures, total: float, refusals: _Refusals) 
         if growth is not None and not (math.isfinite(growth) and abs(growth) <= total):
             refusals.add(RAY_GROUP_GROWTH, growth, name)
             growth, fine = None, False
+        if pss_age is not None and not (0.0 <= pss_age <= MAX_PSS_AGE_S):
+            refusals.add(RAY_GROUP_PSS_AGE, pss_age, name)
+            pss_age, fine = None, False
+        if pss is None and pss_age is not None:
+            pss_age, fine = None, False  # the age of a refused PSS says nothing
         if fine:
             rows.append(row)
         else:
-            rows.append((name, rss, pss, processes, growth))
+            rows.append((name, rss, pss, processes, growth, pss_age))
             changed = True
     if not changed:
         return figures

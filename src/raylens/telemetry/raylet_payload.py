@@ -31,6 +31,7 @@ __all__ = [
     "GROUP_LABEL",
     "GROUP_MEMORY_GAUGE",
     "GROUP_PROCESSES_GAUGE",
+    "GROUP_PSS_AGE_GAUGE",
     "GROUP_SERIES",
     "MACHINE_TOTAL_KEY",
     "MACHINE_USED_KEY",
@@ -53,6 +54,7 @@ __all__ = [
     "RAY_GROUP_GROWTH",
     "RAY_GROUP_MEMORY",
     "RAY_GROUP_PROCESSES",
+    "RAY_GROUP_PSS_AGE",
     "RAY_NODE_MEM_TOTAL",
     "RAY_NODE_MEM_TOTAL_HOST",
     "RAY_NODE_MEM_USED",
@@ -110,10 +112,14 @@ GROUP_MEMORY_GAUGE = "raylens_worker_group_memory_bytes"
 GROUP_PROCESSES_GAUGE = "raylens_worker_group_processes"
 SAMPLER_SAMPLED_AT_GAUGE = "raylens_sampler_sampled_at_seconds"
 GROUP_GROWTH_GAUGE = "raylens_worker_group_memory_growth_bytes_per_second"
+#: Seconds between the read of a group's PSS and the sampler reading that published it
+#: (PSS is read less often than RSS: see the sampler's ``pss_interval_seconds``).
+GROUP_PSS_AGE_GAUGE = "raylens_worker_group_pss_age_seconds"
 RAY_GROUP_MEMORY = f"ray_{GROUP_MEMORY_GAUGE}"
 RAY_GROUP_PROCESSES = f"ray_{GROUP_PROCESSES_GAUGE}"
 RAY_SAMPLER_SAMPLED_AT = f"ray_{SAMPLER_SAMPLED_AT_GAUGE}"
 RAY_GROUP_GROWTH = f"ray_{GROUP_GROWTH_GAUGE}"
+RAY_GROUP_PSS_AGE = f"ray_{GROUP_PSS_AGE_GAUGE}"
 # The node's own figures, set by the same sampler (see :class:`NodeFigures`).
 NODE_USED_GAUGE = "raylens_node_memory_used_bytes"
 NODE_GROWTH_GAUGE = "raylens_node_memory_growth_bytes_per_second"
@@ -194,6 +200,7 @@ GROUP_SERIES = (
     RAY_GROUP_PROCESSES,
     RAY_SAMPLER_SAMPLED_AT,
     RAY_GROUP_GROWTH,
+    RAY_GROUP_PSS_AGE,
     *NODE_SERIES,
 )
 #: The samplers a reader believes: sampler id (a Ray actor id) to the Ray worker id its
@@ -215,6 +222,9 @@ class GroupFigure(NamedTuple):
     #: Bytes per second over the sampler's growth window; None until the window is full,
     #: and while the group shrinks (the exposition's reader drops negative values).
     growth: float | None = None
+    #: How old ``pss_bytes`` was at the sampler's reading, in seconds; None where the
+    #: sampler does not say (then PSS counts as read with RSS).
+    pss_age_s: float | None = None
 
 
 class NodeFigures(NamedTuple):
@@ -244,7 +254,7 @@ class NodeFigures(NamedTuple):
 
 
 #: One group's figures as a plain tuple, in :class:`GroupFigure`'s field order.
-FigureRow = tuple[str, float, float | None, float | None, float | None]
+FigureRow = tuple[str, float, float | None, float | None, float | None, float | None]
 
 
 class NodeGroupFigures:
@@ -279,7 +289,7 @@ class NodeGroupFigures:
     def from_rows(
         cls, sampled_at: float, rows: tuple[FigureRow, ...], node: NodeFigures | None = None
     ) -> NodeGroupFigures:
-        """Figures from ``rows`` already shaped as :attr:`rows` (five values per group)."""
+        """Figures from ``rows`` already shaped as :attr:`rows` (six values per group)."""
         figures = object.__new__(cls)
         object.__setattr__(figures, "sampled_at", sampled_at)
         object.__setattr__(figures, "rows", rows)
@@ -355,7 +365,7 @@ class SamplerSeries(NamedTuple):
 class _Candidate:
     """One publishing process's sampler series (Ray's ``WorkerId`` tells them apart)."""
 
-    __slots__ = ("growth", "identity", "node", "processes", "pss", "rss", "stamp")
+    __slots__ = ("growth", "identity", "node", "processes", "pss", "pss_age", "rss", "stamp")
 
     def __init__(self) -> None:
         self.stamp: float | None = None
@@ -365,6 +375,7 @@ class _Candidate:
         self.pss: dict[str, float] = {}
         self.processes: dict[str, float] = {}
         self.growth: dict[str, float] = {}
+        self.pss_age: dict[str, float] = {}
 
     def add(self, name: str, labels: dict[str, str], value: float) -> None:
         if name == RAY_SAMPLER_SAMPLED_AT:
@@ -386,6 +397,8 @@ class _Candidate:
             self.processes[group] = value
         elif name == RAY_GROUP_GROWTH:
             self.growth[group] = value
+        elif name == RAY_GROUP_PSS_AGE:
+            self.pss_age[group] = value
         elif name == RAY_GROUP_MEMORY:
             kind = labels.get(MEMORY_TYPE_LABEL)
             if kind == "rss":
@@ -394,12 +407,14 @@ class _Candidate:
                 self.pss[group] = value
 
     def figure(self, group: str) -> GroupFigure:
+        pss = self.pss.get(group)
         return GroupFigure(
             group,
             self.rss[group],
-            self.pss.get(group),
+            pss,
             self.processes.get(group),
             self.growth.get(group),
+            None if pss is None else self.pss_age.get(group),
         )
 
 

@@ -21,6 +21,7 @@ from raylens.telemetry.raylet_payload import (
     GROUP_LABEL,
     GROUP_MEMORY_GAUGE,
     GROUP_PROCESSES_GAUGE,
+    GROUP_PSS_AGE_GAUGE,
     MEMORY_TYPE_LABEL,
     SAMPLER_SAMPLED_AT_GAUGE,
 )
@@ -320,6 +321,7 @@ def test_ray_gauges_are_made_on_first_use_with_the_published_names(gauges):
         GROUP_PROCESSES_GAUGE,
         SAMPLER_SAMPLED_AT_GAUGE,
         GROUP_GROWTH_GAUGE,
+        GROUP_PSS_AGE_GAUGE,
     }
     assert made[GROUP_GROWTH_GAUGE].tag_keys == (GROUP_LABEL,)
     assert made[GROUP_MEMORY_GAUGE].tag_keys == (GROUP_LABEL, MEMORY_TYPE_LABEL)
@@ -332,7 +334,7 @@ def test_ray_gauges_are_made_on_first_use_with_the_published_names(gauges):
     assert made[GROUP_PROCESSES_GAUGE].values == {((GROUP_LABEL, "policy"),): 4.0}
     assert made[SAMPLER_SAMPLED_AT_GAUGE].values == {(): 1_700_000_000.5}
     publisher.set_group("rollout", MB, None, 1)
-    assert len(FakeGauge.made) == 4  # made once
+    assert len(FakeGauge.made) == 5  # made once
 
 
 def test_a_pss_that_stops_being_known_reads_nan_once(gauges):
@@ -422,3 +424,62 @@ def test_a_publisher_without_growth_is_never_asked_for_it(procfs, publisher, clo
     for _ in range(30):
         actor.sample_and_publish_once()
     assert {call[0] for call in publisher.calls} == {"set", "at"}
+
+
+# ---- PSS with its age ----------------------------------------------------------------------
+
+
+class PssAgeRecording(Recording):
+    """A publisher that also takes the age of each group's PSS figure."""
+
+    def set_pss_age(self, group: str, seconds: float | None) -> None:
+        self.calls.append(("pss age", group, seconds))
+
+
+def test_pss_is_published_with_its_age_between_its_readings(procfs, clock):
+    publisher = PssAgeRecording()
+    ticks = WallClock()  # the reader's clock, which times the PSS interval
+    actor = GroupMemorySamplerActor(
+        procfs_root=str(procfs.root),
+        host_name="node-a",
+        publisher=publisher,
+        wall_clock=clock,
+        clock=ticks,
+    )  # the default PSS interval, which is longer than the 20 s between these readings
+    actor.set_workers([_worker(procfs, "policy", 200, 10 * MB, pss_bytes=6 * MB)])
+
+    actor.sample_and_publish_once()
+    ticks.now += 20.0
+    actor.sample_and_publish_once()
+
+    ages = [call[2] for call in publisher.calls if call[0] == "pss age"]
+    assert ages == [0.0, 20.0]
+
+
+def test_a_group_without_pss_has_no_age(procfs, clock):
+    publisher = PssAgeRecording()
+    actor = _actor(procfs, publisher, clock)
+    actor.set_workers([_worker(procfs, "policy", 200, 10 * MB, smaps_rollup=False)])
+
+    actor.sample_and_publish_once()
+
+    assert ("pss age", "policy", None) in publisher.calls
+
+
+def test_ray_publisher_serves_the_pss_age_and_clears_it_with_the_pss(gauges):
+    publisher = RayMetricsPublisher(gauge_class=FakeGauge)
+    publisher.set_group("policy", 5 * MB, 3 * MB, 1)
+    publisher.set_pss_age("policy", 12.5)
+    age = _by_name()[GROUP_PSS_AGE_GAUGE]
+    assert age.tag_keys == (GROUP_LABEL,)
+    assert age.values == {((GROUP_LABEL, "policy"),): 12.5}
+
+    publisher.set_pss_age("policy", None)
+    assert math.isnan(age.values[((GROUP_LABEL, "policy"),)])
+    sets = len(age.sets)
+    publisher.set_pss_age("policy", None)  # already cleared: nothing more to say
+    assert len(age.sets) == sets
+
+    publisher.set_pss_age("policy", 3.0)
+    publisher.forget_group("policy")
+    assert math.isnan(age.values[((GROUP_LABEL, "policy"),)])

@@ -11,6 +11,7 @@ import pytest
 from raylens.telemetry.group_memory import (
     GROUP_MEMORY_USAGE_METRIC,
     GROUP_PROCESSES_METRIC,
+    GROUP_PSS_AGE_METRIC,
     GoneWorker,
     GroupMemory,
     GroupMemoryReader,
@@ -18,9 +19,11 @@ from raylens.telemetry.group_memory import (
     GroupWorker,
     GroupWorkerRegistry,
     NodeGroupMemory,
+    PublishedReading,
     WorkerFate,
     register_group_memory_gauges,
 )
+from raylens.telemetry.raylet_payload import GroupFigure, NodeGroupFigures
 from raylens_fakes.procfs import PAGE_SIZE, FakeProcFS
 
 MB = 2**20
@@ -593,6 +596,32 @@ def test_series_carry_group_node_host_and_memory_type(metrics_probe, clock: Cloc
     }
     assert metrics_probe.metric(GROUP_MEMORY_USAGE_METRIC).unit == "By"
     assert metrics_probe.metric(GROUP_PROCESSES_METRIC).unit == "{process}"
+
+
+def test_pss_is_exported_with_its_age_for_a_published_reading_and_a_local_one(
+    metrics_probe, clock: Clock
+):
+    snapshot = GroupMemorySnapshot(clock=clock, max_age=30.0)
+    register_group_memory_gauges(snapshot)
+    published = NodeGroupFigures(
+        1.7e9,
+        (
+            GroupFigure("policy", 100.0, 60.0, 3.0, None, 42.0),
+            GroupFigure("rollout", 50.0, None, 1.0),
+            GroupFigure("reward", 20.0, 10.0, 1.0),  # a sampler that gives no age
+        ),
+    )
+    local = NodeGroupMemory("host-b", (GroupMemory("policy", 70, 40, 12.5, 2, 1),))
+    snapshot.publish({NODE_A: PublishedReading("host-a", published, {}), NODE_B: local})
+
+    metrics_probe.collect()
+
+    ages = {
+        (dict(attributes)["rl.worker_group"], dict(attributes)["ray.node.id"]): value
+        for attributes, value in metrics_probe.points(GROUP_PSS_AGE_METRIC).items()
+    }
+    assert ages == {("policy", NODE_A): 42.0, ("reward", NODE_A): 0.0, ("policy", NODE_B): 12.5}
+    assert metrics_probe.metric(GROUP_PSS_AGE_METRIC).unit == "s"
 
 
 def test_a_failed_or_departed_node_has_no_point_next_export(metrics_probe, clock: Clock):

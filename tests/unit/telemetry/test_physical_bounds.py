@@ -127,6 +127,23 @@ def test_a_forged_growth_is_bounded_by_the_nodes_total_per_second() -> None:
     assert len(format_growth(6.4e10)) < 20
 
 
+def test_a_pss_age_is_believed_only_from_zero_to_a_week() -> None:
+    lines = []
+    for name, age in (("fine", "90"), ("negative", "-5"), ("forged", "1e300"), ("inf", "+Inf")):
+        labels = f'WorkerId="w",rl_worker_group="{name}"'
+        lines += _group(name, "1e9")
+        lines.append(f'ray_raylens_worker_group_memory_bytes{{{labels},memory_type="pss"}} 5e8')
+        lines.append(f"ray_raylens_worker_group_pss_age_seconds{{{labels}}} {age}")
+    payload = _payload(*lines)
+    outcome = outcome_of_payload(payload, len(payload))
+    assert outcome.groups is not None
+    ages = {figure.group: figure.pss_age_s for figure in outcome.groups.groups}
+    # The exposition's reader drops negative and infinite values before the bounds.
+    assert ages == {"fine": 90.0, "negative": None, "forged": None, "inf": None}
+    assert all(figure.pss_bytes == 5e8 for figure in outcome.groups.groups)
+    assert outcome.refused is not None and any("pss_age" in named for named in outcome.refused[1])
+
+
 def test_node_figures_beyond_any_machine_are_refused_and_the_rest_kept() -> None:
     bounded = bound_payload({USED_KEY: 1e300, TOTAL_KEY: 6.4e10}, None, None)
     assert bounded.values == {TOTAL_KEY: 6.4e10} and bounded.refused_count == 1

@@ -92,3 +92,18 @@ def test_a_published_growth_is_read_with_its_group() -> None:
     figures = parse_group_samples(payload)
     assert figures is not None
     assert [(f.group, f.growth) for f in figures.groups] == [("policy", 1.5e6), ("rollout", None)]
+
+
+def test_a_published_pss_age_is_read_with_its_pss_only() -> None:
+    payload = render_group_series(
+        [GroupFigure("policy", 3e9, 2e9, 2, None, 41.5), GroupFigure("rollout", 1e9, None, 1)],
+        sampled_at=9.0,
+    )
+    orphan = render_group_series(
+        [GroupFigure("rollout", 1e9, None, 1, None, 7.0)], sampled_at=9.0
+    ).split(b"\n")
+    payload += b"\n".join(line for line in orphan if b"pss_age" in line) + b"\n"
+    figures = parse_group_samples(payload)
+    assert figures is not None
+    # An age with no PSS beside it says nothing and is dropped.
+    assert [(f.group, f.pss_age_s) for f in figures.groups] == [("policy", 41.5), ("rollout", None)]

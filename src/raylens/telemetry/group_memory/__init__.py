@@ -50,6 +50,7 @@ __all__ = [
     "GROUP_MEMORY_RECORDED_METRICS",
     "GROUP_MEMORY_USAGE_METRIC",
     "GROUP_PROCESSES_METRIC",
+    "GROUP_PSS_AGE_METRIC",
     "MEMORY_TYPE_ATTR",
     "WORKER_GROUP_ATTR",
     "GoneWorker",
@@ -72,6 +73,7 @@ __all__ = [
 
 GROUP_MEMORY_USAGE_METRIC = "rl.worker_group.memory.usage"
 GROUP_PROCESSES_METRIC = "rl.worker_group.processes"
+GROUP_PSS_AGE_METRIC = "rl.worker_group.memory.pss_age"
 WORKER_GROUP_ATTR = "rl.worker_group"
 MEMORY_TYPE_ATTR = "memory.type"
 _NODE_ID_ATTR = "ray.node.id"
@@ -96,6 +98,13 @@ GROUP_MEMORY_RECORDED_METRICS: tuple[RecordedMetric, ...] = (
         OBSERVABLE_GAUGE,
         "{process}",
         "Processes in a worker group's process trees on a Ray node at the latest reading.",
+    ),
+    RecordedMetric(
+        GROUP_PSS_AGE_METRIC,
+        OBSERVABLE_GAUGE,
+        "s",
+        "How old the pss point of rl.worker_group.memory.usage was when its reading was "
+        "taken: PSS is read less often than RSS, so a sum of PSS lags by up to this much.",
     ),
 )
 
@@ -218,6 +227,13 @@ def _group_points(reading: Reading) -> Iterable[tuple[int, int | None, int]]:
     return ((g.rss_bytes, g.pss_bytes, g.process_count) for g in reading.groups)
 
 
+def _pss_ages(reading: Reading) -> Iterable[float | None]:
+    """How old each group's PSS of ``reading`` is (None: no PSS), in its order."""
+    if isinstance(reading, PublishedReading):
+        return reading.pss_ages()
+    return (None if g.pss_bytes is None else g.pss_age_seconds for g in reading.groups)
+
+
 def _as_reading(reading: Reading) -> NodeGroupMemory:
     return reading.reading() if isinstance(reading, PublishedReading) else reading
 
@@ -329,6 +345,15 @@ class GroupMemorySnapshot:
             )
         ]
 
+    def observe_pss_age(self, _options: CallbackOptions | None = None) -> list[Observation]:
+        """Points of ``rl.worker_group.memory.pss_age`` for every fresh reading with PSS."""
+        return [
+            Observation(age, dict(attributes))
+            for entry in self._fresh()
+            for attributes, age in zip(entry.attributes, _pss_ages(entry.reading))
+            if age is not None
+        ]
+
     def latest(self) -> dict[str, tuple[NodeGroupMemory, float]]:
         """``{node id: (reading, seconds since published)}`` for every fresh reading, for tables."""
         now = self._clock()
@@ -351,15 +376,16 @@ DEFAULT_SNAPSHOT = GroupMemorySnapshot()
 
 
 def register_group_memory_gauges(snapshot: GroupMemorySnapshot | None = None) -> None:
-    """Export the two group-memory gauges from ``snapshot`` (default :data:`DEFAULT_SNAPSHOT`).
+    """Export the group-memory gauges from ``snapshot`` (default :data:`DEFAULT_SNAPSHOT`).
 
     Idempotent; a later call with another snapshot points the gauges at it.
     """
     source = snapshot if snapshot is not None else DEFAULT_SNAPSHOT
-    usage, processes = GROUP_MEMORY_RECORDED_METRICS
+    usage, processes, pss_age = GROUP_MEMORY_RECORDED_METRICS
     # publish() made every name and host encodable: lens need not check them again.
     register_observable_gauge(usage, source.observe_usage, attributes_encodable=True)
     register_observable_gauge(processes, source.observe_processes, attributes_encodable=True)
+    register_observable_gauge(pss_age, source.observe_pss_age, attributes_encodable=True)
 
 
 def publish_group_memory(results: Mapping[str, object], *, max_age: float | None = None) -> None:

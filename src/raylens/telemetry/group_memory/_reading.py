@@ -158,24 +158,27 @@ class PublishedReading:
 
     def points(self) -> Iterator[tuple[int, int | None, int]]:
         """``(rss bytes, pss bytes or None, processes)`` per group, in the figures' order."""
-        for _group, rss, pss, processes, _growth in self.figures.rows:
+        for _group, rss, pss, processes, *_rates_and_ages in self.figures.rows:
             yield (round(rss), None if pss is None else round(pss), round(processes or 0))
 
+    def pss_ages(self) -> Iterator[float | None]:
+        """Per group, in the figures' order, how old its PSS was at the sampler's reading.
+
+        None where there is no PSS; 0 where the sampler gave PSS without its age.
+        """
+        for row in self.figures.rows:
+            yield None if row[2] is None else (row[5] if row[5] is not None else 0.0)
+
     def reading(self) -> NodeGroupMemory:
-        """The published figures as a reading; PSS is as old as the sampler's reading."""
+        """The published figures as a reading, PSS with the age its sampler gave it."""
         built = self._built
         if built is None:
             workers = self.workers
             groups = tuple(
-                GroupMemory(
-                    row[0],
-                    rss,
-                    pss,
-                    None if pss is None else 0.0,
-                    processes,
-                    workers.get(row[0], 0),
+                GroupMemory(row[0], rss, pss, age, processes, workers.get(row[0], 0))
+                for row, (rss, pss, processes), age in zip(
+                    self.figures.rows, self.points(), self.pss_ages()
                 )
-                for row, (rss, pss, processes) in zip(self.figures.rows, self.points())
             )
             built = self._built = NodeGroupMemory(self.host_name, groups)
         return built

@@ -55,8 +55,8 @@ KEYS: dict[Query, tuple[str, ...]] = {
 }
 QUERIES = tuple(KEYS)
 _NODE_INDEX = {kind: index for index, kind in enumerate(NODE_KINDS)}
-# Where each group figure goes in a FigureRow: (group, rss, pss, processes, growth).
-_SLOT = dict(zip(GROUP_KINDS, (1, 3, 4)))
+# Where each group figure goes in a FigureRow: (group, rss, pss, processes, growth, pss age).
+_SLOT = dict(zip(GROUP_KINDS, (1, 3, 4, 5)))
 _PSS_SLOT = 2
 
 
@@ -192,7 +192,7 @@ def _groups(rows: dict[Query, list[tuple[Any, ...]]], nodes: dict[str, NodeFound
             by_group = figures[instance] = {}
         row = by_group.get(group)
         if row is None:
-            row = by_group[group] = [group, None, None, None, None]
+            row = by_group[group] = [group, None, None, None, None, None]
         row[slot] = value
 
     for instance, group, kind, value in rows.get(Query.GROUPS, ()):
@@ -220,7 +220,7 @@ def _groups(rows: dict[Query, list[tuple[Any, ...]]], nodes: dict[str, NodeFound
         by_group = figures.get(instance, nothing)
         group_rows: tuple[FigureRow, ...] = tuple(
             [
-                (name, row[1], row[2], row[3], row[4])
+                (name, row[1], row[2], row[3], row[4], None if row[2] is None else row[5])
                 for name, row in sorted(by_group.items())[:MAX_GROUPS_PER_NODE]
                 if row[1] is not None
             ]

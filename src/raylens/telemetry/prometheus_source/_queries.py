@@ -19,6 +19,7 @@ from raylens.telemetry.raylet_payload import (
     RAY_GROUP_GROWTH,
     RAY_GROUP_MEMORY,
     RAY_GROUP_PROCESSES,
+    RAY_GROUP_PSS_AGE,
     RAY_NODE_MEM_TOTAL,
     RAY_NODE_MEM_USED,
     RAY_NODE_OOM_KILLS,
@@ -69,11 +70,11 @@ _FRESHEST = (
 KIND_LABEL = "k"
 _GROUP_PREFIX = "ray_raylens_worker_group_"
 _NODE_PREFIX = "ray_raylens_node_memory_"
-_GROUP_NAMES = (RAY_GROUP_MEMORY, RAY_GROUP_PROCESSES, RAY_GROUP_GROWTH)
-# Group series: memory_bytes, processes, memory_growth_... -> b, p, g.
-_GROUP_KIND_PATTERN = f"{_GROUP_PREFIX}(?:memory_)?(.).*"
-#: The kind letter of group memory, processes and growth.
-GROUP_KINDS = ("b", "p", "g")
+_GROUP_NAMES = (RAY_GROUP_MEMORY, RAY_GROUP_PROCESSES, RAY_GROUP_GROWTH, RAY_GROUP_PSS_AGE)
+# Group series: memory_bytes, processes, memory_growth_..., pss_age_... -> by, pr, gr, ps.
+_GROUP_KIND_PATTERN = f"{_GROUP_PREFIX}(?:memory_)?(..).*"
+#: The kind letters of group memory, processes, growth and PSS age.
+GROUP_KINDS = ("by", "pr", "gr", "ps")
 _GROWING = NODE_SERIES[3]
 _NODE_NAMES = tuple(name for name in NODE_SERIES[:-1] if name != _GROWING)
 # Node series: used_bytes, growth_..., outside_groups_..., limit_bytes, time_to_limit_...
@@ -82,7 +83,7 @@ _NODE_KIND_PATTERN = f"{_NODE_PREFIX}(.).*"
 NODE_KINDS = tuple(name[len(_NODE_PREFIX)] for name in _NODE_NAMES)
 assert (
     len(set(NODE_KINDS)) == len(NODE_KINDS)
-    and tuple(name[len(_GROUP_PREFIX) :].removeprefix("memory_")[0] for name in _GROUP_NAMES)
+    and tuple(name[len(_GROUP_PREFIX) :].removeprefix("memory_")[:2] for name in _GROUP_NAMES)
     == GROUP_KINDS
 )
 
@@ -116,7 +117,7 @@ class Query(enum.Enum):
     NODE_TOTAL = f'max by ({INSTANCE_LABEL}) ({RAY_NODE_MEM_TOTAL}{{{{job="{{job}}"}}}})'
     #: The freshest sampler's stamp on each node.
     SAMPLED_AT = f"max by ({INSTANCE_LABEL}) ({_STAMP})"
-    #: Each group's RSS, processes and growth, from each node's freshest sampler.
+    #: Each group's RSS, processes, growth and PSS age, from each node's freshest sampler.
     GROUPS = (
         f"max by ({INSTANCE_LABEL}, {GROUP_LABEL}, {KIND_LABEL}) "
         f"({_kinds(_GROUP_NAMES, _GROUP_KIND_PATTERN, _RSS_OR_NONE)} "

@@ -24,7 +24,7 @@ monitor publishes. A row is::
 - ``groups`` is None (the payload carried no sampler's series), :data:`GROUPS_UNCHANGED`
   (the driver holds figures with this very ``sampled_at``:
   :func:`~raylens.telemetry.scraping.leave_out_known_groups`), or
-  ``(sampled_at, node, (group, rss, pss, processes, growth), ...)``: the node's own
+  ``(sampled_at, node, (group, rss, pss, processes, growth, pss age), ...)``: the node's own
   figures (a :class:`~raylens.telemetry.raylet_payload.NodeFigures`, or None), then a
   plain tuple per group;
 - ``oom`` is None or ``(ray_evictions, kernel_oom_kills, ray_victims)``, the last a

@@ -55,6 +55,7 @@ def test_the_queries_read_only_the_freshest_sampler_and_what_carries_a_figure(
             f"{group}memory_bytes", {**STALE, "rl_worker_group": "old", "memory_type": "rss"}, "9x2"
         ),
         _series(f"{group}processes", {**FRESH, "rl_worker_group": "policy"}, "3x2"),
+        _series(f"{group}pss_age_seconds", {**FRESH, "rl_worker_group": "policy"}, "30x2"),
         _series(
             f"{group}memory_growth_bytes_per_second",
             {**FRESH, "rl_worker_group": "policy"},
@@ -73,8 +74,9 @@ def test_the_queries_read_only_the_freshest_sampler_and_what_carries_a_figure(
         ),
     ]
     groups = [
-        {"labels": '{instance="n:1",k="b",rl_worker_group="policy"}', "value": 7},
-        {"labels": '{instance="n:1",k="p",rl_worker_group="policy"}', "value": 3},
+        {"labels": '{instance="n:1",k="by",rl_worker_group="policy"}', "value": 7},
+        {"labels": '{instance="n:1",k="pr",rl_worker_group="policy"}', "value": 3},
+        {"labels": '{instance="n:1",k="ps",rl_worker_group="policy"}', "value": 30},
     ]
     figures = [
         {"labels": '{instance="n:1",k="u"}', "value": 5},

@@ -44,6 +44,7 @@ def _fleet(nodes: int) -> FakePrometheus:
             sampled_at=998.5,
             groups={"policy": (2 * GIB, 1.5 * GIB, 4.0, 1024.0), "rollout": (GIB, None, 2.0, None)},
             node=(3 * GIB, 2048.0, 0.0, 1.0, 60 * GIB, 900.0, 600.0),
+            pss_ages={"policy": 42.0, "rollout": 7.0},  # rollout's has no PSS beside it
         )
     return fake
 
@@ -78,8 +79,8 @@ def test_nodes_groups_and_growth_come_from_the_series() -> None:
     host, figures, _at = source.group_figures()["10.0.0.0:8080"]
     assert host == "10.0.0.0" and figures.sampled_at == 998.5
     assert figures.rows == (
-        ("policy", 2 * GIB, 1.5 * GIB, 4.0, 1024.0),
-        ("rollout", GIB, None, 2.0, None),
+        ("policy", 2 * GIB, 1.5 * GIB, 4.0, 1024.0, 42.0),
+        ("rollout", GIB, None, 2.0, None, None),
     )
     assert figures.node is not None
     assert (figures.node.growth, figures.node.growing, figures.node.time_to_limit) == (
@@ -203,7 +204,7 @@ def test_impossible_figures_are_refused_as_from_a_payload(
         source.collect_once()
     _host, figures, _at = source.group_figures()["10.0.0.0:8080"]
     assert [row[0] for row in figures.rows] == ["policy", "rollout"]
-    assert figures.rows[0] == ("policy", 2 * GIB, None, 4.0, None)
+    assert figures.rows[0] == ("policy", 2 * GIB, None, 4.0, None, None)
     assert "10.0.0.0:8080" not in source.oom_counts()  # its one counter was refused
     assert "no machine can have" in caplog.text and "forged" in caplog.text
 
