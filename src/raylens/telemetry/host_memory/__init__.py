@@ -26,6 +26,7 @@ from collections.abc import Iterable
 from raylens import forking
 from raylens.cluster import ClusterView
 from raylens.lens import warn_once
+from raylens.telemetry.host_memory._cycle_hooks import CycleHooks
 from raylens.telemetry.host_memory._gauges import (
     HOST_MEMORY_RECORDED_METRICS,
     SCRAPE_HEALTH_RECORDED_METRICS,
@@ -105,6 +106,7 @@ __all__ = [
     "SCRAPE_MODE_ENV",
     "SCRAPE_TIMEOUT_S",
     "SHUTDOWN_GRACE_S",
+    "CycleHooks",
     "GroupFiguresMemo",
     "HostMemoryMonitor",
     "NodeRecord",

@@ -29,6 +29,7 @@ from raylens import forking
 from raylens.cluster import ClusterView, default_cluster_view
 from raylens.lens import get_telemetry_handle, reset_warn_once, warn_once
 from raylens.safe_text import printable
+from raylens.telemetry.host_memory._cycle_hooks import CycleHooks
 from raylens.telemetry.host_memory._gauges import declare_gauges
 from raylens.telemetry.host_memory._helper_engine import HelperEngine
 from raylens.telemetry.host_memory._nodes import RayNode, ray_nodes
@@ -219,7 +220,7 @@ class HostMemoryMonitor:
         self._records: Mapping[NodeKey, NodeRecord] = {}
         self._standing: dict[NodeKey, tuple[_Standing, int]] = {}
         self._warned: set[NodeKey] = set()
-        self._cycle_hooks: list[tuple[CycleHook, Callable[[], None] | None]] = []
+        self._cycle_hooks = CycleHooks("host-memory", "host_memory.cycle_hook", logger)
         # Once the gauges read this monitor, they are declared: by whoever they read.
         register_publisher(self)
         declare_gauges()
@@ -239,7 +240,7 @@ class HostMemoryMonitor:
         self._stop_event = threading.Event()
         self._thread = None
         self._threads = None
-        self._cycle_hooks = []
+        self._cycle_hooks.clear()
 
     # Cycle hooks ---------------------------------------------------------------------
 
@@ -250,30 +251,11 @@ class HostMemoryMonitor:
         the monitor's pace without this package knowing it. A hook that raises is
         logged once and the cycle carries on. Adding a hook already added does nothing.
         """
-        with self._lock:
-            if all(existing != hook for existing, _ in self._cycle_hooks):
-                self._cycle_hooks.append((hook, on_stop))
+        self._cycle_hooks.add(hook, on_stop)
 
     def remove_cycle_hook(self, hook: CycleHook) -> None:
         """Stop running ``hook`` (its ``on_stop`` is not called); unknown hooks are ignored."""
-        with self._lock:
-            self._cycle_hooks = [entry for entry in self._cycle_hooks if entry[0] != hook]
-
-    def _run_cycle_hooks(self, stopping: bool) -> None:
-        with self._lock:
-            hooks = list(self._cycle_hooks)
-        for hook, on_stop in hooks:
-            try:
-                if not stopping:
-                    hook(self)
-                elif on_stop is not None:
-                    on_stop()
-            except Exception:
-                warn_once(
-                    f"host_memory.cycle_hook.{getattr(hook, '__qualname__', type(hook).__name__)}",
-                    f"a host-memory cycle hook ({printable(repr(hook))[:120]}) failed",
-                    logger=logger,
-                )
+        self._cycle_hooks.remove(hook)
 
     # Consumers -----------------------------------------------------------------------
 
@@ -352,7 +334,7 @@ class HostMemoryMonitor:
                 )
         if thread is not None and thread is not threading.current_thread():
             thread.join(max(0.0, deadline - time.monotonic()))
-        self._run_cycle_hooks(stopping=True)
+        self._cycle_hooks.run(self, stopping=True)
         release_publisher(self)
 
     def _collection_loop(self, stop: threading.Event) -> None:
@@ -385,7 +367,7 @@ class HostMemoryMonitor:
                 logger=logger,
             )
         if stop is None or not stop.is_set():
-            self._run_cycle_hooks(stopping=False)
+            self._cycle_hooks.run(self, stopping=False)
 
     def _collect_once(self, stop: threading.Event | None = None) -> None:
         """Body of :meth:`collect_once`; ``stop`` is the calling loop's stop event."""

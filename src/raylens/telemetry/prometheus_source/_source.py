@@ -25,6 +25,7 @@ from raylens.lens import warn_once
 from raylens.safe_text import printable
 from raylens.telemetry.host_memory import (
     NO_WORKER_GROUPS,
+    CycleHooks,
     NodeSample,
     format_worker_groups,
     ray_nodes,
@@ -136,7 +137,7 @@ class PrometheusSource:
         self._samples: list[NodeSample] = []
         self._groups: dict[str, tuple[str, NodeGroupFigures, float]] = {}
         self._oom: dict[str, tuple[str, NodeOomCounts, float]] = {}
-        self._hooks: list[tuple[CycleHook, Callable[[], None] | None]] = []
+        self._hooks = CycleHooks("Prometheus-source", "prometheus_source.hook", _LOGGER)
         self._consumer = False
         self._lock = threading.Lock()
         self._thread: threading.Thread | None = None
@@ -148,14 +149,11 @@ class PrometheusSource:
 
     def add_cycle_hook(self, hook: CycleHook, *, on_stop: Callable[[], None] | None = None) -> None:
         """Run ``hook(source)`` after every cycle; ``on_stop`` when the source stops."""
-        with self._lock:
-            if all(existing != hook for existing, _ in self._hooks):
-                self._hooks.append((hook, on_stop))
+        self._hooks.add(hook, on_stop)
 
     def remove_cycle_hook(self, hook: CycleHook) -> None:
         """Stop running ``hook``; an unknown one is ignored."""
-        with self._lock:
-            self._hooks = [entry for entry in self._hooks if entry[0] != hook]
+        self._hooks.remove(hook)
 
     def declare_consumer(self) -> None:
         """Say that someone reads the figures (every cycle then queries)."""
@@ -189,7 +187,7 @@ class PrometheusSource:
                 "its figures are missing this cycle (warned once)",
                 logger=_LOGGER,
             )
-        self._run_hooks(stopping=False)
+        self._hooks.run(self, stopping=False)
 
     def _names(self) -> dict[str, tuple[str, str]]:
         """``instance -> (node id, host)`` from the connected cluster; empty without one."""
@@ -276,22 +274,6 @@ class PrometheusSource:
             self._held = held_now
             self._samples, self._groups, self._oom = samples, groups, oom
 
-    def _run_hooks(self, *, stopping: bool) -> None:
-        with self._lock:
-            hooks = list(self._hooks)
-        for hook, on_stop in hooks:
-            try:
-                if not stopping:
-                    hook(self)
-                elif on_stop is not None:
-                    on_stop()
-            except Exception:
-                warn_once(
-                    f"prometheus_source.hook.{getattr(hook, '__qualname__', type(hook).__name__)}",
-                    f"a Prometheus-source cycle hook ({printable(repr(hook))[:120]}) failed",
-                    logger=_LOGGER,
-                )
-
     # Reading --------------------------------------------------------------------------
 
     def latest(self) -> list[NodeSample]:
@@ -352,6 +334,6 @@ class PrometheusSource:
         self._stop.set()
         if thread is not None:
             thread.join(self.settings.timeout_s + 1.0)
-        self._run_hooks(stopping=True)
+        self._hooks.run(self, stopping=True)
         with self._lock:
             self._samples, self._groups, self._oom = [], {}, {}
