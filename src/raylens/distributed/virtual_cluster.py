@@ -23,6 +23,7 @@ import weakref
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
+from raylens.distributed import _ports
 from raylens.distributed._placement_errors import (
     ClusterResourceError,
     PlacementArgumentError,
@@ -60,25 +61,10 @@ from raylens.distributed._port_discovery import (
     _repeated_ports,
     _StrategyStandIn,
 )
+from raylens.distributed._ports import *  # noqa: F403  (NeMo-RL imports the port bands from here)
 from raylens.distributed._ports import (
-    DEFAULT_DYNAMO_CONTROL_PORT_RANGE_HIGH,
-    DEFAULT_DYNAMO_CONTROL_PORT_RANGE_LOW,
-    DEFAULT_DYNAMO_HTTP_PORT_RANGE_HIGH,
-    DEFAULT_DYNAMO_HTTP_PORT_RANGE_LOW,
-    DEFAULT_DYNAMO_SYSTEM_PORT_RANGE_HIGH,
-    DEFAULT_DYNAMO_SYSTEM_PORT_RANGE_LOW,
-    DEFAULT_GENERATION_PORT_RANGE_HIGH,
-    DEFAULT_GENERATION_PORT_RANGE_LOW,
-    DEFAULT_GYM_PORT_RANGE_HIGH,
-    DEFAULT_GYM_PORT_RANGE_LOW,
     DEFAULT_MASTER_PORT_RANGE_HIGH,
     DEFAULT_MASTER_PORT_RANGE_LOW,
-    DEFAULT_SGLANG_PROMETHEUS_PORT_RANGE_HIGH,
-    DEFAULT_SGLANG_PROMETHEUS_PORT_RANGE_LOW,
-    DEFAULT_SGLANG_ROUTER_PORT_RANGE_HIGH,
-    DEFAULT_SGLANG_ROUTER_PORT_RANGE_LOW,
-    DEFAULT_VLLM_PORT_RANGE_LOW,
-    DEFAULT_VLLM_PORTS_PER_ENGINE,
     PortRangeError,
 )
 from raylens.distributed._ports import _bind_socket_in_range as _bind_socket_in_range
@@ -104,24 +90,6 @@ from raylens.distributed.topology import (
 from raylens.validation import positive_seconds
 
 __all__ = [
-    "DEFAULT_DYNAMO_CONTROL_PORT_RANGE_HIGH",
-    "DEFAULT_DYNAMO_CONTROL_PORT_RANGE_LOW",
-    "DEFAULT_DYNAMO_HTTP_PORT_RANGE_HIGH",
-    "DEFAULT_DYNAMO_HTTP_PORT_RANGE_LOW",
-    "DEFAULT_DYNAMO_SYSTEM_PORT_RANGE_HIGH",
-    "DEFAULT_DYNAMO_SYSTEM_PORT_RANGE_LOW",
-    "DEFAULT_GENERATION_PORT_RANGE_HIGH",
-    "DEFAULT_GENERATION_PORT_RANGE_LOW",
-    "DEFAULT_GYM_PORT_RANGE_HIGH",
-    "DEFAULT_GYM_PORT_RANGE_LOW",
-    "DEFAULT_MASTER_PORT_RANGE_HIGH",
-    "DEFAULT_MASTER_PORT_RANGE_LOW",
-    "DEFAULT_SGLANG_PROMETHEUS_PORT_RANGE_HIGH",
-    "DEFAULT_SGLANG_PROMETHEUS_PORT_RANGE_LOW",
-    "DEFAULT_SGLANG_ROUTER_PORT_RANGE_HIGH",
-    "DEFAULT_SGLANG_ROUTER_PORT_RANGE_LOW",
-    "DEFAULT_VLLM_PORTS_PER_ENGINE",
-    "DEFAULT_VLLM_PORT_RANGE_LOW",
     "NVLINK_DOMAIN_PREFIX",
     "NVLINK_DOMAIN_UNKNOWN",
     "PLACEMENT_STRATEGIES",
@@ -131,7 +99,6 @@ __all__ = [
     "ClusterConfig",
     "ClusterResourceError",
     "PlacementTimeoutError",
-    "PortRangeError",
     "RayVirtualCluster",
     "ResourceInsufficientError",
     "get_ray_cluster_topology",
@@ -141,6 +108,7 @@ __all__ = [
     "reset_remote_function_cache",
     "select_segment_nodes",
 ]
+__all__ += _ports.__all__
 
 _LOGGER = logging.getLogger("raylens.distributed")
 

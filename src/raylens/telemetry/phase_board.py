@@ -26,7 +26,7 @@ from __future__ import annotations
 import json
 import logging
 import math
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from typing import Any
 
 from raylens.cluster import ClusterView, supports_key_value
@@ -77,7 +77,7 @@ class CurrentPhase:
     started_at: float
 
     def to_json(self) -> dict[str, object]:
-        return {"job_id": self.job_id, "phase": self.phase, "started_at": self.started_at}
+        return asdict(self)
 
 
 @dataclass(frozen=True)
@@ -91,13 +91,7 @@ class EndedGroup:
     source: str
 
     def to_json(self) -> dict[str, object]:
-        return {
-            "group": self.group,
-            "node_id": self.node_id,
-            "peak_bytes": self.peak_bytes,
-            "delta_bytes": self.delta_bytes,
-            "source": self.source,
-        }
+        return asdict(self)
 
 
 @dataclass(frozen=True)
@@ -111,13 +105,7 @@ class EndedPhase:
     groups: tuple[EndedGroup, ...]
 
     def to_json(self) -> dict[str, object]:
-        return {
-            "job_id": self.job_id,
-            "phase": self.phase,
-            "ended_at": self.ended_at,
-            "duration_s": self.duration_s,
-            "groups": [group.to_json() for group in self.groups],
-        }
+        return {**asdict(self), "groups": [group.to_json() for group in self.groups]}
 
 
 def publish_ended_phase(cluster: ClusterView, record: PhaseRecord) -> bool:
