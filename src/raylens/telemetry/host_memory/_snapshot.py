@@ -15,8 +15,7 @@ import time
 import weakref
 from collections.abc import Callable, Mapping
 from dataclasses import FrozenInstanceError, dataclass, field
-from operator import itemgetter
-from typing import TYPE_CHECKING, Any, NamedTuple, Protocol, TypeVar, runtime_checkable
+from typing import Any, NamedTuple, Protocol, TypeVar, runtime_checkable
 
 from raylens import forking
 from raylens.telemetry.host_memory._nodes import RayNode
@@ -130,28 +129,55 @@ class NodeRecord(tuple[Any, ...]):
 
     __slots__ = ()
 
-    if TYPE_CHECKING:
-        node: RayNode
-        values: Mapping[str, float] | None
-        sampled_at: float | None
-        error: str | None
-        worker_groups: str
-        labels_version: int
-        attributes: Mapping[str, str]
-        groups: NodeGroupFigures | None
-        oom: NodeOomCounts | None
-        expires_at: float
-    else:
-        node = property(itemgetter(_NODE))
-        values = property(itemgetter(_VALUES))
-        sampled_at = property(itemgetter(_SAMPLED_AT))
-        error = property(itemgetter(_ERROR))
-        worker_groups = property(itemgetter(_WORKER_GROUPS))
-        labels_version = property(itemgetter(_LABELS_VERSION))
-        attributes = property(itemgetter(_ATTRIBUTES))
-        groups = property(itemgetter(_GROUPS))
-        oom = property(itemgetter(_OOM))
-        expires_at = property(itemgetter(_EXPIRES_AT))
+    @property
+    def node(self) -> RayNode:
+        value: RayNode = self[_NODE]
+        return value
+
+    @property
+    def values(self) -> Mapping[str, float] | None:
+        value: Mapping[str, float] | None = self[_VALUES]
+        return value
+
+    @property
+    def sampled_at(self) -> float | None:
+        value: float | None = self[_SAMPLED_AT]
+        return value
+
+    @property
+    def error(self) -> str | None:
+        value: str | None = self[_ERROR]
+        return value
+
+    @property
+    def worker_groups(self) -> str:
+        value: str = self[_WORKER_GROUPS]
+        return value
+
+    @property
+    def labels_version(self) -> int:
+        value: int = self[_LABELS_VERSION]
+        return value
+
+    @property
+    def attributes(self) -> Mapping[str, str]:
+        value: Mapping[str, str] = self[_ATTRIBUTES]
+        return value
+
+    @property
+    def groups(self) -> NodeGroupFigures | None:
+        value: NodeGroupFigures | None = self[_GROUPS]
+        return value
+
+    @property
+    def oom(self) -> NodeOomCounts | None:
+        value: NodeOomCounts | None = self[_OOM]
+        return value
+
+    @property
+    def expires_at(self) -> float:
+        value: float = self[_EXPIRES_AT]
+        return value
 
     def __new__(
         cls,
