@@ -399,7 +399,7 @@ def test_keys_that_are_not_utf8_are_deleted_once(ray_kv: RayKV) -> None:
 
 
 def test_the_readme_trust_table_lists_the_key_value_store_and_its_bounds() -> None:
-    readme = (Path(__file__).resolve().parents[3] / "README.md").read_text(encoding="utf-8")
+    readme = (Path(__file__).resolve().parents[4] / "README.md").read_text(encoding="utf-8")
     section = readme.split("## Trust boundaries", 1)[1].split("\n## ", 1)[0]
     (row,) = [line for line in section.splitlines() if "key-value store" in line]
     assert "any job" in row.lower() and "forge" in row

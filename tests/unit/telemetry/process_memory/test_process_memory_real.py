@@ -13,6 +13,7 @@ import signal
 import subprocess
 import sys
 import threading
+import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
@@ -86,6 +87,8 @@ for pid in pids:
 """
 
 # Forks children that exit at once, as fast as it can, until stdin reaches EOF.
+#: How long the churn test samples at most while waiting to catch a short-lived child.
+CHURN_DEADLINE_S = 120.0
 CHURN = r"""
 import os, select, sys
 print("ready", flush=True)
@@ -217,13 +220,17 @@ def test_processes_exiting_during_sampling_never_raise(spawn):
     churn = spawn(CHURN)
     target = ServerMemoryTarget("churn", "test", churn.pid)
     profiler = MemoryProfiler([target], 3600, host_collector=lambda: HOST)
-    seen_children = 0
-    for index in range(300):
-        memory = collect_process_tree_memory(churn.pid, include_pss=bool(index % 2))
+    seen_children = rounds = 0
+    # At least 300 rounds, and on until a short-lived child was caught: on a loaded machine
+    # the churner may fork seldom. The deadline only bounds a run where it never forks.
+    deadline = time.monotonic() + CHURN_DEADLINE_S
+    while rounds < 300 or (seen_children == 0 and time.monotonic() < deadline):
+        memory = collect_process_tree_memory(churn.pid, include_pss=bool(rounds % 2))
         assert memory.process_count >= 1
         seen_children += memory.process_count > 1
         profiler.sample_once()
         assert profiler.latest().servers[0].status == "live"
+        rounds += 1
     assert seen_children > 0, "no short-lived child was ever caught; the race was not exercised"
 
 
