@@ -9,9 +9,6 @@ import sys
 import pytest
 
 from raylens.telemetry.group_memory import (
-    GROUP_MEMORY_USAGE_METRIC,
-    GROUP_PROCESSES_METRIC,
-    GROUP_PSS_AGE_METRIC,
     GoneWorker,
     GroupMemory,
     GroupMemoryReader,
@@ -22,6 +19,11 @@ from raylens.telemetry.group_memory import (
     PublishedReading,
     WorkerFate,
     register_group_memory_gauges,
+)
+from raylens.telemetry.group_memory._snapshot import (
+    GROUP_MEMORY_USAGE_METRIC,
+    GROUP_PROCESSES_METRIC,
+    GROUP_PSS_AGE_METRIC,
 )
 from raylens.telemetry.raylet_payload import GroupFigure, NodeGroupFigures
 from raylens_fakes.procfs import PAGE_SIZE, FakeProcFS
