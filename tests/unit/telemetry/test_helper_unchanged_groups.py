@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from raylens.telemetry.host_memory import GroupFiguresMemo
+from raylens.telemetry.host_memory._helper_engine import GroupFiguresMemo
 from raylens.telemetry.raylet_payload import GroupFigure, NodeGroupFigures
 from raylens.telemetry.scraping import Outcome, encode_outcomes, leave_out_known_groups
 

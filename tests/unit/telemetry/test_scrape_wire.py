@@ -9,7 +9,7 @@ from collections.abc import Hashable
 
 import pytest
 
-from raylens.telemetry.host_memory import GroupFiguresMemo
+from raylens.telemetry.host_memory._helper_engine import GroupFiguresMemo
 from raylens.telemetry.raylet_payload import GroupFigure, NodeGroupFigures, NodeOomCounts
 from raylens.telemetry.scraping import (
     GROUPS_UNCHANGED,
