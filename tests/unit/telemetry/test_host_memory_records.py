@@ -13,14 +13,9 @@ from typing import Any
 
 import pytest
 
-from raylens.lens import (
-    declared_observables,
-    recorded_metrics,
-    register_recorded_metrics,
-    reset_observable_gauges,
-    reset_recorded_metrics,
-    runtime,
-)
+from raylens.lens import declared_observables, recorded_metrics, register_recorded_metrics, runtime
+from raylens.lens.metrics import reset_recorded_metrics
+from raylens.lens.runtime import reset_observable_gauges
 from raylens.telemetry import host_memory as hm
 from raylens.telemetry.host_memory import DEFAULT_REGISTRY, NodeRecord
 from raylens.telemetry.raylet_payload import (
