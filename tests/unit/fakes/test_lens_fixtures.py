@@ -190,5 +190,5 @@ def test_the_reset_forgets_group_workers_and_group_readings() -> None:
 
     reset_raylens_state()
 
-    assert group_memory.DEFAULT_REGISTRY.workers_by_node() == {}
+    assert group_memory.DEFAULT_WORKER_REGISTRY.workers_by_node() == {}
     assert group_memory.DEFAULT_SNAPSHOT.latest() == {}

@@ -11,7 +11,7 @@ driver is in ``docs/architecture.md``; what the figures mean, in the README.
 Invariants: the gauges are declared by :func:`register_group_memory_gauges`, never at
 import; group names and hosts are made encodable when a snapshot is published; a node with
 no reading in the latest cycle has no point, and a reading older than ``max_age`` is not
-exported. :func:`reset_group_memory_state` clears :data:`DEFAULT_REGISTRY` and
+exported. :func:`reset_group_memory_state` clears :data:`DEFAULT_WORKER_REGISTRY` and
 :data:`DEFAULT_SNAPSHOT`.
 """
 
@@ -27,7 +27,7 @@ from raylens.telemetry.group_memory._reading import (
     as_group_worker,
 )
 from raylens.telemetry.group_memory._registry import (
-    DEFAULT_REGISTRY,
+    DEFAULT_WORKER_REGISTRY,
     GroupWorkerRegistry,
     forget_group_workers,
     own_process_identity,
@@ -42,8 +42,8 @@ from raylens.telemetry.group_memory._snapshot import (
 
 __all__ = [
     "DEFAULT_MAX_PROCESSES",
-    "DEFAULT_REGISTRY",
     "DEFAULT_SNAPSHOT",
+    "DEFAULT_WORKER_REGISTRY",
     "GoneWorker",
     "GroupMemory",
     "GroupMemoryReader",

@@ -1,7 +1,7 @@
 """Which worker processes each group has on each node, as the driver's groups report them.
 
 :class:`GroupWorkerRegistry` holds ``(node id, pid, start_ticks)`` per worker of each
-group; :data:`DEFAULT_REGISTRY` is the one the driver's worker groups write, through
+group; :data:`DEFAULT_WORKER_REGISTRY` is the one the driver's worker groups write, through
 :func:`register_group_workers` and :func:`forget_group_workers`.
 """
 
@@ -96,15 +96,15 @@ def _check_registered(group: str, worker: object) -> tuple[str, int, int | None]
     return node_id, checked.pid, checked.start_ticks
 
 
-DEFAULT_REGISTRY = GroupWorkerRegistry()
+DEFAULT_WORKER_REGISTRY = GroupWorkerRegistry()
 """The registry :func:`register_group_workers` and :func:`forget_group_workers` write."""
 
 
 def register_group_workers(group: str, workers: Iterable[tuple[str, int, int | None]]) -> None:
-    """:meth:`GroupWorkerRegistry.register` on :data:`DEFAULT_REGISTRY`."""
-    DEFAULT_REGISTRY.register(group, workers)
+    """:meth:`GroupWorkerRegistry.register` on :data:`DEFAULT_WORKER_REGISTRY`."""
+    DEFAULT_WORKER_REGISTRY.register(group, workers)
 
 
 def forget_group_workers(group: str) -> None:
-    """:meth:`GroupWorkerRegistry.forget` on :data:`DEFAULT_REGISTRY`."""
-    DEFAULT_REGISTRY.forget(group)
+    """:meth:`GroupWorkerRegistry.forget` on :data:`DEFAULT_WORKER_REGISTRY`."""
+    DEFAULT_WORKER_REGISTRY.forget(group)

@@ -23,7 +23,7 @@ from raylens.telemetry.group_memory._reading import (
     PublishedReading,
     check_positive_seconds,
 )
-from raylens.telemetry.group_memory._registry import DEFAULT_REGISTRY
+from raylens.telemetry.group_memory._registry import DEFAULT_WORKER_REGISTRY
 
 GROUP_MEMORY_USAGE_METRIC = "rl.worker_group.memory.usage"
 GROUP_PROCESSES_METRIC = "rl.worker_group.processes"
@@ -243,5 +243,5 @@ def register_group_memory_gauges(snapshot: GroupMemorySnapshot | None = None) ->
 
 def reset_group_memory_state() -> None:
     """Forget the default registry's workers and the default snapshot's readings (tests)."""
-    DEFAULT_REGISTRY.clear()
+    DEFAULT_WORKER_REGISTRY.clear()
     DEFAULT_SNAPSHOT.clear()
