@@ -38,6 +38,7 @@ from raylens.validation import positive_seconds
 __all__ = [
     "DEFAULT_SNAPSHOT",
     "FALLBACK_COLLECTION_INTERVAL",
+    "MonitorHolder",
     "forget_worker_group_nodes",
     "keep_monitor_on",
     "register_worker_group_nodes",
@@ -52,7 +53,7 @@ __all__ = [
 logger = logging.getLogger(LOGGER_NAME)
 
 FALLBACK_COLLECTION_INTERVAL = 10.0
-"""The interval a monitor falls back to when it is given one that is not usable."""
+"""Seconds :func:`start_host_memory_monitoring` uses for an interval it cannot use."""
 
 #: Where the process's monitor publishes its records (``{(node id, host): NodeRecord}``).
 DEFAULT_SNAPSHOT = Snapshot()
