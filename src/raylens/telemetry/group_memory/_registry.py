@@ -14,6 +14,14 @@ from collections.abc import Iterable
 from raylens.telemetry.group_memory._reading import as_group_worker
 from raylens.telemetry.procfs import ProcFS
 
+__all__ = [
+    "DEFAULT_WORKER_REGISTRY",
+    "GroupWorkerRegistry",
+    "forget_group_workers",
+    "own_process_identity",
+    "register_group_workers",
+]
+
 
 def own_process_identity(procfs: ProcFS | None = None) -> tuple[int, int | None]:
     """``(pid, start_ticks)`` of the calling process, for a worker to report about itself."""

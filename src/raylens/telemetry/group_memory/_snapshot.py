@@ -25,6 +25,21 @@ from raylens.telemetry.group_memory._reading import (
 )
 from raylens.telemetry.group_memory._registry import DEFAULT_WORKER_REGISTRY
 
+__all__ = [
+    "DEFAULT_MAX_AGE_SECONDS",
+    "DEFAULT_SNAPSHOT",
+    "GROUP_MEMORY_RECORDED_METRICS",
+    "GROUP_MEMORY_USAGE_METRIC",
+    "GROUP_PROCESSES_METRIC",
+    "GROUP_PSS_AGE_METRIC",
+    "MEMORY_TYPE_ATTR",
+    "WORKER_GROUP_ATTR",
+    "GroupMemorySnapshot",
+    "Reading",
+    "register_group_memory_gauges",
+    "reset_group_memory_state",
+]
+
 GROUP_MEMORY_USAGE_METRIC = "rl.worker_group.memory.usage"
 GROUP_PROCESSES_METRIC = "rl.worker_group.processes"
 GROUP_PSS_AGE_METRIC = "rl.worker_group.memory.pss_age"
