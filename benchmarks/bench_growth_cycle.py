@@ -30,10 +30,16 @@ from collections.abc import Mapping
 
 from raylens.telemetry.growth import GrowthCycle
 from raylens.telemetry.history import KillLineConfig
-from raylens.telemetry.host_memory import TOTAL_KEY, USED_KEY, NodeRecord
+from raylens.telemetry.host_memory import NodeRecord
 from raylens.telemetry.host_memory._nodes import RayNode
 from raylens.telemetry.host_memory._snapshot import NodeKey
-from raylens.telemetry.raylet_payload import GroupFigure, NodeFigures, NodeGroupFigures
+from raylens.telemetry.raylet_payload import (
+    TOTAL_KEY,
+    USED_KEY,
+    GroupFigure,
+    NodeFigures,
+    NodeGroupFigures,
+)
 
 GIB = float(1 << 30)
 MIB = float(1 << 20)

@@ -6,30 +6,19 @@ managed process tree, exported through OpenTelemetry by :mod:`raylens.lens`.
 
 ``raylens.phase(name)`` marks a phase of the job in the driver and
 ``raylens.current_phase()`` names the one in progress (see
-:mod:`raylens.distributed.phases`); both load on first use.
+:mod:`raylens.distributed.phases`); both load on first use (``raylens._lazy``).
 
 Importing raylens never imports Ray; the Ray-backed pieces import it on first use.
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from raylens.distributed.phases import current_phase, phase
 
+from raylens._lazy import __getattr__ as __getattr__
 from raylens.version import __version__
 
 __all__ = ["__version__", "current_phase", "phase"]
-
-_LAZY = frozenset({"current_phase", "phase"})
-
-
-def __getattr__(name: str) -> Any:
-    # Looked up on the phases module at each call, so the functions stay bound to its
-    # default marker as it is then.
-    if name in _LAZY:
-        from raylens.distributed import phases
-
-        return getattr(phases, name)
-    raise AttributeError(f"module 'raylens' has no attribute {name!r}")

@@ -61,9 +61,9 @@ def feed(port: int) -> None:
     from raylens.lens import TelemetryConfig, init_telemetry, shutdown_telemetry
     from raylens.telemetry import host_memory
     from raylens.telemetry.group_memory import (
+        DEFAULT_SNAPSHOT,
         GroupMemory,
         NodeGroupMemory,
-        publish_group_memory,
         register_group_memory_gauges,
     )
     from raylens.telemetry.growth import GrowthSnapshot, NodeOutlook, register_growth_gauges
@@ -96,7 +96,7 @@ def feed(port: int) -> None:
             host_memory.register_worker_group_nodes("policy", nodes[:1])
             host_memory.register_worker_group_nodes("rollout", nodes[1:])
             register_group_memory_gauges()
-            publish_group_memory(
+            DEFAULT_SNAPSHOT.publish(
                 {
                     node: NodeGroupMemory(
                         simulated.hostname(index),

@@ -14,7 +14,7 @@ from typing import Any, Protocol
 from raylens.distributed.group_memory_cycle import default_group_memory_cycle
 from raylens.lens import warn_once
 from raylens.safe_text import printable
-from raylens.telemetry.group_memory import DEFAULT_REGISTRY, GroupWorkerRegistry
+from raylens.telemetry.group_memory import DEFAULT_WORKER_REGISTRY, GroupWorkerRegistry
 from raylens.telemetry.phase_memory import NodePhaseMemory
 
 __all__ = ["PhaseNodes", "SamplerPhaseNodes"]
@@ -51,7 +51,7 @@ class SamplerPhaseNodes:
         registry: GroupWorkerRegistry | None = None,
     ) -> None:
         self._samplers = samplers
-        self._registry = registry if registry is not None else DEFAULT_REGISTRY
+        self._registry = registry if registry is not None else DEFAULT_WORKER_REGISTRY
         # The phase being measured: its token and the actors told it began.
         self._begun: tuple[str, Any, dict[str, Any]] | None = None
 

@@ -18,8 +18,8 @@ from typing import Any, Protocol, cast
 from raylens.lens import warn_once
 from raylens.safe_text import printable
 from raylens.telemetry.group_memory import (
-    DEFAULT_REGISTRY,
     DEFAULT_SNAPSHOT,
+    DEFAULT_WORKER_REGISTRY,
     GroupMemorySnapshot,
     GroupWorkerRegistry,
     NodeGroupMemory,
@@ -206,7 +206,7 @@ def collect_group_memory(
     :mod:`raylens.telemetry.group_memory`; ``max_age`` is passed to
     :meth:`GroupMemorySnapshot.publish`. Returns the cycle's results, for a table.
     """
-    source = registry if registry is not None else DEFAULT_REGISTRY
+    source = registry if registry is not None else DEFAULT_WORKER_REGISTRY
     target = snapshot if snapshot is not None else DEFAULT_SNAPSHOT
     results = samplers.sample(source.workers_by_node())
     target.publish(results, max_age=max_age)

@@ -34,8 +34,8 @@ from raylens.distributed.group_memory_sampler import (
 from raylens.lens import warn_once
 from raylens.safe_text import printable
 from raylens.telemetry.group_memory import (
-    DEFAULT_REGISTRY,
     DEFAULT_SNAPSHOT,
+    DEFAULT_WORKER_REGISTRY,
     GroupMemorySnapshot,
     GroupWorkerRegistry,
     NodeGroupMemory,
@@ -76,7 +76,7 @@ class WorkerProcesses:
     """
 
     def __init__(self, registry: GroupWorkerRegistry | None = None) -> None:
-        self._registry = registry if registry is not None else DEFAULT_REGISTRY
+        self._registry = registry if registry is not None else DEFAULT_WORKER_REGISTRY
         self._identities: list[Identity | None] = []
 
     @property
@@ -185,7 +185,7 @@ class GroupMemoryCycle:
         self.trust = trust if trust is not None else SamplerRegistry()
         self._ids_version = -1  # of the samplers' ids last noted in ``trust``
         self.samplers = samplers if samplers is not None else GroupMemorySamplers()
-        self.registry = registry if registry is not None else DEFAULT_REGISTRY
+        self.registry = registry if registry is not None else DEFAULT_WORKER_REGISTRY
         self.snapshot = snapshot if snapshot is not None else DEFAULT_SNAPSHOT
         try:
             self.mode = CollectionMode(mode)

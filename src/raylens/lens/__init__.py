@@ -10,13 +10,12 @@ lens imports nothing of raylens above it, and creates no instrument at import.
 The driver's entry point, ``init_telemetry_driver``, lives in :mod:`raylens.driver`.
 """
 
-from raylens.lens.config import EXPORTERS, TelemetryConfig
+from raylens.lens.config import TelemetryConfig
 from raylens.lens.exporters import ConsoleLineExporter
 from raylens.lens.metrics import (
     COUNTER,
     GAUGE,
     HISTOGRAM,
-    METRIC_KINDS,
     OBSERVABLE_COUNTER,
     OBSERVABLE_GAUGE,
     UP_DOWN_COUNTER,
@@ -24,7 +23,6 @@ from raylens.lens.metrics import (
     recorded_metrics,
     register_recorded_metrics,
     registry_key,
-    reset_recorded_metrics,
 )
 from raylens.lens.runtime import (
     CARDINALITY_LIMIT,
@@ -37,7 +35,6 @@ from raylens.lens.runtime import (
     register_observable_counter,
     register_observable_gauge,
     remove_shutdown_hook,
-    reset_observable_gauges,
     shutdown_telemetry,
     unregister_observable_gauge,
 )
@@ -46,11 +43,9 @@ from raylens.lens.warnings import reset_warn_once, warn_once
 __all__ = [
     "CARDINALITY_LIMIT",
     "COUNTER",
-    "EXPORTERS",
     "GAUGE",
     "HISTOGRAM",
     "IDLE_COLLECTIONS",
-    "METRIC_KINDS",
     "OBSERVABLE_COUNTER",
     "OBSERVABLE_GAUGE",
     "UP_DOWN_COUNTER",
@@ -68,8 +63,6 @@ __all__ = [
     "register_recorded_metrics",
     "registry_key",
     "remove_shutdown_hook",
-    "reset_observable_gauges",
-    "reset_recorded_metrics",
     "reset_warn_once",
     "shutdown_telemetry",
     "unregister_observable_gauge",

@@ -39,13 +39,11 @@ from raylens.telemetry.history import (
 from raylens.telemetry.host_memory import (
     DEFAULT_REGISTRY,
     NO_WORKER_GROUPS,
-    TOTAL_KEY,
-    USED_KEY,
     NodeSample,
     RecordSource,
 )
 from raylens.telemetry.names import HOST_NAME_ATTR, RAY_NODE_ID_ATTR, RL_WORKER_GROUPS_ATTR
-from raylens.telemetry.raylet_payload import NodeFigures, NodeGroupFigures
+from raylens.telemetry.raylet_payload import TOTAL_KEY, USED_KEY, NodeFigures, NodeGroupFigures
 
 __all__ = [
     "NO_SAMPLER",

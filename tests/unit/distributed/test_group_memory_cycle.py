@@ -33,7 +33,7 @@ from raylens.driver import init_telemetry_driver
 from raylens.lens import TelemetryConfig, shutdown_telemetry
 from raylens.telemetry import host_memory as hm
 from raylens.telemetry.group_memory import (
-    DEFAULT_REGISTRY,
+    DEFAULT_WORKER_REGISTRY,
     GroupMemorySnapshot,
     GroupWorkerRegistry,
     NodeGroupMemory,
@@ -334,7 +334,7 @@ def test_samplers_start_with_the_first_group_and_go_with_the_last(
     assert ray.live_samplers() == set(NODES)
 
     assert policy.shutdown()
-    assert "policy" not in DEFAULT_REGISTRY.groups()
+    assert "policy" not in DEFAULT_WORKER_REGISTRY.groups()
     monitor.collect_once()
     assert ray.live_samplers() == set()
     assert _rss(metrics_probe) == {}
@@ -342,14 +342,14 @@ def test_samplers_start_with_the_first_group_and_go_with_the_last(
 
 def test_shutdown_withdraws_the_workers_even_when_cleanup_fails(ray: ClusterRay) -> None:
     policy = _group(ray, "policy", 8 * MB)
-    assert "policy" in DEFAULT_REGISTRY.groups()
+    assert "policy" in DEFAULT_WORKER_REGISTRY.groups()
 
     def broken(*_args: Any, **_kwargs: Any) -> bool:
         raise RuntimeError("cleanup exploded")
 
     policy._stop_workers = broken  # type: ignore[method-assign]
     assert policy.shutdown(cleanup_method="close") is False
-    assert "policy" not in DEFAULT_REGISTRY.groups()
+    assert "policy" not in DEFAULT_WORKER_REGISTRY.groups()
 
 
 def test_a_worker_that_cannot_say_where_it_runs_leaves_the_group_working(
@@ -363,7 +363,7 @@ def test_a_worker_that_cannot_say_where_it_runs_leaves_the_group_working(
         policy = _group(ray, "policy", 8 * MB)
 
     assert len(policy.workers) == 2
-    assert "policy" not in DEFAULT_REGISTRY.groups()
+    assert "policy" not in DEFAULT_WORKER_REGISTRY.groups()
     assert any("per-group memory" in r.getMessage() for r in caplog.records)
 
 

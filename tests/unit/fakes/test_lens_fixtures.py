@@ -185,10 +185,10 @@ def test_the_reset_forgets_group_workers_and_group_readings() -> None:
 
     group_memory.register_group_workers("policy", [("node-a", 200, 1000)])
     reading = NodeGroupMemory("host-a", (GroupMemory("policy", 1024, None, None, 1, 1),))
-    group_memory.publish_group_memory({"node-a": reading})
+    group_memory.DEFAULT_SNAPSHOT.publish({"node-a": reading})
     assert group_memory.DEFAULT_SNAPSHOT.latest()
 
     reset_raylens_state()
 
-    assert group_memory.DEFAULT_REGISTRY.workers_by_node() == {}
+    assert group_memory.DEFAULT_WORKER_REGISTRY.workers_by_node() == {}
     assert group_memory.DEFAULT_SNAPSHOT.latest() == {}

@@ -27,6 +27,8 @@ from raylens.lens import (
     unregister_observable_gauge,
 )
 from raylens.telemetry import host_memory as hm
+from raylens.telemetry.host_memory._monitor import SCRAPE_MODE_ENV
+from raylens.telemetry.host_memory._process_state import DEFAULT_SNAPSHOT
 
 
 class _Recorder(MetricExporter):
@@ -67,7 +69,7 @@ def _wait_for(condition: Any, what: str, timeout: float = 20.0) -> None:
 def test_the_final_export_of_a_driver_still_has_its_host_memory_points(
     simulated_cluster: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setenv(hm.SCRAPE_MODE_ENV, "inprocess")
+    monkeypatch.setenv(SCRAPE_MODE_ENV, "inprocess")
     sim = simulated_cluster(2)
     hm.register_worker_group_nodes("policy", [sim.node_id(0)])
     recorder = _Recorder()
@@ -77,7 +79,7 @@ def test_the_final_export_of_a_driver_still_has_its_host_memory_points(
         # As examples/driver.py does: the driver keeps no reference to the monitor.
         init_telemetry_driver(metric_reader=reader, host_memory_interval=0.2)
         _wait_for(
-            lambda: sum(r.error is None for r in hm.DEFAULT_SNAPSHOT.records.values()) == 2,
+            lambda: sum(r.error is None for r in DEFAULT_SNAPSHOT.records.values()) == 2,
             "both nodes sampled",
         )
         shutdown_telemetry()

@@ -12,8 +12,8 @@ from raylens.lens import (
     recorded_metrics,
     register_recorded_metrics,
     registry_key,
-    reset_recorded_metrics,
 )
+from raylens.lens.metrics import reset_recorded_metrics
 
 
 @pytest.fixture(autouse=True)

@@ -91,8 +91,8 @@ class GroupFiguresMemo:
     """The group figures the driver last received from the helper, per key.
 
     The helper leaves out a node's figures when their ``sampled_at`` matches what the
-    driver holds (:func:`~raylens.telemetry.scraping.leave_out_known_groups`); this puts
-    them back. It is the driver's own record, so a reply lost on the way never leaves the
+    driver holds (:func:`~raylens.telemetry.scraping._helper_program.leave_out_known_groups`);
+    this puts them back. It is the driver's own record, so a reply lost on the way never leaves the
     two sides disagreeing: the helper compares against what the driver says it holds.
     Not thread-safe; the engine uses it under its lock.
     """

@@ -251,27 +251,16 @@ class Snapshot:
     """The records of a monitor's latest cycle, ``{(node id, host): NodeRecord}``.
 
     ``records`` is replaced whole by :meth:`publish` and read by the gauges; never changed
-    in place. ``samples`` is the same cycle seen as upstream's module-level snapshot,
-    ``{(node id, host): {registry key: bytes}}`` for the nodes that answered: one dict kept
-    for the life of the snapshot and refilled under ``lock`` at each publish, for code
-    that reads it that way. The gauges never read it.
+    in place.
     """
 
     records: Mapping[NodeKey, NodeRecord] = field(default_factory=dict)
     lock: threading.Lock = field(default_factory=threading.Lock)
-    samples: dict[NodeKey, dict[str, float]] = field(default_factory=dict)
 
     def publish(self, records: Mapping[NodeKey, NodeRecord]) -> None:
         """Make ``records`` (not to be changed afterwards) the snapshot's whole content."""
-        answered = {
-            key: dict(record.values)
-            for key, record in records.items()
-            if record.error is None and record.values
-        }
         with self.lock:
             self.records = records
-            self.samples.clear()
-            self.samples.update(answered)
 
     def fresh_values(self, key: str, now: float) -> list[tuple[NodeRecord, float]]:
         """``(record, value)`` of every record with an unexpired sample of ``key``."""
@@ -296,9 +285,6 @@ class Snapshot:
             records = self.records
             if not live.issuperset(records):
                 self.records = {key: r for key, r in records.items() if key in live}
-            if not live.issuperset(self.samples):
-                for key in [key for key in self.samples if key not in live]:
-                    del self.samples[key]
 
     def clear(self) -> None:
         self.publish({})

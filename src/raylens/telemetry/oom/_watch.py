@@ -41,7 +41,13 @@ from raylens.telemetry.oom._kills import (
     Victim,
     victim_from_ray_name,
 )
-from raylens.telemetry.oom._ledger import DEFAULT_LEDGER, KillRecord, OomLedger, Report
+from raylens.telemetry.oom._ledger import (
+    DEFAULT_LEDGER,
+    KillRecord,
+    OomLedger,
+    Report,
+    register_oom_counter,
+)
 from raylens.telemetry.oom._postmortem import (
     MAX_VICTIMS_LISTED,
     LargestProcess,
@@ -59,6 +65,7 @@ __all__ = [
     "LargestProcesses",
     "OomSource",
     "OomWatch",
+    "attach_oom_watch",
 ]
 
 #: A counted Ray kill and a reported OutOfMemoryError on one node this close are one kill.
@@ -496,3 +503,15 @@ def _group_words(victim: Victim) -> str:
     ]
     joined = ", ".join(d for d in details if d)
     return f"{words} ({joined})" if joined else words
+
+
+class _HookedMonitor(OomSource, Protocol):
+    def add_cycle_hook(self, hook: Any, *, on_stop: Any = None) -> None: ...
+
+
+def attach_oom_watch(monitor: _HookedMonitor, watch: OomWatch | None = None) -> OomWatch:
+    """Declare ``rl.host.oom_kills`` and run ``watch`` (default: no files) after every cycle."""
+    watch = watch if watch is not None else OomWatch()
+    register_oom_counter(watch.ledger)
+    monitor.add_cycle_hook(watch)
+    return watch

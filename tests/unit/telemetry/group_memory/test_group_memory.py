@@ -9,9 +9,6 @@ import sys
 import pytest
 
 from raylens.telemetry.group_memory import (
-    GROUP_MEMORY_USAGE_METRIC,
-    GROUP_PROCESSES_METRIC,
-    GROUP_PSS_AGE_METRIC,
     GoneWorker,
     GroupMemory,
     GroupMemoryReader,
@@ -22,6 +19,11 @@ from raylens.telemetry.group_memory import (
     PublishedReading,
     WorkerFate,
     register_group_memory_gauges,
+)
+from raylens.telemetry.group_memory._snapshot import (
+    GROUP_MEMORY_USAGE_METRIC,
+    GROUP_PROCESSES_METRIC,
+    GROUP_PSS_AGE_METRIC,
 )
 from raylens.telemetry.raylet_payload import GroupFigure, NodeGroupFigures
 from raylens_fakes.procfs import PAGE_SIZE, FakeProcFS
@@ -787,13 +789,15 @@ def test_module_functions_use_the_default_registry():
 
     try:
         group_memory.register_group_workers("policy", [(NODE_A, 200, 1000)])
-        assert group_memory.DEFAULT_REGISTRY.workers_by_node() == {NODE_A: [("policy", 200, 1000)]}
+        assert group_memory.DEFAULT_WORKER_REGISTRY.workers_by_node() == {
+            NODE_A: [("policy", 200, 1000)]
+        }
         group_memory.forget_group_workers("policy")
-        assert group_memory.DEFAULT_REGISTRY.workers_by_node() == {}
+        assert group_memory.DEFAULT_WORKER_REGISTRY.workers_by_node() == {}
         group_memory.register_group_workers("policy", [(NODE_A, 200, 1000)])
     finally:
         group_memory.reset_group_memory_state()
-    assert group_memory.DEFAULT_REGISTRY.workers_by_node() == {}
+    assert group_memory.DEFAULT_WORKER_REGISTRY.workers_by_node() == {}
 
 
 # --------------------------------------------------------------------------- the opener seam

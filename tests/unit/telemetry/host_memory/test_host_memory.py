@@ -4,11 +4,28 @@ from __future__ import annotations
 
 import logging
 import threading
+from types import ModuleType
 
 import pytest
 
 from raylens.lens import OBSERVABLE_GAUGE, recorded_metrics
 from raylens.telemetry import host_memory as hm
+from raylens.telemetry.host_memory import SCRAPE_TIMEOUT_S
+from raylens.telemetry.host_memory._monitor import SHUTDOWN_GRACE_S
+from raylens.telemetry.host_memory._process_state import DEFAULT_SNAPSHOT
+from raylens.telemetry.names import (
+    RL_HOST_MACHINE_MEMORY_TOTAL_METRIC,
+    RL_HOST_MACHINE_MEMORY_USED_METRIC,
+    RL_HOST_SCRAPE_DURATION_METRIC,
+    RL_HOST_SCRAPE_UP_METRIC,
+)
+from raylens.telemetry.raylet_payload import (
+    RAY_NODE_MEM_TOTAL_HOST,
+    RAY_NODE_MEM_USED_HOST,
+    SERIES_BY_RAY_NAME,
+    TOTAL_KEY,
+    USED_KEY,
+)
 from raylens_fakes import FakeCluster
 from raylens_fakes.raylet import load_payload
 
@@ -28,27 +45,34 @@ def test_public_names_and_values() -> None:
     assert hm.NO_WORKER_GROUPS == "none"
     assert hm.RAY_NODE_MEM_USED == "ray_node_mem_used"
     assert hm.RAY_NODE_MEM_TOTAL == "ray_node_mem_total"
-    assert hm._USED_KEY == "host_memory_used"
-    assert hm._TOTAL_KEY == "host_memory_total"
-    assert hm.RAY_NODE_MEM_USED_HOST == "ray_node_mem_used_host"
-    assert hm.RAY_NODE_MEM_TOTAL_HOST == "ray_node_mem_total_host"
-    assert hm.RL_HOST_MACHINE_MEMORY_USED_METRIC == "rl.host.machine.memory.used"
-    assert hm.RL_HOST_MACHINE_MEMORY_TOTAL_METRIC == "rl.host.machine.memory.total"
-    assert hm._SERIES_BY_RAY_NAME == {
+    assert USED_KEY == "host_memory_used"
+    assert TOTAL_KEY == "host_memory_total"
+    assert RAY_NODE_MEM_USED_HOST == "ray_node_mem_used_host"
+    assert RAY_NODE_MEM_TOTAL_HOST == "ray_node_mem_total_host"
+    assert RL_HOST_MACHINE_MEMORY_USED_METRIC == "rl.host.machine.memory.used"
+    assert RL_HOST_MACHINE_MEMORY_TOTAL_METRIC == "rl.host.machine.memory.total"
+    assert SERIES_BY_RAY_NAME == {
         "ray_node_mem_used": "host_memory_used",
         "ray_node_mem_total": "host_memory_total",
         "ray_node_mem_used_host": "host_machine_memory_used",
         "ray_node_mem_total_host": "host_machine_memory_total",
     }
     assert hm.FALLBACK_COLLECTION_INTERVAL == 10.0
-    assert hm._SCRAPE_TIMEOUT_S == 5.0
-    assert hm._SHUTDOWN_GRACE_S > 0
+    assert SCRAPE_TIMEOUT_S == 5.0
+    assert SHUTDOWN_GRACE_S > 0
     assert hm.logger.name == "raylens.telemetry.host_memory"
-    assert isinstance(hm._SNAPSHOT, dict)
-    assert isinstance(hm._WORKER_GROUP_NODES, dict)
-    assert hasattr(hm._SNAPSHOT_LOCK, "acquire")
-    assert hasattr(hm._WORKER_GROUP_LOCK, "acquire")
+    assert hm._WORKER_GROUP_NODES is hm.DEFAULT_REGISTRY.nodes
     assert hm._MONITOR is None
+
+
+def test_the_face_keeps_only_the_upstream_seams_among_private_names() -> None:
+    private = {
+        name
+        for name, value in vars(hm).items()
+        if name.startswith("_") and not name.startswith("__") and not isinstance(value, ModuleType)
+    }
+
+    assert private == {"_MONITOR", "_WORKER_GROUP_NODES"}
 
 
 def test_recorded_metrics_are_byte_gauges_and_registered() -> None:
@@ -65,7 +89,7 @@ def test_recorded_metrics_are_byte_gauges_and_registered() -> None:
         assert row.unit == "By"
         assert row.description
         assert recorded_metrics()[name] == row
-    assert rows["rl.host.memory.used"].key == hm._USED_KEY
+    assert rows["rl.host.memory.used"].key == USED_KEY
 
 
 def test_each_exported_metric_name_is_the_name_of_a_declared_gauge() -> None:
@@ -74,13 +98,13 @@ def test_each_exported_metric_name_is_the_name_of_a_declared_gauge() -> None:
     assert [row.name for row in declared] == [
         hm.RL_HOST_MEMORY_USED_METRIC,
         hm.RL_HOST_MEMORY_TOTAL_METRIC,
-        hm.RL_HOST_MACHINE_MEMORY_USED_METRIC,
-        hm.RL_HOST_MACHINE_MEMORY_TOTAL_METRIC,
-        hm.RL_HOST_SCRAPE_UP_METRIC,
-        hm.RL_HOST_SCRAPE_DURATION_METRIC,
+        RL_HOST_MACHINE_MEMORY_USED_METRIC,
+        RL_HOST_MACHINE_MEMORY_TOTAL_METRIC,
+        RL_HOST_SCRAPE_UP_METRIC,
+        RL_HOST_SCRAPE_DURATION_METRIC,
     ]
-    assert hm.RL_HOST_SCRAPE_UP_METRIC == "rl.host.scrape.up"
-    assert hm.RL_HOST_SCRAPE_DURATION_METRIC == "rl.host.scrape.duration"
+    assert RL_HOST_SCRAPE_UP_METRIC == "rl.host.scrape.up"
+    assert RL_HOST_SCRAPE_DURATION_METRIC == "rl.host.scrape.duration"
 
 
 # Parsing ----------------------------------------------------------------------------
@@ -391,13 +415,14 @@ def test_concurrent_placement_registration_loses_nothing(fake_cluster: FakeClust
 
 def test_reset_clears_the_placement_map_and_snapshot() -> None:
     hm.register_worker_group_nodes("policy", [NODE_A])
-    with hm._SNAPSHOT_LOCK:
-        hm._SNAPSHOT[(NODE_A, "h")] = {"host_memory_used": 1.0}
+    node = hm.RayNode(NODE_A, "h", "http://127.0.0.1:1/metrics", "127.0.0.1")
+    record = hm.NodeRecord(node, {"host_memory_used": 1.0}, None, None, None, "policy", 0, {})
+    DEFAULT_SNAPSHOT.publish({(NODE_A, "h"): record})
 
     hm.reset_host_memory_state()
 
     assert hm._WORKER_GROUP_NODES == {}
-    assert hm._SNAPSHOT == {}
+    assert DEFAULT_SNAPSHOT.records == {}
     assert hm._MONITOR is None
 
 
@@ -407,5 +432,5 @@ def test_the_payload_keys_are_the_registry_keys_of_the_exported_series() -> None
 
     assert registry_key(hm.RL_HOST_MEMORY_USED_METRIC) == raylet_payload.USED_KEY
     assert registry_key(hm.RL_HOST_MEMORY_TOTAL_METRIC) == raylet_payload.TOTAL_KEY
-    assert registry_key(hm.RL_HOST_MACHINE_MEMORY_USED_METRIC) == raylet_payload.MACHINE_USED_KEY
-    assert registry_key(hm.RL_HOST_MACHINE_MEMORY_TOTAL_METRIC) == raylet_payload.MACHINE_TOTAL_KEY
+    assert registry_key(RL_HOST_MACHINE_MEMORY_USED_METRIC) == raylet_payload.MACHINE_USED_KEY
+    assert registry_key(RL_HOST_MACHINE_MEMORY_TOTAL_METRIC) == raylet_payload.MACHINE_TOTAL_KEY

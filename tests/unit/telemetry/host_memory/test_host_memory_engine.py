@@ -14,6 +14,8 @@ import pytest
 
 from raylens.lens import warnings as lens_warnings
 from raylens.telemetry import host_memory as hm
+from raylens.telemetry.host_memory._monitor import ScrapeMode
+from raylens.telemetry.raylet_payload import TOTAL_KEY, USED_KEY
 from raylens_fakes import FakeCluster, FakeRaylet, MetricsProbe, SimulatedCluster
 
 Factory = Callable[..., SimulatedCluster]
@@ -166,7 +168,7 @@ def test_a_monkeypatched_scrape_is_what_every_cycle_fetches(
 
     def fake_scrape(self: hm.HostMemoryMonitor, node: hm.RayNode) -> dict[str, float]:
         asked.append(node.node_id)
-        return {hm._USED_KEY: 7.0, hm._TOTAL_KEY: 9.0}
+        return {USED_KEY: 7.0, TOTAL_KEY: 9.0}
 
     monkeypatch.setattr(hm.HostMemoryMonitor, "_scrape", fake_scrape)
     monitor = make_monitor(sim.cluster, scrape_mode="helper")
@@ -189,7 +191,7 @@ def test_a_subclass_scrape_is_honoured(simulated_cluster: Factory) -> None:
 
     class Fixed(hm.HostMemoryMonitor):
         def _scrape(self, node: hm.RayNode) -> dict[str, float]:
-            return {hm._USED_KEY: 1.0, hm._TOTAL_KEY: 2.0}
+            return {USED_KEY: 1.0, TOTAL_KEY: 2.0}
 
     monitor = Fixed(1.0, cluster=sim.cluster, consumer=True)
     try:
@@ -227,15 +229,15 @@ def test_scrape_mode_from_the_argument_and_the_environment(
     fake_cluster: FakeCluster, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
     monkeypatch.setenv("RAYLENS_SCRAPE_MODE", "inprocess")
-    assert hm.HostMemoryMonitor(1.0, cluster=fake_cluster).scrape_mode is hm.ScrapeMode.INPROCESS
+    assert hm.HostMemoryMonitor(1.0, cluster=fake_cluster).scrape_mode is ScrapeMode.INPROCESS
     assert (
         hm.HostMemoryMonitor(1.0, cluster=fake_cluster, scrape_mode="helper").scrape_mode
-        is hm.ScrapeMode.HELPER
+        is ScrapeMode.HELPER
     )
     monkeypatch.setenv("RAYLENS_SCRAPE_MODE", "thread\x1b[2J")
     with caplog.at_level(logging.WARNING, logger=LOGGER):
         mode = hm.HostMemoryMonitor(1.0, cluster=fake_cluster).scrape_mode
-    assert mode is hm.ScrapeMode.HELPER
+    assert mode is ScrapeMode.HELPER
     assert "\x1b" not in caplog.records[0].getMessage()
     assert "RAYLENS_SCRAPE_MODE" in caplog.records[0].getMessage()
     with pytest.raises(

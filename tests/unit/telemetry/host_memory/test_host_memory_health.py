@@ -9,6 +9,7 @@ from typing import Any
 import pytest
 
 from raylens.telemetry import host_memory as hm
+from raylens.telemetry.raylet_payload import SCRAPE_ERROR_TYPES, TOTAL_KEY, USED_KEY
 from raylens_fakes import FakeCluster, MetricsProbe, SimulatedCluster
 
 UP = "rl.host.scrape.up"
@@ -111,7 +112,7 @@ def test_a_failing_node_is_down_with_its_reason_and_the_others_are_up(
             0,
         ),
     }
-    assert error_type in hm.SCRAPE_ERROR_TYPES
+    assert error_type in SCRAPE_ERROR_TYPES
     assert set(_export(metrics_probe, "rl.host.memory.used")) == {sim.node_id(0)}
 
 
@@ -150,7 +151,7 @@ def test_a_replaced_scrape_reports_health_too(
         def _scrape(self, node: hm.RayNode) -> dict[str, float]:
             if result == "raise":
                 raise RuntimeError("boom")
-            return {} if result == "empty" else {hm._USED_KEY: 1.0, hm._TOTAL_KEY: 2.0}
+            return {} if result == "empty" else {USED_KEY: 1.0, TOTAL_KEY: 2.0}
 
     monitor = Replaced(1.0, cluster=sim.cluster, consumer=True, scrape_timeout=0.5)
     try:

@@ -19,6 +19,7 @@ import pytest
 
 from raylens.telemetry import host_memory as hm
 from raylens.telemetry.host_memory._helper_engine import HelperEngine
+from raylens.telemetry.host_memory._monitor import SHUTDOWN_GRACE_S, ScrapeMode
 from raylens.telemetry.scraping import DriverChannel
 from raylens_fakes import MetricsProbe, SimulatedCluster
 
@@ -69,7 +70,7 @@ def test_the_helper_scrapes_and_stop_ends_it_within_the_bound(
     started = time.monotonic()
     monitor.stop()
 
-    assert time.monotonic() - started < 1.0 + hm._SHUTDOWN_GRACE_S
+    assert time.monotonic() - started < 1.0 + SHUTDOWN_GRACE_S
     assert _gone(pid)
     assert monitor.helper_pid is None
 
@@ -176,7 +177,7 @@ def test_a_helper_that_cannot_start_falls_back_to_scraping_in_process(
         for _ in range(3):
             monitor.collect_once()
 
-    assert monitor.scrape_mode is hm.ScrapeMode.INPROCESS
+    assert monitor.scrape_mode is ScrapeMode.INPROCESS
     assert [s.error for s in monitor.latest()] == [None, None]
     messages = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
     assert sum("scraping in this process instead" in m for m in messages) == 1

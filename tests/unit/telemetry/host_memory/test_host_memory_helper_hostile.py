@@ -323,7 +323,8 @@ def test_a_stopped_helper_given_small_batches_is_replaced_after_a_few_cycles() -
 
 
 def test_a_peer_that_only_writes_cannot_grow_what_flush_holds() -> None:
-    from raylens.telemetry.scraping import DriverChannel, encode
+    from raylens.telemetry.scraping import DriverChannel
+    from raylens.telemetry.scraping._channel import encode
 
     ours, theirs = socket.socketpair()
     channel = DriverChannel(ours)

@@ -15,6 +15,9 @@ import pytest
 from raylens.driver import init_telemetry_driver
 from raylens.lens import shutdown_telemetry
 from raylens.telemetry import host_memory as hm
+from raylens.telemetry.host_memory._monitor import SHUTDOWN_GRACE_S
+from raylens.telemetry.names import RL_HOST_SCRAPE_UP_METRIC
+from raylens.telemetry.raylet_payload import USED_KEY
 from raylens_fakes import FakeCluster, MetricsProbe, SimulatedCluster
 
 USED = "rl.host.memory.used"
@@ -344,7 +347,7 @@ def test_stop_is_bounded_when_every_node_hangs(
     monitor.stop()
     elapsed = time.monotonic() - started
 
-    assert elapsed < 1.0 + hm._SHUTDOWN_GRACE_S
+    assert elapsed < 1.0 + SHUTDOWN_GRACE_S
     assert not monitor.running
     assert not any(t.name == "raylens-host-memory" for t in threading.enumerate())
 
@@ -417,7 +420,7 @@ def test_a_replaced_scrape_is_called_for_the_nodes_of_each_cycle(
     fake_cluster: FakeCluster, make_monitor: Callable, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     def by_port(self: hm.HostMemoryMonitor, node: hm.RayNode) -> dict[str, float]:
-        return {hm._USED_KEY: float(node.metrics_url.rsplit(":", 1)[1].split("/")[0])}
+        return {USED_KEY: float(node.metrics_url.rsplit(":", 1)[1].split("/")[0])}
 
     monkeypatch.setattr(hm.HostMemoryMonitor, "_scrape", by_port)
     fake_cluster.add_node(port=1)
@@ -590,7 +593,7 @@ def test_a_loop_stuck_past_stop_does_not_come_back_after_a_restart(
         assert cluster.blocked.wait(5)
         started = time.monotonic()
         monitor.stop()  # the loop thread is wedged in nodes(): stop still returns
-        assert time.monotonic() - started < 0.2 + hm._SHUTDOWN_GRACE_S
+        assert time.monotonic() - started < 0.2 + SHUTDOWN_GRACE_S
 
         cluster.stuck.clear()
         monitor.start()
@@ -700,7 +703,7 @@ def test_a_node_two_monitors_report_exports_the_newest_sample_and_health(
     second.collect_once()
 
     assert _export(metrics_probe)[sim.node_id(0)][1] == 2e9
-    assert len(metrics_probe.points(hm.RL_HOST_SCRAPE_UP_METRIC)) == 1
+    assert len(metrics_probe.points(RL_HOST_SCRAPE_UP_METRIC)) == 1
 
     now[0], used[0] = 102.0, 3e9
     first.collect_once()
@@ -710,6 +713,6 @@ def test_a_node_two_monitors_report_exports_the_newest_sample_and_health(
     now[0] = 103.0
     second.collect_once()  # the latest observation of the node's health is a failure
     metrics_probe.collect()
-    assert [dict(a)["error.type"] for a in metrics_probe.points(hm.RL_HOST_SCRAPE_UP_METRIC)] == [
+    assert [dict(a)["error.type"] for a in metrics_probe.points(RL_HOST_SCRAPE_UP_METRIC)] == [
         "server_error"
     ]

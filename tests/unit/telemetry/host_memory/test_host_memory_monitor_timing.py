@@ -9,6 +9,7 @@ from collections.abc import Callable
 import pytest
 
 from raylens.telemetry import host_memory as hm
+from raylens.telemetry.host_memory._monitor import ScrapeMode
 from raylens_fakes import FakeCluster, MetricsProbe, SimulatedCluster
 
 USED = "rl.host.memory.used"
@@ -114,7 +115,7 @@ def test_documented_defaults(fake_cluster: FakeCluster, monkeypatch: pytest.Monk
 
     assert monitor.scrape_timeout == 5.0
     assert monitor.max_concurrency == 256
-    assert monitor.scrape_mode is hm.ScrapeMode.HELPER
+    assert monitor.scrape_mode is ScrapeMode.HELPER
     assert monitor.max_body_bytes == 16 * 1024 * 1024
     assert monitor.max_age == 2 * 2.0 + 5.0
 

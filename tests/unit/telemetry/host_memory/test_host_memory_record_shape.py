@@ -12,7 +12,8 @@ from typing import Any
 import pytest
 
 from raylens.telemetry import host_memory as hm
-from raylens.telemetry.host_memory import NodeRecord, RayNode, ScrapeHealth
+from raylens.telemetry.host_memory import NodeRecord, RayNode
+from raylens.telemetry.host_memory._snapshot import ScrapeHealth
 from raylens.telemetry.raylet_payload import NodeOomCounts
 from raylens.telemetry.scraping import Job, Outcome
 from raylens_fakes import FakeCluster

@@ -1,4 +1,5 @@
 """One record per node per cycle, labels worked out once per placement change, gauges listed at
+from raylens.telemetry.host_memory._process_state import DEFAULT_SNAPSHOT
 import and declared when a monitor is built."""
 
 from __future__ import annotations
@@ -12,14 +13,9 @@ from typing import Any
 
 import pytest
 
-from raylens.lens import (
-    declared_observables,
-    recorded_metrics,
-    register_recorded_metrics,
-    reset_observable_gauges,
-    reset_recorded_metrics,
-    runtime,
-)
+from raylens.lens import declared_observables, recorded_metrics, register_recorded_metrics, runtime
+from raylens.lens.metrics import reset_recorded_metrics
+from raylens.lens.runtime import reset_observable_gauges
 from raylens.telemetry import host_memory as hm
 from raylens.telemetry.host_memory import DEFAULT_REGISTRY, NodeRecord
 from raylens.telemetry.raylet_payload import (
@@ -242,28 +238,6 @@ def test_importing_host_memory_lists_its_gauges_and_declares_none() -> None:
     listed, declared = json.loads(subprocess.check_output([sys.executable, "-c", code], timeout=60))
     assert set(HOST_GAUGES) <= set(listed)  # the driver imports host_memory
     assert not [name for name in declared if name.startswith("rl.host")]
-
-
-def test_the_upstream_snapshot_view_holds_the_nodes_that_answered_the_latest_cycle(
-    simulated_cluster: Factory, make_monitor: Callable[..., hm.HostMemoryMonitor]
-) -> None:
-    sim = simulated_cluster(3)
-    sim.raylet(2).respond_status(503)
-    monitor = make_monitor(sim.cluster, snapshot=hm.DEFAULT_SNAPSHOT)
-
-    monitor.collect_once()
-
-    with hm._SNAPSHOT_LOCK:
-        view = {key: dict(values) for key, values in hm._SNAPSHOT.items()}
-    assert set(view) == {(sim.node_id(i), f"sim-node-{i}") for i in (0, 1)}
-    record = monitor.records()[(sim.node_id(0), "sim-node-0")]
-    assert record.values is not None
-    assert view[(sim.node_id(0), "sim-node-0")] == dict(record.values)
-    sim.cluster.kill_node(sim.node_id(1))
-
-    monitor.collect_once()
-
-    assert set(hm._SNAPSHOT) == {(sim.node_id(0), "sim-node-0")}
 
 
 def test_a_replaced_scrape_samples_a_node_that_joined_after_the_first_cycle(

@@ -24,6 +24,12 @@ from raylens.lens.warnings import remembered_warning_count
 from raylens.telemetry import host_memory as hm
 from raylens.telemetry.host_memory import _nodes
 from raylens.telemetry.host_memory._placement import DEFAULT_REGISTRY
+from raylens.telemetry.names import (
+    RL_HOST_MACHINE_MEMORY_TOTAL_METRIC,
+    RL_HOST_MACHINE_MEMORY_USED_METRIC,
+    RL_HOST_SCRAPE_DURATION_METRIC,
+    RL_HOST_SCRAPE_UP_METRIC,
+)
 from raylens.telemetry.raylet_payload import (
     TOTAL_KEY,
     USED_KEY,
@@ -53,10 +59,10 @@ OVERFLOW_ATTR = "otel.metric.overflow"
 CHECKED = hm.RL_HOST_MEMORY_USED_METRIC
 SILENCED = (
     hm.RL_HOST_MEMORY_TOTAL_METRIC,
-    hm.RL_HOST_SCRAPE_UP_METRIC,
-    hm.RL_HOST_SCRAPE_DURATION_METRIC,
-    hm.RL_HOST_MACHINE_MEMORY_USED_METRIC,
-    hm.RL_HOST_MACHINE_MEMORY_TOTAL_METRIC,
+    RL_HOST_SCRAPE_UP_METRIC,
+    RL_HOST_SCRAPE_DURATION_METRIC,
+    RL_HOST_MACHINE_MEMORY_USED_METRIC,
+    RL_HOST_MACHINE_MEMORY_TOTAL_METRIC,
 )
 
 

@@ -9,12 +9,9 @@ from pathlib import Path
 import pytest
 
 from raylens.simulation.kill_script import KillScript
-from raylens.telemetry.oom import (
-    MAX_POSTMORTEMS_PER_CYCLE,
-    EvictionWatch,
-    LargestProcess,
-    victim_from_ray_name,
-)
+from raylens.telemetry.oom import LargestProcess
+from raylens.telemetry.oom._kills import EvictionWatch, victim_from_ray_name
+from raylens.telemetry.oom._watch import MAX_POSTMORTEMS_PER_CYCLE
 from raylens.telemetry.raylet_payload import (
     MAX_EVICTION_NAMES,
     RAY_WORKER_EVICTIONS,

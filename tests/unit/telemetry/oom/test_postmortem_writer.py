@@ -14,15 +14,10 @@ from typing import Any
 
 import pytest
 
-from raylens.telemetry.oom import (
-    MAX_GROUPS_SHOWN,
-    MAX_POSTMORTEM_BYTES,
+from raylens.telemetry.oom import Killer, PostMortemWriter, Victim, _postmortem, build_postmortem
+from raylens.telemetry.oom._bounds import MAX_GROUPS_SHOWN, MAX_POSTMORTEM_BYTES
+from raylens.telemetry.oom._postmortem import (
     POSTMORTEM_DIR_ENV,
-    Killer,
-    PostMortemWriter,
-    Victim,
-    _postmortem,
-    build_postmortem,
     default_postmortem_dir,
     reset_postmortem_budget,
 )

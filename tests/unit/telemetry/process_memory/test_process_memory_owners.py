@@ -10,10 +10,6 @@ import pytest
 
 from raylens.telemetry import process_memory as pm
 from raylens.telemetry.process_memory import (
-    EXITED,
-    FAILED,
-    LIVE,
-    REUSED,
     HostMemory,
     MemoryProfiler,
     ProcessTreeMemory,
@@ -21,6 +17,7 @@ from raylens.telemetry.process_memory import (
     ServerMemoryTarget,
     record_server_memory,
 )
+from raylens.telemetry.process_memory._profiler import EXITED, FAILED, LIVE, REUSED
 from raylens_fakes.procfs import PAGE_SIZE, FakeProcFS
 
 # Each collection here walks only what the test made.

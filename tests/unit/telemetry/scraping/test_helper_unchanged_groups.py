@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
-from raylens.telemetry.host_memory import GroupFiguresMemo
+from raylens.telemetry.host_memory._helper_engine import GroupFiguresMemo
 from raylens.telemetry.raylet_payload import GroupFigure, NodeGroupFigures
-from raylens.telemetry.scraping import Outcome, encode_outcomes, leave_out_known_groups
+from raylens.telemetry.scraping import Outcome, encode_outcomes
+from raylens.telemetry.scraping._helper_program import leave_out_known_groups
 
 
 def _figures(stamp: float, rss: float = 1e9) -> NodeGroupFigures:

@@ -9,18 +9,18 @@ from collections.abc import Hashable
 
 import pytest
 
-from raylens.telemetry.host_memory import GroupFiguresMemo
+from raylens.telemetry.host_memory._helper_engine import GroupFiguresMemo
 from raylens.telemetry.raylet_payload import GroupFigure, NodeGroupFigures, NodeOomCounts
 from raylens.telemetry.scraping import (
-    GROUPS_UNCHANGED,
     ChannelBroken,
     HeldFigures,
     MalformedRows,
     Outcome,
     decode_outcomes,
     encode_outcomes,
-    leave_out_known_groups,
 )
+from raylens.telemetry.scraping._helper_program import leave_out_known_groups
+from raylens.telemetry.scraping._wire import GROUPS_UNCHANGED
 
 
 def _figures(stamp: float, rss: float = 1e9) -> NodeGroupFigures:

@@ -15,18 +15,16 @@ from pathlib import Path
 import pytest
 
 from raylens.telemetry.scraping import (
-    MESSAGE_FIELDS,
     READY_MESSAGE,
-    ROW_FIELDS,
     HeldFigures,
     Outcome,
     decode_outcomes,
     encode_outcomes,
     is_result_of,
-    result_message,
     scrape_message,
     trust_message,
 )
+from raylens.telemetry.scraping._wire import MESSAGE_FIELDS, ROW_FIELDS, result_message
 
 # A drawn message: a parenthesised tuple whose first item is one of the kinds, quoted.
 _DRAWN = re.compile(r'\("(scrape|trust|ready|result)"[^()\n]*\)')
