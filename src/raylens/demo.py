@@ -183,11 +183,13 @@ class DemoCluster:
         self.groups: dict[str, RayWorkerGroup] = {}
 
     def __enter__(self) -> DemoCluster:
+        started = False
         try:
             self.start()
-        except BaseException:
-            self.close()
-            raise
+            started = True
+        finally:
+            if not started:  # interrupted or failed half way: what did start is stopped
+                self.close()
         return self
 
     def __exit__(self, *exc: object) -> None:

@@ -338,6 +338,7 @@ class PhaseMarker:
         running = _Running(
             name, uuid.uuid4().hex, self._clock(), self._wall_clock(), holder=holder, local=local
         )
+        begun = False
         try:
             stale = self._claim(running)
             try:
@@ -352,7 +353,8 @@ class PhaseMarker:
                 missing: list[str] = []
                 if not local:
                     _, missing = self.nodes.begin(running.token, kernel, self.confirm_timeout_s)
-            except Exception as error:
+            except Exception as error:  # marking a phase never fails the caller's code: Ray,
+                # the key-value store and /proc failing here cost only this phase's figures
                 missing = []
                 warn_once(
                     "phases.begin",
@@ -370,10 +372,11 @@ class PhaseMarker:
                     _quoted_nodes(missing),
                     self.confirm_timeout_s,
                 )
-        except BaseException:
-            # Interrupted (Ctrl-C) or refused: a phase this call claimed must not stay marked.
-            self._abort(running)
-            raise
+            begun = True
+        finally:
+            if not begun:
+                # Interrupted (Ctrl-C) or refused: a phase this call claimed must not stay marked.
+                self._abort(running)
         return running.token
 
     def _claim(self, running: _Running) -> _Running | None:

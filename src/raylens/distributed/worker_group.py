@@ -166,13 +166,15 @@ class RayWorkerGroup(_WorkerDispatch):
         self.name_prefix = name_prefix or _DEFAULT_NAMES.take(remote_worker_builder)
         self.master_address: str | None = None
         self.master_port: int | None = None
+        created = False
         try:
             self._create_workers_from_bundle_indices(
                 remote_worker_builder, indices, self._group_env
             )
-        except BaseException:
-            self._release_default_name()
-            raise
+            created = True
+        finally:
+            if not created:
+                self._release_default_name()
 
     def _release_default_name(self) -> None:
         if self._default_name:
@@ -223,6 +225,7 @@ class RayWorkerGroup(_WorkerDispatch):
         }
         records: list[_CreationRecord] = []
         futures = []
+        ready = False
         try:
             for plan, (group, bundle_index) in zip(plans, locations):
                 env = _worker_env_vars(
@@ -259,9 +262,10 @@ class RayWorkerGroup(_WorkerDispatch):
                 futures.append(self._submit(remote_worker_builder, record))
             workers = ray.get(futures)
             ray.get([worker.__ray_ready__.remote() for worker in workers])
-        except BaseException:
-            self._kill_initializers()
-            raise
+            ready = True
+        finally:
+            if not ready:
+                self._kill_initializers()
         shards = _dp_shard_of_workers(len(plans), self._dp_leaders)
         self._builder = remote_worker_builder
         self._plans = plans
