@@ -32,7 +32,7 @@ from types import FrameType, TracebackType
 from typing import Any
 
 from raylens import forking
-from raylens.cluster import ClusterView, default_cluster_view
+from raylens.cluster import ClusterView, default_cluster_view, ray_call_errors
 from raylens.distributed._phase_nodes import PhaseNodes, SamplerPhaseNodes
 from raylens.lens import warn_once
 from raylens.safe_text import printable
@@ -128,8 +128,12 @@ def _ray_connected() -> bool:
     ray = sys.modules.get("ray")
     try:
         return ray is not None and bool(ray.is_initialized())
-    except Exception:
+    except (AttributeError, *ray_call_errors(ray)):  # a stub or half-imported module
         return False
+
+
+def _debug_unrecorded(_error: Exception) -> None:
+    logger.debug("could not record the suspended phase", exc_info=True)
 
 
 def _suspended(frame: FrameType | None) -> bool:
@@ -400,10 +404,18 @@ class PhaseMarker:
             f"{printable(successor)!r} began: it was ended there (warned once)",
             logger=logger,
         )
+        self._finish_never_raising(stale, _debug_unrecorded)
+
+    def _finish_never_raising(
+        self, running: _Running, report: Callable[[Exception], None]
+    ) -> PhaseRecord | None:
+        """:meth:`_finish`, or None once ``report`` has been told why it failed."""
         try:
-            self._finish(stale)
-        except Exception:
-            logger.debug("could not record the suspended phase", exc_info=True)
+            return self._finish(running)
+        except Exception as error:  # ending a phase never fails the caller's code: Ray, the
+            # key-value store, /proc and the phase log failing cost only this phase's figures
+            report(error)
+            return None
 
     def _abort(self, running: _Running) -> None:
         """Undo an entry that did not complete: no phase left running, nothing published."""
@@ -425,16 +437,16 @@ class PhaseMarker:
             return None
         if token is not None and running.token != token:
             return None
-        try:
-            return self._finish(running)
-        except Exception as error:
+        def warn(error: Exception) -> None:
             warn_once(
                 "phases.end",
                 f"phase {printable(name)!r}: could not collect its figures "
                 f"({type(error).__name__}: {printable(error)[:200]}); warned once",
                 logger=logger,
             )
-            return None
+
+        try:
+            return self._finish_never_raising(running, warn)
         finally:
             with self._lock:
                 if self._running is running:
@@ -524,20 +536,14 @@ class PhaseMarker:
         return [(DRIVER_GROUP, pid, procfs.start_ticks(pid))]
 
     def _publish(self, name: str | None, started_at: float) -> None:
-        try:
-            view = self._cluster if self._cluster is not None else default_cluster_view()
-        except Exception:
-            return
+        view = self._cluster if self._cluster is not None else default_cluster_view()
         if name is None:
             clear_current_phase(view)
         else:
             publish_current_phase(view, name, started_at)
 
     def _publish_ended(self, record: PhaseRecord) -> None:
-        try:
-            view = self._cluster if self._cluster is not None else default_cluster_view()
-        except Exception:
-            return
+        view = self._cluster if self._cluster is not None else default_cluster_view()
         publish_ended_phase(view, record)
 
     def reset(self) -> None:
