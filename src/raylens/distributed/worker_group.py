@@ -19,6 +19,7 @@ import time
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
+from raylens.cluster import ray_call_errors
 from raylens.distributed import gpu_state
 from raylens.distributed._worker_dispatch import _WorkerDispatch
 from raylens.distributed.group_memory_cycle import WorkerProcesses
@@ -65,7 +66,7 @@ def _kill_or_warn_once(ray: Any, actor: Any, warning_key: str, warning: str) -> 
     """``ray.kill(actor, no_restart=True)``; a failure is logged once under ``warning_key``."""
     try:
         ray.kill(actor, no_restart=True)
-    except Exception:
+    except ray_call_errors(ray):
         warn_once(warning_key, warning, logger=_LOGGER)
 
 
@@ -332,7 +333,7 @@ class RayWorkerGroup(_WorkerDispatch):
 
             register_worker_group_placement(self.name_prefix, bundles)
             self._placement_registered = True
-        except Exception:
+        except (ImportError, ValueError, TypeError):  # what the never-raising facade may refuse
             warn_once(
                 f"worker_groups.register.{self.name_prefix}",
                 f"worker group {self.name_prefix!r}: could not register its placement for "
@@ -347,7 +348,7 @@ class RayWorkerGroup(_WorkerDispatch):
             from raylens.telemetry.host_memory import forget_worker_group_nodes
 
             forget_worker_group_nodes(self.name_prefix)
-        except Exception:
+        except (ImportError, ValueError, TypeError):  # what the never-raising facade may refuse
             warn_once(
                 f"worker_groups.forget.{self.name_prefix}",
                 f"worker group {self.name_prefix!r}: could not withdraw its host-memory labels",
@@ -395,6 +396,7 @@ class RayWorkerGroup(_WorkerDispatch):
         scheduled, times out or fails is itself printed as the finding.
         """
         prefix = f"[{label}] worker {worker_idx}"
+        ray: Any = None
         try:
             self._check_worker_idx(worker_idx)
             record = self._records[worker_idx]
@@ -431,7 +433,7 @@ class RayWorkerGroup(_WorkerDispatch):
                 )
                 return
             ray.get(ref, timeout=max(1.0, float(timeout_s)))
-        except Exception as error:
+        except (LookupError, ImportError, *ray_call_errors(ray)) as error:
             print(f"{prefix}: the GPU probe could not run: {error}", flush=True)
 
     def recreate_worker(self, worker_idx: int) -> Any:
@@ -512,6 +514,7 @@ class RayWorkerGroup(_WorkerDispatch):
                 self._forget_placement()
             return True
         ok = True
+        ray: Any = None
         try:
             ray = self._seam.connected_ray()
             if ray is None:
@@ -523,7 +526,7 @@ class RayWorkerGroup(_WorkerDispatch):
                 ok = False
             else:
                 ok = self._stop_workers(ray, cleanup_method, timeout, force)
-        except Exception:
+        except (ImportError, *ray_call_errors(ray)):
             _LOGGER.exception("worker group %r: shutdown failed", self.name_prefix)
             ok = False
         finally:
@@ -549,7 +552,7 @@ class RayWorkerGroup(_WorkerDispatch):
             for worker_idx, worker in enumerate(workers):
                 try:
                     ray.kill(worker, no_restart=True)
-                except Exception:
+                except ray_call_errors(ray):
                     ok = False
                     _LOGGER.warning(
                         "worker group %r: could not kill worker %d",
