@@ -30,6 +30,7 @@ import time
 from collections.abc import Callable, Iterable
 from typing import Any, TypeVar
 
+from raylens.cluster import ray_call_errors
 from raylens.distributed._sampler_gauges import (
     GroupMemoryPublisher,
     GrowthPublisher,
@@ -38,7 +39,6 @@ from raylens.distributed._sampler_gauges import (
     PssAgePublisher,
     RayMetricsPublisher,
 )
-from raylens.cluster import ray_call_errors
 from raylens.lens import warn_once
 from raylens.safe_text import printable
 from raylens.telemetry.group_memory import (

@@ -437,6 +437,7 @@ class PhaseMarker:
             return None
         if token is not None and running.token != token:
             return None
+
         def warn(error: Exception) -> None:
             warn_once(
                 "phases.end",

@@ -574,7 +574,9 @@ class RayWorkerGroup(_WorkerDispatch):
         """Call ``cleanup_method`` everywhere, then let the workers that ran it exit."""
         ok = True
         finished_cleanly: list[Any] = []
-        outcomes = _await_calls(ray, [_submit_call(ray, w, cleanup_method) for w in workers], timeout)
+        outcomes = _await_calls(
+            ray, [_submit_call(ray, w, cleanup_method) for w in workers], timeout
+        )
         for worker_idx, (worker, outcome) in enumerate(zip(workers, outcomes)):
             if outcome == "ok":
                 finished_cleanly.append(worker)
@@ -599,7 +601,9 @@ class RayWorkerGroup(_WorkerDispatch):
                 _GRACEFUL_EXIT_S if deadline is None else max(0.0, deadline - time.monotonic())
             )
             _await_calls(
-                ray, [_submit_call(ray, w, "__ray_terminate__") for w in finished_cleanly], remaining
+                ray,
+                [_submit_call(ray, w, "__ray_terminate__") for w in finished_cleanly],
+                remaining,
             )
         return ok
 
