@@ -274,7 +274,8 @@ class PostMortemWriter:
     def _guarded(self, action: Callable[[], Path]) -> Path | None:
         try:
             return action()
-        except Exception as error:
+        except (OSError, ValueError, TypeError, LookupError, RecursionError) as error:
+            # The file system, and JSON refusing a document or one read back malformed.
             warn_once(
                 "oom.postmortem.write",
                 f"raylens could not write an OOM post-mortem into {printable(str(self.directory))}: "

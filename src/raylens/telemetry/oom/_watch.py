@@ -41,7 +41,13 @@ from raylens.telemetry.oom._kills import (
     Victim,
     victim_from_ray_name,
 )
-from raylens.telemetry.oom._ledger import DEFAULT_LEDGER, KillRecord, OomLedger, Report
+from raylens.telemetry.oom._ledger import (
+    DEFAULT_LEDGER,
+    KillRecord,
+    OomLedger,
+    Report,
+    phase_now,
+)
 from raylens.telemetry.oom._postmortem import (
     MAX_VICTIMS_LISTED,
     LargestProcess,
@@ -206,11 +212,7 @@ class OomWatch:
     # phases -----------------------------------------------------------------------
 
     def _note_phase(self, now: float) -> None:
-        try:
-            phase = self.phase_of()
-        except Exception:
-            phase = None
-        self._phase = phase if isinstance(phase, str) else None
+        self._phase = phase_now(self.phase_of)
         if self._phase is not None:
             self._last_phase = (self._phase, now)
 
