@@ -232,10 +232,11 @@ def renew_pipeline() -> bool:
         handle.readers = [reader]
         handle.exporter_reader = reader
         _create_observables(handle)
-    try:
-        old.shutdown(timeout_millis=5000)
-    except Exception:  # the old provider's exporters run their own code; the renewal stands
-        warn_once("lens.renew.shutdown", "shutting the previous meter provider down failed")
+    _stop_quietly(
+        lambda: old.shutdown(timeout_millis=5000),
+        "lens.renew.shutdown",
+        "shutting the previous meter provider down failed",
+    )
     return True
 
 
@@ -495,11 +496,9 @@ def _run_shutdown_hooks() -> None:
         hooks = list(reversed(_SHUTDOWN_HOOKS))
         _SHUTDOWN_HOOKS.clear()
     for hook in hooks:
-        try:
-            hook()
-        except Exception:  # any layer's hook: one that fails must not keep the next from running
-            name = getattr(hook, "__qualname__", type(hook).__name__)
-            warn_once(f"lens.shutdown.hook.{name}", f"shutdown hook {name} failed")
+        # Any layer's hook: one that fails must not keep the next from running.
+        name = getattr(hook, "__qualname__", type(hook).__name__)
+        _stop_quietly(hook, f"lens.shutdown.hook.{name}", f"shutdown hook {name} failed")
 
 
 def shutdown_telemetry(timeout_ms: int = 5000) -> None:
@@ -528,12 +527,18 @@ def _stop_pipeline(handle: TelemetryHandle, timeout_ms: int) -> None:
     """
     provider = getattr(handle, "meter_provider", None)
     if provider is not None:
-        try:
-            provider.shutdown(timeout_millis=timeout_ms)
-        except Exception:  # its readers and exporters run their own code; shutdown never raises
-            warn_once("lens.shutdown.provider", "shutting the meter provider down failed")
+        _stop_quietly(
+            lambda: provider.shutdown(timeout_millis=timeout_ms),
+            "lens.shutdown.provider",
+            "shutting the meter provider down failed",
+        )
     for closer in getattr(handle, "_closers", ()):
-        try:
-            closer()
-        except Exception:  # an endpoint's own close; shutdown never raises
-            warn_once("lens.shutdown.closer", "closing an exporter endpoint failed")
+        _stop_quietly(closer, "lens.shutdown.closer", "closing an exporter endpoint failed")
+
+
+def _stop_quietly(stop: Callable[[], object], warning_key: str, warning: str) -> None:
+    """``stop()``; a failure is logged once under ``warning_key``. Never raises."""
+    try:
+        stop()
+    except Exception:  # hooks, providers, exporters and endpoints run their own code
+        warn_once(warning_key, warning)
