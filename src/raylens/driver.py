@@ -340,6 +340,7 @@ def _attach_postmortems(
     groups: GroupMemoryCycle | None,
 ) -> OomWatch | None:
     """Notice OOM kills at every cycle and write a post-mortem for each (see ``telemetry.oom``)."""
+
     def attach() -> OomWatch:
         from raylens.distributed.phases import current_phase
 

@@ -96,7 +96,7 @@ class ThreadedScrapes(Generic[_Node]):
     def _call_for(self, key: Hashable) -> Callable[[], dict[str, float]]:
         try:
             node = self._node_of(key)
-        except Exception as exc:  # an unknown key is its node's failure
+        except LookupError as exc:  # an unknown key is its node's failure
 
             def failing(error: Exception = exc) -> dict[str, float]:
                 raise error

@@ -213,7 +213,7 @@ class DriverChannel:
                 return None
             try:
                 message = pickle.loads(memoryview(self._incoming)[_HEADER.size : end])
-            except Exception as exc:
+            except Exception as exc:  # unpickling raises what any rebuilt class may; raised on
                 raise ChannelBroken(f"the peer sent an unreadable message: {exc}") from exc
             del self._incoming[:end]
             if wanted(message):

@@ -415,7 +415,13 @@ class AsyncScrapeEngine:
         try:
             future = asyncio.run_coroutine_threadsafe(self._shutdown(), loop)
             future.result(max(0.0, deadline - time.monotonic()))
-        except Exception:
+        except (
+            concurrent.futures.TimeoutError,
+            concurrent.futures.CancelledError,
+            RuntimeError,  # the loop already closed
+            OSError,
+            aiohttp.ClientError,
+        ):
             pass  # the loop is stopped below whatever happened here
         loop.call_soon_threadsafe(loop.stop)
         thread.join(max(0.0, deadline - time.monotonic()))
