@@ -91,15 +91,20 @@ def _start_lens(
         except ValueError as error:
             logger.error("raylens telemetry is not exporting: %s", error)
             config = TelemetryConfig(exporter="none")
-    try:
-        return init_telemetry(config, metric_reader=metric_reader)
-    except Exception as error:  # an exporter's set-up is the SDK's or a plug-in's code
+    chosen = config
+
+    def report(error: Exception) -> None:
         logger.error(
             "raylens telemetry could not start the %s exporter and is not exporting: %s",
-            config.exporter,
+            chosen.exporter,
             error,
         )
-        return init_telemetry(dataclasses.replace(config, exporter="none"))
+
+    # An exporter's set-up is the SDK's or a plug-in's code.
+    handle = _guarded(lambda: init_telemetry(chosen, metric_reader=metric_reader), report)
+    if handle is not None:
+        return handle
+    return init_telemetry(dataclasses.replace(chosen, exporter="none"))
 
 
 def init_telemetry_driver(
@@ -232,10 +237,15 @@ def _optional(warning_key: str, warning: str, attach: Callable[[], _T]) -> _T | 
     Every feature beyond host memory is optional: one that cannot be set up is not
     exported, and the driver's job goes on.
     """
+    return _guarded(attach, lambda _error: warn_once(warning_key, warning, logger=logger))
+
+
+def _guarded(attach: Callable[[], _T], report: Callable[[Exception], None]) -> _T | None:
+    """``attach()``, or None once ``report`` has been told why it failed. Never raises."""
     try:
         return attach()
-    except Exception:  # optional features never stop the job: Ray, /proc and the SDK may fail
-        warn_once(warning_key, warning, logger=logger)
+    except Exception as error:  # set-up never stops the job: Ray, /proc, the SDK may fail
+        report(error)
         return None
 
 

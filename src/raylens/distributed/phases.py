@@ -29,7 +29,7 @@ import uuid
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from types import FrameType, TracebackType
-from typing import Any
+from typing import Any, TypeVar
 
 from raylens import forking
 from raylens.cluster import ClusterView, default_cluster_view, ray_call_errors
@@ -130,6 +130,22 @@ def _ray_connected() -> bool:
         return ray is not None and bool(ray.is_initialized())
     except (AttributeError, *ray_call_errors(ray)):  # a stub or half-imported module
         return False
+
+
+_T = TypeVar("_T")
+
+
+def _for_the_caller(action: Callable[[], _T], report: Callable[[Exception], None]) -> _T | None:
+    """``action()``, or None once ``report`` has been told why it failed.
+
+    Marking a phase never fails the caller's code: Ray, the key-value store, ``/proc``
+    and the phase log failing cost only that phase's figures.
+    """
+    try:
+        return action()
+    except Exception as error:  # the caller's code goes on; Ray, KV, /proc, the log may fail
+        report(error)
+        return None
 
 
 def _debug_unrecorded(_error: Exception) -> None:
@@ -345,21 +361,8 @@ class PhaseMarker:
         begun = False
         try:
             stale = self._claim(running)
-            try:
-                if stale is not None:
-                    self._end_stale(stale, name)
-                kernel = self._kernel_peaks()
-                if not local:
-                    self._publish(name, running.started_wall)
-                self._driver_tracker().begin(
-                    running.token, self._driver_workers(), kernel_peaks=kernel
-                )
-                missing: list[str] = []
-                if not local:
-                    _, missing = self.nodes.begin(running.token, kernel, self.confirm_timeout_s)
-            except Exception as error:  # marking a phase never fails the caller's code: Ray,
-                # the key-value store and /proc failing here cost only this phase's figures
-                missing = []
+
+            def warn(error: Exception) -> None:
                 warn_once(
                     "phases.begin",
                     f"phase {printable(name)!r}: could not tell every node it began "
@@ -367,6 +370,8 @@ class PhaseMarker:
                     "incomplete (warned once)",
                     logger=logger,
                 )
+
+            missing = _for_the_caller(lambda: self._tell_begun(running, stale), warn) or []
             running.missing = tuple(missing)
             if missing:
                 logger.warning(
@@ -382,6 +387,20 @@ class PhaseMarker:
                 # Interrupted (Ctrl-C) or refused: a phase this call claimed must not stay marked.
                 self._abort(running)
         return running.token
+
+    def _tell_begun(self, running: _Running, stale: _Running | None) -> list[str]:
+        """End ``stale``, start measuring ``running`` here and on every node; the nodes that
+        did not confirm."""
+        if stale is not None:
+            self._end_stale(stale, running.phase)
+        kernel = self._kernel_peaks()
+        if not running.local:
+            self._publish(running.phase, running.started_wall)
+        self._driver_tracker().begin(running.token, self._driver_workers(), kernel_peaks=kernel)
+        if running.local:
+            return []
+        _, missing = self.nodes.begin(running.token, kernel, self.confirm_timeout_s)
+        return missing
 
     def _claim(self, running: _Running) -> _Running | None:
         """Mark ``running`` as the phase in progress; the phase it displaces (one held by a
@@ -410,12 +429,7 @@ class PhaseMarker:
         self, running: _Running, report: Callable[[Exception], None]
     ) -> PhaseRecord | None:
         """:meth:`_finish`, or None once ``report`` has been told why it failed."""
-        try:
-            return self._finish(running)
-        except Exception as error:  # ending a phase never fails the caller's code: Ray, the
-            # key-value store, /proc and the phase log failing cost only this phase's figures
-            report(error)
-            return None
+        return _for_the_caller(lambda: self._finish(running), report)
 
     def _abort(self, running: _Running) -> None:
         """Undo an entry that did not complete: no phase left running, nothing published."""

@@ -23,6 +23,7 @@ import sys
 import threading
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
+from typing import TypeVar
 
 from opentelemetry.metrics import (
     CallbackOptions,
@@ -51,6 +52,8 @@ from raylens.safe_text import encodable
 from raylens.version import __version__
 
 logger = logging.getLogger("raylens.lens")
+
+_T = TypeVar("_T")
 
 METER_NAME = "raylens"
 CARDINALITY_LIMIT = 200_000
@@ -150,17 +153,19 @@ class _GaugeCallback:
         entry = _OBSERVABLES.get(self.name)
         observations: list[Observation] = []
         if entry is not None:
-            try:
-                if self.name in _ENCODABLE:
-                    observations = list(entry[1](options))
-                else:
-                    observations = [exportable(o) for o in entry[1](options)]
-            except Exception:  # any caller's callback: its failure costs only its own points
-                warn_once(
-                    f"lens.callback.{self.name}",
-                    f"callback for gauge {self.name!r} failed; no points",
-                )
-                observations = []
+            callback = entry[1]
+            encodable = self.name in _ENCODABLE
+            # Any caller's callback: its failure costs only its own points.
+            _, found = _guarded(
+                lambda: (
+                    list(callback(options))
+                    if encodable
+                    else [exportable(o) for o in callback(options)]
+                ),
+                f"lens.callback.{self.name}",
+                f"callback for gauge {self.name!r} failed; no points",
+            )
+            observations = found or []
         self._release(self.live.collected(observations))
         return observations
 
@@ -173,15 +178,16 @@ class _GaugeCallback:
                 self.unreleased = 0
                 _request_renewal()
             return
-        try:
-            _sdk_state.forget_attribute_sets(self.instrument, expired)
-        except Exception:  # SDK internals differ by release; any failure means renew instead
+        instrument = self.instrument
+        # SDK internals differ by release; any failure means renew instead.
+        released, _ = _guarded(
+            lambda: _sdk_state.forget_attribute_sets(instrument, expired),
+            "lens.sdk_state.forget",
+            f"could not release expired attribute sets of gauge {self.name!r}; "
+            "lens renews its pipeline now and then instead",
+        )
+        if not released:
             self.instrument = None
-            warn_once(
-                "lens.sdk_state.forget",
-                f"could not release expired attribute sets of gauge {self.name!r}; "
-                "lens renews its pipeline now and then instead",
-            )
 
 
 _RENEWAL_LOCK = threading.Lock()
@@ -232,7 +238,7 @@ def renew_pipeline() -> bool:
         handle.readers = [reader]
         handle.exporter_reader = reader
         _create_observables(handle)
-    _stop_quietly(
+    _guarded(
         lambda: old.shutdown(timeout_millis=5000),
         "lens.renew.shutdown",
         "shutting the previous meter provider down failed",
@@ -498,7 +504,7 @@ def _run_shutdown_hooks() -> None:
     for hook in hooks:
         # Any layer's hook: one that fails must not keep the next from running.
         name = getattr(hook, "__qualname__", type(hook).__name__)
-        _stop_quietly(hook, f"lens.shutdown.hook.{name}", f"shutdown hook {name} failed")
+        _guarded(hook, f"lens.shutdown.hook.{name}", f"shutdown hook {name} failed")
 
 
 def shutdown_telemetry(timeout_ms: int = 5000) -> None:
@@ -527,18 +533,24 @@ def _stop_pipeline(handle: TelemetryHandle, timeout_ms: int) -> None:
     """
     provider = getattr(handle, "meter_provider", None)
     if provider is not None:
-        _stop_quietly(
+        _guarded(
             lambda: provider.shutdown(timeout_millis=timeout_ms),
             "lens.shutdown.provider",
             "shutting the meter provider down failed",
         )
     for closer in getattr(handle, "_closers", ()):
-        _stop_quietly(closer, "lens.shutdown.closer", "closing an exporter endpoint failed")
+        _guarded(closer, "lens.shutdown.closer", "closing an exporter endpoint failed")
 
 
-def _stop_quietly(stop: Callable[[], object], warning_key: str, warning: str) -> None:
-    """``stop()``; a failure is logged once under ``warning_key``. Never raises."""
+def _guarded(action: Callable[[], _T], warning_key: str, warning: str) -> tuple[bool, _T | None]:
+    """``(True, action())``, or ``(False, None)`` once ``warning`` is logged under
+    ``warning_key``. Never raises.
+
+    lens' one guard around code that is not its own: callers' gauge callbacks, the SDK's
+    internals, meter providers, exporters, endpoints and other layers' shutdown hooks.
+    """
     try:
-        stop()
-    except Exception:  # hooks, providers, exporters and endpoints run their own code
+        return True, action()
+    except Exception:  # callbacks, the SDK, exporters and hooks are other people's code
         warn_once(warning_key, warning)
+        return False, None

@@ -86,12 +86,12 @@ _T = TypeVar("_T")
 def _callers_code(call: Callable[[], _T], warning_key: str, warning: str) -> tuple[bool, _T | None]:
     """``(True, call())``, or ``(False, None)`` once ``warning`` is logged (once per key).
 
-    Guards what the caller chose: the collectors and replaced recording functions. A
-    failure there costs only the values it was to give.
+    Guards what the caller chose (the collectors, replaced recording functions) and the
+    sampling thread. A failure costs only the values it was to give.
     """
     try:
         return True, call()
-    except Exception:  # collectors and replacements are the caller's code; any failure
+    except Exception:  # collectors and replacements are the caller's; the thread must live
         warn_once(warning_key, warning, logger=logger)
         return False, None
 
@@ -400,10 +400,10 @@ class MemoryProfiler:
     def _run(self) -> None:
         stop = self._stop  # this run's event; a later start() makes a new one
         while not stop.wait(self._interval):
-            try:
-                self.sample_once()
-            except Exception:  # the sampling thread's last guard: it samples on whatever failed
-                warn_once("process_memory.sample", "memory profiler sample failed", logger=logger)
+            # The sampling thread's last guard: it samples on whatever failed.
+            _callers_code(
+                self.sample_once, "process_memory.sample", "memory profiler sample failed"
+            )
 
     def sample_once(self) -> None:
         """Measure the host and every server once, export the results, keep them for :meth:`latest`.
