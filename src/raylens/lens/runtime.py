@@ -23,7 +23,6 @@ import sys
 import threading
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import TypeVar
 
 from opentelemetry.metrics import (
     CallbackOptions,
@@ -47,13 +46,12 @@ from raylens.lens.metrics import (
     RecordedMetric,
     register_recorded_metrics,
 )
-from raylens.lens.warnings import warn_once
+from raylens.lens.warnings import call_or_warn_once, warn_once
 from raylens.safe_text import encodable
 from raylens.version import __version__
 
 logger = logging.getLogger("raylens.lens")
 
-_T = TypeVar("_T")
 
 METER_NAME = "raylens"
 CARDINALITY_LIMIT = 200_000
@@ -156,7 +154,7 @@ class _GaugeCallback:
             callback = entry[1]
             encodable = self.name in _ENCODABLE
             # Any caller's callback: its failure costs only its own points.
-            _, found = _guarded(
+            _, found = call_or_warn_once(
                 lambda: (
                     list(callback(options))
                     if encodable
@@ -180,7 +178,7 @@ class _GaugeCallback:
             return
         instrument = self.instrument
         # SDK internals differ by release; any failure means renew instead.
-        released, _ = _guarded(
+        released, _ = call_or_warn_once(
             lambda: _sdk_state.forget_attribute_sets(instrument, expired),
             "lens.sdk_state.forget",
             f"could not release expired attribute sets of gauge {self.name!r}; "
@@ -238,7 +236,7 @@ def renew_pipeline() -> bool:
         handle.readers = [reader]
         handle.exporter_reader = reader
         _create_observables(handle)
-    _guarded(
+    call_or_warn_once(
         lambda: old.shutdown(timeout_millis=5000),
         "lens.renew.shutdown",
         "shutting the previous meter provider down failed",
@@ -504,7 +502,7 @@ def _run_shutdown_hooks() -> None:
     for hook in hooks:
         # Any layer's hook: one that fails must not keep the next from running.
         name = getattr(hook, "__qualname__", type(hook).__name__)
-        _guarded(hook, f"lens.shutdown.hook.{name}", f"shutdown hook {name} failed")
+        call_or_warn_once(hook, f"lens.shutdown.hook.{name}", f"shutdown hook {name} failed")
 
 
 def shutdown_telemetry(timeout_ms: int = 5000) -> None:
@@ -533,24 +531,10 @@ def _stop_pipeline(handle: TelemetryHandle, timeout_ms: int) -> None:
     """
     provider = getattr(handle, "meter_provider", None)
     if provider is not None:
-        _guarded(
+        call_or_warn_once(
             lambda: provider.shutdown(timeout_millis=timeout_ms),
             "lens.shutdown.provider",
             "shutting the meter provider down failed",
         )
     for closer in getattr(handle, "_closers", ()):
-        _guarded(closer, "lens.shutdown.closer", "closing an exporter endpoint failed")
-
-
-def _guarded(action: Callable[[], _T], warning_key: str, warning: str) -> tuple[bool, _T | None]:
-    """``(True, action())``, or ``(False, None)`` once ``warning`` is logged under
-    ``warning_key``. Never raises.
-
-    lens' one guard around code that is not its own: callers' gauge callbacks, the SDK's
-    internals, meter providers, exporters, endpoints and other layers' shutdown hooks.
-    """
-    try:
-        return True, action()
-    except Exception:  # callbacks, the SDK, exporters and hooks are other people's code
-        warn_once(warning_key, warning)
-        return False, None
+        call_or_warn_once(closer, "lens.shutdown.closer", "closing an exporter endpoint failed")
