@@ -244,7 +244,7 @@ def _guarded(attach: Callable[[], _T], report: Callable[[Exception], None]) -> _
     """``attach()``, or None once ``report`` has been told why it failed. Never raises."""
     try:
         return attach()
-    except Exception as error:  # set-up never stops the job: Ray, /proc, the SDK may fail
+    except Exception as error:  # noqa: BLE001 set-up never stops the job
         report(error)
         return None
 

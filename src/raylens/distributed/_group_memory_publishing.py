@@ -394,7 +394,7 @@ def _on_sampler_thread(
     """
     try:
         return action()
-    except Exception as error:  # the sampler thread never dies: /proc, Ray metrics, fits
+    except Exception as error:  # noqa: BLE001 the sampler thread never dies
         report(error)
         return fallback
 

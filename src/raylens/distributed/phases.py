@@ -143,7 +143,7 @@ def _for_the_caller(action: Callable[[], _T], report: Callable[[Exception], None
     """
     try:
         return action()
-    except Exception as error:  # the caller's code goes on; Ray, KV, /proc, the log may fail
+    except Exception as error:  # noqa: BLE001 the caller's code goes on
         report(error)
         return None
 

@@ -85,6 +85,6 @@ def call_or_warn_once(
     """
     try:
         return True, action()
-    except Exception:  # callbacks, the SDK, exporters and hooks are other people's code
+    except Exception:  # noqa: BLE001 others' code: callbacks, SDK, hooks
         warn_once(warning_key, warning, logger=logger)
         return False, None

@@ -167,7 +167,7 @@ def _call(
                     None, "no sample: the node's _scrape returned nothing", error_type=ERROR_PARSE
                 )
             )
-        except Exception as exc:  # the node's failure, never the thread's
+        except Exception as exc:  # noqa: BLE001 a user's _scrape: the node's failure
             outcome = Outcome(
                 None, printable(f"{type(exc).__name__}: {exc}"), error_type=ERROR_INTERNAL
             )

@@ -125,7 +125,7 @@ def phase_now(phase_of: Callable[[], object]) -> str | None:
     """The phase ``phase_of`` names now; None when it names none, or fails."""
     try:
         phase = phase_of()
-    except Exception:  # the caller's hook; a report or a cycle goes on without its phase
+    except Exception:  # noqa: BLE001 the caller's hook; goes on without a phase
         return None
     return phase if isinstance(phase, str) else None
 

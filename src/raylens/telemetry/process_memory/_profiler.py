@@ -91,7 +91,7 @@ def _callers_code(call: Callable[[], _T], warning_key: str, warning: str) -> tup
     """
     try:
         return True, call()
-    except Exception:  # collectors and replacements are the caller's; the thread must live
+    except Exception:  # noqa: BLE001 the caller's collectors; the thread lives
         warn_once(warning_key, warning, logger=logger)
         return False, None
 

@@ -195,7 +195,7 @@ def _foreign_meter(
     """
     try:
         return True, call()
-    except Exception:  # a meter of any make, and its callbacks' caller: nothing may escape
+    except Exception:  # noqa: BLE001 a meter of any make: nothing may escape
         warn_once(warning_key, warning, logger=logger)
         return False, None
 

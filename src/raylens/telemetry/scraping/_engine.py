@@ -529,7 +529,7 @@ class AsyncScrapeEngine:
             finally:
                 semaphore.release()
             results[key] = outcome._replace(elapsed=loop.time() - started)
-        except Exception as exc:  # reported as this node's failure, never the batch's
+        except Exception as exc:  # noqa: BLE001 this node's failure, never the batch's
             results[key] = Outcome(
                 None, _describe(exc), elapsed=loop.time() - started, error_type=ERROR_INTERNAL
             )
