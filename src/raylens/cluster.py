@@ -60,8 +60,11 @@ _OTHER_RAY_CALL_ERRORS: tuple[type[Exception], ...] = (
 )
 
 
-def ray_call_errors(ray: object | None = None) -> tuple[type[Exception], ...]:
-    """The exceptions a call into ``ray`` (default: the imported ``ray`` module) can raise.
+def ray_call_errors(
+    ray: object | None = None, *also: type[Exception]
+) -> tuple[type[Exception], ...]:
+    """The exceptions a call into ``ray`` (default: the imported ``ray`` module) can raise,
+    and ``also`` those the caller's own code around it may.
 
     Ray's ``RayError`` covers what goes wrong in a task, an actor or an object, a timeout
     (``GetTimeoutError``) and a remote call's own exception (wrapped in ``RayTaskError``);
@@ -71,8 +74,8 @@ def ray_call_errors(ray: object | None = None) -> tuple[type[Exception], ...]:
     module = ray if ray is not None else sys.modules.get("ray")
     base = getattr(getattr(module, "exceptions", None), "RayError", None)
     if isinstance(base, type) and issubclass(base, Exception):
-        return (base, *_OTHER_RAY_CALL_ERRORS)
-    return _OTHER_RAY_CALL_ERRORS
+        return (base, *_OTHER_RAY_CALL_ERRORS, *also)
+    return (*_OTHER_RAY_CALL_ERRORS, *also)
 
 
 def supports_key_value(view: object) -> TypeGuard[KeyValueClusterView]:
@@ -253,7 +256,7 @@ def connected_system_config() -> dict[str, object]:
         from ray._private.state import state
 
         config = state.get_system_config()
-    except (ImportError, AttributeError, *ray_call_errors()):  # an internal API that moves
+    except ray_call_errors(None, ImportError, AttributeError):  # an internal API that moves
         return {}
     return {str(key): value for key, value in config.items()} if isinstance(config, dict) else {}
 

@@ -224,7 +224,7 @@ def _alive_node_ids() -> list[str]:
             return []
         found = [(node.get("NodeID"), node.get("Alive")) for node in view.nodes()]
         return [node_id for node_id, alive in found if alive and isinstance(node_id, str)]
-    except (AttributeError, *ray_call_errors()):  # and a node listed as other than a dict
+    except ray_call_errors(None, AttributeError):  # and a node listed as other than a dict
         return []
 
 
@@ -240,7 +240,7 @@ def _optional(warning_key: str, warning: str, attach: Callable[[], _T]) -> _T | 
     return _guarded(attach, lambda _error: warn_once(warning_key, warning, logger=logger))
 
 
-def _guarded(attach: Callable[[], _T], report: Callable[[Exception], None]) -> _T | None:
+def _guarded(attach: Callable[[], _T], report: Callable[[Exception], object]) -> _T | None:
     """``attach()``, or None once ``report`` has been told why it failed. Never raises."""
     try:
         return attach()

@@ -515,7 +515,7 @@ def _connected_gcs_address(ray: ModuleType, address: str) -> str:
     """The GCS this process connected to (``auto`` resolved); ``address`` if Ray cannot say."""
     try:
         found = ray.get_runtime_context().gcs_address
-    except (AttributeError, *ray_call_errors(ray)):
+    except ray_call_errors(ray, AttributeError):
         return address
     return found if isinstance(found, str) and ":" in found else address
 

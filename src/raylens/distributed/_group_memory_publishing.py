@@ -425,7 +425,7 @@ def ray_gauge_refresh_s() -> float | None:
     ray = sys.modules.get("ray")
     try:
         report_ms = float(ray._config.metrics_report_interval_ms()) if ray is not None else None
-    except (AttributeError, *ray_call_errors(ray)):  # a Ray without that private setting
+    except ray_call_errors(ray, AttributeError):  # a Ray without that private setting
         return None
     if report_ms is None:
         return None
@@ -577,7 +577,7 @@ def _own_worker_id() -> str:
     try:
         if ray is not None and ray.is_initialized():
             return printable(str(ray.get_runtime_context().get_worker_id()))[:80]
-    except (AttributeError, *ray_call_errors(ray)):
+    except ray_call_errors(ray, AttributeError):
         pass
     return ""
 
@@ -590,6 +590,6 @@ def _own_sampler_id() -> str:
             actor = ray.get_runtime_context().get_actor_id()
             if actor:
                 return printable(str(actor))[:80]
-    except (AttributeError, *ray_call_errors(ray)):
+    except ray_call_errors(ray, AttributeError):
         pass
     return f"{socket.gethostname()}/{os.getpid()}"

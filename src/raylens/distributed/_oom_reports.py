@@ -41,7 +41,7 @@ def _victims(ray: Any, futures: Sequence[Any]) -> list[int]:
             continue
         try:
             ray.get(future, timeout=0)
-        except (*out_of_memory_errors(ray), *ray_call_errors(ray)) as error:
+        except out_of_memory_errors(ray) + ray_call_errors(ray) as error:
             if _is_out_of_memory(ray, error):
                 found.append(position)
     return found
@@ -79,7 +79,7 @@ def report_out_of_memory(
                 worker_rank=rank,
                 pid=identity[1] if identity else None,
             )
-    except (LookupError, *ray_call_errors(ray)):  # Ray's wait, or identities of another shape
+    except ray_call_errors(ray, LookupError):  # Ray's wait, or identities of another shape
         warn_once(
             "worker_groups.oom_report",
             "could not report a worker lost to Ray's out-of-memory error to raylens",

@@ -134,7 +134,7 @@ def _describe_gpu_state(
             return f"{text}; no compute processes"
         held = ", ".join(_process_text(proc) for proc in processes)
         return f"{text}; compute processes: {held}"
-    except (*_nvml_errors(nvml), ValueError, TypeError) as error:  # and a malformed answer
+    except _nvml_errors(nvml) + (ValueError, TypeError) as error:  # and a malformed answer
         return f"{prefix} reading GPU {local_rank} through NVML failed: {error}"
     finally:
         with contextlib.suppress(*_nvml_errors(nvml)):
@@ -161,7 +161,7 @@ def _log_gpu_state_on_bundle(label: str, local_rank: int) -> None:
 
         context = ray.get_runtime_context()
         node = f"{ray.util.get_node_ip_address()} ({context.get_node_id()[:12]})"
-    except (ImportError, AttributeError, *ray_call_errors()):
+    except ray_call_errors(None, ImportError, AttributeError):
         node = "(unknown)"
     print(_describe_gpu_state(label, local_rank, node=node), flush=True)
 

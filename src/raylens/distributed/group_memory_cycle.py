@@ -111,7 +111,7 @@ class WorkerProcesses:
                 known[index] = (node_id, pid, ticks)
             self._registry.register(group, [identity for identity in known if identity])
             self._identities = known
-        except (IndexError, *ray_call_errors(ray)) as error:  # and a malformed answer
+        except ray_call_errors(ray, IndexError) as error:  # and a malformed answer
             warn_once(
                 f"worker_groups.group_memory.{group}",
                 f"worker group {printable(group)!r}: could not register its workers' processes "

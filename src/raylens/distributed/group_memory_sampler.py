@@ -250,7 +250,7 @@ class GroupMemorySamplers:
 
     def _call_errors(self) -> tuple[type[Exception], ...]:
         """What asking Ray here can raise: its own errors, or no Ray to import."""
-        return (ImportError, *ray_call_errors(self._ray))
+        return ray_call_errors(self._ray, ImportError)
 
     def _start(self, node_id: str) -> _Sampler:
         ray = self._ray_module()

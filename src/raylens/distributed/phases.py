@@ -128,7 +128,7 @@ def _ray_connected() -> bool:
     ray = sys.modules.get("ray")
     try:
         return ray is not None and bool(ray.is_initialized())
-    except (AttributeError, *ray_call_errors(ray)):  # a stub or half-imported module
+    except ray_call_errors(ray, AttributeError):  # a stub or half-imported module
         return False
 
 

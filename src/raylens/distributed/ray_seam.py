@@ -92,7 +92,7 @@ def _submit_call(ray: Any, worker: Any, method_name: str) -> Any:
     """Submit ``worker.method_name()``; the submission error itself if that fails."""
     try:
         return getattr(worker, method_name).remote()
-    except (AttributeError, *ray_call_errors(ray)) as error:  # no such method, or Ray refused
+    except ray_call_errors(ray, AttributeError) as error:  # no such method, or Ray refused
         return error
 
 

@@ -433,7 +433,7 @@ class RayWorkerGroup(_WorkerDispatch):
                 )
                 return
             ray.get(ref, timeout=max(1.0, float(timeout_s)))
-        except (LookupError, ImportError, *ray_call_errors(ray)) as error:
+        except ray_call_errors(ray, LookupError, ImportError) as error:
             print(f"{prefix}: the GPU probe could not run: {error}", flush=True)
 
     def recreate_worker(self, worker_idx: int) -> Any:
@@ -526,7 +526,7 @@ class RayWorkerGroup(_WorkerDispatch):
                 ok = False
             else:
                 ok = self._stop_workers(ray, cleanup_method, timeout, force)
-        except (ImportError, *ray_call_errors(ray)):
+        except ray_call_errors(ray, ImportError):
             _LOGGER.exception("worker group %r: shutdown failed", self.name_prefix)
             ok = False
         finally:

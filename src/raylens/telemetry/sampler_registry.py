@@ -186,7 +186,7 @@ class SamplerRegistry:
             live = cluster.live_job_ids() if keys else set()
             current = [key for key in keys if key[len(SAMPLER_KEY_PREFIX) :] in live]
             raw_entries = [(key, cluster.kv_get(key)) for key in current[:MAX_JOBS_READ]]
-        except (LookupError, *ray_call_errors()) as error:
+        except ray_call_errors(None, LookupError) as error:
             warn_once(
                 "samplers.registry.read",
                 "could not read the samplers other drivers registered in the cluster's "

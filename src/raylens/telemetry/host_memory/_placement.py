@@ -222,7 +222,7 @@ class PlacementRegistry:
             view = cluster if cluster is not None else default_cluster_view()
             nodes = _resolve_bundles(bundles, view)
             self.register_nodes(name, nodes, cluster=view)
-        except (LookupError, AttributeError, *ray_call_errors()) as exc:  # and a malformed table
+        except ray_call_errors(None, LookupError, AttributeError) as exc:  # and a malformed table
             warn_once(
                 f"host_memory.placement.{name}",
                 f"could not resolve the placement of worker group {printable(repr(name))} "
@@ -358,7 +358,7 @@ class PlacementRegistry:
                     continue
                 raw = cluster.kv_get(key)
                 current[key] = _ReadEntry.of(key, raw, previous.get(key))
-        except (LookupError, *ray_call_errors()) as exc:  # and a malformed entry: ValueError
+        except ray_call_errors(None, LookupError) as exc:  # and a malformed entry: ValueError
             warn_once(
                 "host_memory.placement.read",
                 "could not read the worker-group placement other processes published "
