@@ -56,12 +56,12 @@ class _Nvml(Protocol):
     ) -> Sequence[_ComputeProcess]: ...
 
 
-def _nvml_errors(nvml: object) -> tuple[type[Exception], ...]:
+def _nvml_errors(nvml: object, *also: type[Exception]) -> tuple[type[Exception], ...]:
     """What an NVML call raises: ``pynvml``'s ``NVMLError`` (a stand-in's RuntimeError), and
-    OSError when its shared library cannot be loaded."""
+    OSError when its shared library cannot be loaded; then ``also``."""
     found = getattr(nvml, "NVMLError", None)
     named = (found,) if isinstance(found, type) and issubclass(found, Exception) else ()
-    return (*named, RuntimeError, OSError)
+    return (*named, RuntimeError, OSError, *also)
 
 
 def reset_remote_function_cache() -> None:
@@ -134,7 +134,7 @@ def _describe_gpu_state(
             return f"{text}; no compute processes"
         held = ", ".join(_process_text(proc) for proc in processes)
         return f"{text}; compute processes: {held}"
-    except _nvml_errors(nvml) + (ValueError, TypeError) as error:  # and a malformed answer
+    except _nvml_errors(nvml, ValueError, TypeError) as error:  # and a malformed answer
         return f"{prefix} reading GPU {local_rank} through NVML failed: {error}"
     finally:
         with contextlib.suppress(*_nvml_errors(nvml)):
