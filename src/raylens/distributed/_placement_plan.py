@@ -214,7 +214,7 @@ def _remove_placement_groups(groups: list[Any], seam: RaySeam = DEFAULT_RAY_SEAM
     for group in pending:
         try:
             ray.util.remove_placement_group(group)
-        except ray_call_errors(ray, AttributeError):  # Ray half torn down at exit, or refusing
+        except ray_call_errors(ray, AttributeError, ImportError):  # Ray torn down at exit
             warn_once(
                 "virtual_cluster.remove_placement_group",
                 f"could not remove placement group {group!r}; it is released when the Ray job ends",
