@@ -530,7 +530,7 @@ def leave_at_once(lost: ClusterLost) -> None:
 
     print(f"raylens: error: {printable(str(lost))}", file=sys.stderr)
     for stream in (sys.stdout, sys.stderr):
-        with contextlib.suppress(Exception):
+        with contextlib.suppress(OSError, ValueError):  # a closed pipe, a closed stream
             stream.flush()
     os._exit(lost.exit_code)
 

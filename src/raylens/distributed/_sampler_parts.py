@@ -93,7 +93,7 @@ def learn_worker(ray: Any, sampler: _Sampler) -> None:
     ref = sampler.asked_worker
     if ref is None:
         return
-    with contextlib.suppress(Exception):
+    with contextlib.suppress(*ray_call_errors(ray)):
         ready, _ = ray.wait([ref], num_returns=1, timeout=0)
         if not ready:
             return

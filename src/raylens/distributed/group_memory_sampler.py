@@ -303,7 +303,7 @@ class GroupMemorySamplers:
             return
         self._ids_version += 1
         # An actor that is already gone needs no killing.
-        with contextlib.suppress(Exception):
+        with contextlib.suppress(*self._call_errors()):
             self._ray_module().kill(sampler.actor, no_restart=True)
 
     def sample(
@@ -588,7 +588,7 @@ class GroupMemorySamplers:
         sampler = self._samplers.pop(node_id)
         self._ids_version += 1
         # One that cannot be asked is killed after the grace all the same.
-        with contextlib.suppress(Exception):
+        with contextlib.suppress(*ray_call_errors(self._ray)):
             sampler.actor.stop.remote(forget_groups=True)
         self._stopping.append((sampler.actor, self._clock()))
 
@@ -602,7 +602,7 @@ class GroupMemorySamplers:
             if not all_of_them and now - stopped_at < STOP_GRACE_S:
                 kept.append((actor, stopped_at))
                 continue
-            with contextlib.suppress(Exception):  # one already gone needs no killing
+            with contextlib.suppress(*ray_call_errors(ray)):  # one already gone needs no killing
                 ray.kill(actor, no_restart=True)
         if len(kept) != len(self._stopping):
             self._ids_version += 1
@@ -693,7 +693,7 @@ class GroupMemorySamplers:
             actors += [(actor, "") for actor, _stopped_at in self._stopping]
         ids = {}
         for actor, worker in actors:
-            with contextlib.suppress(Exception):
+            with contextlib.suppress(AttributeError):  # a handle without Ray's private id
                 ids[str(actor._actor_id.hex())] = worker
         return ids
 

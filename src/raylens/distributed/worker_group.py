@@ -423,7 +423,7 @@ class RayWorkerGroup(_WorkerDispatch):
             )
             ready, _ = ray.wait([ref], timeout=max(0.0, float(timeout_s)))
             if not ready:
-                with contextlib.suppress(Exception):
+                with contextlib.suppress(*ray_call_errors(ray)):
                     ray.cancel(ref, force=True)
                 print(
                     f"{prefix}: the GPU probe on its bundle (index {record.bundle_index}) did "
