@@ -423,13 +423,7 @@ class PhaseMarker:
             f"{printable(successor)!r} began: it was ended there (warned once)",
             logger=logger,
         )
-        self._finish_never_raising(stale, _debug_unrecorded)
-
-    def _finish_never_raising(
-        self, running: _Running, report: Callable[[Exception], None]
-    ) -> PhaseRecord | None:
-        """:meth:`_finish`, or None once ``report`` has been told why it failed."""
-        return _for_the_caller(lambda: self._finish(running), report)
+        _for_the_caller(lambda: self._finish(stale), _debug_unrecorded)
 
     def _abort(self, running: _Running) -> None:
         """Undo an entry that did not complete: no phase left running, nothing published."""
@@ -461,7 +455,7 @@ class PhaseMarker:
             )
 
         try:
-            return self._finish_never_raising(running, warn)
+            return _for_the_caller(lambda: self._finish(running), warn)
         finally:
             with self._lock:
                 if self._running is running:
