@@ -47,6 +47,7 @@ __all__ = [
     "NodeAffinitySchedulingStrategy",
     "PlacementGroupSchedulingStrategy",
     "RayActorError",
+    "RayError",
     "TaskCancelledError",
     "WouldBlockForever",
 ]
@@ -58,15 +59,19 @@ _OUTCOMES = ("ok", "hangs", "died", "raises")
 _UNSET = object()
 
 
-class RayActorError(Exception):
+class RayError(Exception):
+    """Stands for ``ray.exceptions.RayError``, the base of the errors below, as in Ray."""
+
+
+class RayActorError(RayError):
     """Stands for ``ray.exceptions.RayActorError``: the actor is gone."""
 
 
-class GetTimeoutError(Exception):
+class GetTimeoutError(RayError, TimeoutError):
     """Stands for ``ray.exceptions.GetTimeoutError``: a ``get`` ran out of time."""
 
 
-class TaskCancelledError(Exception):
+class TaskCancelledError(RayError):
     """Stands for ``ray.exceptions.TaskCancelledError``."""
 
 
@@ -376,6 +381,7 @@ class FakeRay:
         self._pg_ids = itertools.count(1)
         self._spread = itertools.count()
         self.exceptions = SimpleNamespace(
+            RayError=RayError,
             RayActorError=RayActorError,
             ActorDiedError=RayActorError,
             GetTimeoutError=GetTimeoutError,

@@ -30,6 +30,7 @@ __all__ = [
     "KeyValueClusterView",
     "RayClusterView",
     "default_cluster_view",
+    "ray_call_errors",
     "supports_key_value",
     "use_cluster_view",
 ]
@@ -45,6 +46,36 @@ KV_NAMESPACE = "raylens"
 #: key that is not UTF-8 is listed with each undecodable byte as a lone surrogate
 #: (``surrogateescape``), and passing that string back reaches the same key, so it can be deleted.
 KEY_VALUE_METHODS = ("kv_put", "kv_get", "kv_delete", "kv_keys", "job_id", "live_job_ids")
+
+
+#: What a call into Ray raises besides its own ``RayError`` family: ``RuntimeError`` (not
+#: connected; raylens' own view says so too), ``ValueError`` and ``TypeError`` (arguments
+#: Ray refuses, values it cannot serialize) and ``OSError`` (its GCS and client connections:
+#: ``ConnectionError``, ``TimeoutError``).
+_OTHER_RAY_CALL_ERRORS: tuple[type[Exception], ...] = (
+    RuntimeError,
+    ValueError,
+    TypeError,
+    OSError,
+)
+
+
+def ray_call_errors(
+    ray: object | None = None, *also: type[Exception]
+) -> tuple[type[Exception], ...]:
+    """The exceptions a call into ``ray`` (default: the imported ``ray`` module) can raise,
+    and ``also`` those the caller's own code around it may.
+
+    Ray's ``RayError`` covers what goes wrong in a task, an actor or an object, a timeout
+    (``GetTimeoutError``) and a remote call's own exception (wrapped in ``RayTaskError``);
+    the others are named beside it. Read when an exception is being handled,
+    so a module stand-in (a test's fake Ray) brings its own ``RayError``.
+    """
+    module = ray if ray is not None else sys.modules.get("ray")
+    base = getattr(getattr(module, "exceptions", None), "RayError", None)
+    if isinstance(base, type) and issubclass(base, Exception):
+        return (base, *_OTHER_RAY_CALL_ERRORS, *also)
+    return (*_OTHER_RAY_CALL_ERRORS, *also)
 
 
 def supports_key_value(view: object) -> TypeGuard[KeyValueClusterView]:
@@ -225,7 +256,7 @@ def connected_system_config() -> dict[str, object]:
         from ray._private.state import state
 
         config = state.get_system_config()
-    except Exception:
+    except ray_call_errors(None, ImportError, AttributeError):  # an internal API that moves
         return {}
     return {str(key): value for key, value in config.items()} if isinstance(config, dict) else {}
 

@@ -18,6 +18,7 @@ from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any, Protocol
 
+from raylens.cluster import ray_call_errors
 from raylens.lens import warn_once
 
 if TYPE_CHECKING:
@@ -183,11 +184,13 @@ class DemoCluster:
         self.groups: dict[str, RayWorkerGroup] = {}
 
     def __enter__(self) -> DemoCluster:
+        started = False
         try:
             self.start()
-        except BaseException:
-            self.close()
-            raise
+            started = True
+        finally:
+            if not started:  # interrupted or failed half way: what did start is stopped
+                self.close()
         return self
 
     def __exit__(self, *exc: object) -> None:
@@ -267,7 +270,7 @@ class DemoCluster:
                 for group in self.groups.values():
                     try:
                         group.shutdown(timeout=10.0)
-                    except Exception:
+                    except ray_call_errors():
                         warn_once(
                             f"demo.shutdown.{group.name_prefix}",
                             "demo worker group shutdown failed",
@@ -276,7 +279,7 @@ class DemoCluster:
                 if self.virtual_cluster is not None:
                     try:
                         self.virtual_cluster.shutdown()
-                    except Exception:
+                    except ray_call_errors():
                         warn_once("demo.shutdown.reservation", "demo reservation removal failed")
                     self.virtual_cluster = None
                 try:
@@ -285,7 +288,7 @@ class DemoCluster:
                     ray.shutdown()
                 except ImportError:
                     pass
-                except Exception:
+                except ray_call_errors():
                     warn_once("demo.shutdown.driver", "disconnecting the demo driver failed")
             finally:
                 if self.ray_cluster is not None:

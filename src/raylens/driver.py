@@ -25,11 +25,16 @@ import logging
 import os
 import time
 from collections.abc import Callable, Mapping
-from typing import TYPE_CHECKING, cast
+from typing import TYPE_CHECKING, TypeVar, cast
 
 from opentelemetry.sdk.metrics.export import MetricReader
 
-from raylens.cluster import RayClusterView, connected_system_config, default_cluster_view
+from raylens.cluster import (
+    RayClusterView,
+    connected_system_config,
+    default_cluster_view,
+    ray_call_errors,
+)
 from raylens.lens import (
     TelemetryConfig,
     TelemetryHandle,
@@ -86,15 +91,20 @@ def _start_lens(
         except ValueError as error:
             logger.error("raylens telemetry is not exporting: %s", error)
             config = TelemetryConfig(exporter="none")
-    try:
-        return init_telemetry(config, metric_reader=metric_reader)
-    except Exception as error:
+    chosen = config
+
+    def report(error: Exception) -> None:
         logger.error(
             "raylens telemetry could not start the %s exporter and is not exporting: %s",
-            config.exporter,
+            chosen.exporter,
             error,
         )
-        return init_telemetry(dataclasses.replace(config, exporter="none"))
+
+    # An exporter's set-up is the SDK's or a plug-in's code.
+    handle = _guarded(lambda: init_telemetry(chosen, metric_reader=metric_reader), report)
+    if handle is not None:
+        return handle
+    return init_telemetry(dataclasses.replace(chosen, exporter="none"))
 
 
 def init_telemetry_driver(
@@ -214,22 +224,42 @@ def _alive_node_ids() -> list[str]:
             return []
         found = [(node.get("NodeID"), node.get("Alive")) for node in view.nodes()]
         return [node_id for node_id, alive in found if alive and isinstance(node_id, str)]
-    except Exception:
+    except ray_call_errors(None, AttributeError):  # and a node listed as other than a dict
         return []
 
 
-def _attach_group_memory(monitor: host_memory.HostMemoryMonitor) -> GroupMemoryCycle | None:
+_T = TypeVar("_T")
+
+
+def _optional(warning_key: str, warning: str, attach: Callable[[], _T]) -> _T | None:
+    """``attach()``, or None once ``warning`` is logged (once, under ``warning_key``).
+
+    Every feature beyond host memory is optional: one that cannot be set up is not
+    exported, and the driver's job goes on.
+    """
+    return _guarded(attach, lambda _error: warn_once(warning_key, warning, logger=logger))
+
+
+def _guarded(attach: Callable[[], _T], report: Callable[[Exception], object]) -> _T | None:
+    """``attach()``, or None once ``report`` has been told why it failed. Never raises."""
     try:
+        return attach()
+    except Exception as error:  # noqa: BLE001 set-up never stops the job
+        report(error)
+        return None
+
+
+def _attach_group_memory(monitor: host_memory.HostMemoryMonitor) -> GroupMemoryCycle | None:
+    def attach() -> GroupMemoryCycle:
         from raylens.distributed.group_memory_cycle import attach_group_memory
 
         return attach_group_memory(monitor)
-    except Exception:
-        warn_once(
-            "driver.group_memory",
-            "could not attach per-group memory to host-memory monitoring; it will not be exported",
-            logger=logger,
-        )
-        return None
+
+    return _optional(
+        "driver.group_memory",
+        "could not attach per-group memory to host-memory monitoring; it will not be exported",
+        attach,
+    )
 
 
 def _attach_growth(
@@ -259,7 +289,8 @@ def _attach_growth(
             kill_line.threshold,
             kill_line.source,
         )
-    try:
+
+    def attach() -> GrowthCycle:
         node_history = None
         if groups is not None:
             groups.samplers.configure_growth(window_s=window_s, kill_line=kill_line)
@@ -272,13 +303,14 @@ def _attach_growth(
             kill_line=kill_line,
             node_history=node_history,
         )
-        attached = attach_growth(monitor, cycle)
-    except Exception:
-        warn_once(
-            "driver.growth",
-            "could not attach memory growth to host-memory monitoring; it will not be exported",
-            logger=logger,
-        )
+        return attach_growth(monitor, cycle)
+
+    attached = _optional(
+        "driver.growth",
+        "could not attach memory growth to host-memory monitoring; it will not be exported",
+        attach,
+    )
+    if attached is None:
         return None
     if groups is not None:
         _start_samplers_early(groups)
@@ -288,19 +320,16 @@ def _attach_growth(
 def _start_samplers_early(groups: GroupMemoryCycle) -> None:
     """Start each live node's sampler now, before any group's workers: the newest workers are
     the first Ray's memory monitor kills, so it chooses the sampler last (README, "OOM kills")."""
-    try:
-        groups.samplers.start_early(_alive_node_ids())
-    except Exception:
-        warn_once(
-            "driver.samplers_early",
-            "could not start the nodes' samplers ahead of the workers; each starts with its "
-            "node's first workers instead",
-            logger=logger,
-        )
+    _optional(
+        "driver.samplers_early",
+        "could not start the nodes' samplers ahead of the workers; each starts with its "
+        "node's first workers instead",
+        lambda: groups.samplers.start_early(_alive_node_ids()),
+    )
 
 
 def _attach_phases(kernel_peaks: bool | None, phase_log: str | os.PathLike[str] | None) -> None:
-    try:
+    def attach() -> None:
         from raylens.distributed.phases import configure_phases
         from raylens.telemetry.phase_memory import register_phase_gauges
 
@@ -309,12 +338,10 @@ def _attach_phases(kernel_peaks: bool | None, phase_log: str | os.PathLike[str] 
         except (TypeError, ValueError) as error:
             logger.error("raylens phases: %s; using the defaults", error)
         register_phase_gauges()
-    except Exception:
-        warn_once(
-            "driver.phases",
-            "could not attach phase memory; phase peaks will not be exported",
-            logger=logger,
-        )
+
+    _optional(
+        "driver.phases", "could not attach phase memory; phase peaks will not be exported", attach
+    )
 
 
 def _attach_postmortems(
@@ -323,7 +350,8 @@ def _attach_postmortems(
     groups: GroupMemoryCycle | None,
 ) -> OomWatch | None:
     """Notice OOM kills at every cycle and write a post-mortem for each (see ``telemetry.oom``)."""
-    try:
+
+    def attach() -> OomWatch:
         from raylens.distributed.phases import current_phase
 
         watch = OomWatch(
@@ -334,14 +362,12 @@ def _attach_postmortems(
         )
         watch.ledger.phase_of = current_phase  # a failed call's report names its phase
         return attach_oom_watch(monitor, watch)
-    except Exception:
-        warn_once(
-            "driver.oom",
-            "could not attach OOM post-mortems to host-memory monitoring; kills will not be "
-            "recorded",
-            logger=logger,
-        )
-        return None
+
+    return _optional(
+        "driver.oom",
+        "could not attach OOM post-mortems to host-memory monitoring; kills will not be recorded",
+        attach,
+    )
 
 
 class _CycleRecorder:

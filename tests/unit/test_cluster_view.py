@@ -7,8 +7,9 @@ import types
 
 import pytest
 
-from raylens.cluster import ClusterView, RayClusterView, default_cluster_view
+from raylens.cluster import ClusterView, RayClusterView, default_cluster_view, ray_call_errors
 from raylens_fakes import FakeCluster
+from raylens_fakes.ray import FakeRay
 
 
 def test_default_view_is_ray_backed_and_shared() -> None:
@@ -224,3 +225,24 @@ def test_ray_view_keys_that_are_not_utf8_reach_the_same_key(
     assert view.kv_get(odd) == b"{}"
     view.kv_delete(odd)
     assert store == {b"placement/ok": b"[]"}
+
+
+def test_ray_call_errors_name_rays_own_errors_then_the_others_then_the_callers() -> None:
+    fake = FakeRay()
+    errors = ray_call_errors(fake, KeyError)
+    assert errors[0] is fake.exceptions.RayError
+    assert set(errors[1:]) == {RuntimeError, ValueError, TypeError, OSError, KeyError}
+    # Every error the fake stands in for is one of them; a bug's error is not.
+    assert issubclass(fake.exceptions.GetTimeoutError, errors)
+    assert issubclass(fake.exceptions.RayActorError, errors)
+    assert not issubclass(ZeroDivisionError, errors)
+
+
+def test_ray_call_errors_without_a_ray_name_the_others_only(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.delitem(sys.modules, "ray", raising=False)
+    assert ray_call_errors() == (RuntimeError, ValueError, TypeError, OSError)
+    stub = types.SimpleNamespace(exceptions=types.SimpleNamespace(RayError="not a class"))
+    assert ray_call_errors(stub, AttributeError)[-1] is AttributeError
+    assert len(ray_call_errors(stub)) == 4

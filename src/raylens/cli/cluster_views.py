@@ -29,6 +29,7 @@ from raylens.cli.reachability import (
 )
 from raylens.cli.recording import frame_of_rows, open_recorder
 from raylens.cli.sample_lines import node_line
+from raylens.cluster import ray_call_errors
 from raylens.demo import keep_sigterm_handler
 from raylens.live_table import NodeRow, counted, format_kill, node_summary, node_table
 
@@ -457,7 +458,7 @@ def run_watch(
     try:
         with keep_sigterm_handler():
             ray.init(address=address, logging_level="ERROR", log_to_driver=False)
-    except Exception as error:  # Ray raises ConnectionError, RuntimeError, ValueError...
+    except ray_call_errors(ray) as error:  # ConnectionError, RuntimeError, ValueError, RayError
         first_line = (
             str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
         )
@@ -514,7 +515,7 @@ def _connected_gcs_address(ray: ModuleType, address: str) -> str:
     """The GCS this process connected to (``auto`` resolved); ``address`` if Ray cannot say."""
     try:
         found = ray.get_runtime_context().gcs_address
-    except Exception:
+    except ray_call_errors(ray, AttributeError):
         return address
     return found if isinstance(found, str) and ":" in found else address
 
@@ -529,7 +530,7 @@ def leave_at_once(lost: ClusterLost) -> None:
 
     print(f"raylens: error: {printable(str(lost))}", file=sys.stderr)
     for stream in (sys.stdout, sys.stderr):
-        with contextlib.suppress(Exception):
+        with contextlib.suppress(OSError, ValueError):  # a closed pipe, a closed stream
             stream.flush()
     os._exit(lost.exit_code)
 

@@ -188,7 +188,7 @@ def confirm_gcs(
     def ask() -> None:
         try:
             answer.append((probe or ray_gcs_probe)(address, timeout))
-        except Exception as error:  # the probe is injectable: any failure is the command's error
+        except Exception as error:  # noqa: BLE001 an injected probe's failure is the command's
             failure.append(error)
         finally:
             done.set()

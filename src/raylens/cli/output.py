@@ -145,7 +145,7 @@ class Output:
                 self._write(lambda: live.update(renderable, refresh=True))
             else:
                 self._write(lambda: self.console.print(renderable))
-        except Exception as error:
+        except Exception as error:  # noqa: BLE001 rich or a value fails: JSON lines
             self._display_failed(error)
             self.show(render, record)
 

@@ -18,6 +18,7 @@ from raylens.cli.gcs_probe import check_reachable
 from raylens.cli.output import Output
 from raylens.cli.parser import CliError
 from raylens.cli.pipeline import start_telemetry
+from raylens.cluster import ray_call_errors
 from raylens.demo import keep_sigterm_handler
 from raylens.safe_text import printable
 
@@ -63,7 +64,7 @@ def run_prometheus_watch(
         try:
             with keep_sigterm_handler():
                 ray.init(address=args.address, logging_level="ERROR", log_to_driver=False)
-        except Exception as error:  # Ray raises ConnectionError, RuntimeError, ValueError...
+        except ray_call_errors(ray) as error:  # ConnectionError, RuntimeError, ValueError, RayError
             said = (
                 str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
             )

@@ -93,7 +93,7 @@ def run_bounded(call: Callable[[], T], timeout: float) -> T:
     def target() -> None:
         try:
             result.append(call())
-        except BaseException as error:  # handed to the caller's thread
+        except BaseException as error:  # noqa: BLE001 raised again in the caller's thread
             failure.append(error)
         finally:
             done.set()

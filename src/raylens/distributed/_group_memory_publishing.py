@@ -28,8 +28,9 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Iterable
-from typing import Any
+from typing import Any, TypeVar
 
+from raylens.cluster import ray_call_errors
 from raylens.distributed._sampler_gauges import (
     GroupMemoryPublisher,
     GrowthPublisher,
@@ -356,16 +357,7 @@ class PublishingLoop:
 
     def _run(self, stop: threading.Event) -> None:
         while not stop.is_set():
-            try:
-                self.sample_and_publish_once()
-            except Exception as error:
-                warn_once(
-                    "group_memory.sampler.publish",
-                    "the group-memory sampler could not read or publish its node's worker "
-                    f"groups: {printable(str(error)[:300])} (warned once; it keeps trying "
-                    "every interval)",
-                    logger=_LOGGER,
-                )
+            _on_sampler_thread(self.sample_and_publish_once, None, _warn_unpublished)
             interval = self._interval
             if interval is None or self.wait_republishing(stop, interval):
                 return
@@ -375,10 +367,7 @@ class PublishingLoop:
 
         Returns whether ``stop`` was set. Times are read on the loop's clock.
         """
-        try:
-            refresh = self._refresh_s()
-        except Exception:
-            refresh = None
+        refresh = _on_sampler_thread(self._refresh_s, None, lambda _error: None)
         if refresh is None or not 0 < refresh < interval:
             return stop.wait(interval)
         deadline = self._clock() + interval
@@ -389,10 +378,39 @@ class PublishingLoop:
             if stop.wait(min(refresh, left)):
                 return True
             if deadline - self._clock() > 0:
-                try:
-                    self.republish()
-                except Exception:
-                    _LOGGER.debug("could not set the sampler's figures again", exc_info=True)
+                _on_sampler_thread(self.republish, False, _debug_not_republished)
+
+
+_T = TypeVar("_T")
+
+
+def _on_sampler_thread(
+    action: Callable[[], _T], fallback: _T, report: Callable[[Exception], None]
+) -> _T:
+    """``action()``, or ``fallback`` once ``report`` has been told why it failed.
+
+    The sampler thread's one guard: it reads ``/proc`` and the cgroup files, fits growth
+    and sets gauges through Ray's metrics, and must keep sampling whatever fails.
+    """
+    try:
+        return action()
+    except Exception as error:  # noqa: BLE001 the sampler thread never dies
+        report(error)
+        return fallback
+
+
+def _warn_unpublished(error: Exception) -> None:
+    warn_once(
+        "group_memory.sampler.publish",
+        "the group-memory sampler could not read or publish its node's worker "
+        f"groups: {printable(str(error)[:300])} (warned once; it keeps trying "
+        "every interval)",
+        logger=_LOGGER,
+    )
+
+
+def _debug_not_republished(_error: Exception) -> None:
+    _LOGGER.debug("could not set the sampler's figures again", exc_info=True)
 
 
 def ray_gauge_refresh_s() -> float | None:
@@ -407,7 +425,7 @@ def ray_gauge_refresh_s() -> float | None:
     ray = sys.modules.get("ray")
     try:
         report_ms = float(ray._config.metrics_report_interval_ms()) if ray is not None else None
-    except Exception:
+    except ray_call_errors(ray, AttributeError):  # a Ray without that private setting
         return None
     if report_ms is None:
         return None
@@ -559,7 +577,7 @@ def _own_worker_id() -> str:
     try:
         if ray is not None and ray.is_initialized():
             return printable(str(ray.get_runtime_context().get_worker_id()))[:80]
-    except Exception:
+    except ray_call_errors(ray, AttributeError):
         pass
     return ""
 
@@ -572,6 +590,6 @@ def _own_sampler_id() -> str:
             actor = ray.get_runtime_context().get_actor_id()
             if actor:
                 return printable(str(actor))[:80]
-    except Exception:
+    except ray_call_errors(ray, AttributeError):
         pass
     return f"{socket.gethostname()}/{os.getpid()}"

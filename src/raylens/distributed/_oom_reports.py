@@ -13,17 +13,23 @@ import logging
 from collections.abc import Sequence
 from typing import Any
 
+from raylens.cluster import ray_call_errors
 from raylens.lens import warn_once
 from raylens.telemetry.oom import report_worker_oom
 
-__all__ = ["report_out_of_memory"]
+__all__ = ["out_of_memory_errors", "report_out_of_memory"]
 
 _LOGGER = logging.getLogger("raylens.distributed")
 
 
-def _is_out_of_memory(ray: Any, error: BaseException) -> bool:
+def out_of_memory_errors(ray: Any) -> tuple[type[Exception], ...]:
+    """``(ray.exceptions.OutOfMemoryError,)``, or ``()`` for a Ray (or stand-in) without it."""
     kind = getattr(getattr(ray, "exceptions", None), "OutOfMemoryError", None)
-    return isinstance(kind, type) and isinstance(error, kind)
+    return (kind,) if isinstance(kind, type) and issubclass(kind, Exception) else ()
+
+
+def _is_out_of_memory(ray: Any, error: BaseException) -> bool:
+    return isinstance(error, out_of_memory_errors(ray))
 
 
 def _victims(ray: Any, futures: Sequence[Any]) -> list[int]:
@@ -35,7 +41,7 @@ def _victims(ray: Any, futures: Sequence[Any]) -> list[int]:
             continue
         try:
             ray.get(future, timeout=0)
-        except Exception as error:
+        except out_of_memory_errors(ray) + ray_call_errors(ray) as error:
             if _is_out_of_memory(ray, error):
                 found.append(position)
     return found
@@ -73,7 +79,7 @@ def report_out_of_memory(
                 worker_rank=rank,
                 pid=identity[1] if identity else None,
             )
-    except Exception:
+    except ray_call_errors(ray, LookupError):  # Ray's wait, or identities of another shape
         warn_once(
             "worker_groups.oom_report",
             "could not report a worker lost to Ray's out-of-memory error to raylens",

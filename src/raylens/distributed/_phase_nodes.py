@@ -11,6 +11,7 @@ import logging
 from collections.abc import Mapping
 from typing import Any, Protocol
 
+from raylens.cluster import ray_call_errors
 from raylens.distributed.group_memory_cycle import default_group_memory_cycle
 from raylens.lens import warn_once
 from raylens.safe_text import printable
@@ -107,7 +108,7 @@ class SamplerPhaseNodes:
                 if plain is None:
                     raise ValueError("the phase had not begun there")
                 figures[node_id] = NodePhaseMemory.from_plain(plain)
-            except Exception as error:
+            except ray_call_errors(ray) as error:  # what _gather caught, or a malformed report
                 warn_once(
                     "phases.node_figures",
                     f"node {printable(node_id[:56])} gave no phase figures "
@@ -132,7 +133,7 @@ def _gather(
     for node_id, (actor, method, args) in calls.items():
         try:
             asked[getattr(actor, method).remote(*args)] = node_id
-        except Exception:
+        except ray_call_errors(ray):
             unanswered.append(node_id)
     answers: dict[str, Any] = {}
     if asked:
@@ -141,7 +142,7 @@ def _gather(
             node_id = asked.pop(ref)
             try:
                 answers[node_id] = ray.get(ref, timeout=0)
-            except Exception as error:
+            except ray_call_errors(ray) as error:
                 answers[node_id] = error
         unanswered.extend(asked.values())
     return answers, unanswered

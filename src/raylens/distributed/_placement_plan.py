@@ -11,6 +11,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from raylens.cluster import ray_call_errors
 from raylens.distributed._placement_errors import PlacementArgumentError
 from raylens.distributed.ray_seam import DEFAULT_RAY_SEAM, RaySeam
 from raylens.lens import warn_once
@@ -213,7 +214,7 @@ def _remove_placement_groups(groups: list[Any], seam: RaySeam = DEFAULT_RAY_SEAM
     for group in pending:
         try:
             ray.util.remove_placement_group(group)
-        except Exception:
+        except ray_call_errors(ray, AttributeError, ImportError):  # Ray torn down at exit
             warn_once(
                 "virtual_cluster.remove_placement_group",
                 f"could not remove placement group {group!r}; it is released when the Ray job ends",

@@ -15,6 +15,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol, cast
 
+from raylens.cluster import ray_call_errors
 from raylens.lens import warn_once
 from raylens.safe_text import printable
 from raylens.telemetry.group_memory import (
@@ -92,7 +93,7 @@ def learn_worker(ray: Any, sampler: _Sampler) -> None:
     ref = sampler.asked_worker
     if ref is None:
         return
-    with contextlib.suppress(Exception):
+    with contextlib.suppress(*ray_call_errors(ray)):
         ready, _ = ray.wait([ref], num_returns=1, timeout=0)
         if not ready:
             return
@@ -156,7 +157,7 @@ def ask_recent_history(
     ``timeout_s``; None for no answer in time or one that is not a history. Never raises."""
     try:
         found = ray.get(actor.recent_history.remote(float(at_wall)), timeout=timeout_s)
-    except Exception as error:
+    except ray_call_errors(ray) as error:
         warn_once(
             "group_memory.sampler.recent_history",
             f"could not ask node {printable(node_id[:80])}'s sampler for its recent "

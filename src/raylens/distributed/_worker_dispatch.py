@@ -14,7 +14,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from raylens.distributed._oom_reports import report_out_of_memory
+from raylens.distributed._oom_reports import out_of_memory_errors, report_out_of_memory
 from raylens.distributed.named_sharding import NamedSharding
 from raylens.distributed.ray_seam import DEFAULT_RAY_SEAM, RaySeam
 from raylens.distributed.worker_planning import (
@@ -84,7 +84,7 @@ class MultiWorkerFuture:
             waited = [self.futures[position] for position in plain]
             try:
                 fetched = ray.get(waited)
-            except Exception as error:
+            except out_of_memory_errors(ray) as error:  # looked at, then raised unchanged
                 called = self.called_workers
                 ranks = [called[p] if called and p < len(called) else p for p in plain]
                 report_out_of_memory(ray, worker_group, waited, ranks, error)

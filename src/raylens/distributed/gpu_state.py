@@ -22,6 +22,7 @@ import os
 from collections.abc import Sequence
 from typing import Any, Protocol
 
+from raylens.cluster import ray_call_errors
 from raylens.distributed.ray_seam import DEFAULT_RAY_SEAM, RaySeam
 
 __all__ = ["reset_remote_function_cache"]
@@ -53,6 +54,14 @@ class _Nvml(Protocol):
     def nvmlDeviceGetComputeRunningProcesses(
         self, handle: object, /
     ) -> Sequence[_ComputeProcess]: ...
+
+
+def _nvml_errors(nvml: object, *also: type[Exception]) -> tuple[type[Exception], ...]:
+    """What an NVML call raises: ``pynvml``'s ``NVMLError`` (a stand-in's RuntimeError), and
+    OSError when its shared library cannot be loaded; then ``also``."""
+    found = getattr(nvml, "NVMLError", None)
+    named = (found,) if isinstance(found, type) and issubclass(found, Exception) else ()
+    return (*named, RuntimeError, OSError, *also)
 
 
 def reset_remote_function_cache() -> None:
@@ -97,7 +106,7 @@ def _describe_gpu_state(
         nvml = pynvml
     try:
         nvml.nvmlInit()
-    except Exception as error:
+    except _nvml_errors(nvml) as error:
         if not nvidia_devices:
             return f"{prefix} no GPU on this node (NVML: {error})"
         return f"{prefix} NVML could not start: {error}"
@@ -119,16 +128,16 @@ def _describe_gpu_state(
         )
         try:
             processes = nvml.nvmlDeviceGetComputeRunningProcesses(handle)
-        except Exception as error:
+        except _nvml_errors(nvml) as error:
             return f"{text}; processes unreadable ({error})"
         if not processes:
             return f"{text}; no compute processes"
         held = ", ".join(_process_text(proc) for proc in processes)
         return f"{text}; compute processes: {held}"
-    except Exception as error:
+    except _nvml_errors(nvml, ValueError, TypeError) as error:  # and a malformed answer
         return f"{prefix} reading GPU {local_rank} through NVML failed: {error}"
     finally:
-        with contextlib.suppress(Exception):
+        with contextlib.suppress(*_nvml_errors(nvml)):
             nvml.nvmlShutdown()
 
 
@@ -152,7 +161,7 @@ def _log_gpu_state_on_bundle(label: str, local_rank: int) -> None:
 
         context = ray.get_runtime_context()
         node = f"{ray.util.get_node_ip_address()} ({context.get_node_id()[:12]})"
-    except Exception:
+    except ray_call_errors(None, ImportError, AttributeError):
         node = "(unknown)"
     print(_describe_gpu_state(label, local_rank, node=node), flush=True)
 

@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 from raylens import forking
+from raylens.cluster import ray_call_errors
 from raylens.distributed.group_memory_sampler import (
     GroupMemorySamplers,
     SamplerError,
@@ -110,7 +111,7 @@ class WorkerProcesses:
                 known[index] = (node_id, pid, ticks)
             self._registry.register(group, [identity for identity in known if identity])
             self._identities = known
-        except Exception as error:
+        except ray_call_errors(ray, IndexError) as error:  # and a malformed answer
             warn_once(
                 f"worker_groups.group_memory.{group}",
                 f"worker group {printable(group)!r}: could not register its workers' processes "
@@ -121,14 +122,7 @@ class WorkerProcesses:
     def forget(self, group: str) -> None:
         """Withdraw ``group``'s workers from the registry. Never raises."""
         self._identities = []
-        try:
-            self._registry.forget(group)
-        except Exception:
-            warn_once(
-                f"worker_groups.group_memory.forget.{group}",
-                f"worker group {printable(group)!r}: could not withdraw its workers' processes",
-                logger=_LOGGER,
-            )
+        self._registry.forget(group)
 
 
 @dataclass(frozen=True)

@@ -29,7 +29,7 @@ import time
 from collections.abc import Callable, Collection, Hashable, Iterable, Mapping
 from typing import Any
 
-from raylens.cluster import RayClusterView
+from raylens.cluster import RayClusterView, ray_call_errors
 from raylens.distributed._group_memory_publishing import (
     DEFAULT_PSS_INTERVAL_SECONDS,
     DEFAULT_TREE_INTERVAL_SECONDS,
@@ -248,6 +248,10 @@ class GroupMemorySamplers:
             self._ray = ray
         return self._ray
 
+    def _call_errors(self) -> tuple[type[Exception], ...]:
+        """What asking Ray here can raise: its own errors, or no Ray to import."""
+        return ray_call_errors(self._ray, ImportError)
+
     def _start(self, node_id: str) -> _Sampler:
         ray = self._ray_module()
         if self._remote_class is None:
@@ -278,7 +282,7 @@ class GroupMemorySamplers:
                     continue
                 try:
                     self._samplers[_check_node_id(node_id)] = self._start(node_id)
-                except Exception as error:
+                except self._call_errors() as error:
                     why = _describe(error)
                 else:
                     started.append(node_id)
@@ -299,7 +303,7 @@ class GroupMemorySamplers:
             return
         self._ids_version += 1
         # An actor that is already gone needs no killing.
-        with contextlib.suppress(Exception):
+        with contextlib.suppress(*self._call_errors()):
             self._ray_module().kill(sampler.actor, no_restart=True)
 
     def sample(
@@ -340,7 +344,7 @@ class GroupMemorySamplers:
             if sampler is None:
                 try:
                     sampler = self._samplers[node_id] = self._start(node_id)
-                except Exception as error:
+                except self._call_errors() as error:
                     results[node_id] = SamplerError(
                         node_id, f"could not start a sampler on node {node_id}: {_describe(error)}"
                     )
@@ -355,7 +359,7 @@ class GroupMemorySamplers:
                 sampler.pending = None  # a late answer describes an older cycle: dropped
             try:
                 sampler.pending = sampler.actor.read.remote(workers)
-            except Exception as error:
+            except ray_call_errors(ray) as error:
                 self._remove(node_id)
                 results[node_id] = SamplerError(
                     node_id, f"sampler on node {node_id} cannot be asked: {_describe(error)}"
@@ -388,7 +392,7 @@ class GroupMemorySamplers:
         except ray.exceptions.RayActorError as error:
             self._remove(node_id)  # started afresh next cycle
             return SamplerError(node_id, f"sampler on node {node_id} died: {_describe(error)}")
-        except Exception as error:
+        except ray_call_errors(ray) as error:
             return SamplerError(node_id, f"sampler on node {node_id} failed: {_describe(error)}")
         sampler.missed = 0
         sampler.answered = True
@@ -540,7 +544,7 @@ class GroupMemorySamplers:
             sampler.actor.set_workers.remote(entries)
             if start:
                 sampler.actor.start.remote(self.sample_interval_s)
-        except Exception as error:
+        except self._call_errors() as error:
             return _describe(error)
         sampler.workers = entries
         if start:
@@ -552,7 +556,7 @@ class GroupMemorySamplers:
     ) -> SamplerError | None:
         try:
             sampler = self._start(node_id)
-        except Exception as error:
+        except self._call_errors() as error:
             return SamplerError(
                 node_id, f"could not start a sampler on node {node_id}: {_describe(error)}"
             )
@@ -584,7 +588,7 @@ class GroupMemorySamplers:
         sampler = self._samplers.pop(node_id)
         self._ids_version += 1
         # One that cannot be asked is killed after the grace all the same.
-        with contextlib.suppress(Exception):
+        with contextlib.suppress(*ray_call_errors(self._ray)):
             sampler.actor.stop.remote(forget_groups=True)
         self._stopping.append((sampler.actor, self._clock()))
 
@@ -598,7 +602,7 @@ class GroupMemorySamplers:
             if not all_of_them and now - stopped_at < STOP_GRACE_S:
                 kept.append((actor, stopped_at))
                 continue
-            with contextlib.suppress(Exception):  # one already gone needs no killing
+            with contextlib.suppress(*ray_call_errors(ray)):  # one already gone needs no killing
                 ray.kill(actor, no_restart=True)
         if len(kept) != len(self._stopping):
             self._ids_version += 1
@@ -613,7 +617,7 @@ class GroupMemorySamplers:
                 sampler.ping = sampler.actor.ping.remote()
                 if not sampler.worker_id and sampler.workers is not None:
                     sampler.asked_worker = sampler.actor.worker_id.remote()
-            except Exception as error:
+            except self._call_errors() as error:
                 results[node_id] = self._replace(
                     node_id,
                     f"sampler on node {node_id} cannot be reached: {_describe(error)}; replaced",
@@ -655,7 +659,7 @@ class GroupMemorySamplers:
                     why[:160],
                 )
                 continue
-            except Exception as error:  # it answered, so it lives; say what went wrong
+            except ray_call_errors(ray) as error:  # it answered, so it lives; say what went wrong
                 results[node_id] = SamplerError(
                     node_id, f"sampler on node {node_id} failed its ping: {_describe(error)}"
                 )
@@ -689,7 +693,7 @@ class GroupMemorySamplers:
             actors += [(actor, "") for actor, _stopped_at in self._stopping]
         ids = {}
         for actor, worker in actors:
-            with contextlib.suppress(Exception):
+            with contextlib.suppress(AttributeError):  # a handle without Ray's private id
                 ids[str(actor._actor_id.hex())] = worker
         return ids
 
@@ -722,7 +726,7 @@ class GroupMemorySamplers:
             ]
             stamp = plain.get("sampled_at")
             return processes, float(stamp) if isinstance(stamp, (int, float)) else None
-        except Exception as error:
+        except self._call_errors() as error:  # a wrong-shaped answer: TypeError, ValueError
             why = _describe(error)
         # Warned outside the except block: a sampler that died needs no traceback in the log.
         warn_once(
@@ -750,7 +754,7 @@ class GroupMemorySamplers:
             return None
         try:
             ray = self._ray_module()
-        except Exception:
+        except ImportError:
             return None
         found = ask_recent_history(ray, sampler.actor, node_id, at_wall, timeout_s)
         if found is None:

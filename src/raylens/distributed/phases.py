@@ -29,10 +29,10 @@ import uuid
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from types import FrameType, TracebackType
-from typing import Any
+from typing import Any, TypeVar
 
 from raylens import forking
-from raylens.cluster import ClusterView, default_cluster_view
+from raylens.cluster import ClusterView, default_cluster_view, ray_call_errors
 from raylens.distributed._phase_nodes import PhaseNodes, SamplerPhaseNodes
 from raylens.lens import warn_once
 from raylens.safe_text import printable
@@ -128,8 +128,28 @@ def _ray_connected() -> bool:
     ray = sys.modules.get("ray")
     try:
         return ray is not None and bool(ray.is_initialized())
-    except Exception:
+    except ray_call_errors(ray, AttributeError):  # a stub or half-imported module
         return False
+
+
+_T = TypeVar("_T")
+
+
+def _for_the_caller(action: Callable[[], _T], report: Callable[[Exception], None]) -> _T | None:
+    """``action()``, or None once ``report`` has been told why it failed.
+
+    Marking a phase never fails the caller's code: Ray, the key-value store, ``/proc``
+    and the phase log failing cost only that phase's figures.
+    """
+    try:
+        return action()
+    except Exception as error:  # noqa: BLE001 the caller's code goes on
+        report(error)
+        return None
+
+
+def _debug_unrecorded(_error: Exception) -> None:
+    logger.debug("could not record the suspended phase", exc_info=True)
 
 
 def _suspended(frame: FrameType | None) -> bool:
@@ -338,22 +358,11 @@ class PhaseMarker:
         running = _Running(
             name, uuid.uuid4().hex, self._clock(), self._wall_clock(), holder=holder, local=local
         )
+        begun = False
         try:
             stale = self._claim(running)
-            try:
-                if stale is not None:
-                    self._end_stale(stale, name)
-                kernel = self._kernel_peaks()
-                if not local:
-                    self._publish(name, running.started_wall)
-                self._driver_tracker().begin(
-                    running.token, self._driver_workers(), kernel_peaks=kernel
-                )
-                missing: list[str] = []
-                if not local:
-                    _, missing = self.nodes.begin(running.token, kernel, self.confirm_timeout_s)
-            except Exception as error:
-                missing = []
+
+            def warn(error: Exception) -> None:
                 warn_once(
                     "phases.begin",
                     f"phase {printable(name)!r}: could not tell every node it began "
@@ -361,6 +370,8 @@ class PhaseMarker:
                     "incomplete (warned once)",
                     logger=logger,
                 )
+
+            missing = _for_the_caller(lambda: self._tell_begun(running, stale), warn) or []
             running.missing = tuple(missing)
             if missing:
                 logger.warning(
@@ -370,11 +381,26 @@ class PhaseMarker:
                     _quoted_nodes(missing),
                     self.confirm_timeout_s,
                 )
-        except BaseException:
-            # Interrupted (Ctrl-C) or refused: a phase this call claimed must not stay marked.
-            self._abort(running)
-            raise
+            begun = True
+        finally:
+            if not begun:
+                # Interrupted (Ctrl-C) or refused: a phase this call claimed must not stay marked.
+                self._abort(running)
         return running.token
+
+    def _tell_begun(self, running: _Running, stale: _Running | None) -> list[str]:
+        """End ``stale``, start measuring ``running`` here and on every node; the nodes that
+        did not confirm."""
+        if stale is not None:
+            self._end_stale(stale, running.phase)
+        kernel = self._kernel_peaks()
+        if not running.local:
+            self._publish(running.phase, running.started_wall)
+        self._driver_tracker().begin(running.token, self._driver_workers(), kernel_peaks=kernel)
+        if running.local:
+            return []
+        _, missing = self.nodes.begin(running.token, kernel, self.confirm_timeout_s)
+        return missing
 
     def _claim(self, running: _Running) -> _Running | None:
         """Mark ``running`` as the phase in progress; the phase it displaces (one held by a
@@ -397,10 +423,7 @@ class PhaseMarker:
             f"{printable(successor)!r} began: it was ended there (warned once)",
             logger=logger,
         )
-        try:
-            self._finish(stale)
-        except Exception:
-            logger.debug("could not record the suspended phase", exc_info=True)
+        _for_the_caller(lambda: self._finish(stale), _debug_unrecorded)
 
     def _abort(self, running: _Running) -> None:
         """Undo an entry that did not complete: no phase left running, nothing published."""
@@ -422,16 +445,17 @@ class PhaseMarker:
             return None
         if token is not None and running.token != token:
             return None
-        try:
-            return self._finish(running)
-        except Exception as error:
+
+        def warn(error: Exception) -> None:
             warn_once(
                 "phases.end",
                 f"phase {printable(name)!r}: could not collect its figures "
                 f"({type(error).__name__}: {printable(error)[:200]}); warned once",
                 logger=logger,
             )
-            return None
+
+        try:
+            return _for_the_caller(lambda: self._finish(running), warn)
         finally:
             with self._lock:
                 if self._running is running:
@@ -521,20 +545,14 @@ class PhaseMarker:
         return [(DRIVER_GROUP, pid, procfs.start_ticks(pid))]
 
     def _publish(self, name: str | None, started_at: float) -> None:
-        try:
-            view = self._cluster if self._cluster is not None else default_cluster_view()
-        except Exception:
-            return
+        view = self._cluster if self._cluster is not None else default_cluster_view()
         if name is None:
             clear_current_phase(view)
         else:
             publish_current_phase(view, name, started_at)
 
     def _publish_ended(self, record: PhaseRecord) -> None:
-        try:
-            view = self._cluster if self._cluster is not None else default_cluster_view()
-        except Exception:
-            return
+        view = self._cluster if self._cluster is not None else default_cluster_view()
         publish_ended_phase(view, record)
 
     def reset(self) -> None:

@@ -78,7 +78,7 @@ def _forget_uploaded_packages() -> None:
         import ray._private.runtime_env.packaging as packaging
 
         importlib.reload(packaging)
-    except Exception:  # a Ray without that module has nothing cached
+    except ImportError:  # a Ray without that module has nothing cached
         _LOGGER.debug("init_ray: no runtime_env package cache to clear", exc_info=True)
 
 

@@ -21,7 +21,7 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from raylens.cluster import default_cluster_view
+from raylens.cluster import default_cluster_view, ray_call_errors
 
 if TYPE_CHECKING:
     from raylens.cluster import ClusterView
@@ -88,11 +88,11 @@ def connected_ray() -> Any:
 # ---- small helpers over a connected ray module -------------------------------------------
 
 
-def _submit_call(worker: Any, method_name: str) -> Any:
+def _submit_call(ray: Any, worker: Any, method_name: str) -> Any:
     """Submit ``worker.method_name()``; the submission error itself if that fails."""
     try:
         return getattr(worker, method_name).remote()
-    except Exception as error:
+    except ray_call_errors(ray, AttributeError) as error:  # no such method, or Ray refused
         return error
 
 
@@ -119,7 +119,7 @@ def _await_calls(ray: Any, refs: list[Any], timeout: float | None) -> list[str]:
                 outcomes.append("ok")
             except ray.exceptions.RayActorError:
                 outcomes.append("died")
-            except Exception:
+            except ray_call_errors(ray):  # the method's own exception arrives as a RayTaskError
                 outcomes.append("failed")
     return outcomes
 

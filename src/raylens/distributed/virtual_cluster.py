@@ -369,6 +369,7 @@ class RayVirtualCluster(_BundleLayout):
             raise ClusterResourceError(self._missing_resources_message(missing))
         plan = _group_plans(self.name, self._bundle_ct_per_node_list, strategy, use_unified_pg)
         created: list[Any] = []
+        placed_all = False
         try:
             for group in plan:
                 bundles = [self.bundle_resources(node) for node in group.bundle_nodes]
@@ -388,9 +389,10 @@ class RayVirtualCluster(_BundleLayout):
             if use_unified_pg:
                 placed = ray_api.util.placement_group_table(created[0])["bundles_to_node_id"]
                 self._bundle_nodes = [str(placed[i]) for i in range(self.world_size())]
-        except BaseException:
-            _remove_placement_groups(created, self.ray_seam)
-            raise
+            placed_all = True
+        finally:
+            if not placed_all:  # whatever ended it (an interrupt too): no half-made groups
+                _remove_placement_groups(created, self.ray_seam)
         return created
 
     def _get_sorted_bundle_indices(self) -> list[int] | None:

@@ -19,6 +19,7 @@ import time
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
+from raylens.cluster import ray_call_errors
 from raylens.distributed import gpu_state
 from raylens.distributed._worker_dispatch import _WorkerDispatch
 from raylens.distributed.group_memory_cycle import WorkerProcesses
@@ -65,7 +66,7 @@ def _kill_or_warn_once(ray: Any, actor: Any, warning_key: str, warning: str) -> 
     """``ray.kill(actor, no_restart=True)``; a failure is logged once under ``warning_key``."""
     try:
         ray.kill(actor, no_restart=True)
-    except Exception:
+    except ray_call_errors(ray):
         warn_once(warning_key, warning, logger=_LOGGER)
 
 
@@ -166,13 +167,15 @@ class RayWorkerGroup(_WorkerDispatch):
         self.name_prefix = name_prefix or _DEFAULT_NAMES.take(remote_worker_builder)
         self.master_address: str | None = None
         self.master_port: int | None = None
+        created = False
         try:
             self._create_workers_from_bundle_indices(
                 remote_worker_builder, indices, self._group_env
             )
-        except BaseException:
-            self._release_default_name()
-            raise
+            created = True
+        finally:
+            if not created:
+                self._release_default_name()
 
     def _release_default_name(self) -> None:
         if self._default_name:
@@ -223,6 +226,7 @@ class RayWorkerGroup(_WorkerDispatch):
         }
         records: list[_CreationRecord] = []
         futures = []
+        ready = False
         try:
             for plan, (group, bundle_index) in zip(plans, locations):
                 env = _worker_env_vars(
@@ -259,9 +263,10 @@ class RayWorkerGroup(_WorkerDispatch):
                 futures.append(self._submit(remote_worker_builder, record))
             workers = ray.get(futures)
             ray.get([worker.__ray_ready__.remote() for worker in workers])
-        except BaseException:
-            self._kill_initializers()
-            raise
+            ready = True
+        finally:
+            if not ready:
+                self._kill_initializers()
         shards = _dp_shard_of_workers(len(plans), self._dp_leaders)
         self._builder = remote_worker_builder
         self._plans = plans
@@ -328,7 +333,7 @@ class RayWorkerGroup(_WorkerDispatch):
 
             register_worker_group_placement(self.name_prefix, bundles)
             self._placement_registered = True
-        except Exception:
+        except (ImportError, ValueError, TypeError):  # what the never-raising facade may refuse
             warn_once(
                 f"worker_groups.register.{self.name_prefix}",
                 f"worker group {self.name_prefix!r}: could not register its placement for "
@@ -343,7 +348,7 @@ class RayWorkerGroup(_WorkerDispatch):
             from raylens.telemetry.host_memory import forget_worker_group_nodes
 
             forget_worker_group_nodes(self.name_prefix)
-        except Exception:
+        except (ImportError, ValueError, TypeError):  # what the never-raising facade may refuse
             warn_once(
                 f"worker_groups.forget.{self.name_prefix}",
                 f"worker group {self.name_prefix!r}: could not withdraw its host-memory labels",
@@ -391,6 +396,7 @@ class RayWorkerGroup(_WorkerDispatch):
         scheduled, times out or fails is itself printed as the finding.
         """
         prefix = f"[{label}] worker {worker_idx}"
+        ray: Any = None
         try:
             self._check_worker_idx(worker_idx)
             record = self._records[worker_idx]
@@ -417,7 +423,7 @@ class RayWorkerGroup(_WorkerDispatch):
             )
             ready, _ = ray.wait([ref], timeout=max(0.0, float(timeout_s)))
             if not ready:
-                with contextlib.suppress(Exception):
+                with contextlib.suppress(*ray_call_errors(ray)):
                     ray.cancel(ref, force=True)
                 print(
                     f"{prefix}: the GPU probe on its bundle (index {record.bundle_index}) did "
@@ -427,7 +433,7 @@ class RayWorkerGroup(_WorkerDispatch):
                 )
                 return
             ray.get(ref, timeout=max(1.0, float(timeout_s)))
-        except Exception as error:
+        except ray_call_errors(ray, LookupError, ImportError) as error:
             print(f"{prefix}: the GPU probe could not run: {error}", flush=True)
 
     def recreate_worker(self, worker_idx: int) -> Any:
@@ -508,6 +514,7 @@ class RayWorkerGroup(_WorkerDispatch):
                 self._forget_placement()
             return True
         ok = True
+        ray: Any = None
         try:
             ray = self._seam.connected_ray()
             if ray is None:
@@ -519,7 +526,7 @@ class RayWorkerGroup(_WorkerDispatch):
                 ok = False
             else:
                 ok = self._stop_workers(ray, cleanup_method, timeout, force)
-        except Exception:
+        except ray_call_errors(ray, ImportError):
             _LOGGER.exception("worker group %r: shutdown failed", self.name_prefix)
             ok = False
         finally:
@@ -545,7 +552,7 @@ class RayWorkerGroup(_WorkerDispatch):
             for worker_idx, worker in enumerate(workers):
                 try:
                     ray.kill(worker, no_restart=True)
-                except Exception:
+                except ray_call_errors(ray):
                     ok = False
                     _LOGGER.warning(
                         "worker group %r: could not kill worker %d",
@@ -567,7 +574,9 @@ class RayWorkerGroup(_WorkerDispatch):
         """Call ``cleanup_method`` everywhere, then let the workers that ran it exit."""
         ok = True
         finished_cleanly: list[Any] = []
-        outcomes = _await_calls(ray, [_submit_call(w, cleanup_method) for w in workers], timeout)
+        outcomes = _await_calls(
+            ray, [_submit_call(ray, w, cleanup_method) for w in workers], timeout
+        )
         for worker_idx, (worker, outcome) in enumerate(zip(workers, outcomes)):
             if outcome == "ok":
                 finished_cleanly.append(worker)
@@ -592,7 +601,9 @@ class RayWorkerGroup(_WorkerDispatch):
                 _GRACEFUL_EXIT_S if deadline is None else max(0.0, deadline - time.monotonic())
             )
             _await_calls(
-                ray, [_submit_call(w, "__ray_terminate__") for w in finished_cleanly], remaining
+                ray,
+                [_submit_call(ray, w, "__ray_terminate__") for w in finished_cleanly],
+                remaining,
             )
         return ok
 

@@ -9,6 +9,7 @@ reported with the extra that provides it.
 
 from __future__ import annotations
 
+import functools
 import sys
 import threading
 from collections.abc import Callable, Mapping
@@ -24,7 +25,7 @@ from opentelemetry.sdk.metrics.export import (
 )
 
 from raylens.lens.config import TelemetryConfig
-from raylens.lens.warnings import warn_once
+from raylens.lens.warnings import call_or_warn_once
 from raylens.safe_text import encodable
 
 
@@ -74,17 +75,16 @@ class ConsoleLineExporter(MetricExporter):
                         value = getattr(point, "value", None)
                         if value is None:
                             value = getattr(point, "sum", "?")
-                        try:
-                            line = format_point_line(
-                                metric.name, metric.unit, point.attributes, value
-                            )
-                        except Exception:  # a recorded value's own __str__ may raise anything
-                            warn_once(
-                                f"lens.console.point.{encodable(metric.name)}",
-                                "console exporter skipped a point it could not format",
-                            )
-                            continue
-                        lines.append(line)
+                        # A recorded value's own __str__ may raise anything.
+                        formatted, line = call_or_warn_once(
+                            functools.partial(
+                                format_point_line, metric.name, metric.unit, point.attributes, value
+                            ),
+                            f"lens.console.point.{encodable(metric.name)}",
+                            "console exporter skipped a point it could not format",
+                        )
+                        if formatted and line is not None:
+                            lines.append(line)
         if lines:
             stream = self._stream or sys.stdout
             with self._lock:

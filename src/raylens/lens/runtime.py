@@ -46,11 +46,12 @@ from raylens.lens.metrics import (
     RecordedMetric,
     register_recorded_metrics,
 )
-from raylens.lens.warnings import warn_once
+from raylens.lens.warnings import call_or_warn_once, warn_once
 from raylens.safe_text import encodable
 from raylens.version import __version__
 
 logger = logging.getLogger("raylens.lens")
+
 
 METER_NAME = "raylens"
 CARDINALITY_LIMIT = 200_000
@@ -150,17 +151,19 @@ class _GaugeCallback:
         entry = _OBSERVABLES.get(self.name)
         observations: list[Observation] = []
         if entry is not None:
-            try:
-                if self.name in _ENCODABLE:
-                    observations = list(entry[1](options))
-                else:
-                    observations = [exportable(o) for o in entry[1](options)]
-            except Exception:  # any caller's callback: its failure costs only its own points
-                warn_once(
-                    f"lens.callback.{self.name}",
-                    f"callback for gauge {self.name!r} failed; no points",
-                )
-                observations = []
+            callback = entry[1]
+            encodable = self.name in _ENCODABLE
+            # Any caller's callback: its failure costs only its own points.
+            _, found = call_or_warn_once(
+                lambda: (
+                    list(callback(options))
+                    if encodable
+                    else [exportable(o) for o in callback(options)]
+                ),
+                f"lens.callback.{self.name}",
+                f"callback for gauge {self.name!r} failed; no points",
+            )
+            observations = found or []
         self._release(self.live.collected(observations))
         return observations
 
@@ -173,15 +176,16 @@ class _GaugeCallback:
                 self.unreleased = 0
                 _request_renewal()
             return
-        try:
-            _sdk_state.forget_attribute_sets(self.instrument, expired)
-        except Exception:  # SDK internals differ by release; any failure means renew instead
+        instrument = self.instrument
+        # SDK internals differ by release; any failure means renew instead.
+        released, _ = call_or_warn_once(
+            lambda: _sdk_state.forget_attribute_sets(instrument, expired),
+            "lens.sdk_state.forget",
+            f"could not release expired attribute sets of gauge {self.name!r}; "
+            "lens renews its pipeline now and then instead",
+        )
+        if not released:
             self.instrument = None
-            warn_once(
-                "lens.sdk_state.forget",
-                f"could not release expired attribute sets of gauge {self.name!r}; "
-                "lens renews its pipeline now and then instead",
-            )
 
 
 _RENEWAL_LOCK = threading.Lock()
@@ -232,10 +236,11 @@ def renew_pipeline() -> bool:
         handle.readers = [reader]
         handle.exporter_reader = reader
         _create_observables(handle)
-    try:
-        old.shutdown(timeout_millis=5000)
-    except Exception:  # the old provider's exporters run their own code; the renewal stands
-        warn_once("lens.renew.shutdown", "shutting the previous meter provider down failed")
+    call_or_warn_once(
+        lambda: old.shutdown(timeout_millis=5000),
+        "lens.renew.shutdown",
+        "shutting the previous meter provider down failed",
+    )
     return True
 
 
@@ -495,11 +500,9 @@ def _run_shutdown_hooks() -> None:
         hooks = list(reversed(_SHUTDOWN_HOOKS))
         _SHUTDOWN_HOOKS.clear()
     for hook in hooks:
-        try:
-            hook()
-        except Exception:  # any layer's hook: one that fails must not keep the next from running
-            name = getattr(hook, "__qualname__", type(hook).__name__)
-            warn_once(f"lens.shutdown.hook.{name}", f"shutdown hook {name} failed")
+        # Any layer's hook: one that fails must not keep the next from running.
+        name = getattr(hook, "__qualname__", type(hook).__name__)
+        call_or_warn_once(hook, f"lens.shutdown.hook.{name}", f"shutdown hook {name} failed")
 
 
 def shutdown_telemetry(timeout_ms: int = 5000) -> None:
@@ -528,12 +531,10 @@ def _stop_pipeline(handle: TelemetryHandle, timeout_ms: int) -> None:
     """
     provider = getattr(handle, "meter_provider", None)
     if provider is not None:
-        try:
-            provider.shutdown(timeout_millis=timeout_ms)
-        except Exception:  # its readers and exporters run their own code; shutdown never raises
-            warn_once("lens.shutdown.provider", "shutting the meter provider down failed")
+        call_or_warn_once(
+            lambda: provider.shutdown(timeout_millis=timeout_ms),
+            "lens.shutdown.provider",
+            "shutting the meter provider down failed",
+        )
     for closer in getattr(handle, "_closers", ()):
-        try:
-            closer()
-        except Exception:  # an endpoint's own close; shutdown never raises
-            warn_once("lens.shutdown.closer", "closing an exporter endpoint failed")
+        call_or_warn_once(closer, "lens.shutdown.closer", "closing an exporter endpoint failed")

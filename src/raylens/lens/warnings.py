@@ -17,12 +17,16 @@ import logging
 import sys
 import threading
 from collections import OrderedDict
+from collections.abc import Callable
+from typing import TypeVar
 
 from raylens import forking
 
 _LOGGER = logging.getLogger("raylens")
 
 MAX_REMEMBERED_WARNINGS = 4096
+
+_T = TypeVar("_T")
 
 _WARNED_KEYS: OrderedDict[str, None] = OrderedDict()
 _WARNED_LOCK = threading.Lock()
@@ -64,3 +68,23 @@ def remembered_warning_count() -> int:
     """How many keys :func:`warn_once` currently remembers (at most :data:`MAX_REMEMBERED_WARNINGS`)."""
     with _WARNED_LOCK:
         return len(_WARNED_KEYS)
+
+
+def call_or_warn_once(
+    action: Callable[[], _T],
+    warning_key: str,
+    warning: str,
+    *,
+    logger: logging.Logger | None = None,
+) -> tuple[bool, _T | None]:
+    """``(True, action())``, or ``(False, None)`` once ``warning`` is given to :func:`warn_once`.
+
+    Never raises. lens' one guard around code that is not its own: callers' gauge
+    callbacks and recorded values, the SDK's internals, meter providers, exporters,
+    endpoints and other layers' shutdown hooks.
+    """
+    try:
+        return True, action()
+    except Exception:  # noqa: BLE001 others' code: callbacks, SDK, hooks
+        warn_once(warning_key, warning, logger=logger)
+        return False, None

@@ -29,7 +29,7 @@ import math
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from raylens.cluster import ClusterView, supports_key_value
+from raylens.cluster import ClusterView, ray_call_errors, supports_key_value
 from raylens.lens import warn_once
 from raylens.safe_text import printable
 from raylens.telemetry.phase_memory import PhaseRecord, check_phase_name
@@ -135,7 +135,7 @@ def publish_ended_phase(cluster: ClusterView, record: PhaseRecord) -> bool:
             raw = json.dumps(document, separators=(",", ":")).encode()
         cluster.kv_put(f"{ENDED_PHASE_KEY_PREFIX}{job}", raw)
         return True
-    except Exception as error:
+    except ray_call_errors() as error:
         warn_once(
             "phases.publish_ended",
             f"could not publish the ended phase's figures to the cluster "
@@ -172,7 +172,7 @@ def _live_entries(cluster: ClusterView, prefix: str, what: str) -> list[tuple[st
         for key in [key for key in keys if key[len(prefix) :] not in live][:MAX_JOBS_READ]:
             cluster.kv_delete(key)
         return [(key[len(prefix) :], cluster.kv_get(key)) for key in current[:MAX_JOBS_READ]]
-    except Exception as error:
+    except ray_call_errors() as error:
         warn_once(
             f"phases.read.{what}",
             f"could not read the {what} other processes published ({type(error).__name__}: "
@@ -246,7 +246,7 @@ def publish_current_phase(cluster: ClusterView, phase: str | None, started_at: f
             document = {"phase": phase, "started_at": started_at}
             cluster.kv_put(key, json.dumps(document).encode())
         return True
-    except Exception as error:
+    except ray_call_errors() as error:
         warn_once(
             "phases.publish",
             f"could not publish the current phase to the cluster ({type(error).__name__}: "
@@ -278,7 +278,7 @@ def read_current_phases(cluster: ClusterView) -> list[CurrentPhase]:
         for key in ended[:MAX_JOBS_READ]:
             cluster.kv_delete(key)
         raw_entries = [(key, cluster.kv_get(key)) for key in current[:MAX_JOBS_READ]]
-    except Exception as error:
+    except ray_call_errors() as error:
         warn_once(
             "phases.read",
             f"could not read the phases other processes published ({type(error).__name__}: "

@@ -129,5 +129,5 @@ def say_phase_summary(record: PhaseRecord) -> None:
     if logger.hasHandlers():
         logger.info("%s", line)
         return
-    with contextlib.suppress(Exception):
+    with contextlib.suppress(OSError, ValueError):  # a closed pipe, a closed stream
         print(f"raylens: {line}", file=sys.stderr, flush=True)

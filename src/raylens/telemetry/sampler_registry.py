@@ -26,7 +26,12 @@ import threading
 import time
 from collections.abc import Callable, Mapping
 
-from raylens.cluster import ClusterView, default_cluster_view, supports_key_value
+from raylens.cluster import (
+    ClusterView,
+    default_cluster_view,
+    ray_call_errors,
+    supports_key_value,
+)
 from raylens.lens import warn_once
 from raylens.safe_text import printable
 
@@ -136,7 +141,7 @@ class SamplerRegistry:
             if not job:
                 return False
             cluster.kv_put(f"{SAMPLER_KEY_PREFIX}{job}", json.dumps(ids).encode())
-        except Exception as error:
+        except ray_call_errors() as error:
             warn_once(
                 "samplers.registry.publish",
                 "could not list this driver's samplers in the cluster's key-value store "
@@ -181,7 +186,7 @@ class SamplerRegistry:
             live = cluster.live_job_ids() if keys else set()
             current = [key for key in keys if key[len(SAMPLER_KEY_PREFIX) :] in live]
             raw_entries = [(key, cluster.kv_get(key)) for key in current[:MAX_JOBS_READ]]
-        except Exception as error:
+        except ray_call_errors(None, LookupError) as error:
             warn_once(
                 "samplers.registry.read",
                 "could not read the samplers other drivers registered in the cluster's "

@@ -83,3 +83,23 @@ def test_a_dead_sampler_asked_for_its_largest_processes_logs_no_traceback(
         assert manager.largest_processes(NODE_A) is None
     (line,) = caplog.records
     assert not line.exc_info and "largest processes" in line.getMessage()
+
+
+@pytest.mark.parametrize(
+    "answer",
+    [
+        {"processes": [(201, "policy")]},  # a row one field short: ValueError
+        {"processes": [None]},  # a row that is not one: TypeError
+        {"processes": [("pid", "policy", 1)]},  # a pid that is not a number: ValueError
+    ],
+)
+def test_a_wrong_shaped_largest_processes_answer_is_none_and_warned(
+    fake_ray, nodes, caplog: pytest.LogCaptureFixture, answer
+):
+    manager = GroupMemorySamplers(ray=fake_ray, ping_every=100)
+    manager.maintain(_workers(nodes))
+    (sampler,) = _on(fake_ray, NODE_A)
+    sampler.script("largest_processes", lambda: answer)
+    with caplog.at_level(logging.WARNING, logger="raylens"):
+        assert manager.largest_processes(NODE_A) is None
+    assert any("largest processes" in r.getMessage() for r in caplog.records)

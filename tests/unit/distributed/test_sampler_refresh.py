@@ -9,6 +9,7 @@ is simulated: the stop event's waits advance the loop's clock.
 from __future__ import annotations
 
 import itertools
+import logging
 import sys
 import threading
 from pathlib import Path
@@ -147,3 +148,48 @@ def test_without_ray_there_is_no_refresh(monkeypatch: pytest.MonkeyPatch) -> Non
     assert ray_gauge_refresh_s() is None
     monkeypatch.setitem(sys.modules, "ray", SimpleNamespace())  # a Ray without that config
     assert ray_gauge_refresh_s() is None
+
+
+def test_the_sampler_thread_warns_once_of_an_unforeseen_error_and_keeps_sampling(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    class GaugeBroke(Exception):
+        """An error of a kind nothing names: Ray's metrics code may raise anything."""
+
+    class FailsTwice(Recording):
+        failures = 2
+
+        def set_group(self, group: str, rss: int, pss: int | None, processes: int) -> None:
+            if self.failures:
+                self.failures -= 1
+                raise GaugeBroke("gauge refused")
+            super().set_group(group, rss, pss, processes)
+
+    clock = Clock()
+    proc = FakeProcFS(tmp_path / "node")
+    proc.add_process(200, rss_bytes=10 * MB)
+    publisher = FailsTwice(clock)
+    loop = PublishingLoop(
+        GroupMemoryReader(proc.procfs, pss_interval_seconds=None, clock=clock),
+        publisher,
+        clock=clock,
+        wall_clock=lambda: 1_700_000_000.0,
+        refresh_s=lambda: None,
+    )
+    loop.set_workers([("policy", 200, proc.start_ticks(200))])
+
+    class StopsOnFourthWait(ClockedStop):
+        def wait(self, timeout: float | None = None) -> bool:
+            if len(self.waits) == 3:
+                self.set()
+            return super().wait(timeout)
+
+    stop = StopsOnFourthWait(clock)
+    loop._interval = 5.0  # what start() sets; the thread's body runs here, on simulated time
+    caplog.set_level(logging.DEBUG, logger="raylens")
+    loop._run(stop)  # returns only once stopped: nothing escaped it
+
+    assert [group for _, group, _ in publisher.sets] == ["policy", "policy"]  # readings 3 and 4
+    warned = [r for r in caplog.records if "could not read or publish" in r.getMessage()]
+    assert [r.levelno for r in warned] == [logging.WARNING, logging.DEBUG]
+    assert "gauge refused" in warned[0].getMessage()

@@ -5,6 +5,7 @@ import logging
 import pytest
 
 from raylens.lens import reset_warn_once, warn_once
+from raylens.lens.warnings import call_or_warn_once
 
 
 def test_first_warning_is_loud_with_traceback_then_debug(caplog: pytest.LogCaptureFixture) -> None:
@@ -74,3 +75,33 @@ def test_a_repeated_key_stays_remembered_while_others_churn(
         if index % 1000 == 0:
             assert warn_once("steady", "recurring problem") is False
     assert warn_once("steady", "recurring problem") is False
+
+
+def test_call_or_warn_once_returns_the_value_or_warns_once_and_carries_on(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    class HookBroke(Exception):
+        """An error of a kind nobody named: a caller's hook may raise anything."""
+
+    caplog.set_level(logging.DEBUG, logger="raylens")
+    assert call_or_warn_once(lambda: 7, "hook", "the hook failed") == (True, 7)
+
+    def broken() -> int:
+        raise HookBroke("boom")
+
+    outcomes = [call_or_warn_once(broken, "hook", "the hook failed") for _ in range(3)]
+    assert outcomes == [(False, None)] * 3
+    assert [record.levelno for record in caplog.records] == [
+        logging.WARNING,
+        logging.DEBUG,
+        logging.DEBUG,
+    ]
+    assert caplog.records[0].exc_info is not None and "boom" in caplog.text
+
+
+def test_call_or_warn_once_lets_an_interrupt_through() -> None:
+    def interrupted() -> None:
+        raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        call_or_warn_once(interrupted, "interrupt", "never logged")

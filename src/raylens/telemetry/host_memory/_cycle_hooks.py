@@ -61,7 +61,7 @@ class CycleHooks:
                     hook(reader)
                 elif on_stop is not None:
                     on_stop()
-            except Exception:  # a hook is another layer's code: its failure is not the cycle's
+            except Exception:  # noqa: BLE001 a hook is another layer's code, not the cycle's
                 name = getattr(hook, "__qualname__", type(hook).__name__)
                 warn_once(
                     f"{self._key}.{name}",

@@ -171,6 +171,7 @@ class HelperEngine:
 
     def _start(self) -> None:
         ours, theirs = socket.socketpair()
+        started = False
         try:
             env = dict(os.environ)
             env["PYTHONPATH"] = os.pathsep.join(
@@ -196,11 +197,11 @@ class HelperEngine:
                 # ends with the driver all the same (end-of-file, or its parent gone).
                 start_new_session=True,
             )
-        except BaseException:
-            ours.close()
-            raise
+            started = True
         finally:
             theirs.close()
+            if not started:
+                ours.close()
         self._process, self._channel, self._ready = process, DriverChannel(ours), False
         self._stalled = 0
         self._trust_told = self._trusted is None  # a new helper believes any sampler

@@ -26,7 +26,7 @@ import time
 from collections.abc import Callable, Hashable, Mapping
 
 from raylens import forking
-from raylens.cluster import ClusterView, default_cluster_view
+from raylens.cluster import ClusterView, default_cluster_view, ray_call_errors
 from raylens.lens import get_telemetry_handle, reset_warn_once, warn_once
 from raylens.safe_text import printable
 from raylens.telemetry.host_memory._cycle_hooks import CycleHooks
@@ -307,7 +307,7 @@ class HostMemoryMonitor:
                 engine = self._engine_for_use()
                 if isinstance(engine, PrestartingEngine):
                     engine.prestart()
-            except Exception:  # the first cycle tries again, and falls back if it must
+            except Exception:  # the helper is another process: the first cycle tries again
                 logger.debug("could not pre-start the scrape helper", exc_info=True)
 
     def stop(self) -> None:
@@ -328,7 +328,7 @@ class HostMemoryMonitor:
         if engine is not None:
             try:
                 engine.close(min(SHUTDOWN_GRACE_S / 2, max(0.0, deadline - time.monotonic())))
-            except Exception:
+            except Exception:  # noqa: BLE001 stop never raises: a broken engine must not keep the monitor running
                 warn_once(
                     "host_memory.engine.close", "closing the scrape engine failed", logger=logger
                 )
@@ -360,7 +360,7 @@ class HostMemoryMonitor:
     def _guarded_cycle(self, stop: threading.Event | None) -> None:
         try:
             self._collect_once(stop)
-        except Exception:
+        except Exception:  # noqa: BLE001 a cycle never raises: the one guard over all it calls
             warn_once(
                 "host_memory.collect",
                 "a host-memory collection cycle failed; samples are kept until they age out",
@@ -375,7 +375,7 @@ class HostMemoryMonitor:
         # restarted loop (or a caller's own collect_once) from running.
         try:
             nodes = ray_nodes(self._cluster, include_unscrapeable=True)
-        except Exception as exc:
+        except ray_call_errors(None, LookupError) as exc:
             warn_once(
                 "host_memory.nodes",
                 f"could not list the cluster's nodes ({type(exc).__name__}: {printable(exc)}); "
@@ -424,7 +424,7 @@ class HostMemoryMonitor:
             return self._override_engine().scrape(jobs, self.scrape_timeout)
         try:
             return self._engine_for_use().scrape(jobs, self.scrape_timeout)
-        except Exception:
+        except Exception:  # whatever breaks the helper process, scraping goes on in this one
             if self.scrape_mode is not ScrapeMode.HELPER:
                 raise
             warn_once(

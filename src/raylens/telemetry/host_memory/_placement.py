@@ -22,7 +22,12 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
 from raylens import forking
-from raylens.cluster import ClusterView, default_cluster_view, supports_key_value
+from raylens.cluster import (
+    ClusterView,
+    default_cluster_view,
+    ray_call_errors,
+    supports_key_value,
+)
 from raylens.lens import reset_warn_once, warn_once
 from raylens.safe_text import encodable, printable
 from raylens.telemetry.names import LOGGER_NAME, NO_WORKER_GROUPS, RL_WORKER_GROUPS_ATTR
@@ -217,7 +222,7 @@ class PlacementRegistry:
             view = cluster if cluster is not None else default_cluster_view()
             nodes = _resolve_bundles(bundles, view)
             self.register_nodes(name, nodes, cluster=view)
-        except Exception as exc:
+        except ray_call_errors(None, LookupError, AttributeError) as exc:  # and a malformed table
             warn_once(
                 f"host_memory.placement.{name}",
                 f"could not resolve the placement of worker group {printable(repr(name))} "
@@ -316,7 +321,7 @@ class PlacementRegistry:
                 view.kv_put(key, document)
             else:
                 view.kv_delete(key)
-        except Exception as exc:
+        except ray_call_errors() as exc:
             warn_once(
                 "host_memory.placement.publish",
                 "could not publish worker-group placement to the cluster "
@@ -353,7 +358,7 @@ class PlacementRegistry:
                     continue
                 raw = cluster.kv_get(key)
                 current[key] = _ReadEntry.of(key, raw, previous.get(key))
-        except Exception as exc:
+        except ray_call_errors(None, LookupError) as exc:  # and a malformed entry: ValueError
             warn_once(
                 "host_memory.placement.read",
                 "could not read the worker-group placement other processes published "

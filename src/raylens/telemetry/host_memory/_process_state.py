@@ -183,7 +183,7 @@ def start_host_memory_monitoring(
                 holder._MONITOR = monitor
             monitor.start()
             return monitor
-    except Exception:
+    except Exception:  # noqa: BLE001 start never raises; the monitor class may be a caller's stand-in
         warn_once(
             "host_memory.start",
             "could not start host-memory monitoring; no host memory will be exported",
@@ -206,7 +206,7 @@ def stop_host_memory_monitoring() -> None:
         return
     try:
         monitor.stop()
-    except Exception:
+    except Exception:  # noqa: BLE001 stop never raises; the monitor may be a caller's stand-in
         warn_once("host_memory.stop", "stopping host-memory monitoring failed", logger=logger)
 
 

@@ -96,7 +96,7 @@ class ThreadedScrapes(Generic[_Node]):
     def _call_for(self, key: Hashable) -> Callable[[], dict[str, float]]:
         try:
             node = self._node_of(key)
-        except Exception as exc:  # an unknown key is its node's failure
+        except LookupError as exc:  # an unknown key is its node's failure
 
             def failing(error: Exception = exc) -> dict[str, float]:
                 raise error
@@ -167,7 +167,7 @@ def _call(
                     None, "no sample: the node's _scrape returned nothing", error_type=ERROR_PARSE
                 )
             )
-        except Exception as exc:  # the node's failure, never the thread's
+        except Exception as exc:  # noqa: BLE001 a user's _scrape: the node's failure
             outcome = Outcome(
                 None, printable(f"{type(exc).__name__}: {exc}"), error_type=ERROR_INTERNAL
             )

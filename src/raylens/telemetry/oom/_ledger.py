@@ -39,6 +39,7 @@ __all__ = [
     "KillRecord",
     "OomLedger",
     "Report",
+    "phase_now",
     "register_oom_counter",
     "report_worker_oom",
     "reset_oom_state",
@@ -120,6 +121,15 @@ class Report:
     phase: str | None = None
 
 
+def phase_now(phase_of: Callable[[], object]) -> str | None:
+    """The phase ``phase_of`` names now; None when it names none, or fails."""
+    try:
+        phase = phase_of()
+    except Exception:  # noqa: BLE001 the caller's hook; goes on without a phase
+        return None
+    return phase if isinstance(phase, str) else None
+
+
 class OomLedger:
     """Reports waiting for a cycle, kill counts per node and killer, and the recent kills."""
 
@@ -152,10 +162,7 @@ class OomLedger:
         call failed, usually still inside the phase that the kill ended.
         """
         if phase is None and self.phase_of is not None:
-            try:
-                phase = self.phase_of()
-            except Exception:
-                phase = None
+            phase = phase_now(self.phase_of)
         entry = Report(
             node_id if isinstance(node_id, str) and node_id else None,
             Victim(

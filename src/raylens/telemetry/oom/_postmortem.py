@@ -274,7 +274,8 @@ class PostMortemWriter:
     def _guarded(self, action: Callable[[], Path]) -> Path | None:
         try:
             return action()
-        except Exception as error:
+        except (OSError, ValueError, TypeError, LookupError, RecursionError) as error:
+            # The file system, and JSON refusing a document or one read back malformed.
             warn_once(
                 "oom.postmortem.write",
                 f"raylens could not write an OOM post-mortem into {printable(str(self.directory))}: "
@@ -323,12 +324,14 @@ class PostMortemWriter:
                 raise ValueError(f"{path.name} is not a raylens post-mortem")
             change(document)
             temporary = _write_temporary(folder, fit_document(document))
+            replaced = False
             try:
                 os.replace(temporary, path.name, src_dir_fd=folder, dst_dir_fd=folder)
-            except BaseException:
-                with contextlib.suppress(OSError):
-                    os.unlink(temporary, dir_fd=folder)
-                raise
+                replaced = True
+            finally:
+                if not replaced:
+                    with contextlib.suppress(OSError):
+                        os.unlink(temporary, dir_fd=folder)
             return path
         finally:
             os.close(folder)
@@ -344,15 +347,17 @@ def _open_private_directory(directory: Path) -> int:
     if seen.st_uid != os.getuid():
         raise PermissionError(f"{directory} belongs to user id {seen.st_uid}, not this user")
     fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
+    checked = False
     try:
         held = os.fstat(fd)
         if (held.st_dev, held.st_ino) != (seen.st_dev, seen.st_ino) or held.st_uid != os.getuid():
             raise PermissionError(f"{directory} changed while it was being opened")
         if stat.S_IMODE(held.st_mode) & 0o077:
             os.fchmod(fd, 0o700)
-    except BaseException:
-        os.close(fd)
-        raise
+        checked = True
+    finally:
+        if not checked:
+            os.close(fd)
     return fd
 
 
@@ -366,14 +371,16 @@ def _write_temporary(folder: int, text: str) -> str:
             )
         except FileExistsError:
             continue
+        written = False
         try:
             with os.fdopen(fd, "w", encoding="utf-8") as handle:
                 handle.write(text)
                 handle.flush()
                 os.fsync(handle.fileno())
-        except BaseException:
-            with contextlib.suppress(OSError):
-                os.unlink(name, dir_fd=folder)
-            raise
+            written = True
+        finally:
+            if not written:
+                with contextlib.suppress(OSError):
+                    os.unlink(name, dir_fd=folder)
         return name
     raise FileExistsError(f"{_NAME_ATTEMPTS} temporary file names were all taken")

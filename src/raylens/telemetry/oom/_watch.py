@@ -46,6 +46,7 @@ from raylens.telemetry.oom._ledger import (
     KillRecord,
     OomLedger,
     Report,
+    phase_now,
     register_oom_counter,
 )
 from raylens.telemetry.oom._postmortem import (
@@ -213,11 +214,7 @@ class OomWatch:
     # phases -----------------------------------------------------------------------
 
     def _note_phase(self, now: float) -> None:
-        try:
-            phase = self.phase_of()
-        except Exception:
-            phase = None
-        self._phase = phase if isinstance(phase, str) else None
+        self._phase = phase_now(self.phase_of)
         if self._phase is not None:
             self._last_phase = (self._phase, now)
 

@@ -26,7 +26,7 @@ import weakref
 from collections.abc import Callable
 from dataclasses import dataclass
 from types import ModuleType
-from typing import Any
+from typing import Any, TypeVar
 
 from raylens.lens import reset_warn_once, warn_once
 from raylens.telemetry.process_memory import _profiler_series
@@ -78,6 +78,22 @@ def _replaced(name: str) -> Callable[..., None] | None:
 THREAD_NAME = "raylens-memory-profiler"
 STOP_TIMEOUT_SECONDS = 10.0
 """How long :meth:`MemoryProfiler.stop` waits for a sample in progress to finish."""
+
+
+_T = TypeVar("_T")
+
+
+def _callers_code(call: Callable[[], _T], warning_key: str, warning: str) -> tuple[bool, _T | None]:
+    """``(True, call())``, or ``(False, None)`` once ``warning`` is logged (once per key).
+
+    Guards what the caller chose (the collectors, replaced recording functions) and the
+    sampling thread. A failure costs only the values it was to give.
+    """
+    try:
+        return True, call()
+    except Exception:  # noqa: BLE001 the caller's collectors; the thread lives
+        warn_once(warning_key, warning, logger=logger)
+        return False, None
 
 
 class SampleStatus(str, enum.Enum):
@@ -384,10 +400,10 @@ class MemoryProfiler:
     def _run(self) -> None:
         stop = self._stop  # this run's event; a later start() makes a new one
         while not stop.wait(self._interval):
-            try:
-                self.sample_once()
-            except Exception:  # the sampling thread's last guard: it samples on whatever failed
-                warn_once("process_memory.sample", "memory profiler sample failed", logger=logger)
+            # The sampling thread's last guard: it samples on whatever failed.
+            _callers_code(
+                self.sample_once, "process_memory.sample", "memory profiler sample failed"
+            )
 
     def sample_once(self) -> None:
         """Measure the host and every server once, export the results, keep them for :meth:`latest`.
@@ -398,16 +414,11 @@ class MemoryProfiler:
         """
         with self._sample_lock:
             now = self._now()
-            host: HostMemory | None
-            try:
-                host = self._host_collector()
-            except Exception:  # the collector is the caller's to choose; it may fail any way
-                host = None
-                warn_once(
-                    "process_memory.host_collector",
-                    "collecting host memory failed; no host values this sample",
-                    logger=logger,
-                )
+            _, host = _callers_code(
+                self._host_collector,
+                "process_memory.host_collector",
+                "collecting host memory failed; no host values this sample",
+            )
             peak = raise_peak(
                 self._host_peaks, HOST_USED, None if host is None else host.used_bytes
             )
@@ -441,18 +452,13 @@ class MemoryProfiler:
             memory = gone
         else:
             read_pss = self._pss_attempted.due(name, now)
-            try:
-                if read_pss:
-                    memory = self._collector(target.pid)
-                else:
-                    memory = self._rss_collector(target.pid)
-            except Exception:  # the collectors are the caller's to choose; they may fail any way
-                warn_once(
-                    _collector_warning_key(name),
-                    f"measuring server {name!r} (pid {target.pid}) failed; no values this sample",
-                    logger=logger,
-                )
-                memory = None
+            collector = self._collector if read_pss else self._rss_collector
+            measured, memory = _callers_code(
+                lambda: collector(target.pid),
+                _collector_warning_key(name),
+                f"measuring server {name!r} (pid {target.pid}) failed; no values this sample",
+            )
+            if not measured:
                 status = FAILED
             if memory is not None and memory.process_count <= 0:
                 status, memory = EXITED, gone
@@ -517,14 +523,11 @@ class MemoryProfiler:
         The peaks passed are the profiler's own, already raised to this sample, so a
         replacement that raises them again changes nothing.
         """
-        try:
-            function(*args)
-        except Exception:  # a caller's replacement of a module function; the sample stands
-            warn_once(
-                f"process_memory.replaced.{name}",
-                f"the replaced {name} failed; this sample's values are kept but not recorded",
-                logger=logger,
-            )
+        _callers_code(
+            lambda: function(*args),
+            f"process_memory.replaced.{name}",
+            f"the replaced {name} failed; this sample's values are kept but not recorded",
+        )
 
     def latest(self) -> MemoryProfileSnapshot | None:
         """The most recent sample (None before the first), e.g. for a live table."""

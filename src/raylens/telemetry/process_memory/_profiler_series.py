@@ -182,21 +182,37 @@ def _by_memory_type(
     return points
 
 
+_T = TypeVar("_T")
+
+
+def _foreign_meter(
+    call: Callable[[], _T], warning_key: str, warning: str
+) -> tuple[bool, _T | None]:
+    """``(True, call())``, or ``(False, None)`` once ``warning`` is logged. Never raises.
+
+    The one guard around meters lens did not make: a handle installed from outside brings
+    a meter, and instruments, of any make.
+    """
+    try:
+        return True, call()
+    except Exception:  # noqa: BLE001 a meter of any make: nothing may escape
+        warn_once(warning_key, warning, logger=logger)
+        return False, None
+
+
 def _never_raising(
     name: str, callback: Callable[..., Iterable[Observation]]
 ) -> Callable[[CallbackOptions], list[Observation]]:
     """``callback`` for a meter outside lens: a failure costs that collection its points."""
 
     def observe(options: CallbackOptions) -> list[Observation]:
-        try:
-            return list(callback(options))
-        except Exception:  # runs inside a meter that is not lens': nothing may escape to it
-            warn_once(
-                f"process_memory.callback.{name}",
-                f"reading the points of {name!r} failed; no points this collection",
-                logger=logger,
-            )
-            return []
+        # Runs inside a meter that is not lens': nothing may escape to it.
+        _, points = _foreign_meter(
+            lambda: list(callback(options)),
+            f"process_memory.callback.{name}",
+            f"reading the points of {name!r} failed; no points this collection",
+        )
+        return points or []
 
     return observe
 
@@ -395,16 +411,14 @@ class ProcessMemorySeries:
         """
         if not self._export:
             return
-        try:
-            handle = get_telemetry_handle()
-            if handle is not None:
-                lens_pipeline = isinstance(handle, TelemetryHandle)
-                self._get_instruments(handle.meter, lens_pipeline=lens_pipeline)
-        except Exception:  # a handle installed from outside brings a meter of any make
-            warn_once(
+        handle = get_telemetry_handle()
+        if handle is not None:
+            lens_pipeline = isinstance(handle, TelemetryHandle)
+            # A handle installed from outside brings a meter of any make.
+            _foreign_meter(
+                lambda: self._get_instruments(handle.meter, lens_pipeline=lens_pipeline),
                 "process_memory.export",
                 "setting up the process-memory gauges failed; this sample exports no points",
-                logger=logger,
             )
 
     # ------------------------------------------------------------ publishing

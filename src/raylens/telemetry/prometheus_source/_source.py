@@ -20,7 +20,7 @@ import urllib.parse
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from raylens.cluster import ClusterView
+from raylens.cluster import ClusterView, ray_call_errors
 from raylens.lens import warn_once
 from raylens.safe_text import printable
 from raylens.telemetry.host_memory import (
@@ -195,7 +195,7 @@ class PrometheusSource:
             return {}
         try:
             nodes = ray_nodes(self.cluster)
-        except Exception:
+        except ray_call_errors(None, LookupError):
             return {}
         names = {}
         for node in nodes:
@@ -319,7 +319,7 @@ class PrometheusSource:
         while not stop.is_set():
             try:
                 self.collect_once()
-            except Exception:
+            except Exception:  # noqa: BLE001 the source's thread never dies: the next cycle carries on
                 warn_once(
                     "prometheus_source.cycle",
                     "a Prometheus-source cycle failed; the next one carries on",

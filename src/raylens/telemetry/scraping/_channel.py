@@ -213,7 +213,7 @@ class DriverChannel:
                 return None
             try:
                 message = pickle.loads(memoryview(self._incoming)[_HEADER.size : end])
-            except Exception as exc:
+            except Exception as exc:  # garbled pickles raise nearly anything (SystemError too)
                 raise ChannelBroken(f"the peer sent an unreadable message: {exc}") from exc
             del self._incoming[:end]
             if wanted(message):

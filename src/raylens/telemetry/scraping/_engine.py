@@ -415,7 +415,13 @@ class AsyncScrapeEngine:
         try:
             future = asyncio.run_coroutine_threadsafe(self._shutdown(), loop)
             future.result(max(0.0, deadline - time.monotonic()))
-        except Exception:
+        except (
+            concurrent.futures.TimeoutError,
+            concurrent.futures.CancelledError,
+            RuntimeError,  # the loop already closed
+            OSError,
+            aiohttp.ClientError,
+        ):
             pass  # the loop is stopped below whatever happened here
         loop.call_soon_threadsafe(loop.stop)
         thread.join(max(0.0, deadline - time.monotonic()))
@@ -523,7 +529,7 @@ class AsyncScrapeEngine:
             finally:
                 semaphore.release()
             results[key] = outcome._replace(elapsed=loop.time() - started)
-        except Exception as exc:  # reported as this node's failure, never the batch's
+        except Exception as exc:  # noqa: BLE001 this node's failure, never the batch's
             results[key] = Outcome(
                 None, _describe(exc), elapsed=loop.time() - started, error_type=ERROR_INTERNAL
             )
