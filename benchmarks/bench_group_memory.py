@@ -100,7 +100,7 @@ from raylens.telemetry.oom import (
     Victim,
     build_postmortem,
 )
-from raylens.telemetry.phase_memory import KERNEL_SOURCE, NodePhaseTracker
+from raylens.telemetry.phases.memory import KERNEL_SOURCE, NodePhaseTracker
 from raylens.telemetry.process_memory import ProcFS
 from raylens_fakes.ray import FakeRay
 

@@ -253,7 +253,7 @@ def reset_raylens_state() -> None:
         ("raylens.telemetry.host_memory", "reset_host_memory_state"),
         ("raylens.telemetry.process_memory", "reset_process_memory_state"),
         ("raylens.telemetry.group_memory", "reset_group_memory_state"),
-        ("raylens.telemetry.phase_memory", "reset_phase_memory_state"),
+        ("raylens.telemetry.phases.memory", "reset_phase_memory_state"),
         ("raylens.distributed.phases", "reset_phase_state"),
         ("raylens.telemetry.oom", "reset_oom_state"),
     ):

@@ -331,7 +331,7 @@ def _start_samplers_early(groups: GroupMemoryCycle) -> None:
 def _attach_phases(kernel_peaks: bool | None, phase_log: str | os.PathLike[str] | None) -> None:
     def attach() -> None:
         from raylens.distributed.phases import configure_phases
-        from raylens.telemetry.phase_memory import register_phase_gauges
+        from raylens.telemetry.phases.memory import register_phase_gauges
 
         try:
             configure_phases(kernel_peaks=kernel_peaks, log_path=phase_log)

@@ -68,7 +68,7 @@ def feed(port: int) -> None:
     )
     from raylens.telemetry.growth import GrowthSnapshot, NodeOutlook, register_growth_gauges
     from raylens.telemetry.oom import Killer, OomLedger, register_oom_counter
-    from raylens.telemetry.phase_memory import (
+    from raylens.telemetry.phases.memory import (
         GroupPhaseMemory,
         NodePhaseMemory,
         PhaseMemoryTable,

@@ -19,7 +19,7 @@ ray = pytest.importorskip("ray")
 import raylens  # noqa: E402
 from raylens.cluster import default_cluster_view  # noqa: E402
 from raylens.distributed.phases import PhaseRole, current_phase  # noqa: E402
-from raylens.telemetry.phase_board import PHASE_KEY_PREFIX  # noqa: E402
+from raylens.telemetry.phases.board import PHASE_KEY_PREFIX  # noqa: E402
 
 
 def _published() -> Any:

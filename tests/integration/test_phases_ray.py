@@ -31,7 +31,7 @@ from raylens.distributed.group_memory_sampler import GroupMemorySamplers  # noqa
 from raylens.distributed.phases import PhaseMarker, SamplerPhaseNodes  # noqa: E402
 from raylens.distributed.worker_groups import RayWorkerGroup  # noqa: E402
 from raylens.telemetry import host_memory  # noqa: E402
-from raylens.telemetry.phase_memory import PhaseMemoryTable  # noqa: E402
+from raylens.telemetry.phases.memory import PhaseMemoryTable  # noqa: E402
 
 MB = 10**6
 SPIKE = 300 * MB

@@ -191,7 +191,7 @@ def watch_nodes(
     from raylens.distributed.group_memory_cycle import attach_group_memory
     from raylens.telemetry.growth import attach_growth
     from raylens.telemetry.oom import OomWatch, attach_oom_watch
-    from raylens.telemetry.phase_board import read_current_phases, read_ended_phases
+    from raylens.telemetry.phases.board import read_current_phases, read_ended_phases
 
     wall = wall or (lambda: time.time())  # looked up at each call: freezegun's, in tests
     monitor.declare_consumer()  # the table reads every cycle, so every cycle scrapes

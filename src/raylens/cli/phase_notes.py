@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from raylens.live_table import format_age, format_bytes
 from raylens.safe_text import printable
-from raylens.telemetry.phase_board import CurrentPhase, EndedPhase
+from raylens.telemetry.phases.board import CurrentPhase, EndedPhase
 
 __all__ = ["GROUPS_SHOWN", "ended_phase_line", "phase_on_board", "phase_title"]
 

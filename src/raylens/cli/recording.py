@@ -12,7 +12,7 @@ from raylens.telemetry.memory_record import Frame, MemoryRecorder, NodeFrame
 
 if TYPE_CHECKING:
     from raylens.live_table import NodeRow
-    from raylens.telemetry.phase_board import CurrentPhase
+    from raylens.telemetry.phases.board import CurrentPhase
 
 __all__ = ["frame_of_rows", "open_recorder"]
 

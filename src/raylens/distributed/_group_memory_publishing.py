@@ -57,7 +57,7 @@ from raylens.telemetry.history import (
 )
 from raylens.telemetry.node_usage import CGROUP_ROOT, NodeUsage, read_node_usage
 from raylens.telemetry.oom import KernelOomCount, read_kernel_oom_count
-from raylens.telemetry.phase_memory import NodePhaseTracker
+from raylens.telemetry.phases.memory import NodePhaseTracker
 from raylens.telemetry.procfs import ProcFS
 from raylens.validation import positive_seconds
 

@@ -16,7 +16,7 @@ from raylens.distributed.group_memory_cycle import default_group_memory_cycle
 from raylens.lens import warn_once
 from raylens.safe_text import printable
 from raylens.telemetry.group_memory import DEFAULT_WORKER_REGISTRY, GroupWorkerRegistry
-from raylens.telemetry.phase_memory import NodePhaseMemory
+from raylens.telemetry.phases.memory import NodePhaseMemory
 
 __all__ = ["PhaseNodes", "SamplerPhaseNodes"]
 

@@ -36,13 +36,13 @@ from raylens.cluster import ClusterView, default_cluster_view, ray_call_errors
 from raylens.distributed._phase_nodes import PhaseNodes, SamplerPhaseNodes
 from raylens.lens import warn_once
 from raylens.safe_text import printable
-from raylens.telemetry.phase_board import (
+from raylens.telemetry.phases.board import (
     clear_current_phase,
     publish_current_phase,
     publish_ended_phase,
 )
-from raylens.telemetry.phase_log import PhaseLog, say_phase_summary
-from raylens.telemetry.phase_memory import (
+from raylens.telemetry.phases.log import PhaseLog, say_phase_summary
+from raylens.telemetry.phases.memory import (
     DEFAULT_TABLE,
     DRIVER_GROUP,
     NodePhaseMemory,
@@ -226,7 +226,7 @@ class PhaseMarker:
     ``nodes`` reaches the samplers (default :class:`SamplerPhaseNodes` over the driver's);
     ``cluster`` is where the current phase is published (default: the connected cluster,
     looked up at each phase); ``table`` receives every phase's figures (default
-    :data:`~raylens.telemetry.phase_memory.DEFAULT_TABLE`); ``procfs`` reads the driver's own
+    :data:`~raylens.telemetry.phases.memory.DEFAULT_TABLE`); ``procfs`` reads the driver's own
     process. ``kernel_peaks`` (default ``RAYLENS_KERNEL_PEAKS``, else on) and ``log_path``
     (default ``RAYLENS_PHASE_LOG``, else none) are the settings, read at each phase's start
     when not given; :meth:`configure` changes them. ``clock`` times phases,

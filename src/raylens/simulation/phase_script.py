@@ -18,7 +18,7 @@ import math
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 
-from raylens.telemetry.phase_memory import check_phase_name
+from raylens.telemetry.phases.memory import check_phase_name
 
 __all__ = ["PhaseScript", "ScriptedPhase"]
 

@@ -32,8 +32,8 @@ from raylens.telemetry.history import (
     NodeGrowthKeeper,
     NodeReading,
 )
-from raylens.telemetry.phase_board import publish_current_phase, publish_ended_phase
-from raylens.telemetry.phase_memory import (
+from raylens.telemetry.phases.board import publish_current_phase, publish_ended_phase
+from raylens.telemetry.phases.memory import (
     SAMPLED_SOURCE,
     GroupPhaseMemory,
     NodePhaseMemory,

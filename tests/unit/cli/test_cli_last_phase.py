@@ -14,8 +14,8 @@ from raylens.cli.cluster_views import watch_nodes
 from raylens.cli.output import Output
 from raylens.cli.phase_notes import ended_phase_line
 from raylens.telemetry import host_memory as hm
-from raylens.telemetry.phase_board import EndedGroup, EndedPhase, publish_ended_phase
-from raylens.telemetry.phase_memory import GroupPhaseMemory, NodePhaseMemory, PhaseRecord
+from raylens.telemetry.phases.board import EndedGroup, EndedPhase, publish_ended_phase
+from raylens.telemetry.phases.memory import GroupPhaseMemory, NodePhaseMemory, PhaseRecord
 from raylens.telemetry.scraping import Job, Outcome
 from raylens_fakes import FakeCluster
 

@@ -8,7 +8,7 @@ import pytest
 
 from raylens.cli import main
 from raylens.cli.cluster_views import phase_title
-from raylens.telemetry.phase_board import CurrentPhase
+from raylens.telemetry.phases.board import CurrentPhase
 
 
 def test_simulate_shows_its_scripted_phase(capsys: pytest.CaptureFixture[str]) -> None:

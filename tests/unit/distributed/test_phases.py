@@ -24,8 +24,8 @@ from raylens.distributed.phases import (
     SamplerPhaseNodes,
 )
 from raylens.telemetry.group_memory import GroupWorkerRegistry
-from raylens.telemetry.phase_board import read_current_phases
-from raylens.telemetry.phase_memory import PhaseMemoryTable, PhaseRecord
+from raylens.telemetry.phases.board import read_current_phases
+from raylens.telemetry.phases.memory import PhaseMemoryTable, PhaseRecord
 from raylens_fakes import FakeCluster
 from raylens_fakes.procfs import PAGE_SIZE, FakeProcFS
 from raylens_fakes.ray import FakeRay

@@ -17,8 +17,8 @@ import pytest
 from raylens.distributed import phases as phases_module
 from raylens.distributed.phases import PhaseError, PhaseMarker, PhaseRole
 from raylens.lens import reset_warn_once
-from raylens.telemetry.phase_board import read_current_phases
-from raylens.telemetry.phase_memory import NodePhaseMemory, PhaseMemoryTable, check_phase_name
+from raylens.telemetry.phases.board import read_current_phases
+from raylens.telemetry.phases.memory import NodePhaseMemory, PhaseMemoryTable, check_phase_name
 from raylens_fakes import FakeCluster
 from raylens_fakes.procfs import PAGE_SIZE, FakeProcFS
 

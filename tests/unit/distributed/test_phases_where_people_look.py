@@ -11,8 +11,8 @@ from typing import Any
 import pytest
 
 from raylens.distributed.phases import PhaseMarker
-from raylens.telemetry import phase_log
-from raylens.telemetry.phase_board import (
+from raylens.telemetry.phases import log as phase_log
+from raylens.telemetry.phases.board import (
     ENDED_PHASE_KEY_PREFIX,
     MAX_ENDED_GROUPS,
     MAX_ENDED_PHASE_BYTES,
@@ -20,7 +20,7 @@ from raylens.telemetry.phase_board import (
     publish_ended_phase,
     read_ended_phases,
 )
-from raylens.telemetry.phase_memory import (
+from raylens.telemetry.phases.memory import (
     GroupPhaseMemory,
     NodePhaseMemory,
     PhaseMemoryTable,

@@ -246,7 +246,7 @@ def test_the_driver_exports_phases_and_takes_their_settings(
     from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 
     from raylens.distributed import phases
-    from raylens.telemetry.phase_memory import PHASE_PEAK_METRIC
+    from raylens.telemetry.phases.memory import PHASE_PEAK_METRIC
 
     log = tmp_path / "phases.jsonl"
     reader = InMemoryMetricReader()

@@ -10,8 +10,8 @@ from raylens.simulation import SimulatedCluster
 from raylens.simulation.memory_script import MIB, Jitter, MemoryScript, Pulse
 from raylens.simulation.phase_script import PhaseScript
 from raylens.telemetry.group_memory import GroupMemoryReader
-from raylens.telemetry.phase_board import read_current_phases
-from raylens.telemetry.phase_memory import NodePhaseTracker
+from raylens.telemetry.phases.board import read_current_phases
+from raylens.telemetry.phases.memory import NodePhaseTracker
 from raylens_fakes.procfs import FakeProcFS
 from raylens_fakes.scripted_procfs import ScriptedProcesses
 
@@ -119,7 +119,7 @@ def test_a_pulse_is_one_transient_and_its_peak_is_found_between_samples():
 
 
 def test_the_simulated_cluster_publishes_each_ended_phase_with_its_groups_figures():
-    from raylens.telemetry.phase_board import read_ended_phases
+    from raylens.telemetry.phases.board import read_ended_phases
 
     now = [0.0]
     script = PhaseScript([("gen", 0, 10), ("train", 10, 20)])

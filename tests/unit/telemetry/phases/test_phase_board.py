@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import logging
 
-from raylens.telemetry.phase_board import (
+from raylens.telemetry.phases.board import (
     MAX_PHASE_ENTRY_BYTES,
     CurrentPhase,
     clear_current_phase,
@@ -71,7 +71,7 @@ def test_nothing_is_published_without_a_connected_cluster():
 
 
 def test_stale_keys_of_ended_jobs_never_hide_a_live_phase_and_are_removed():
-    from raylens.telemetry.phase_board import MAX_JOBS_READ
+    from raylens.telemetry.phases.board import MAX_JOBS_READ
 
     cluster = FakeCluster()
     for index in range(MAX_JOBS_READ + 10):  # sorted before the live job's key

@@ -3,7 +3,7 @@
 :class:`NodePhaseTracker` runs on a node (in its sampler, and in the driver for the driver's
 own process); :class:`PhaseMemoryTable` keeps the latest run of every phase name for the
 gauges (at most :data:`MAX_PHASE_NAMES`); :func:`phase_log_line` is the log line
-(the JSON-lines log is :mod:`raylens.telemetry.phase_log`). Invariants a maintainer must keep:
+(the JSON-lines log is :mod:`raylens.telemetry.phases.log`). Invariants a maintainer must keep:
 
 - a peak is labelled ``kernel`` only when the kernel's marks cover the whole phase for
   every process of the group; anything less falls back to ``sampled``, never a mix;

@@ -12,8 +12,8 @@ from typing import Any
 import pytest
 
 from raylens.telemetry.group_memory import GroupMemory, NodeGroupMemory
-from raylens.telemetry.phase_log import PhaseLog
-from raylens.telemetry.phase_memory import (
+from raylens.telemetry.phases.log import PhaseLog
+from raylens.telemetry.phases.memory import (
     KERNEL_SOURCE,
     MAX_PHASE_NAME_CHARS,
     PHASE_DELTA_METRIC,

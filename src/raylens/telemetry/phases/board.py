@@ -32,7 +32,7 @@ from typing import Any
 from raylens.cluster import ClusterView, ray_call_errors, supports_key_value
 from raylens.lens import warn_once
 from raylens.safe_text import printable
-from raylens.telemetry.phase_memory import PhaseRecord, check_phase_name
+from raylens.telemetry.phases.memory import PhaseRecord, check_phase_name
 
 __all__ = [
     "ENDED_PHASE_KEY_PREFIX",

@@ -1,6 +1,6 @@
 """The JSON-lines log of phases (``RAYLENS_PHASE_LOG``): one line per phase, kept bounded.
 
-:class:`PhaseLog` appends :meth:`~raylens.telemetry.phase_memory.PhaseRecord.to_json` lines.
+:class:`PhaseLog` appends :meth:`~raylens.telemetry.phases.memory.PhaseRecord.to_json` lines.
 Invariants a maintainer must keep:
 
 - the file is created private to the user (mode 0600, never wider whatever the umask);
@@ -23,7 +23,7 @@ import threading
 
 from raylens.lens import warn_once
 from raylens.safe_text import printable
-from raylens.telemetry.phase_memory import PhaseRecord, phase_log_line
+from raylens.telemetry.phases.memory import PhaseRecord, phase_log_line
 
 __all__ = ["MAX_PHASE_LOG_BYTES", "PHASE_LOG_MODE", "PhaseLog", "say_phase_summary"]
 
