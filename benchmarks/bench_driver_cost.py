@@ -233,7 +233,7 @@ def _attach_groups(monitor: HostMemoryMonitor, cluster: FakeCluster) -> None:
     from raylens.distributed.group_memory_cycle import GroupMemoryCycle, attach_group_memory
     from raylens.distributed.group_memory_sampler import GroupMemorySamplers
     from raylens.telemetry.group_memory import GroupMemorySnapshot, GroupWorkerRegistry
-    from raylens.telemetry.growth import GrowthCycle, attach_growth
+    from raylens.telemetry.growth_outlook import GrowthCycle, attach_growth
 
     node_ids = [str(node["NodeID"]) for node in cluster.nodes()]
     registry = GroupWorkerRegistry()

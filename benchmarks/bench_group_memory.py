@@ -92,7 +92,7 @@ from raylens.telemetry.group_memory import (
     GroupWorkerRegistry,
     NodeGroupMemory,
 )
-from raylens.telemetry.history import GrowthSettings, MemoryHistory, recent_history
+from raylens.telemetry.growth import GrowthSettings, MemoryHistory, recent_history
 from raylens.telemetry.oom import (
     Killer,
     LargestProcess,

@@ -5,7 +5,7 @@ groups each, as in ``bench_driver_cost.py``'s groups mode: a cycle every 5 s, a 
 sampler reading (new group figures) every other cycle, 5% of nodes hung (their record
 keeps its last good figures and carries no groups). Runs ``--warmup`` cycles so the
 windows are full and fits run as in a long run, then times ``--cycles`` cycles of
-:class:`~raylens.telemetry.growth.GrowthCycle` with the garbage collector off, and counts
+:class:`~raylens.telemetry.growth_outlook.GrowthCycle` with the garbage collector off, and counts
 the GC-tracked objects that as many more cycles left alive (per node per cycle). The
 inputs are built before each cycle, outside the measure.
 
@@ -28,8 +28,8 @@ import gc
 import time
 from collections.abc import Mapping
 
-from raylens.telemetry.growth import GrowthCycle
-from raylens.telemetry.history import KillLineConfig
+from raylens.telemetry.growth import KillLineConfig
+from raylens.telemetry.growth_outlook import GrowthCycle
 from raylens.telemetry.host_memory import NodeRecord
 from raylens.telemetry.host_memory._nodes import RayNode
 from raylens.telemetry.host_memory._snapshot import NodeKey

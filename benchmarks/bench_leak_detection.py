@@ -7,7 +7,7 @@ were chosen on, ``--side test`` (the default) the ones it is only measured on.
 
 Detectors, each on the same traces:
 
-- **raylens**: :class:`raylens.telemetry.history.MemoryHistory` with the documented defaults,
+- **raylens**: :class:`raylens.telemetry.growth.MemoryHistory` with the documented defaults,
   fed a minute of samples at a time through ``record_node_many`` (the replay API) and read
   after each minute. A flag is a part (group or memory outside the groups) starting to grow.
 - **predict_linear**: ``predict_linear(used[1h], 4h) > kill line`` held for 5m, on the node's
@@ -48,7 +48,7 @@ from raylens.simulation.trace_families import (
     Trace,
     make_trace,
 )
-from raylens.telemetry.history import MemoryHistory, kill_line
+from raylens.telemetry.growth import MemoryHistory, kill_line
 
 MIB_MIN = MIB / 60.0
 CHUNK_S = 60

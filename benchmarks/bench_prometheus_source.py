@@ -44,7 +44,7 @@ from pathlib import Path
 
 import psutil
 
-from raylens.telemetry.growth import GrowthCycle, attach_growth
+from raylens.telemetry.growth_outlook import GrowthCycle, attach_growth
 from raylens.telemetry.host_memory import HostMemoryMonitor
 from raylens.telemetry.prometheus_source import PrometheusSettings, PrometheusSource
 from raylens.telemetry.raylet_payload import NODE_SERIES

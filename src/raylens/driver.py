@@ -43,8 +43,7 @@ from raylens.lens import (
     warn_once,
 )
 from raylens.telemetry import host_memory
-from raylens.telemetry.growth import GrowthCycle, attach_growth
-from raylens.telemetry.history import (
+from raylens.telemetry.growth import (
     DEFAULT_GROWTH_WINDOW_S,
     DEFAULT_SAMPLE_INTERVAL_S,
     GrowthSettings,
@@ -52,6 +51,7 @@ from raylens.telemetry.history import (
     growth_window_for_sampling,
     resolve_kill_line_config,
 )
+from raylens.telemetry.growth_outlook import GrowthCycle, attach_growth
 from raylens.telemetry.memory_record import Frame, MemoryRecorder, NodeFrame
 from raylens.telemetry.oom import OomWatch, PostMortemWriter, attach_oom_watch
 

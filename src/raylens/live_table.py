@@ -124,7 +124,7 @@ class NodeRow:
     #: RSS of each worker group's processes on the node (see raylens.telemetry.group_memory).
     group_rss: dict[str, float] = field(default_factory=dict)
     #: Growth of the node's used memory and of each group's RSS, bytes per second
-    #: (see raylens.telemetry.growth); None until the growth window is full.
+    #: (see raylens.telemetry.growth_outlook); None until the growth window is full.
     growth: float | None = None
     group_growth: dict[str, float] = field(default_factory=dict)
     #: The node's kill line, and the seconds left to it while the node grows.

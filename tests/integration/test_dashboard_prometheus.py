@@ -66,7 +66,7 @@ def feed(port: int) -> None:
         NodeGroupMemory,
         register_group_memory_gauges,
     )
-    from raylens.telemetry.growth import GrowthSnapshot, NodeOutlook, register_growth_gauges
+    from raylens.telemetry.growth_outlook import GrowthSnapshot, NodeOutlook, register_growth_gauges
     from raylens.telemetry.oom import Killer, OomLedger, register_oom_counter
     from raylens.telemetry.phases.memory import (
         GroupPhaseMemory,

@@ -77,7 +77,7 @@ def test_the_contracts_fail_on_an_upward_import_a_fake_an_http_client_a_heavy_he
     engine = copy / "src" / "raylens" / "telemetry" / "scraping" / "_engine.py"
     _append_import(engine, "import raylens.lens  # noqa")
     payload = copy / "src" / "raylens" / "telemetry" / "raylet_payload.py"
-    _append_import(payload, "import raylens.telemetry.growth  # noqa")
+    _append_import(payload, "import raylens.telemetry.growth_outlook  # noqa")
     seam = copy / "src" / "raylens" / "distributed" / "ray_seam.py"
     _append_import(seam, "import raylens.distributed.worker_group  # noqa")
     driver = copy / "src" / "raylens" / "driver.py"
@@ -93,7 +93,7 @@ def test_the_contracts_fail_on_an_upward_import_a_fake_an_http_client_a_heavy_he
     assert "raylens.telemetry is not allowed to import raylens.distributed" in result.stdout
     assert "raylens.simulation -> raylens_fakes.otel" in result.stdout
     assert "raylens.cluster -> requests" in result.stdout
-    assert "raylens.telemetry.raylet_payload -> raylens.telemetry.growth" in result.stdout
+    assert "raylens.telemetry.raylet_payload -> raylens.telemetry.growth_outlook" in result.stdout
     assert "raylens.distributed.ray_seam -> raylens.distributed.worker_group" in result.stdout
     assert "raylens.driver -> raylens.telemetry.host_memory._snapshot" in result.stdout
     assert "No cycles are allowed in raylens.lens." in result.stdout

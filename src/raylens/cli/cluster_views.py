@@ -35,7 +35,7 @@ from raylens.live_table import NodeRow, counted, format_kill, node_summary, node
 
 if TYPE_CHECKING:
     from raylens.cluster import ClusterView, RayClusterView
-    from raylens.telemetry.growth import GrowthSnapshot
+    from raylens.telemetry.growth_outlook import GrowthSnapshot
     from raylens.telemetry.host_memory import HostMemoryMonitor, NodeSample
     from raylens.telemetry.raylet_payload import NodeGroupFigures
 
@@ -189,7 +189,7 @@ def watch_nodes(
     """
     from raylens.cluster import default_cluster_view
     from raylens.distributed.group_memory_cycle import attach_group_memory
-    from raylens.telemetry.growth import attach_growth
+    from raylens.telemetry.growth_outlook import attach_growth
     from raylens.telemetry.oom import OomWatch, attach_oom_watch
     from raylens.telemetry.phases.board import read_current_phases, read_ended_phases
 
@@ -562,7 +562,7 @@ def run_demo(
     with demo.DemoCluster(args.nodes) as cluster:
         output.note(cluster.describe())
         from raylens.telemetry import host_memory
-        from raylens.telemetry.history import shortest_growth_window
+        from raylens.telemetry.growth import shortest_growth_window
 
         monitor = host_memory.HostMemoryMonitor(
             args.interval, scrape_timeout=scrape_timeout_for(args.interval)

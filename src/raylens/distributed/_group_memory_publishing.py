@@ -13,7 +13,7 @@ more, so readers drop them at once rather than at Ray's gauge expiry.
 
 Each reading also reads the node's used memory (Ray's definition, see
 :mod:`raylens.telemetry.node_usage`) and records it, with each group's RSS, in the node's
-own :class:`~raylens.telemetry.history.NodeGrowthKeeper`: the node's growth, the growth
+own :class:`~raylens.telemetry.growth.NodeGrowthKeeper`: the node's growth, the growth
 outside its groups, each group's growth, the growing state, the kill line and the time to
 it are computed here, once, and published with the sampler's identity, so every reader of
 the node's endpoint sees the same figures without keeping any history.
@@ -47,7 +47,7 @@ from raylens.telemetry.group_memory import (
     NodeGroupMemory,
     as_group_worker,
 )
-from raylens.telemetry.history import (
+from raylens.telemetry.growth import (
     GrowthSettings,
     KillLineConfig,
     NodeGrowthKeeper,

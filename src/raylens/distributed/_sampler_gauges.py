@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any, Protocol, runtime_checkable
 
-from raylens.telemetry.history import NodeReading
+from raylens.telemetry.growth import NodeReading
 from raylens.telemetry.raylet_payload import (
     GROUP_GROWTH_GAUGE,
     GROUP_LABEL,

@@ -26,7 +26,7 @@ from raylens.telemetry.group_memory import (
     NodeGroupMemory,
     own_process_identity,
 )
-from raylens.telemetry.history import (
+from raylens.telemetry.growth import (
     RecentHistory,
     check_growth_window,
     growth_window_for_sampling,

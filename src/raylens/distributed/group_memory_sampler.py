@@ -57,7 +57,7 @@ from raylens.telemetry.group_memory import (
     NodeGroupMemory,
     as_group_worker,
 )
-from raylens.telemetry.history import (
+from raylens.telemetry.growth import (
     DEFAULT_SAMPLE_INTERVAL_S,
     KillLineConfig,
     RecentHistory,
@@ -135,7 +135,7 @@ class GroupMemorySamplers:
     ``pss_interval_seconds``, ``tree_interval_seconds``, ``max_processes`` and
     ``procfs_root`` configure each sampler's reader (see :class:`GroupMemoryReader`).
     ``growth_window_s`` (default ``RAYLENS_GROWTH_WINDOW``, else 300 s; at least
-    :func:`~raylens.telemetry.history.shortest_growth_window` of ``sample_interval_s``) and
+    :func:`~raylens.telemetry.growth.shortest_growth_window` of ``sample_interval_s``) and
     ``kill_line`` (default: each sampler resolves it where it runs; see
     :meth:`configure_growth`) are each node's growth settings; ``started_by`` names this
     manager in every sampler's published identity (default :func:`monitor_identity`).

@@ -25,7 +25,7 @@ from raylens.simulation.kill_script import KillScript
 from raylens.simulation.phase_script import PhaseScript
 from raylens.simulation.raylet import FakeRaylet
 from raylens.simulation.scripted_cluster import FakeCluster
-from raylens.telemetry.history import (
+from raylens.telemetry.growth import (
     DEFAULT_SAMPLE_INTERVAL_S,
     GrowthSettings,
     KillLineConfig,
@@ -99,7 +99,7 @@ class SimulatedCluster:
     so whatever scrapes the cluster reads per-group memory as from a real one;
     ``sampler_interval_s`` makes those figures change only once per interval. Each
     node's simulated sampler also keeps the node's growth as a real one does (a
-    :class:`~raylens.telemetry.history.NodeGrowthKeeper` fed one reading per sampler
+    :class:`~raylens.telemetry.growth.NodeGrowthKeeper` fed one reading per sampler
     interval, default 1 s, on :attr:`clock`) over ``growth_window_s`` (default
     ``RAYLENS_GROWTH_WINDOW``, else 300 s) and serves its figures, kill line drawn by
     ``kill_line`` (default Ray's), so readers see growth exactly as from real samplers. A

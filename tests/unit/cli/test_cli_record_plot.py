@@ -18,7 +18,7 @@ import pytest
 
 from raylens.cli import main
 from raylens.cli.plot import INSTALL_HINT, build_figure, load_run
-from raylens.telemetry.history import MemoryHistory, recent_history
+from raylens.telemetry.growth import MemoryHistory, recent_history
 from raylens.telemetry.memory_record import (
     RECORD_VERSION,
     Frame,

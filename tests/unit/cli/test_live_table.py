@@ -376,7 +376,7 @@ def test_an_80_column_table_keeps_the_pss_age_beside_the_pss() -> None:
 
 def test_nodes_without_growth_get_one_line_per_reason_under_the_table_and_a_json_field() -> None:
     from raylens.live_table import growth_unavailable_lines
-    from raylens.telemetry.growth import NO_SAMPLER
+    from raylens.telemetry.growth_outlook import NO_SAMPLER
 
     rows = [
         NodeRow(f"node{i}" + "f" * 50, "h", 1.0, 4.0, "none", 0.1, growth_unavailable=NO_SAMPLER)

@@ -17,7 +17,7 @@ from raylens.distributed.group_memory_cycle import GroupMemoryCycle
 from raylens.distributed.group_memory_sampler import GroupMemorySamplerActor, GroupMemorySamplers
 from raylens.simulation.group_series import render_group_series
 from raylens.telemetry.group_memory import GroupMemorySnapshot, GroupWorkerRegistry
-from raylens.telemetry.history import KillLineConfig
+from raylens.telemetry.growth import KillLineConfig
 from raylens.telemetry.raylet_payload import (
     NODE_GROWING_GAUGE,
     NODE_GROWTH_GAUGE,

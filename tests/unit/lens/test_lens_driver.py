@@ -211,7 +211,7 @@ def test_the_driver_gives_its_samplers_the_window_it_was_given(
 ) -> None:
     from types import SimpleNamespace
 
-    from raylens.telemetry.growth import GrowthCycle
+    from raylens.telemetry.growth_outlook import GrowthCycle
 
     monitor = _RecordingMonitor()
     samplers = _GrowthSettingsTaken()

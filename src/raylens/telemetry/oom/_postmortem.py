@@ -44,7 +44,7 @@ from typing import Any
 from raylens import forking
 from raylens.lens import warn_once
 from raylens.safe_text import printable
-from raylens.telemetry.history import HISTORY_S, MAX_POINTS_PER_SERIES, RecentHistory
+from raylens.telemetry.growth import HISTORY_S, MAX_POINTS_PER_SERIES, RecentHistory
 from raylens.telemetry.oom._bounds import MAX_POSTMORTEM_BYTES, fit_document, fit_groups
 from raylens.telemetry.oom._kills import Killer, Victim
 
@@ -134,7 +134,7 @@ def build_postmortem(
     ``kills`` is how many workers the event took (one eviction round may take
     several); ``victims`` those known, of which :data:`MAX_VICTIMS_LISTED` are listed.
     ``history`` is the node's recent memory up to the kill
-    (:func:`~raylens.telemetry.history.recent_history`); ``wall_time`` is Unix time. Text
+    (:func:`~raylens.telemetry.growth.recent_history`); ``wall_time`` is Unix time. Text
     from the cluster is cut and made printable. Groups past the largest and
     fastest-growing :data:`~raylens.telemetry.oom._bounds.MAX_GROUPS_SHOWN` are summed
     under ``other_groups``.

@@ -32,7 +32,7 @@ from typing import Any, Protocol
 
 from raylens import forking
 from raylens.safe_text import printable
-from raylens.telemetry.history import KillLineConfig, RecentHistory
+from raylens.telemetry.growth import KillLineConfig, RecentHistory
 from raylens.telemetry.host_memory import NodeSample
 from raylens.telemetry.oom._kills import (
     CounterWatch,
@@ -151,7 +151,7 @@ class OomWatch:
     """A monitor cycle hook: find the cycle's kills, join their sources, record each once.
 
     ``growth`` supplies the history and kill line (a
-    :class:`~raylens.telemetry.growth.GrowthCycle` attached to the same monitor, before
+    :class:`~raylens.telemetry.growth_outlook.GrowthCycle` attached to the same monitor, before
     this hook); without it a post-mortem has no history. ``writer`` None writes no
     files (a ``watch`` that only shows kills). ``phase_of`` names the job's phase now
     (default: none); it is asked once per cycle, so it must be cheap. ``largest_processes_of``

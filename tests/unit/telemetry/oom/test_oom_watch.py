@@ -9,13 +9,13 @@ from pathlib import Path
 import pytest
 
 from raylens.simulation.kill_script import KillScript
-from raylens.telemetry.growth import GrowthCycle
-from raylens.telemetry.history import (
+from raylens.telemetry.growth import (
     GrowthSettings,
     NodeGrowthKeeper,
     RecentHistory,
     resolve_kill_line_config,
 )
+from raylens.telemetry.growth_outlook import GrowthCycle
 from raylens.telemetry.host_memory import NodeSample
 from raylens.telemetry.oom import (
     RL_HOST_OOM_KILLS_METRIC,

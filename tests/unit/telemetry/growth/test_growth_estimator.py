@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from raylens.telemetry.history import GrowthEstimator, GrowthSettings
+from raylens.telemetry.growth import GrowthEstimator, GrowthSettings
 
 MIB = float(1 << 20)
 GIB = float(1 << 30)

@@ -8,8 +8,8 @@ from typing import Any
 import pytest
 
 from raylens import driver
-from raylens.telemetry.history import resolve_kill_line_config
-from raylens.telemetry.history._limit import THRESHOLD_ENV
+from raylens.telemetry.growth import resolve_kill_line_config
+from raylens.telemetry.growth._limit import THRESHOLD_ENV
 
 CLUSTER = {"memory_usage_threshold": 0.6, "min_memory_free_bytes": 1024}
 

@@ -18,7 +18,7 @@ from typing import NamedTuple
 import numpy as np
 import numpy.typing as npt
 
-from raylens.telemetry.history._arrays import FloatArray
+from raylens.telemetry.growth._arrays import FloatArray
 
 __all__ = ["Bucket", "SeriesBuffer"]
 

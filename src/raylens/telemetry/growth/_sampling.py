@@ -11,7 +11,7 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping
 
-from raylens.telemetry.history._settings import (
+from raylens.telemetry.growth._settings import (
     GROWTH_WINDOW_ENV,
     MAX_GROWTH_WINDOW_S,
     MIN_GROWTH_WINDOW_S,
@@ -79,7 +79,7 @@ def growth_window_for_sampling(
 
     Raises ValueError, in one line naming the variable and the shortest window allowed, for a
     window shorter than :func:`shortest_growth_window`, and as
-    :func:`~raylens.telemetry.history.growth_window_from_env` does for one out of range.
+    :func:`~raylens.telemetry.growth.growth_window_from_env` does for one out of range.
     """
     return check_growth_window(
         growth_window_from_env(env), sample_interval_s, name=GROWTH_WINDOW_ENV

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from raylens.telemetry.history import DEFAULT_GROWTH_WINDOW_S, GrowthSettings
-from raylens.telemetry.history._settings import GROWTH_WINDOW_ENV, growth_window_from_env
+from raylens.telemetry.growth import DEFAULT_GROWTH_WINDOW_S, GrowthSettings
+from raylens.telemetry.growth._settings import GROWTH_WINDOW_ENV, growth_window_from_env
 
 
 def test_window_defaults_to_five_minutes_when_unset_or_blank() -> None:

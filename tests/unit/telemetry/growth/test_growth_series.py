@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from raylens.telemetry.history._series import SeriesBuffer
+from raylens.telemetry.growth._series import SeriesBuffer
 
 GIB = float(1 << 30)
 

@@ -18,10 +18,10 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import NamedTuple
 
-from raylens.telemetry.history._limit import KillLineConfig
-from raylens.telemetry.history._recent import RecentHistory, recent_history
-from raylens.telemetry.history._settings import GrowthSettings
-from raylens.telemetry.history._store import MemoryHistory, NodeGrowth
+from raylens.telemetry.growth._limit import KillLineConfig
+from raylens.telemetry.growth._recent import RecentHistory, recent_history
+from raylens.telemetry.growth._settings import GrowthSettings
+from raylens.telemetry.growth._store import MemoryHistory, NodeGrowth
 
 __all__ = ["MAX_DEPARTED_GROUPS", "NODE_KEY", "NodeGrowthKeeper", "NodeReading"]
 

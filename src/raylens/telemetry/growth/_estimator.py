@@ -30,8 +30,8 @@ from typing import NamedTuple
 
 import numpy as np
 
-from raylens.telemetry.history._arrays import FloatArray
-from raylens.telemetry.history._settings import SLICES_PER_WINDOW, GrowthSettings
+from raylens.telemetry.growth._arrays import FloatArray
+from raylens.telemetry.growth._settings import SLICES_PER_WINDOW, GrowthSettings
 
 __all__ = ["FLOORS", "SEGMENTS", "STRAIGHT", "GrowthEstimator", "ScaleReading"]
 

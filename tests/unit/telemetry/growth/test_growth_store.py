@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 
 from raylens.simulation.memory_script import Jitter, Leak, MemoryScript, Sawtooth
-from raylens.telemetry.history import GrowthSettings, MemoryHistory, kill_line
-from raylens.telemetry.history._store import Key
+from raylens.telemetry.growth import GrowthSettings, MemoryHistory, kill_line
+from raylens.telemetry.growth._store import Key
 
 MIB = float(1 << 20)
 GIB = float(1 << 30)
@@ -326,7 +326,7 @@ def test_a_day_long_window_holds_no_more_samples_than_fifteen_minutes() -> None:
 
 def test_groups_absent_for_a_window_are_forgotten_and_a_node_keeps_at_most_its_cap() -> None:
     """Groups renamed at every step cannot grow what a node holds (H3-11)."""
-    from raylens.telemetry.history._store import MAX_GROUPS_PER_NODE
+    from raylens.telemetry.growth._store import MAX_GROUPS_PER_NODE
 
     history = MemoryHistory(GrowthSettings(window_s=60.0))
     for step in range(40):

@@ -8,28 +8,28 @@ Invariants: memory per series is bounded whatever the run's length; figures depe
 samples only, never on when they are read; no clock is read here (times are the caller's).
 
 What each private module does, the fit, the decision and the kill line:
-``docs/architecture.md``, *Memory over time: telemetry/history/*. The bounds and settings
+``docs/architecture.md``, *Memory over time: telemetry/growth/*. The bounds and settings
 this face leaves out (window limits, environment variable names, the series' buckets) are
 importable from the module that defines them.
 """
 
-from raylens.telemetry.history._estimator import GrowthEstimator
-from raylens.telemetry.history._keeper import NodeGrowthKeeper, NodeReading
-from raylens.telemetry.history._limit import KillLineConfig, kill_line, resolve_kill_line_config
-from raylens.telemetry.history._recent import (
+from raylens.telemetry.growth._estimator import GrowthEstimator
+from raylens.telemetry.growth._keeper import NodeGrowthKeeper, NodeReading
+from raylens.telemetry.growth._limit import KillLineConfig, kill_line, resolve_kill_line_config
+from raylens.telemetry.growth._recent import (
     HISTORY_S,
     MAX_POINTS_PER_SERIES,
     RecentHistory,
     recent_history,
 )
-from raylens.telemetry.history._sampling import (
+from raylens.telemetry.growth._sampling import (
     DEFAULT_SAMPLE_INTERVAL_S,
     check_growth_window,
     growth_window_for_sampling,
     shortest_growth_window,
 )
-from raylens.telemetry.history._settings import DEFAULT_GROWTH_WINDOW_S, GrowthSettings
-from raylens.telemetry.history._store import MemoryHistory, NodeGrowth, SeriesGrowth
+from raylens.telemetry.growth._settings import DEFAULT_GROWTH_WINDOW_S, GrowthSettings
+from raylens.telemetry.growth._store import MemoryHistory, NodeGrowth, SeriesGrowth
 
 __all__ = [
     "DEFAULT_GROWTH_WINDOW_S",

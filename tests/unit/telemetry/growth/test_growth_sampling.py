@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import pytest
 
-from raylens.telemetry.history import (
+from raylens.telemetry.growth import (
     check_growth_window,
     growth_window_for_sampling,
     shortest_growth_window,
 )
-from raylens.telemetry.history._sampling import READINGS_PER_WINDOW
-from raylens.telemetry.history._settings import GROWTH_WINDOW_ENV
+from raylens.telemetry.growth._sampling import READINGS_PER_WINDOW
+from raylens.telemetry.growth._settings import GROWTH_WINDOW_ENV
 
 
 def test_the_shortest_window_holds_two_readings_a_slice() -> None:

@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any, TypedDict
 
-from raylens.telemetry.history._store import Key, MemoryHistory
+from raylens.telemetry.growth._store import Key, MemoryHistory
 
 __all__ = ["HISTORY_S", "MAX_POINTS_PER_SERIES", "RecentHistory", "recent_history"]
 

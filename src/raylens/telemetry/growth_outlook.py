@@ -30,7 +30,7 @@ from typing import Any, Protocol
 from opentelemetry.metrics import CallbackOptions, Observation
 
 from raylens.lens import OBSERVABLE_GAUGE, RecordedMetric, register_observable_gauge
-from raylens.telemetry.history import (
+from raylens.telemetry.growth import (
     GrowthSettings,
     KillLineConfig,
     RecentHistory,
@@ -242,7 +242,7 @@ NodeHistorySource = Callable[[str, float], "RecentHistory | None"]
 class GrowthCycle:
     """A monitor cycle hook: every node's growth figures, as its sampler published them.
 
-    ``kill_line`` (default :func:`~raylens.telemetry.history.resolve_kill_line_config`
+    ``kill_line`` (default :func:`~raylens.telemetry.growth.resolve_kill_line_config`
     over the environment) draws the line of a node without a sampler, and a post-mortem's;
     ``settings`` are accepted for the window a driver asked its samplers for.
     ``node_history`` reads a node's recent memory from its sampler, for post-mortems

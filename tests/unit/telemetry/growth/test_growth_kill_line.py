@@ -6,8 +6,8 @@ import math
 
 import pytest
 
-from raylens.telemetry.history import KillLineConfig, kill_line, resolve_kill_line_config
-from raylens.telemetry.history._limit import RAY_THRESHOLD_ENV, THRESHOLD_ENV, time_to_limit
+from raylens.telemetry.growth import KillLineConfig, kill_line, resolve_kill_line_config
+from raylens.telemetry.growth._limit import RAY_THRESHOLD_ENV, THRESHOLD_ENV, time_to_limit
 
 GIB = float(1 << 30)
 

@@ -14,6 +14,13 @@ import pytest
 
 from raylens.simulation import SimulatedCluster
 from raylens.telemetry.growth import (
+    GrowthSettings,
+    KillLineConfig,
+    NodeGrowthKeeper,
+    RecentHistory,
+    resolve_kill_line_config,
+)
+from raylens.telemetry.growth_outlook import (
     NO_SAMPLER,
     NO_SCRAPE,
     OLD_SAMPLER,
@@ -24,13 +31,6 @@ from raylens.telemetry.growth import (
     RL_WORKER_GROUP_MEMORY_GROWTH_METRIC,
     GrowthCycle,
     register_growth_gauges,
-)
-from raylens.telemetry.history import (
-    GrowthSettings,
-    KillLineConfig,
-    NodeGrowthKeeper,
-    RecentHistory,
-    resolve_kill_line_config,
 )
 from raylens.telemetry.host_memory._snapshot import NodeSample
 from raylens.telemetry.raylet_payload import GroupFigure, NodeFigures, NodeGroupFigures
@@ -153,7 +153,7 @@ def test_the_cycle_keeps_no_history_and_the_growth_relay_is_gone() -> None:
     assert not hasattr(cycle, "history") and not hasattr(cycle, "keeper")
     with pytest.raises(ModuleNotFoundError):
         importlib.import_module("raylens.telemetry.scraping._growth_relay")
-    import raylens.telemetry.history as history
+    import raylens.telemetry.growth as history
 
     assert not hasattr(history, "GrowthKeeper")
 

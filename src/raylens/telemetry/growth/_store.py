@@ -24,11 +24,11 @@ from dataclasses import dataclass, field
 import numpy as np
 import numpy.typing as npt
 
-from raylens.telemetry.history._arrays import FloatArray
-from raylens.telemetry.history._estimator import GrowthEstimator
-from raylens.telemetry.history._limit import time_to_limit
-from raylens.telemetry.history._series import Bucket, SeriesBuffer
-from raylens.telemetry.history._settings import GrowthSettings
+from raylens.telemetry.growth._arrays import FloatArray
+from raylens.telemetry.growth._estimator import GrowthEstimator
+from raylens.telemetry.growth._limit import time_to_limit
+from raylens.telemetry.growth._series import Bucket, SeriesBuffer
+from raylens.telemetry.growth._settings import GrowthSettings
 
 __all__ = [
     "FULL_RESOLUTION_S",
