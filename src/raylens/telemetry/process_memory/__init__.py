@@ -25,7 +25,7 @@ import psutil as psutil  # the reader's psutil, reachable here as on NeMo-Gym
 
 from raylens.telemetry.process_memory._profiler import (
     MemoryProfiler,
-    MemoryProfileSnapshot,
+    MemoryProfileReading,
     SampleStatus,
     ServerMemorySample,
     record_through,
@@ -64,7 +64,7 @@ read_trees_through(sys.modules[__name__])
 __all__ = [
     "DEFAULT_SERIES",
     "HostMemory",
-    "MemoryProfileSnapshot",
+    "MemoryProfileReading",
     "MemoryProfiler",
     "ProcFS",
     "ProcessMemorySeries",

@@ -148,8 +148,9 @@ class ServerMemorySample:
 
 
 @dataclass(frozen=True)
-class MemoryProfileSnapshot:
-    """A profiler's latest sample of the host and of every server, for display."""
+class MemoryProfileReading:
+    """One sample of the host and of every server a profiler watches (what
+    :meth:`MemoryProfiler.latest` returns)."""
 
     taken_at: float
     host: HostMemory | None
@@ -264,7 +265,7 @@ class MemoryProfiler:
         self._pss: dict[str, tuple[int, float]] = {}
         # When each server's PSS was last tried, and so when it is due again.
         self._pss_attempted = PssSchedule(self._pss_interval)
-        self._latest: MemoryProfileSnapshot | None = None
+        self._latest: MemoryProfileReading | None = None
         # Guards the targets and everything kept per target (peaks, carried PSS, the
         # exported entry), so a target removed while it is being measured leaves nothing.
         self._state_lock = threading.Lock()
@@ -431,7 +432,7 @@ class MemoryProfiler:
                 targets = list(self._targets.values())
             sampled = (self._sample_target(target, now) for target in targets)
             servers = tuple(sample for sample in sampled if sample is not None)
-            self._latest = MemoryProfileSnapshot(
+            self._latest = MemoryProfileReading(
                 taken_at=now,
                 host=host,
                 host_peak_used_bytes=self._host_peaks.get(HOST_USED),
@@ -529,6 +530,6 @@ class MemoryProfiler:
             f"the replaced {name} failed; this sample's values are kept but not recorded",
         )
 
-    def latest(self) -> MemoryProfileSnapshot | None:
+    def latest(self) -> MemoryProfileReading | None:
         """The most recent sample (None before the first), e.g. for a live table."""
         return self._latest
