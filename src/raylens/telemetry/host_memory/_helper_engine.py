@@ -30,6 +30,7 @@ from pathlib import Path
 
 from raylens import forking
 from raylens.lens import warn_once
+from raylens.safe_text import printable
 from raylens.telemetry.names import (
     LOGGER_NAME,
 )
@@ -37,6 +38,7 @@ from raylens.telemetry.raylet_payload import ERROR_INTERNAL
 from raylens.telemetry.scraping import (
     BATCH_SLACK_S,
     READY_MESSAGE,
+    WIRE_VERSION,
     ChannelBroken,
     DriverChannel,
     HeldFigures,
@@ -46,6 +48,7 @@ from raylens.telemetry.scraping import (
     Row,
     ScrapeLimits,
     decode_outcomes,
+    is_ready_message,
     is_result_of,
     scrape_message,
     trust_message,
@@ -81,10 +84,6 @@ _IMPORT_ROOT = str(Path(__file__).resolve().parents[3])
 
 def _is_result_of(batch: int) -> Callable[[object], bool]:
     return lambda message: is_result_of(message, batch)
-
-
-def _is_ready(message: object) -> bool:
-    return message == READY_MESSAGE
 
 
 class GroupFiguresMemo:
@@ -315,12 +314,22 @@ class HelperEngine:
 
     def _await_ready(self, channel: DriverChannel, started: float) -> bool:
         ready = channel.exchange(
-            _is_ready, started + _START_TIMEOUT_S, self._abort, self._helper_alive
+            is_ready_message, started + _START_TIMEOUT_S, self._abort, self._helper_alive
         )
         if ready is None:
             if not self._abort.is_set():
                 self._failed_starts += 1
                 self._reap()
+            return False
+        if ready != READY_MESSAGE:
+            warn_once(
+                "host_memory.helper.version",
+                f"the host-memory scrape helper speaks wire version {printable(ready[1])[:40]}, "
+                f"this driver {WIRE_VERSION} (raylens changed under a running job?); replaced it",
+                logger=logger,
+            )
+            self._failed_starts += 1
+            self._reap()
             return False
         self._ready, self._failed_starts = True, 0
         return True

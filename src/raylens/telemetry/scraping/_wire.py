@@ -8,7 +8,8 @@ every item, in order, and the builders below are the only places either end make
   share, and ``known``, ``{key: sampled_at}`` of the group figures the driver holds;
 - :func:`trust_message`, driver to helper: ``("trust", ids)``, the sampler ids whose series
   to believe from then on (None: any), sent before the first batch and after a restart;
-- :data:`READY_MESSAGE`, helper to driver, once: ``("ready",)``;
+- :data:`READY_MESSAGE`, helper to driver, once: ``("ready", version)``, the
+  :data:`WIRE_VERSION` the helper speaks (a driver meeting another one replaces the helper);
 - :func:`result_message`, helper to driver, per batch: ``("result", batch, rows)``.
 
 The driver's thread is the one a whole job waits on, so what it receives is shaped for
@@ -55,11 +56,13 @@ __all__ = [
     "MESSAGE_FIELDS",
     "READY_MESSAGE",
     "ROW_FIELDS",
+    "WIRE_VERSION",
     "HeldFigures",
     "MalformedRows",
     "Row",
     "decode_outcomes",
     "encode_outcomes",
+    "is_ready_message",
     "is_result_of",
     "is_trust_message",
     "result_message",
@@ -71,7 +74,7 @@ __all__ = [
 MESSAGE_FIELDS: Mapping[str, tuple[str, ...]] = {
     "scrape": ("scrape", "batch", "jobs", "deadline", "known"),
     "trust": ("trust", "ids"),
-    "ready": ("ready",),
+    "ready": ("ready", "version"),
     "result": ("result", "batch", "rows"),
 }
 #: A row's items, in order; see the module docstring.
@@ -88,8 +91,15 @@ ROW_FIELDS = (
     "oom",
     "refused",
 )
+#: The version of these messages and rows; raised whenever either changes shape.
+WIRE_VERSION = 2
 #: What the helper sends once, when it is ready for batches.
-READY_MESSAGE = ("ready",)
+READY_MESSAGE = ("ready", WIRE_VERSION)
+
+
+def is_ready_message(message: object) -> bool:
+    """Whether ``message`` is a helper's ready message, of any version."""
+    return isinstance(message, tuple) and len(message) == 2 and message[0] == "ready"
 
 
 def scrape_message(

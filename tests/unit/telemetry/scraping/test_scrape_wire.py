@@ -5,6 +5,7 @@ from __future__ import annotations
 import gc
 import math
 import pickle
+import socket
 from collections.abc import Hashable
 
 import pytest
@@ -12,15 +13,20 @@ import pytest
 from raylens.telemetry.host_memory._helper_engine import GroupFiguresMemo
 from raylens.telemetry.raylet_payload import GroupFigure, NodeGroupFigures, NodeOomCounts
 from raylens.telemetry.scraping import (
+    READY_MESSAGE,
+    WIRE_VERSION,
     ChannelBroken,
     HeldFigures,
     MalformedRows,
     Outcome,
     decode_outcomes,
     encode_outcomes,
+    scrape_message,
+    trust_message,
 )
+from raylens.telemetry.scraping._channel import read_message, write_message
 from raylens.telemetry.scraping._helper_program import leave_out_known_groups
-from raylens.telemetry.scraping._wire import GROUPS_UNCHANGED
+from raylens.telemetry.scraping._wire import GROUPS_UNCHANGED, MESSAGE_FIELDS, result_message
 
 
 def _figures(stamp: float, rss: float = 1e9) -> NodeGroupFigures:
@@ -251,3 +257,22 @@ def test_a_new_reading_is_one_object_for_the_collector_whatever_its_groups() -> 
     gc.collect()
     assert _tracked_inside(decoded) == 0
     assert decoded.groups == groups and decoded.sampled_at == 1.0
+
+
+def test_every_message_crosses_a_real_socket_unchanged() -> None:
+    rows = encode_outcomes(_jobs(*HOSTILE), HOSTILE, set())
+    messages = [
+        scrape_message(7, _jobs("n1", ("n2", "h2")), 12.5, {"n1": 1.7e9}),
+        trust_message({"sampler-a": "f" * 56}),
+        trust_message(None),
+        READY_MESSAGE,
+        result_message(7, rows),
+    ]
+    driver, helper = socket.socketpair()
+    with driver, helper:
+        for message in messages:
+            write_message(helper, message)
+            assert _same(read_message(driver), message)
+    assert READY_MESSAGE == ("ready", WIRE_VERSION)
+    assert set(MESSAGE_FIELDS) == {message[0] for message in messages}
+    assert all(len(MESSAGE_FIELDS[m[0]]) == len(m) for m in messages)
