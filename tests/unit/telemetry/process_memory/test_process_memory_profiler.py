@@ -21,6 +21,7 @@ from raylens.telemetry.process_memory import (
     record_server_memory,
     reset_process_memory_state,
 )
+from raylens_fakes.clock import ManualClock
 from raylens_fakes.otel import MetricsProbe
 from raylens_fakes.procfs import PAGE_SIZE, FakeProcFS
 
@@ -75,14 +76,6 @@ class CountingCollector:
         if len(self.calls) in self.fail_on:
             raise OSError("scripted collector failure")
         return self.memory
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.now = 1000.0
-
-    def __call__(self) -> float:
-        return self.now
 
 
 # ---------------------------------------------------------------- export
@@ -455,7 +448,7 @@ def rollups(paths: list[str]) -> int:
 
 
 def test_pss_is_read_at_most_every_pss_interval(metrics_probe, fake, policy):
-    clock = Clock()
+    clock = ManualClock(1000.0)
     profiler, paths = recording_profiler(fake, policy, clock, pss_interval_seconds=10)
 
     profiler.sample_once()
@@ -486,7 +479,7 @@ def test_pss_is_read_at_most_every_pss_interval(metrics_probe, fake, policy):
 
 
 def test_pss_every_sample_without_a_pss_interval(fake, policy):
-    clock = Clock()
+    clock = ManualClock(1000.0)
     profiler, paths = recording_profiler(fake, policy, clock)
     for _ in range(3):
         profiler.sample_once()
@@ -496,7 +489,7 @@ def test_pss_every_sample_without_a_pss_interval(fake, policy):
 
 def test_unreadable_pss_is_retried_only_at_the_pss_interval(metrics_probe, fake, policy):
     fake.deny(101, "smaps_rollup")
-    clock = Clock()
+    clock = ManualClock(1000.0)
     profiler, paths = recording_profiler(fake, policy, clock, pss_interval_seconds=10)
     profiler.sample_once()
     assert profiler.latest().servers[0].pss_bytes is None
@@ -517,7 +510,7 @@ def test_unreadable_pss_is_retried_only_at_the_pss_interval(metrics_probe, fake,
 
 
 def test_a_gone_tree_drops_its_previous_pss(fake, policy):
-    clock = Clock()
+    clock = ManualClock(1000.0)
     profiler, _ = recording_profiler(fake, policy, clock, pss_interval_seconds=10)
     profiler.sample_once()
     fake.remove_process(101)
@@ -534,7 +527,7 @@ def test_a_gone_tree_drops_its_previous_pss(fake, policy):
 
 
 def test_latest_reports_peaks_counts_and_host(fake, policy):
-    clock = Clock()
+    clock = ManualClock(1000.0)
     profiler = MemoryProfiler(
         [policy], 1.0, host_collector=lambda: HOST, procfs=fake.procfs, clock=clock
     )
