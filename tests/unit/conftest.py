@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import gc
 import importlib.abc
+import itertools
 import multiprocessing.util
 import os
 import signal
@@ -31,6 +32,12 @@ from typing import Any
 
 import pytest
 
+from raylens.lens import (
+    OBSERVABLE_GAUGE,
+    RecordedMetric,
+    register_observable_gauge,
+    unregister_observable_gauge,
+)
 from raylens.telemetry import host_memory as hm
 
 # ---- temporary files: in RAM where there is room -------------------------------------
@@ -214,3 +221,38 @@ def make_monitor() -> Iterator[Callable[..., hm.HostMemoryMonitor]]:
     yield make
     for monitor in made:
         monitor.stop()
+
+
+# ---- lens gauges a test declares -------------------------------------------------------
+
+_GAUGE_NUMBERS = itertools.count()
+
+
+@pytest.fixture
+def declare_gauge() -> Iterator[Callable[..., RecordedMetric]]:
+    """Declares lens gauges (unit ``By``) for one test and unregisters them after it.
+
+    Each gets a name of its own unless ``name`` is given; with a callback it is
+    registered at once, without one the test registers it when it means to.
+    """
+    declared: list[str] = []
+
+    def declare(
+        callback: Callable[..., Any] | None = None,
+        *,
+        name: str | None = None,
+        unit: str = "By",
+        description: str = "a test gauge",
+        attributes_encodable: bool = False,
+    ) -> RecordedMetric:
+        metric = RecordedMetric(
+            name or f"test.gauge.{next(_GAUGE_NUMBERS)}", OBSERVABLE_GAUGE, unit, description
+        )
+        declared.append(metric.name)
+        if callback is not None:
+            register_observable_gauge(metric, callback, attributes_encodable=attributes_encodable)
+        return metric
+
+    yield declare
+    for name in declared:
+        unregister_observable_gauge(name)

@@ -2,20 +2,17 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable
 
 import pytest
 from opentelemetry.metrics import Observation
 
 from raylens.lens import (
-    OBSERVABLE_GAUGE,
     RecordedMetric,
     TelemetryConfig,
     get_telemetry_handle,
     init_telemetry,
-    register_observable_gauge,
     shutdown_telemetry,
-    unregister_observable_gauge,
 )
 from raylens_fakes import MetricsProbe
 
@@ -147,23 +144,20 @@ def test_a_port_of_non_ascii_digits_is_refused_naming_the_variable(value: str) -
 
 # Exporters ------------------------------------------------------------------------------
 
-_GAUGE = RecordedMetric(
-    "test.console.awkward", OBSERVABLE_GAUGE, "By", "gauge with awkward attribute values"
-)
+_GAUGE_NAME = "test.console.awkward"
 
 
 @pytest.fixture
-def awkward_gauge() -> Iterator[RecordedMetric]:
+def awkward_gauge(declare_gauge: Callable[..., RecordedMetric]) -> RecordedMetric:
     """A gauge whose attribute values hold a newline, quotes, a backslash and braces."""
-    register_observable_gauge(
-        _GAUGE,
+    return declare_gauge(
         lambda options: [
             Observation(1.0, {"rl.worker_groups": 'policy\nrollout "b"'}),
             Observation(2.0, {"rl.worker_groups": "C:\\tmp}{,x"}),
         ],
+        name=_GAUGE_NAME,
+        description="gauge with awkward attribute values",
     )
-    yield _GAUGE
-    unregister_observable_gauge(_GAUGE.name)
 
 
 def test_console_writes_one_line_per_point_whatever_the_attribute_values(
@@ -171,7 +165,7 @@ def test_console_writes_one_line_per_point_whatever_the_attribute_values(
 ) -> None:
     init_telemetry(TelemetryConfig(exporter="console")).force_flush()
 
-    lines = [line for line in capsys.readouterr().out.splitlines() if _GAUGE.name in line]
+    lines = [line for line in capsys.readouterr().out.splitlines() if _GAUGE_NAME in line]
     assert sorted(lines) == [
         'test.console.awkward{rl.worker_groups="C:\\\\tmp}{,x"} 2.0 By',
         'test.console.awkward{rl.worker_groups="policy\\nrollout \\"b\\""} 1.0 By',
@@ -230,22 +224,20 @@ def test_shutdown_never_raises_when_every_part_fails(
     assert len([r for r in caplog.records if r.levelno == logging.WARNING]) == 3
 
 
-def test_every_probe_read_is_a_fresh_collection(metrics_probe: MetricsProbe) -> None:
-    gauge = RecordedMetric("test.probe.latest", OBSERVABLE_GAUGE, "1", "probe gauge")
+def test_every_probe_read_is_a_fresh_collection(
+    metrics_probe: MetricsProbe, declare_gauge: Callable[..., RecordedMetric]
+) -> None:
     current = [Observation(1, {"k": "a"})]
-    register_observable_gauge(gauge, lambda options: current)
-    try:
-        assert metrics_probe.points(gauge.name) == {frozenset({("k", "a")}): 1}
-        current[:] = [Observation(2, {"k": "b"})]
-        assert metrics_probe.points(gauge.name) == {frozenset({("k", "b")}): 2}
-        snapshot = metrics_probe.snapshot()
-        current[:] = []
-        assert snapshot.points(gauge.name) == {frozenset({("k", "b")}): 2}  # held still
-        assert metrics_probe.points(gauge.name) == {}
-        assert gauge.name not in metrics_probe.names()
-        assert metrics_probe.points("test.probe.never.declared") == {}
-    finally:
-        unregister_observable_gauge(gauge.name)
+    gauge = declare_gauge(lambda options: current, unit="1")
+    assert metrics_probe.points(gauge.name) == {frozenset({("k", "a")}): 1}
+    current[:] = [Observation(2, {"k": "b"})]
+    assert metrics_probe.points(gauge.name) == {frozenset({("k", "b")}): 2}
+    snapshot = metrics_probe.snapshot()
+    current[:] = []
+    assert snapshot.points(gauge.name) == {frozenset({("k", "b")}): 2}  # held still
+    assert metrics_probe.points(gauge.name) == {}
+    assert gauge.name not in metrics_probe.names()
+    assert metrics_probe.points("test.probe.never.declared") == {}
 
 
 def test_a_probe_refuses_to_install_over_a_running_pipeline() -> None:
