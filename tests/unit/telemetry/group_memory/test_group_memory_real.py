@@ -18,15 +18,9 @@ from collections.abc import Iterator
 import pytest
 
 from raylens.telemetry.group_memory import GroupMemoryReader, GroupWorker, own_process_identity
-from raylens.telemetry.process_memory import ProcFS, process_tree_memory_supported
+from raylens.telemetry.process_memory import ProcFS
 
-pytestmark = [
-    pytest.mark.skipif(not sys.platform.startswith("linux"), reason="procfs is Linux only"),
-    pytest.mark.skipif(
-        sys.platform.startswith("linux") and not process_tree_memory_supported(),
-        reason="this kernel's procfs has no per-thread children files",
-    ),
-]
+pytestmark = pytest.mark.usefixtures("real_process_trees")
 
 MB = 2**20
 ALLOCATED_MB = 50

@@ -7,10 +7,10 @@ import gc
 import json
 
 import pytest
+from process_memory_values import HOST
 
 from raylens.telemetry import process_memory as pm
 from raylens.telemetry.process_memory import (
-    HostMemory,
     MemoryProfiler,
     ProcessTreeMemory,
     SampleStatus,
@@ -22,9 +22,6 @@ from raylens_fakes.procfs import PAGE_SIZE, FakeProcFS
 
 # Each collection here walks only what the test made.
 pytestmark = pytest.mark.usefixtures("young_heap")
-
-MB = 2**20
-HOST = HostMemory(used_bytes=6 * MB, available_bytes=10 * MB, total_bytes=16 * MB)
 
 
 def pid_of(key: frozenset) -> int:

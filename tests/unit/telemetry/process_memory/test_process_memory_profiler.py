@@ -8,6 +8,7 @@ import threading
 import time
 
 import pytest
+from process_memory_values import HOST, MB
 
 from raylens.lens import get_telemetry_handle
 from raylens.telemetry import process_memory as pm
@@ -25,8 +26,6 @@ from raylens_fakes.clock import ManualClock
 from raylens_fakes.otel import MetricsProbe
 from raylens_fakes.procfs import PAGE_SIZE, FakeProcFS
 
-MB = 2**20
-HOST = HostMemory(used_bytes=6 * MB, available_bytes=10 * MB, total_bytes=16 * MB)
 POLICY = {"nemo.gym.server.name": "policy", "nemo.gym.server.type": "vllm", "process.pid": 100}
 
 
@@ -44,19 +43,6 @@ def wait_for(condition, timeout: float = 5.0) -> bool:
             return True
         threading.Event().wait(0.005)
     return condition()
-
-
-@pytest.fixture
-def fake(tmp_path) -> FakeProcFS:
-    fake = FakeProcFS(tmp_path / "proc")
-    fake.add_process(100, rss_bytes=300 * PAGE_SIZE, pss_bytes=200 * PAGE_SIZE)
-    fake.add_process(101, parent=100, rss_bytes=100 * PAGE_SIZE, pss_bytes=50 * PAGE_SIZE)
-    return fake
-
-
-@pytest.fixture
-def policy(fake) -> ServerMemoryTarget:
-    return ServerMemoryTarget("policy", "vllm", 100, procfs=fake.procfs)
 
 
 class CountingCollector:

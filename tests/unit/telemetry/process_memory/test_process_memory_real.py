@@ -25,16 +25,9 @@ from raylens.telemetry.process_memory import (
     ServerMemoryTarget,
     _descendant_pids,
     collect_process_tree_memory,
-    process_tree_memory_supported,
 )
 
-pytestmark = [
-    pytest.mark.skipif(not sys.platform.startswith("linux"), reason="procfs is Linux only"),
-    pytest.mark.skipif(
-        sys.platform.startswith("linux") and not process_tree_memory_supported(),
-        reason="this kernel's procfs has no per-thread children files",
-    ),
-]
+pytestmark = pytest.mark.usefixtures("real_process_trees")
 
 MB = 2**20
 PRIVATE_MB = 16

@@ -5,6 +5,7 @@ from __future__ import annotations
 import gc
 
 import pytest
+from process_memory_values import HOST, MB
 
 from raylens.telemetry import process_memory as pm
 from raylens.telemetry.process_memory import (
@@ -23,8 +24,6 @@ from raylens_fakes.procfs import PAGE_SIZE, FakeProcFS
 # Each collection here walks only what the test made.
 pytestmark = pytest.mark.usefixtures("young_heap")
 
-MB = 2**20
-HOST = HostMemory(used_bytes=6 * MB, available_bytes=10 * MB, total_bytes=16 * MB)
 SMALLER_HOST = HostMemory(used_bytes=2 * MB, available_bytes=14 * MB, total_bytes=16 * MB)
 
 
