@@ -1,8 +1,14 @@
-"""Fixtures for the telemetry tests."""
+"""Fixtures for the telemetry tests: real process trees, and whether this host can show them."""
 
 from __future__ import annotations
 
+import contextlib
+import os
+import signal
+import subprocess
 import sys
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 
 import pytest
 
@@ -19,3 +25,51 @@ def real_process_trees() -> None:
         pytest.skip("procfs is Linux only")
     if not process_tree_memory_supported():
         pytest.skip("this kernel's procfs has no per-thread children files")
+
+
+@dataclass
+class Spawned:
+    """A script started by ``spawn``, with the first line it printed."""
+
+    process: subprocess.Popen
+    first_line: str
+
+    @property
+    def pid(self) -> int:
+        return self.process.pid
+
+    def send(self, line: str) -> str:
+        self.process.stdin.write(line + "\n")
+        self.process.stdin.flush()
+        return self.process.stdout.readline().strip()
+
+
+@pytest.fixture
+def spawn() -> Iterator[Callable[..., Spawned]]:
+    """Start ``python -c script *args`` in its own session; every process of it dies in teardown."""
+    started: list[subprocess.Popen] = []
+
+    def start(script: str, *args: object) -> Spawned:
+        process = subprocess.Popen(
+            [sys.executable, "-c", script, *map(str, args)],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+            start_new_session=True,
+        )
+        started.append(process)
+        first = process.stdout.readline().strip()
+        if not first:
+            pytest.fail(f"spawned script exited early with code {process.wait(5)}")
+        return Spawned(process, first)
+
+    yield start
+    for process in started:
+        with contextlib.suppress(OSError):
+            process.stdin.close()  # EOF: the script ends its tree and exits
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            process.wait(timeout=5)
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(process.pid, signal.SIGKILL)  # the session's group: whatever is left
+        process.wait(timeout=5)
+        process.stdout.close()

@@ -27,3 +27,12 @@ def fake(tmp_path: Path) -> FakeProcFS:
 def policy(fake: FakeProcFS) -> ServerMemoryTarget:
     """The server of ``fake``'s tree: the vLLM policy at pid 100."""
     return ServerMemoryTarget("policy", "vllm", 100, procfs=fake.procfs)
+
+
+@pytest.fixture
+def two_servers(tmp_path: Path) -> FakeProcFS:
+    """A fake ``/proc`` with two unrelated servers: 100 (300 pages RSS, 200 PSS) and 200 (40, 30)."""
+    fake = FakeProcFS(tmp_path / "proc")
+    fake.add_process(100, rss_bytes=300 * PAGE_SIZE, pss_bytes=200 * PAGE_SIZE)
+    fake.add_process(200, rss_bytes=40 * PAGE_SIZE, pss_bytes=30 * PAGE_SIZE)
+    return fake

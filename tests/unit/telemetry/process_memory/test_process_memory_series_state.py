@@ -28,11 +28,8 @@ SMALLER_HOST = HostMemory(used_bytes=2 * MB, available_bytes=14 * MB, total_byte
 
 
 @pytest.fixture
-def fake(tmp_path) -> FakeProcFS:
-    fake = FakeProcFS(tmp_path / "proc")
-    fake.add_process(100, rss_bytes=300 * PAGE_SIZE, pss_bytes=200 * PAGE_SIZE)
-    fake.add_process(200, rss_bytes=40 * PAGE_SIZE, pss_bytes=30 * PAGE_SIZE)
-    return fake
+def fake(two_servers: FakeProcFS) -> FakeProcFS:
+    return two_servers
 
 
 def profiler_on(
