@@ -27,6 +27,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -256,3 +257,25 @@ def declare_gauge() -> Iterator[Callable[..., RecordedMetric]]:
     yield declare
     for name in declared:
         unregister_observable_gauge(name)
+
+
+# ---- polling a condition with a real deadline (slow tier) --------------------------------
+
+
+def _poll(condition: Callable[[], bool], timeout: float = 5.0) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if condition():
+            return True
+        time.sleep(0.01)  # polling a condition with a deadline, not synchronising by sleep
+    return condition()
+
+
+@pytest.fixture
+def wait_until() -> Callable[..., bool]:
+    """``wait_until(condition, timeout=5.0)``: whether ``condition()`` held by the deadline.
+
+    For what real threads and processes do on their own time: the condition is polled
+    every 10 ms until it holds or ``timeout`` seconds pass.
+    """
+    return _poll

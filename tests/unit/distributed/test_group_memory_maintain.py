@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -25,18 +24,13 @@ NODE_C = "c" * 56
 
 
 @pytest.fixture
-def nodes(tmp_path: Path) -> dict[str, FakeProcFS]:
-    return {node: FakeProcFS(tmp_path / node[:1]) for node in (NODE_A, NODE_B, NODE_C)}
-
-
-@pytest.fixture
-def fake_ray(nodes: dict[str, FakeProcFS]) -> Iterator[FakeRay]:
-    fake = FakeRay.over_procfs(nodes)
-    yield fake
+def fake_ray(ray_over_nodes: FakeRay) -> Iterator[FakeRay]:
+    yield ray_over_nodes
     # maintain() never waits: every wait and get it makes returns at once.
-    assert all(timeout == 0 for timeout in fake.wait_timeouts), fake.wait_timeouts
-    assert all(timeout == 0 for timeout in fake.get_timeouts), fake.get_timeouts
-    assert fake.timed_out_gets == []
+    assert all(timeout == 0 for timeout in ray_over_nodes.wait_timeouts), (
+        ray_over_nodes.wait_timeouts
+    )
+    assert all(timeout == 0 for timeout in ray_over_nodes.get_timeouts), ray_over_nodes.get_timeouts
 
 
 def _worker(fake: FakeProcFS, group: str, pid: int, rss: int = MB) -> tuple[str, int, int]:

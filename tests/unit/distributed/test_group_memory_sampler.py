@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import logging
 import os
-from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -34,17 +32,8 @@ NODE_C = "c" * 56
 
 
 @pytest.fixture
-def nodes(tmp_path: Path) -> dict[str, FakeProcFS]:
-    return {node: FakeProcFS(tmp_path / node[:1]) for node in (NODE_A, NODE_B, NODE_C)}
-
-
-@pytest.fixture
-def fake_ray(nodes: dict[str, FakeProcFS]) -> Iterator[FakeRay]:
-    """A FakeRay over the three nodes; each sampler it starts reads its own node's procfs."""
-    fake = FakeRay.over_procfs(nodes)
-    yield fake
-    # The manager only collects readings that are ready: it never blocks on a hung one.
-    assert fake.timed_out_gets == []
+def fake_ray(ray_over_nodes: FakeRay) -> FakeRay:
+    return ray_over_nodes
 
 
 def _worker(fake: FakeProcFS, group: str, pid: int, rss: int) -> tuple[str, int, int]:

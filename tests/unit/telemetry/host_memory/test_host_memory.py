@@ -200,46 +200,6 @@ def test_ray_nodes_is_empty_when_ray_is_not_initialised(fake_cluster: FakeCluste
     assert fake_cluster.nodes_calls == 0
 
 
-def _record(**fields: object) -> dict[str, object]:
-    record: dict[str, object] = {
-        "Alive": True,
-        "NodeID": NODE_C,
-        "NodeManagerAddress": "10.0.0.9",
-        "NodeManagerHostname": "h",
-        "MetricsExportPort": 8080,
-    }
-    record.update(fields)
-    return record
-
-
-def test_a_malformed_node_record_is_skipped_with_one_warning(
-    caplog: pytest.LogCaptureFixture,
-) -> None:
-    cluster = FakeCluster()
-    for record in (None, _record(NodeID=["unhashable"]), _record(NodeManagerAddress=10)):
-        cluster.add_raw_record(record)
-    good = cluster.add_node(address="10.0.0.1", port=8080, node_id=NODE_A)
-
-    with caplog.at_level(logging.DEBUG, logger="raylens.telemetry.host_memory"):
-        first = hm.ray_nodes(cluster)
-        second = hm.ray_nodes(cluster)
-
-    assert [n.node_id for n in first] == [good] == [n.node_id for n in second]
-    warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
-    assert len(warnings) == 3
-    assert all(w.startswith("skipped a malformed Ray node record") for w in warnings)
-
-
-def test_host_names_are_made_encodable_where_they_enter() -> None:
-    cluster = FakeCluster()
-    cluster.add_raw_record(_record(NodeManagerHostname="gpu-\udcff"))
-
-    (node,) = hm.ray_nodes(cluster)
-
-    assert node.host == "gpu-\ufffd"
-    node.host.encode("utf-8")
-
-
 # Worker groups ------------------------------------------------------------------------
 
 

@@ -46,15 +46,6 @@ def _warnings_about(caplog: pytest.LogCaptureFixture, text: str) -> int:
     return sum(1 for r in caplog.records if r.levelno == logging.WARNING and text in r.getMessage())
 
 
-def _wait_until(condition: Callable[[], bool], timeout: float = 5.0) -> bool:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if condition():
-            return True
-        time.sleep(0.01)  # polling a condition with a deadline, not synchronising by sleep
-    return condition()
-
-
 # What is exported ------------------------------------------------------------------
 
 
@@ -582,7 +573,7 @@ def test_a_sample_past_its_max_age_is_not_exported_even_if_collection_is_stuck(
 
 @pytest.mark.slow
 def test_a_loop_stuck_past_stop_does_not_come_back_after_a_restart(
-    simulated_cluster: Factory, make_monitor: Callable
+    simulated_cluster: Factory, make_monitor: Callable, wait_until: Callable[..., bool]
 ) -> None:
     sim = simulated_cluster(1)
     cluster = _StuckCluster(sim.cluster)
@@ -604,9 +595,9 @@ def test_a_loop_stuck_past_stop_does_not_come_back_after_a_restart(
     def loops() -> int:
         return sum(t.name == "raylens-host-memory" for t in threading.enumerate())
 
-    assert _wait_until(lambda: loops() == 1)
+    assert wait_until(lambda: loops() == 1)
     monitor.stop()
-    assert _wait_until(lambda: loops() == 0)
+    assert wait_until(lambda: loops() == 0)
 
 
 def test_default_max_age_is_two_intervals_plus_the_timeout(fake_cluster: FakeCluster) -> None:

@@ -36,15 +36,6 @@ def point(attributes: dict, memory_type: str | None = None) -> frozenset:
     return frozenset(items.items())
 
 
-def wait_for(condition, timeout: float = 5.0) -> bool:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if condition():
-            return True
-        threading.Event().wait(0.005)
-    return condition()
-
-
 class CountingCollector:
     """A collector returning scripted values; ``calls`` counts, ``reached`` fires at ``target``."""
 
