@@ -28,7 +28,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Hashable, Iterator, Sequence
 from typing import Any
 
 import pytest
@@ -40,6 +40,7 @@ from raylens.lens import (
     unregister_observable_gauge,
 )
 from raylens.telemetry import host_memory as hm
+from raylens.telemetry.scraping import Job, Outcome
 
 # ---- temporary files: in RAM where there is room -------------------------------------
 
@@ -203,19 +204,37 @@ def young_heap() -> Iterator[None]:
 # ---- the host-memory monitor tests ----------------------------------------------------
 
 
+class _Answering:
+    """A scrape engine whose every job comes back with one outcome."""
+
+    def __init__(self, outcome: Outcome) -> None:
+        self.outcome = outcome
+
+    def scrape(self, jobs: Sequence[Job], timeout: float | None = None) -> dict[Hashable, Outcome]:
+        return {job[0]: self.outcome for job in jobs}
+
+    def close(self, timeout: float = 1.0) -> None:
+        pass
+
+
 @pytest.fixture
 def make_monitor() -> Iterator[Callable[..., hm.HostMemoryMonitor]]:
     """Monitors with short timeouts (scrape 0.5 s, interval 1 s unless given), stopped after the test.
 
-    They scrape in this process and count as consumers unless a test says otherwise.
+    They scrape in this process and count as consumers unless a test says otherwise. With
+    ``answering=outcome`` nothing is scraped: every node's scrape comes back as ``outcome``.
     """
     made: list[hm.HostMemoryMonitor] = []
 
-    def make(cluster: Any, **options: Any) -> hm.HostMemoryMonitor:
+    def make(
+        cluster: Any, *, answering: Outcome | None = None, **options: Any
+    ) -> hm.HostMemoryMonitor:
         options.setdefault("scrape_timeout", 0.5)
         options.setdefault("scrape_mode", "inprocess")
         options.setdefault("consumer", True)
         monitor = hm.HostMemoryMonitor(options.pop("interval", 1.0), cluster=cluster, **options)
+        if answering is not None:
+            monitor._engine = _Answering(answering)  # the engine seam
         made.append(monitor)
         return monitor
 

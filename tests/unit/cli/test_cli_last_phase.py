@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 import threading
-from collections.abc import Callable, Hashable, Sequence
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -16,22 +16,13 @@ from raylens.cli.phase_notes import ended_phase_line
 from raylens.telemetry import host_memory as hm
 from raylens.telemetry.phase_board import EndedGroup, EndedPhase, publish_ended_phase
 from raylens.telemetry.phase_memory import GroupPhaseMemory, NodePhaseMemory, PhaseRecord
-from raylens.telemetry.scraping import Job, Outcome
+from raylens.telemetry.scraping import Outcome
 from raylens_fakes import FakeCluster
 
 MIB = 1024 * 1024
 NODE = "a" * 56
-
-
-class _Canned:
-    def scrape(self, jobs: Sequence[Job], timeout: float | None = None) -> dict[Hashable, Outcome]:
-        return {
-            job[0]: Outcome({"host_memory_used": 1e9, "host_memory_total": 4e9}, None)
-            for job in jobs
-        }
-
-    def close(self, timeout: float = 1.0) -> None:
-        pass
+# What every node's scrape answers: 1 GB used of 4 GB.
+FIGURES = Outcome({"host_memory_used": 1e9, "host_memory_total": 4e9}, None)
 
 
 def _watch_once(
@@ -42,8 +33,7 @@ def _watch_once(
     tmp_path: Path,
 ) -> None:
     watcher = cluster.for_job("ffff")
-    monitor = make_monitor(watcher)
-    monitor._engine = _Canned()
+    monitor = make_monitor(watcher, answering=FIGURES)
     args = argparse.Namespace(
         interval=1.0, duration=None, once=True, record=str(tmp_path / "r.jsonl")
     )

@@ -10,7 +10,7 @@ import argparse
 import json
 import threading
 import time
-from collections.abc import Callable, Hashable, Sequence
+from collections.abc import Callable
 from datetime import datetime
 from typing import Any, TypeVar
 
@@ -28,12 +28,14 @@ from raylens.cli.reachability import (
     tcp_probe,
 )
 from raylens.telemetry import host_memory as hm
-from raylens.telemetry.scraping import Job, Outcome
+from raylens.telemetry.scraping import Outcome
 from raylens_fakes import FakeCluster
 from raylens_fakes.clock import ClockedStop, ManualClock
 
 T = TypeVar("T")
 WALL_START = 1_800_000_000.0
+# What every node's scrape answers: 1 GB used of 4 GB.
+FIGURES = Outcome({"host_memory_used": 1e9, "host_memory_total": 4e9}, None)
 
 
 class Clock(ManualClock):
@@ -175,19 +177,6 @@ def test_give_up_defaults_to_30_seconds_and_refuses_less_than_one() -> None:
 # ------------------------------------------------------------------- the watch loop
 
 
-class _Canned:
-    """An engine whose every node answers with the same figures."""
-
-    def scrape(self, jobs: Sequence[Job], timeout: float | None = None) -> dict[Hashable, Outcome]:
-        return {
-            job[0]: Outcome({"host_memory_used": 1e9, "host_memory_total": 4e9}, None)
-            for job in jobs
-        }
-
-    def close(self, timeout: float = 1.0) -> None:
-        pass
-
-
 def _watch_until_lost(
     make_monitor: Callable[..., hm.HostMemoryMonitor],
     capsys: pytest.CaptureFixture[str],
@@ -208,8 +197,7 @@ def _watch_until_lost(
         wall=clock.wall,
         run=run_in_place,
     )
-    monitor = make_monitor(guard, clock=clock, interval=interval)
-    monitor._engine = _Canned()
+    monitor = make_monitor(guard, clock=clock, interval=interval, answering=FIGURES)
     stop = ClockedStop(clock, until=GIVE_UP_AT)
     args = argparse.Namespace(interval=interval, duration=None, once=False, give_up=give_up)
     with pytest.raises(ClusterLost) as lost:
@@ -263,8 +251,7 @@ def test_a_watch_without_a_guard_shows_no_unreachable_line(
 ) -> None:
     cluster, clock = FakeCluster(), Clock()
     cluster.add_node(port=8000)
-    monitor = make_monitor(cluster, clock=clock)
-    monitor._engine = _Canned()
+    monitor = make_monitor(cluster, clock=clock, answering=FIGURES)
     args = argparse.Namespace(interval=1.0, duration=None, once=True)
 
     watch_nodes(
@@ -350,8 +337,7 @@ def test_a_gcs_that_accepts_connections_but_answers_nothing_is_given_up_on(
         wall=clock.wall,
         run=run,
     )
-    monitor = make_monitor(guard, clock=clock, interval=5.0)
-    monitor._engine = _Canned()
+    monitor = make_monitor(guard, clock=clock, interval=5.0, answering=FIGURES)
     args = argparse.Namespace(interval=5.0, duration=None, once=False, give_up=20.0)
 
     with pytest.raises(ClusterLost, match=f"since {_since(1005.0)}"):

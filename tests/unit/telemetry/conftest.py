@@ -12,7 +12,10 @@ from dataclasses import dataclass
 
 import pytest
 
+from raylens.telemetry import host_memory as hm
 from raylens.telemetry.process_memory import process_tree_memory_supported
+from raylens.telemetry.scraping import Outcome
+from raylens_fakes import FakeCluster
 
 
 @pytest.fixture
@@ -73,3 +76,22 @@ def spawn() -> Iterator[Callable[..., Spawned]]:
             os.killpg(process.pid, signal.SIGKILL)  # the session's group: whatever is left
         process.wait(timeout=5)
         process.stdout.close()
+
+
+# Node id of the one node ``one_node_monitor`` lists.
+ONE_NODE = "a" * 56
+
+
+@pytest.fixture
+def one_node_monitor(
+    make_monitor: Callable[..., hm.HostMemoryMonitor],
+) -> Callable[[Outcome], hm.HostMemoryMonitor]:
+    """``one_node_monitor(outcome)``: a monitor of one node (host ``vm``, id ``"a" * 56``)
+    whose every scrape comes back as ``outcome``."""
+
+    def make(outcome: Outcome) -> hm.HostMemoryMonitor:
+        cluster = FakeCluster()
+        cluster.add_node(node_id=ONE_NODE, port=8080, hostname="vm")
+        return make_monitor(cluster, answering=outcome)
+
+    return make
