@@ -25,13 +25,13 @@ NODE = "a" * 56
 FIGURES = Outcome({"host_memory_used": 1e9, "host_memory_total": 4e9}, None)
 
 
-def _watch_once(
-    make_monitor: Callable[..., hm.HostMemoryMonitor],
-    cluster: FakeCluster,
-    *,
-    as_json: bool,
-    tmp_path: Path,
+def _watch_once_after_a_phase(
+    make_monitor: Callable[..., hm.HostMemoryMonitor], *, as_json: bool, tmp_path: Path
 ) -> None:
+    """One watch of a one-node cluster in which job 0100 published its ended phase."""
+    cluster = FakeCluster()
+    cluster.add_node(port=8000)
+    _published(cluster)
     watcher = cluster.for_job("ffff")
     monitor = make_monitor(watcher, answering=FIGURES)
     args = argparse.Namespace(
@@ -61,10 +61,7 @@ def test_json_carries_the_last_phase_of_each_live_job(
     capsys: pytest.CaptureFixture[str],
     tmp_path: Path,
 ) -> None:
-    cluster = FakeCluster()
-    cluster.add_node(port=8000)
-    _published(cluster)
-    _watch_once(make_monitor, cluster, as_json=True, tmp_path=tmp_path)
+    _watch_once_after_a_phase(make_monitor, as_json=True, tmp_path=tmp_path)
 
     (record,) = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
     (last,) = record["last_phases"]
@@ -80,10 +77,7 @@ def test_the_table_says_the_last_phase_under_it(
     capsys: pytest.CaptureFixture[str],
     tmp_path: Path,
 ) -> None:
-    cluster = FakeCluster()
-    cluster.add_node(port=8000)
-    _published(cluster)
-    _watch_once(make_monitor, cluster, as_json=False, tmp_path=tmp_path)
+    _watch_once_after_a_phase(make_monitor, as_json=False, tmp_path=tmp_path)
 
     out = " ".join(capsys.readouterr().out.split())  # the table wraps long lines
     assert "last phase 'train' (12.5 s, ended" in out

@@ -177,6 +177,17 @@ def test_give_up_defaults_to_30_seconds_and_refuses_less_than_one() -> None:
 # ------------------------------------------------------------------- the watch loop
 
 
+def _watch_in_json(
+    monitor: hm.HostMemoryMonitor,
+    args: argparse.Namespace,
+    stop: ClockedStop,
+    guard: GuardedCluster | None = None,
+) -> None:
+    """The watch loop, writing JSON records, on ``stop``'s clock (and ``guard``'s, if any)."""
+    on_guard = {} if guard is None else {"cluster": guard, "clock": stop.clock, "guard": guard}
+    watch_nodes(monitor, args, output=Output(as_json=True), title="t", stop=stop, **on_guard)
+
+
 def _watch_until_lost(
     make_monitor: Callable[..., hm.HostMemoryMonitor],
     capsys: pytest.CaptureFixture[str],
@@ -201,16 +212,7 @@ def _watch_until_lost(
     stop = ClockedStop(clock, until=GIVE_UP_AT)
     args = argparse.Namespace(interval=interval, duration=None, once=False, give_up=give_up)
     with pytest.raises(ClusterLost) as lost:
-        watch_nodes(
-            monitor,
-            args,
-            output=Output(as_json=True),
-            title="t",
-            stop=stop,
-            cluster=guard,
-            clock=clock,
-            guard=guard,
-        )
+        _watch_in_json(monitor, args, stop, guard)
     records = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
     return records, lost.value, clock.now, stop
 
@@ -254,13 +256,7 @@ def test_a_watch_without_a_guard_shows_no_unreachable_line(
     monitor = make_monitor(cluster, clock=clock, answering=FIGURES)
     args = argparse.Namespace(interval=1.0, duration=None, once=True)
 
-    watch_nodes(
-        monitor,
-        args,
-        output=Output(as_json=True),
-        title="t",
-        stop=ClockedStop(clock, until=GIVE_UP_AT),
-    )
+    _watch_in_json(monitor, args, ClockedStop(clock, until=GIVE_UP_AT))
 
     (record,) = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
     assert record["unreachable"] is None and record["nodes"][0]["error"] is None
@@ -341,16 +337,7 @@ def test_a_gcs_that_accepts_connections_but_answers_nothing_is_given_up_on(
     args = argparse.Namespace(interval=5.0, duration=None, once=False, give_up=20.0)
 
     with pytest.raises(ClusterLost, match=f"since {_since(1005.0)}"):
-        watch_nodes(
-            monitor,
-            args,
-            output=Output(as_json=True),
-            title="t",
-            stop=ClockedStop(clock, until=GIVE_UP_AT),
-            cluster=guard,
-            clock=clock,
-            guard=guard,
-        )
+        _watch_in_json(monitor, args, ClockedStop(clock, until=GIVE_UP_AT), guard)
 
     records = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
     assert records[-1]["unreachable"] is not None

@@ -179,19 +179,21 @@ def test_scrape_duration_is_per_node_in_seconds(
     assert metrics_probe.metric(DURATION).unit == "s"
 
 
-def test_a_node_that_recovers_is_up_again_without_a_reason(
+def test_an_agent_that_answers_500_is_asked_again_next_cycle_and_is_up_without_a_reason(
     simulated_cluster: Factory, metrics_probe: MetricsProbe, make_monitor: Callable
 ) -> None:
     sim = simulated_cluster(1)
     sim.raylet(0).respond_status(500)
     monitor = make_monitor(sim.cluster)
     monitor.collect_once()
-    assert _export(metrics_probe, UP)[sim.node_id(0)][1] == 0
+    ((node, (attributes, value)),) = _export(metrics_probe, UP).items()
+    assert (node, value, attributes["error.type"]) == (sim.node_id(0), 0, "server_error")
 
     sim.raylet(0).serve_normally()
-    monitor.collect_once()
-    attrs, value = _export(metrics_probe, UP)[sim.node_id(0)]
-    assert value == 1 and "error.type" not in attrs
+    monitor.collect_once()  # the next cycle asks again, and the node is back
+    ((node, (attributes, value)),) = _export(metrics_probe, UP).items()
+    assert (node, value) == (sim.node_id(0), 1) and "error.type" not in attributes
+    assert set(_export(metrics_probe, "rl.host.memory.used")) == {sim.node_id(0)}
 
 
 @pytest.mark.parametrize("leave", ["kill", "remove"])
@@ -314,20 +316,3 @@ def test_the_watch_table_shows_a_node_without_metrics(
     console.print(node_table(NodeTable(monitor).rows()))
     (row,) = [line for line in console.export_text().splitlines() if "plain-ray" in line]
     assert "serves no metrics" in row and "ray[default]" in row
-
-
-def test_an_agent_that_answers_500_is_asked_again_next_cycle(
-    simulated_cluster: Factory, metrics_probe: MetricsProbe, make_monitor: Callable
-) -> None:
-    sim = simulated_cluster(1)
-    sim.raylet(0).respond_status(500)
-    monitor = make_monitor(sim.cluster)
-    monitor.collect_once()
-    ((attributes, value),) = _export(metrics_probe, UP).values()
-    assert (value, attributes["error.type"]) == (0, "server_error")
-
-    sim.raylet(0).serve_normally()
-    monitor.collect_once()  # the next cycle asks again, and the node is back
-    ((attributes, value),) = _export(metrics_probe, UP).values()
-    assert value == 1 and "error.type" not in attributes
-    assert set(_export(metrics_probe, "rl.host.memory.used")) == {sim.node_id(0)}
