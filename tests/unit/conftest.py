@@ -23,15 +23,18 @@ import importlib.abc
 import itertools
 import multiprocessing.util
 import os
+import shutil
 import signal
 import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Hashable, Iterator, Sequence
+from collections.abc import Callable, Hashable, Iterator, Mapping, Sequence
+from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 
 from raylens.lens import (
     OBSERVABLE_GAUGE,
@@ -298,3 +301,36 @@ def wait_until() -> Callable[..., bool]:
     every 10 ms until it holds or ``timeout`` seconds pass.
     """
     return _poll
+
+
+# ---- Prometheus' own rule tests (slow tier) ---------------------------------------------
+
+
+@pytest.fixture
+def promtool_test_rules() -> Callable[..., None]:
+    """``promtool_test_rules(path, document=None)``: ``promtool test rules`` on ``path``.
+
+    ``document``, when given, is first written to ``path`` as YAML. promtool runs in the
+    file's folder, so the rule files it names are found beside it. The test fails with
+    promtool's report unless every case passes, and is skipped where promtool is absent.
+    """
+    promtool = shutil.which("promtool")
+    if promtool is None:
+        pytest.skip(
+            "promtool is not installed (Debian/Ubuntu: apt-get install prometheus; .ci/run does)"
+        )
+
+    def run(path: Path, document: Mapping[str, Any] | None = None) -> None:
+        if document is not None:
+            path.write_text(yaml.safe_dump(dict(document), sort_keys=False), encoding="utf-8")
+        result = subprocess.run(
+            [promtool, "test", "rules", path.name],
+            cwd=path.parent,
+            capture_output=True,
+            text=True,
+            timeout=120,
+            check=False,
+        )
+        assert result.returncode == 0, result.stdout + result.stderr
+
+    return run
