@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import signal
 import subprocess
@@ -95,3 +96,24 @@ def one_node_monitor(
         return make_monitor(cluster, answering=outcome)
 
     return make
+
+
+@pytest.fixture
+def declared_on_import() -> Callable[..., list[str]]:
+    """``declared_on_import(*modules, prefix=...)``: the metric names starting with ``prefix``
+    that a fresh interpreter holds as declared once it has imported ``modules`` (slow tier)."""
+
+    def run(*modules: str, prefix: str) -> list[str]:
+        code = (
+            f"import json, {', '.join(modules)}\n"
+            "from raylens.lens import recorded_metrics\n"
+            f"print(json.dumps(sorted(n for n in recorded_metrics() if n.startswith({prefix!r}))))\n"
+        )
+        result = subprocess.run(
+            [sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=False
+        )
+        assert result.returncode == 0, result.stderr
+        names: list[str] = json.loads(result.stdout)
+        return names
+
+    return run
