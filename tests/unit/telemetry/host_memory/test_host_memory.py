@@ -110,30 +110,33 @@ def test_each_exported_metric_name_is_the_name_of_a_declared_gauge() -> None:
 # Parsing ----------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("as_text", [False, True])
-def test_parse_memory_samples_reads_the_real_capture(as_text: bool) -> None:
-    payload = load_payload("worker")
-    samples = hm.parse_memory_samples(payload.decode() if as_text else payload)
-
+_CAPTURES = {
     # Exact names: ray_node_mem_used_host is the machine's figure, a series of its own.
-    assert samples == {
+    "worker": {
         "host_memory_used": 1.194815488e09,
         "host_memory_total": 2.5276063744e10,
         "host_machine_memory_used": 1.63254272e09,
         "host_machine_memory_total": 2.5276063744e10,
-    }
-
-
-def test_parse_memory_samples_head_capture_keeps_ray_and_machine_figures_apart() -> None:
-    samples = hm.parse_memory_samples(load_payload("head"))
-
+    },
     # The recorded head: Ray's container-aware figure and the machine's differ.
-    assert samples == {
+    "head": {
         "host_memory_used": 1.169268736e09,
         "host_memory_total": 2.5276063744e10,
         "host_machine_memory_used": 1.622867968e09,
         "host_machine_memory_total": 2.5276063744e10,
-    }
+    },
+}
+
+
+@pytest.mark.parametrize("as_text", [False, True])
+@pytest.mark.parametrize("capture", list(_CAPTURES))
+def test_parse_memory_samples_reads_a_real_capture_keeping_ray_and_machine_figures_apart(
+    capture: str, as_text: bool
+) -> None:
+    payload = load_payload(capture)
+    samples = hm.parse_memory_samples(payload.decode() if as_text else payload)
+
+    assert samples == _CAPTURES[capture]
 
 
 def test_parse_memory_samples_skips_missing_and_unusable_values() -> None:
