@@ -284,39 +284,44 @@ def test_label_value_may_not_span_a_raw_newline() -> None:
 # --- framing and encodings ------------------------------------------------------------------
 
 
-def test_crlf_line_ends() -> None:
-    payload = (
-        b"# HELP ray_node_mem_used Memory usage\r\n"
-        b"# TYPE ray_node_mem_used gauge\r\n"
-        b'ray_node_mem_used{a="b"} 3 1700000000000\r\n'
-        b"ray_node_mem_total 4\r\n"
-    )
+_FRAMINGS = {
+    "crlf_line_ends": (
+        (
+            b"# HELP ray_node_mem_used Memory usage\r\n"
+            b"# TYPE ray_node_mem_used gauge\r\n"
+            b'ray_node_mem_used{a="b"} 3 1700000000000\r\n'
+            b"ray_node_mem_total 4\r\n"
+        ),
+        {USED: 3.0, TOTAL: 4.0},
+    ),
+    "openmetrics_framing": (
+        (
+            b"# TYPE ray_node_mem_used gauge\n"
+            b"# UNIT ray_node_mem_used bytes\n"
+            b"# HELP ray_node_mem_used Memory usage.\n"
+            b'ray_node_mem_used{a="b"} 3.0\n'
+            b"# EOF\n"
+        ),
+        {USED: 3.0},
+    ),
+    "bytes_that_are_not_utf8_elsewhere_in_the_payload": (
+        (
+            b"# HELP junk \xff\xfe not utf-8 \xc3\n"
+            b'junk{a="\x80\x81"} 1\n'
+            b'ray_node_mem_used{a="caf\xe9"} 3\n'
+            b"\xff\xff\xff\n"
+            b"ray_node_mem_total 4\n"
+        ),
+        {USED: 3.0, TOTAL: 4.0},
+    ),
+}
 
-    assert extract_samples(payload, WANTED) == {USED: 3.0, TOTAL: 4.0}
 
+@pytest.mark.parametrize("case", list(_FRAMINGS))
+def test_samples_are_read_whatever_frames_them(case: str) -> None:
+    payload, expected = _FRAMINGS[case]
 
-def test_openmetrics_framing() -> None:
-    payload = (
-        b"# TYPE ray_node_mem_used gauge\n"
-        b"# UNIT ray_node_mem_used bytes\n"
-        b"# HELP ray_node_mem_used Memory usage.\n"
-        b'ray_node_mem_used{a="b"} 3.0\n'
-        b"# EOF\n"
-    )
-
-    assert extract_samples(payload, [USED]) == {USED: 3.0}
-
-
-def test_bytes_that_are_not_utf8_elsewhere_in_the_payload() -> None:
-    payload = (
-        b"# HELP junk \xff\xfe not utf-8 \xc3\n"
-        b'junk{a="\x80\x81"} 1\n'
-        b'ray_node_mem_used{a="caf\xe9"} 3\n'
-        b"\xff\xff\xff\n"
-        b"ray_node_mem_total 4\n"
-    )
-
-    assert extract_samples(payload, WANTED) == {USED: 3.0, TOTAL: 4.0}
+    assert extract_samples(payload, WANTED) == expected
 
 
 def test_text_payload_gives_the_same_result_as_bytes() -> None:
