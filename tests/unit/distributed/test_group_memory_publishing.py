@@ -15,7 +15,10 @@ from raylens.distributed._group_memory_publishing import (
     SAMPLER_THREAD_NAME,
     RayMetricsPublisher,
 )
-from raylens.distributed.group_memory_sampler import GroupMemorySamplerActor
+from raylens.distributed.group_memory_sampler import (
+    DEFAULT_PSS_INTERVAL_SECONDS,
+    GroupMemorySamplerActor,
+)
 from raylens.telemetry.raylet_payload import (
     GROUP_GROWTH_GAUGE,
     GROUP_LABEL,
@@ -81,13 +84,15 @@ def clock() -> ManualClock:
     return ManualClock(1_700_000_000.0)
 
 
-def _actor(procfs: FakeProcFS, publisher: Recording, clock: ManualClock, **options: Any) -> Any:
+def _actor(
+    procfs: FakeProcFS, publisher: Recording, wall_clock: ManualClock, **options: Any
+) -> Any:
     options.setdefault("pss_interval_seconds", None)  # PSS at every reading
     return GroupMemorySamplerActor(
         procfs_root=str(procfs.root),
         host_name="node-a",
         publisher=publisher,
-        wall_clock=clock,
+        wall_clock=wall_clock,
         **options,
     )
 
@@ -385,15 +390,7 @@ class GrowthRecording(Recording):
 def test_each_groups_growth_is_published_once_its_window_is_full(procfs, clock):
     publisher = GrowthRecording()
     ticks = ManualClock(1_700_000_000.0)  # the growth history's clock, advanced by hand
-    actor = GroupMemorySamplerActor(
-        procfs_root=str(procfs.root),
-        host_name="node-a",
-        publisher=publisher,
-        wall_clock=clock,
-        clock=ticks,
-        pss_interval_seconds=None,
-        growth_window_s=60.0,
-    )
+    actor = _actor(procfs, publisher, clock, clock=ticks, growth_window_s=60.0)
     leak = 2 * MB  # per second
     policy = _worker(procfs, "policy", 200, 100 * MB)
     rollout = _worker(procfs, "rollout", 300, 50 * MB)
@@ -432,13 +429,11 @@ class PssAgeRecording(Recording):
 def test_pss_is_published_with_its_age_between_its_readings(procfs, clock):
     publisher = PssAgeRecording()
     ticks = ManualClock(1_700_000_000.0)  # the reader's clock, which times the PSS interval
-    actor = GroupMemorySamplerActor(
-        procfs_root=str(procfs.root),
-        host_name="node-a",
-        publisher=publisher,
-        wall_clock=clock,
-        clock=ticks,
-    )  # the default PSS interval, which is longer than the 20 s between these readings
+    # The default PSS interval, which is longer than the 20 s between these readings.
+    actor = _actor(
+        procfs, publisher, clock, clock=ticks, pss_interval_seconds=DEFAULT_PSS_INTERVAL_SECONDS
+    )
+    assert DEFAULT_PSS_INTERVAL_SECONDS > 20.0
     actor.set_workers([_worker(procfs, "policy", 200, 10 * MB, pss_bytes=6 * MB)])
 
     actor.sample_and_publish_once()
