@@ -26,6 +26,8 @@ from raylens_fakes.clock import ManualClock
 from raylens_fakes.otel import MetricsProbe
 from raylens_fakes.procfs import PAGE_SIZE, FakeProcFS
 
+USAGE = "gym.server.memory.usage"
+SAMPLED_PEAK = "gym.server.memory.sampled_peak"
 POLICY = {"nemo.gym.server.name": "policy", "nemo.gym.server.type": "vllm", "process.pid": 100}
 
 
@@ -55,6 +57,17 @@ class CountingCollector:
         return self.memory
 
 
+def _by_memory_type(probe: MetricsProbe, name: str) -> dict[str, float]:
+    """``name``'s points by memory type; every one of them is the policy server's."""
+    by_type = {}
+    for key, value in probe.points(name).items():
+        attributes = dict(key)
+        memory_type = attributes.pop("memory.type")
+        assert attributes == POLICY
+        by_type[memory_type] = value
+    return by_type
+
+
 # ---------------------------------------------------------------- export
 
 
@@ -63,13 +76,10 @@ def test_server_memory_is_exported_with_its_attributes(metrics_probe, policy):
     record_server_memory(policy, ProcessTreeMemory(300, 200, 3), peaks)
     assert peaks == {("policy", "rss"): 300, ("policy", "pss"): 200}
     metrics_probe.collect()
-    assert metrics_probe.points("gym.server.memory.usage") == {
-        point(POLICY, "rss"): 300,
-        point(POLICY, "pss"): 200,
-    }
-    assert metrics_probe.points("gym.server.memory.sampled_peak") == {
-        point(POLICY, "rss"): 300,
-        point(POLICY, "pss"): 200,
+    assert _by_memory_type(metrics_probe, USAGE) == {"rss": 300, "pss": 200}
+    assert _by_memory_type(metrics_probe, SAMPLED_PEAK) == {
+        "rss": 300,
+        "pss": 200,
     }
     assert metrics_probe.points("gym.server.processes") == {point(POLICY): 3}
     assert metrics_probe.metric("gym.server.memory.usage").unit == "By"
@@ -82,13 +92,10 @@ def test_peak_is_the_largest_sample(metrics_probe, policy):
     record_server_memory(policy, ProcessTreeMemory(300, 200, 3), peaks)
     record_server_memory(policy, ProcessTreeMemory(100, 250, 1), peaks)
     metrics_probe.collect()
-    assert metrics_probe.points("gym.server.memory.usage") == {
-        point(POLICY, "rss"): 100,
-        point(POLICY, "pss"): 250,
-    }
-    assert metrics_probe.points("gym.server.memory.sampled_peak") == {
-        point(POLICY, "rss"): 300,
-        point(POLICY, "pss"): 250,
+    assert _by_memory_type(metrics_probe, USAGE) == {"rss": 100, "pss": 250}
+    assert _by_memory_type(metrics_probe, SAMPLED_PEAK) == {
+        "rss": 300,
+        "pss": 250,
     }
 
 
@@ -97,10 +104,10 @@ def test_unknown_pss_has_no_current_point_but_keeps_its_peak(metrics_probe, poli
     record_server_memory(policy, ProcessTreeMemory(300, 200, 3), peaks)
     record_server_memory(policy, ProcessTreeMemory(310, None, 3), peaks)
     metrics_probe.collect()
-    assert metrics_probe.points("gym.server.memory.usage") == {point(POLICY, "rss"): 310}
-    assert metrics_probe.points("gym.server.memory.sampled_peak") == {
-        point(POLICY, "rss"): 310,
-        point(POLICY, "pss"): 200,
+    assert _by_memory_type(metrics_probe, USAGE) == {"rss": 310}
+    assert _by_memory_type(metrics_probe, SAMPLED_PEAK) == {
+        "rss": 310,
+        "pss": 200,
     }
 
 
