@@ -57,6 +57,17 @@ class CountingCollector:
         return self.memory
 
 
+def _run_until_reached(profiler: MemoryProfiler, collector: CountingCollector) -> None:
+    """Runs the profiler's thread until ``collector`` reached its target; the thread is alive
+    then, and stopped after."""
+    profiler.start()
+    try:
+        assert collector.reached.wait(5)
+        assert profiler._thread.is_alive()
+    finally:
+        profiler.stop()
+
+
 def _by_memory_type(probe: MetricsProbe, name: str) -> dict[str, float]:
     """``name``'s points by memory type; every one of them is the policy server's."""
     by_type = {}
@@ -245,12 +256,7 @@ def test_collector_failures_never_stop_the_thread(fake, policy, caplog):
     collector.fail_on = {2, 3, 4}
     profiler = MemoryProfiler([policy], 0.01, collector, lambda: HOST, procfs=fake.procfs)
     with caplog.at_level(logging.DEBUG, logger="raylens"):
-        profiler.start()
-        try:
-            assert collector.reached.wait(5)
-            assert profiler._thread.is_alive()
-        finally:
-            profiler.stop()
+        _run_until_reached(profiler, collector)
     warnings = [r for r in caplog.records if r.levelno == logging.WARNING]
     assert len(warnings) == 1
     assert "policy" in warnings[0].getMessage()
@@ -327,12 +333,7 @@ def test_restart_works_and_resets_peaks(metrics_probe, fake, policy):
     collector.memory = ProcessTreeMemory(100, 90, 1)
     collector.reached.clear()
     collector.target = len(collector.calls) + 3
-    profiler.start()
-    try:
-        assert collector.reached.wait(5)
-        assert profiler._thread.is_alive()
-    finally:
-        profiler.stop()
+    _run_until_reached(profiler, collector)
     assert profiler._peaks == {("policy", "rss"): 100, ("policy", "pss"): 90}
     metrics_probe.collect()
     assert metrics_probe.points("gym.server.memory.sampled_peak") == {
