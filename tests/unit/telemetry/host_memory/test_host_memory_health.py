@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 
 from raylens.telemetry import host_memory as hm
-from raylens.telemetry.raylet_payload import SCRAPE_ERROR_TYPES, TOTAL_KEY, USED_KEY
+from raylens.telemetry.raylet_payload import TOTAL_KEY, USED_KEY
 from raylens_fakes import FakeCluster, MetricsProbe, SimulatedCluster
 
 UP = "rl.host.scrape.up"
@@ -52,68 +52,6 @@ def test_the_machine_pair_is_exported_beside_rays_figure(
 
 
 # Scrape health -------------------------------------------------------------------------
-
-FAILURES = {
-    "hang": (lambda r: r.hang(), "timeout"),
-    "status": (lambda r: r.respond_status(404), "http_status"),
-    "agent-busy": (lambda r: r.respond_status(500), "server_error"),
-    "unavailable": (lambda r: r.respond_status(503), "server_error"),
-    "reset": (lambda r: r.reset_connections(), "connection"),
-    "refused": (lambda r: r.close(), "connection"),
-    "garbage": (lambda r: r.serve_garbage(), "parse"),
-    "huge": (lambda r: r.serve_huge(5_000_000), "too_large"),
-    "huge-announced": (lambda r: r.serve_huge(5_000_000, announce_length=True), "too_large"),
-    "compressed": (
-        lambda r: r.respond_status(200, b"x", headers={"Content-Encoding": "gzip"}),
-        "encoding",
-    ),
-    "trickle": (lambda r: r.trickle(0.01), "timeout"),
-    "omitted": (lambda r: r.omit_memory_series(), "parse"),
-}
-
-
-# These make the scrape wait out its real deadline: the slow tier.
-_WAIT_OUT_THE_DEADLINE = {"hang", "trickle"}
-
-
-@pytest.mark.parametrize(
-    "failure",
-    [
-        pytest.param(name, marks=pytest.mark.slow) if name in _WAIT_OUT_THE_DEADLINE else name
-        for name in sorted(FAILURES)
-    ],
-)
-def test_a_failing_node_is_down_with_its_reason_and_the_others_are_up(
-    failure: str,
-    simulated_cluster: Factory,
-    metrics_probe: MetricsProbe,
-    make_monitor: Callable,
-) -> None:
-    misbehave, error_type = FAILURES[failure]
-    sim = simulated_cluster(2)
-    misbehave(sim.raylet(1))
-    hm.register_worker_group_nodes("rollout", [sim.node_id(1)])
-    monitor = make_monitor(sim.cluster, scrape_timeout=0.3, max_body_bytes=1_000_000)
-    monitor.collect_once()
-
-    up = _export(metrics_probe, UP)
-    assert up == {
-        sim.node_id(0): (
-            {"host.name": "sim-node-0", "rl.worker_groups": "none", "ray.node.id": sim.node_id(0)},
-            1,
-        ),
-        sim.node_id(1): (
-            {
-                "host.name": "sim-node-1",
-                "rl.worker_groups": "rollout",
-                "ray.node.id": sim.node_id(1),
-                "error.type": error_type,
-            },
-            0,
-        ),
-    }
-    assert error_type in SCRAPE_ERROR_TYPES
-    assert set(_export(metrics_probe, "rl.host.memory.used")) == {sim.node_id(0)}
 
 
 @pytest.mark.slow

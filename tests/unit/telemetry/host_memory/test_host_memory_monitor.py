@@ -17,7 +17,7 @@ from raylens.lens import shutdown_telemetry
 from raylens.telemetry import host_memory as hm
 from raylens.telemetry.host_memory._monitor import SHUTDOWN_GRACE_S
 from raylens.telemetry.names import RL_HOST_SCRAPE_UP_METRIC
-from raylens.telemetry.raylet_payload import USED_KEY
+from raylens.telemetry.raylet_payload import SCRAPE_ERROR_TYPES, USED_KEY
 from raylens_fakes import FakeCluster, MetricsProbe, SimulatedCluster
 
 USED = "rl.host.memory.used"
@@ -107,20 +107,30 @@ def test_samples_follow_the_schedule_between_cycles(
 
 # What a bad node costs ---------------------------------------------------------------
 
+# How a raylet can fail a scrape: what it is made to do, the reason ``scrape.up`` gives,
+# and what the node's row says.
 FAILURES = {
-    "hang": (lambda r: r.hang(), "timed out"),
-    "delay": (lambda r: r.delay(5), "timed out"),
-    "trickle": (lambda r: r.trickle(0.01), "payload not complete"),
-    "status": (lambda r: r.respond_status(503), "HTTP 503"),
-    "reset": (lambda r: r.reset_connections(), "reset"),
-    "refused": (lambda r: r.close(), "Connection refused"),
-    "garbage": (lambda r: r.serve_garbage(), "no valid ray_node_mem_used"),
-    "huge": (lambda r: r.serve_huge(5_000_000), "exceeds the 1000000-byte cap"),
+    "hang": (lambda r: r.hang(), "timeout", "timed out"),
+    "delay": (lambda r: r.delay(5), "timeout", "timed out"),
+    "trickle": (lambda r: r.trickle(0.01), "timeout", "payload not complete"),
+    "status": (lambda r: r.respond_status(404), "http_status", "HTTP 404"),
+    "agent-busy": (lambda r: r.respond_status(500), "server_error", "HTTP 500"),
+    "unavailable": (lambda r: r.respond_status(503), "server_error", "HTTP 503"),
+    "reset": (lambda r: r.reset_connections(), "connection", "reset"),
+    "refused": (lambda r: r.close(), "connection", "Connection refused"),
+    "garbage": (lambda r: r.serve_garbage(), "parse", "no valid ray_node_mem_used"),
+    "huge": (lambda r: r.serve_huge(5_000_000), "too_large", "exceeds the 1000000-byte cap"),
     "huge-announced": (
         lambda r: r.serve_huge(5_000_000, announce_length=True),
+        "too_large",
         "payload of 5000000 bytes exceeds",
     ),
-    "omitted": (lambda r: r.omit_memory_series(), "no valid ray_node_mem_used"),
+    "compressed": (
+        lambda r: r.respond_status(200, b"x", headers={"Content-Encoding": "gzip"}),
+        "encoding",
+        "Content-Encoding 'gzip'",
+    ),
+    "omitted": (lambda r: r.omit_memory_series(), "parse", "no valid ray_node_mem_used"),
 }
 
 
@@ -135,16 +145,17 @@ _WAIT_OUT_THE_DEADLINE = {"hang", "delay", "trickle"}
         for name in sorted(FAILURES)
     ],
 )
-def test_a_failing_node_costs_only_its_own_sample(
+def test_a_failing_node_costs_only_its_own_sample_and_is_down_with_its_reason(
     failure: str,
     simulated_cluster: Factory,
     metrics_probe: MetricsProbe,
     make_monitor: Callable,
     caplog: pytest.LogCaptureFixture,
 ) -> None:
-    misbehave, error = FAILURES[failure]
+    misbehave, error_type, error = FAILURES[failure]
     sim = simulated_cluster(3)
     misbehave(sim.raylet(1))
+    hm.register_worker_group_nodes("rollout", [sim.node_id(1)])
     monitor = make_monitor(sim.cluster, scrape_timeout=0.3, max_body_bytes=1_000_000)
 
     with caplog.at_level(logging.DEBUG, logger=LOGGER):
@@ -152,12 +163,25 @@ def test_a_failing_node_costs_only_its_own_sample(
         monitor.collect_once()
     used = _export(metrics_probe)
 
-    assert set(used) == {sim.node_id(0), sim.node_id(2)}
-    assert set(_by_node(metrics_probe, TOTAL)) == {sim.node_id(0), sim.node_id(2)}
+    healthy = {sim.node_id(0), sim.node_id(2)}
+    assert set(used) == healthy
+    assert set(_by_node(metrics_probe, TOTAL)) == healthy
     failed = {s.node_id: s for s in monitor.latest()}[sim.node_id(1)]
     assert failed.error is not None and error in failed.error
     assert (failed.used, failed.sampled_at) == (None, None)
     assert _warnings_about(caplog, sim.node_id(1)) == 1
+
+    # Its scrape.up point says why; the others' say they are up, with no reason.
+    def up_point(i: int, groups: str, **reason: str) -> tuple[dict[str, str], int]:
+        attributes = {"host.name": f"sim-node-{i}", "rl.worker_groups": groups}
+        return {**attributes, "ray.node.id": sim.node_id(i), **reason}, 0 if reason else 1
+
+    assert _by_node(metrics_probe, RL_HOST_SCRAPE_UP_METRIC) == {
+        sim.node_id(0): up_point(0, "none"),
+        sim.node_id(1): up_point(1, "rollout", **{"error.type": error_type}),
+        sim.node_id(2): up_point(2, "none"),
+    }
+    assert error_type in SCRAPE_ERROR_TYPES
 
 
 def test_a_node_that_stops_answering_loses_its_point_but_keeps_its_row(
