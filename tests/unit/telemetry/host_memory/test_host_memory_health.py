@@ -134,24 +134,6 @@ def test_an_agent_that_answers_500_is_asked_again_next_cycle_and_is_up_without_a
     assert set(_export(metrics_probe, "rl.host.memory.used")) == {sim.node_id(0)}
 
 
-@pytest.mark.parametrize("leave", ["kill", "remove"])
-def test_a_node_that_left_has_no_health_point_while_a_down_one_does(
-    leave: str, simulated_cluster: Factory, metrics_probe: MetricsProbe, make_monitor: Callable
-) -> None:
-    sim = simulated_cluster(3)
-    monitor = make_monitor(sim.cluster)
-    monitor.collect_once()
-    assert len(_export(metrics_probe, UP)) == 3
-
-    sim.raylet(1).respond_status(502)
-    (sim.kill_node if leave == "kill" else sim.remove_node)(2)
-    monitor.collect_once()
-
-    up = {node: value for node, (_, value) in _export(metrics_probe, UP).items()}
-    assert up == {sim.node_id(0): 1, sim.node_id(1): 0}
-    assert set(_export(metrics_probe, DURATION)) == {sim.node_id(0), sim.node_id(1)}
-
-
 def test_health_expires_with_the_samples_when_collection_stops(
     simulated_cluster: Factory, metrics_probe: MetricsProbe, make_monitor: Callable
 ) -> None:

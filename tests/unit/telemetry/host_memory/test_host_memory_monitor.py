@@ -16,7 +16,7 @@ from raylens.driver import init_telemetry_driver
 from raylens.lens import shutdown_telemetry
 from raylens.telemetry import host_memory as hm
 from raylens.telemetry.host_memory._monitor import SHUTDOWN_GRACE_S
-from raylens.telemetry.names import RL_HOST_SCRAPE_UP_METRIC
+from raylens.telemetry.names import RL_HOST_SCRAPE_DURATION_METRIC, RL_HOST_SCRAPE_UP_METRIC
 from raylens.telemetry.raylet_payload import SCRAPE_ERROR_TYPES, USED_KEY
 from raylens_fakes import FakeCluster, MetricsProbe, SimulatedCluster
 
@@ -208,19 +208,28 @@ def test_a_node_that_stops_answering_loses_its_point_but_keeps_its_row(
 
 
 @pytest.mark.parametrize("leave", ["kill", "remove"])
-def test_a_node_that_leaves_the_cluster_has_no_point(
+def test_a_node_that_leaves_the_cluster_has_no_point_while_a_down_one_keeps_its_health(
     leave: str, simulated_cluster: Factory, metrics_probe: MetricsProbe, make_monitor: Callable
 ) -> None:
     sim = simulated_cluster(3)
     monitor = make_monitor(sim.cluster)
     monitor.collect_once()
     assert len(_export(metrics_probe)) == 3
+    assert len(_by_node(metrics_probe, RL_HOST_SCRAPE_UP_METRIC)) == 3
 
+    sim.raylet(1).respond_status(502)
     (sim.kill_node if leave == "kill" else sim.remove_node)(2)
     monitor.collect_once()
 
-    assert set(_export(metrics_probe)) == {sim.node_id(0), sim.node_id(1)}
+    assert set(_export(metrics_probe)) == {sim.node_id(0)}
     assert {s.node_id for s in monitor.latest()} == {sim.node_id(0), sim.node_id(1)}
+    up = {
+        node: value
+        for node, (_, value) in _by_node(metrics_probe, RL_HOST_SCRAPE_UP_METRIC).items()
+    }
+    assert up == {sim.node_id(0): 1, sim.node_id(1): 0}
+    duration = _by_node(metrics_probe, RL_HOST_SCRAPE_DURATION_METRIC)
+    assert set(duration) == {sim.node_id(0), sim.node_id(1)}
 
 
 @pytest.mark.slow
