@@ -28,18 +28,20 @@ def test_defaults_from_empty_environment() -> None:
     assert config.otlp_endpoint == "http://localhost:4318/v1/metrics"
 
 
+# A value for every variable TelemetryConfig reads.
+_EVERY_VARIABLE = {
+    "RAYLENS_TELEMETRY": "off",
+    "RAYLENS_EXPORTER": "Prometheus",
+    "RAYLENS_PROMETHEUS_ADDR": "0.0.0.0:9100",
+    "OTEL_SERVICE_NAME": "trainer",
+    "OTEL_RESOURCE_ATTRIBUTES": "deployment.environment=prod, team=rl%20infra",
+    "OTEL_EXPORTER_OTLP_ENDPOINT": "http://collector:4318/",
+    "OTEL_METRIC_EXPORT_INTERVAL": "5000",
+}
+
+
 def test_reads_every_variable() -> None:
-    config = TelemetryConfig.from_env(
-        {
-            "RAYLENS_TELEMETRY": "off",
-            "RAYLENS_EXPORTER": "Prometheus",
-            "RAYLENS_PROMETHEUS_ADDR": "0.0.0.0:9100",
-            "OTEL_SERVICE_NAME": "trainer",
-            "OTEL_RESOURCE_ATTRIBUTES": "deployment.environment=prod, team=rl%20infra",
-            "OTEL_EXPORTER_OTLP_ENDPOINT": "http://collector:4318/",
-            "OTEL_METRIC_EXPORT_INTERVAL": "5000",
-        }
-    )
+    config = TelemetryConfig.from_env(_EVERY_VARIABLE)
     assert config.enabled is False
     assert config.exporter == "prometheus"
     assert config.prometheus_host_port == ("0.0.0.0", 9100)
@@ -105,17 +107,8 @@ def test_reads_os_environ_by_default(monkeypatch: pytest.MonkeyPatch) -> None:
 
 def test_an_empty_variable_counts_as_unset() -> None:
     # OpenTelemetry's configuration rules: an empty value is the same as no value.
-    config = TelemetryConfig.from_env(
-        {
-            "RAYLENS_TELEMETRY": "",
-            "RAYLENS_EXPORTER": "",
-            "RAYLENS_PROMETHEUS_ADDR": " ",
-            "OTEL_SERVICE_NAME": "",
-            "OTEL_RESOURCE_ATTRIBUTES": "",
-            "OTEL_EXPORTER_OTLP_ENDPOINT": "",
-            "OTEL_METRIC_EXPORT_INTERVAL": "",
-        }
-    )
+    empty = {**dict.fromkeys(_EVERY_VARIABLE, ""), "RAYLENS_PROMETHEUS_ADDR": " "}
+    config = TelemetryConfig.from_env(empty)
 
     assert config == TelemetryConfig.from_env({})
 
