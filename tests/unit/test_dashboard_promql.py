@@ -33,34 +33,30 @@ def _all(expr: str) -> str:
     return expr.replace("${worker_group}", ".*").replace("$host", ".*")
 
 
+def _promql_test(series: dict[str, str], cases: list[dict[str, Any]]) -> dict[str, Any]:
+    """A promtool test document: ``series`` (each with its values, one a minute), ``cases``."""
+    return {
+        "rule_files": [],
+        "evaluation_interval": "1m",
+        "tests": [
+            {
+                "interval": "1m",
+                "input_series": [{"series": s, "values": v} for s, v in series.items()],
+                "promql_expr_test": cases,
+            }
+        ],
+    }
+
+
 def _evaluate(
     promtool_test_rules: Callable[..., None],
     tmp_path: Path,
     expr: str,
     expected: list[tuple[str, float]],
 ) -> None:
-    test: dict[str, Any] = {
-        "rule_files": [],
-        "evaluation_interval": "1m",
-        "tests": [
-            {
-                "interval": "1m",
-                "input_series": [
-                    {"series": series, "values": f"{value} {value}"}
-                    for series, value in _SERIES.items()
-                ],
-                "promql_expr_test": [
-                    {
-                        "expr": expr,
-                        "eval_time": "1m",
-                        "exp_samples": [
-                            {"labels": labels, "value": value} for labels, value in expected
-                        ],
-                    }
-                ],
-            }
-        ],
-    }
+    series = {name: f"{value} {value}" for name, value in _SERIES.items()}
+    samples = [{"labels": labels, "value": value} for labels, value in expected]
+    test = _promql_test(series, [{"expr": expr, "eval_time": "1m", "exp_samples": samples}])
     promtool_test_rules(tmp_path / "dashboard_test.yml", test)
 
 
@@ -98,27 +94,17 @@ def test_the_oom_alert_sees_a_first_kill_and_a_rise_but_not_old_kills(
         'rl_host_oom_kills_total{ray_node_id="first",killer="kernel"}': "_x15 1x5",
         'rl_host_oom_kills_total{ray_node_id="again",killer="ray"}': "1x14 2x6",
     }
-    test = {
-        "rule_files": [],
-        "evaluation_interval": "1m",
-        "tests": [
-            {
-                "interval": "1m",
-                "input_series": [{"series": s, "values": v} for s, v in series.items()],
-                "promql_expr_test": [
-                    {
-                        "expr": f"count by (ray_node_id, killer) ({rule['expr']})",
-                        "eval_time": "20m",
-                        "exp_samples": [
-                            {"labels": '{ray_node_id="again",killer="ray"}', "value": 1},
-                            {"labels": '{ray_node_id="first",killer="kernel"}', "value": 1},
-                        ],
-                    }
-                ],
-            }
-        ],
-    }
-    promtool_test_rules(tmp_path / "promql_test.yml", test)
+    cases = [
+        {
+            "expr": f"count by (ray_node_id, killer) ({rule['expr']})",
+            "eval_time": "20m",
+            "exp_samples": [
+                {"labels": '{ray_node_id="again",killer="ray"}', "value": 1},
+                {"labels": '{ray_node_id="first",killer="kernel"}', "value": 1},
+            ],
+        }
+    ]
+    promtool_test_rules(tmp_path / "promql_test.yml", _promql_test(series, cases))
 
 
 def test_the_growth_panels_keep_only_nodes_of_the_chosen_group(
@@ -131,29 +117,19 @@ def test_the_growth_panels_keep_only_nodes_of_the_chosen_group(
         'rl_host_memory_time_to_limit_seconds{host_name="vm",ray_node_id="a",rl_worker_groups="policy,rollout"}': "600 600",
         'rl_host_memory_time_to_limit_seconds{host_name="vm",ray_node_id="b",rl_worker_groups="policy"}': "900 900",
     }
-    test = {
-        "rule_files": [],
-        "evaluation_interval": "1m",
-        "tests": [
-            {
-                "interval": "1m",
-                "input_series": [{"series": s, "values": v} for s, v in series.items()],
-                "promql_expr_test": [
-                    {
-                        "expr": chosen,
-                        "eval_time": "1m",
-                        "exp_samples": [
-                            {
-                                "labels": 'rl_host_memory_time_to_limit_seconds{host_name="vm",ray_node_id="a",rl_worker_groups="policy,rollout"}',
-                                "value": 600,
-                            }
-                        ],
-                    }
-                ],
-            }
-        ],
-    }
-    promtool_test_rules(tmp_path / "promql_test.yml", test)
+    cases = [
+        {
+            "expr": chosen,
+            "eval_time": "1m",
+            "exp_samples": [
+                {
+                    "labels": 'rl_host_memory_time_to_limit_seconds{host_name="vm",ray_node_id="a",rl_worker_groups="policy,rollout"}',
+                    "value": 600,
+                }
+            ],
+        }
+    ]
+    promtool_test_rules(tmp_path / "promql_test.yml", _promql_test(series, cases))
 
 
 def test_the_phase_panels_take_each_groups_largest_peak_and_sum_what_it_left(
@@ -170,26 +146,16 @@ def test_the_phase_panels_take_each_groups_largest_peak_and_sum_what_it_left(
         f'rl_worker_group_memory_phase_delta_bytes{{{where},ray_node_id="b"}}': "-4 -4",
     }
     labels = '{rl_phase="train",rl_worker_group="policy"}'
-    test = {
-        "rule_files": [],
-        "evaluation_interval": "1m",
-        "tests": [
-            {
-                "interval": "1m",
-                "input_series": [{"series": s, "values": v} for s, v in series.items()],
-                "promql_expr_test": [
-                    {
-                        "expr": peak,
-                        "eval_time": "1m",
-                        "exp_samples": [{"labels": labels, "value": 400}],
-                    },
-                    {
-                        "expr": left,
-                        "eval_time": "1m",
-                        "exp_samples": [{"labels": labels, "value": 6}],
-                    },
-                ],
-            }
-        ],
-    }
-    promtool_test_rules(tmp_path / "promql_test.yml", test)
+    cases = [
+        {
+            "expr": peak,
+            "eval_time": "1m",
+            "exp_samples": [{"labels": labels, "value": 400}],
+        },
+        {
+            "expr": left,
+            "eval_time": "1m",
+            "exp_samples": [{"labels": labels, "value": 6}],
+        },
+    ]
+    promtool_test_rules(tmp_path / "promql_test.yml", _promql_test(series, cases))
