@@ -5,16 +5,14 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 
 from raylens.cli.profile import ProcessTable, pss_max_age
 from raylens.telemetry.process_memory import (
-    HostMemory,
     MemoryProfiler,
-    ServerMemoryTarget,
-    collect_process_tree_memory,
 )
 from raylens_fakes.clock import ManualClock
 from raylens_fakes.procfs import PAGE_SIZE, FakeProcFS
@@ -26,27 +24,14 @@ pytestmark = pytest.mark.skipif(
 MIB = 1024 * 1024
 
 
-def _profiler(
-    fake: FakeProcFS, clock: ManualClock, *, pss_interval: float | None
-) -> MemoryProfiler:
-    target = ServerMemoryTarget("train", "command", 100, procfs=fake.procfs)
-    return MemoryProfiler(
-        [target],
-        1.0,
-        pss_interval_seconds=pss_interval,
-        collector=lambda pid, **kw: collect_process_tree_memory(pid, procfs=fake.procfs, **kw),
-        host_collector=lambda: HostMemory(1, 2, 3),
-        procfs=fake.procfs,
-        clock=clock,
-    )
-
-
-def test_a_spike_between_samples_shows_in_the_kernel_peak_only(tmp_path: Path) -> None:
+def test_a_spike_between_samples_shows_in_the_kernel_peak_only(
+    tmp_path: Path, profiler_over: Callable[..., MemoryProfiler]
+) -> None:
     fake = FakeProcFS(tmp_path / "proc")
     fake.add_process(100, rss_bytes=2 * MIB)
     fake.add_process(101, parent=100, rss_bytes=4 * MIB)
     clock = ManualClock()
-    profiler = _profiler(fake, clock, pss_interval=None)
+    profiler = profiler_over(fake, 1.0, pss_interval_seconds=None, clock=clock)
     table = ProcessTable(profiler, label="train", pid=100, procfs=fake.procfs, clock=clock)
     profiler.sample_once()
     # Between two samples the child rose to 400 MiB and fell back.
@@ -62,11 +47,13 @@ def test_a_spike_between_samples_shows_in_the_kernel_peak_only(tmp_path: Path) -
     assert (row.kernel_peak, row.kernel_peak_source) == (400 * MIB, "VmHWM")
 
 
-def test_after_exit_the_kernel_peak_comes_from_getrusage(tmp_path: Path) -> None:
+def test_after_exit_the_kernel_peak_comes_from_getrusage(
+    tmp_path: Path, profiler_over: Callable[..., MemoryProfiler]
+) -> None:
     fake = FakeProcFS(tmp_path / "proc")
     fake.add_process(100, rss_bytes=2 * MIB, hwm_bytes=50 * MIB)
     clock = ManualClock()
-    profiler = _profiler(fake, clock, pss_interval=None)
+    profiler = profiler_over(fake, 1.0, pss_interval_seconds=None, clock=clock)
     table = ProcessTable(profiler, label="train", pid=100, procfs=fake.procfs, clock=clock)
     profiler.sample_once()
     table.rows()
@@ -81,11 +68,13 @@ def test_after_exit_the_kernel_peak_comes_from_getrusage(tmp_path: Path) -> None
     assert (row.kernel_peak, row.kernel_peak_source) == (None, None)
 
 
-def test_a_pss_older_than_its_interval_is_shown_stale(tmp_path: Path) -> None:
+def test_a_pss_older_than_its_interval_is_shown_stale(
+    tmp_path: Path, profiler_over: Callable[..., MemoryProfiler]
+) -> None:
     fake = FakeProcFS(tmp_path / "proc")
     fake.add_process(100, rss_bytes=10 * PAGE_SIZE, pss_bytes=8 * PAGE_SIZE)
     clock = ManualClock()
-    profiler = _profiler(fake, clock, pss_interval=10.0)
+    profiler = profiler_over(fake, 1.0, pss_interval_seconds=10.0, clock=clock)
     limit = pss_max_age(1.0, 10.0)
     assert limit == 11.0
     table = ProcessTable(
