@@ -179,7 +179,9 @@ def test_simulate_feeds_the_chosen_exporter(capsys: pytest.CaptureFixture[str]) 
     assert 'rl.worker_groups="policy"' in out
 
 
-def test_profile_rows_from_a_fake_process_tree(tmp_path, profiler_over) -> None:
+def test_profile_rows_from_a_fake_process_tree(tmp_path) -> None:
+    from fake_profiles import profiler_over
+
     from raylens.cli.profile import ProcessTable
     from raylens_fakes.procfs import FakeProcFS
 

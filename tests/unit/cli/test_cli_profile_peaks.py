@@ -5,15 +5,12 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-from collections.abc import Callable
 from pathlib import Path
 
 import pytest
+from fake_profiles import profiler_over
 
 from raylens.cli.profile import ProcessTable, pss_max_age
-from raylens.telemetry.process_memory import (
-    MemoryProfiler,
-)
 from raylens_fakes.clock import ManualClock
 from raylens_fakes.procfs import PAGE_SIZE, FakeProcFS
 
@@ -24,9 +21,7 @@ pytestmark = pytest.mark.skipif(
 MIB = 1024 * 1024
 
 
-def test_a_spike_between_samples_shows_in_the_kernel_peak_only(
-    tmp_path: Path, profiler_over: Callable[..., MemoryProfiler]
-) -> None:
+def test_a_spike_between_samples_shows_in_the_kernel_peak_only(tmp_path: Path) -> None:
     fake = FakeProcFS(tmp_path / "proc")
     fake.add_process(100, rss_bytes=2 * MIB)
     fake.add_process(101, parent=100, rss_bytes=4 * MIB)
@@ -47,9 +42,7 @@ def test_a_spike_between_samples_shows_in_the_kernel_peak_only(
     assert (row.kernel_peak, row.kernel_peak_source) == (400 * MIB, "VmHWM")
 
 
-def test_after_exit_the_kernel_peak_comes_from_getrusage(
-    tmp_path: Path, profiler_over: Callable[..., MemoryProfiler]
-) -> None:
+def test_after_exit_the_kernel_peak_comes_from_getrusage(tmp_path: Path) -> None:
     fake = FakeProcFS(tmp_path / "proc")
     fake.add_process(100, rss_bytes=2 * MIB, hwm_bytes=50 * MIB)
     clock = ManualClock()
@@ -68,9 +61,7 @@ def test_after_exit_the_kernel_peak_comes_from_getrusage(
     assert (row.kernel_peak, row.kernel_peak_source) == (None, None)
 
 
-def test_a_pss_older_than_its_interval_is_shown_stale(
-    tmp_path: Path, profiler_over: Callable[..., MemoryProfiler]
-) -> None:
+def test_a_pss_older_than_its_interval_is_shown_stale(tmp_path: Path) -> None:
     fake = FakeProcFS(tmp_path / "proc")
     fake.add_process(100, rss_bytes=10 * PAGE_SIZE, pss_bytes=8 * PAGE_SIZE)
     clock = ManualClock()

@@ -10,10 +10,10 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-from collections.abc import Callable
 from pathlib import Path
 
 import pytest
+from fake_profiles import profiler_over
 
 from raylens.cli.profile import ProcessTable
 from raylens.telemetry.process_memory import (
@@ -26,9 +26,7 @@ MIB = 1024 * 1024
 WALL_AT_ZERO = 1_800_000_000.0
 
 
-def _table(
-    profiler_over: Callable[..., MemoryProfiler], tmp_path: Path, clock: list[float]
-) -> tuple[FakeProcFS, MemoryProfiler, ProcessTable]:
+def _table(tmp_path: Path, clock: list[float]) -> tuple[FakeProcFS, MemoryProfiler, ProcessTable]:
     fake = FakeProcFS(tmp_path / "proc")
     fake.add_process(100, rss_bytes=100 * MIB, pss_bytes=100 * MIB)
     profiler = profiler_over(fake, 1.0, clock=lambda: clock[0])
@@ -42,11 +40,9 @@ def _table(
     return fake, profiler, table
 
 
-def test_a_record_taken_inside_a_spike_shows_it_stamped_with_its_own_time(
-    tmp_path: Path, profiler_over: Callable[..., MemoryProfiler]
-) -> None:
+def test_a_record_taken_inside_a_spike_shows_it_stamped_with_its_own_time(tmp_path: Path) -> None:
     clock = [703.7]
-    fake, profiler, table = _table(profiler_over, tmp_path, clock)
+    fake, profiler, table = _table(tmp_path, clock)
     profiler.sample_once()  # the sample a background thread would have taken at 703.7
     clock[0] = 704.31
     fake.set_memory(100, rss_bytes=500 * MIB, pss_bytes=500 * MIB)
@@ -64,11 +60,9 @@ def test_a_record_taken_inside_a_spike_shows_it_stamped_with_its_own_time(
     assert stamp == pytest.approx(WALL_AT_ZERO + 705.7)
 
 
-def test_a_child_started_between_records_is_in_the_next_one(
-    tmp_path: Path, profiler_over: Callable[..., MemoryProfiler]
-) -> None:
+def test_a_child_started_between_records_is_in_the_next_one(tmp_path: Path) -> None:
     clock = [704.7]
-    fake, profiler, table = _table(profiler_over, tmp_path, clock)
+    fake, profiler, table = _table(tmp_path, clock)
     profiler.sample_once()
     clock[0] = 704.86
     fake.add_process(101, parent=100, rss_bytes=50 * MIB, pss_bytes=50 * MIB)
@@ -79,11 +73,9 @@ def test_a_child_started_between_records_is_in_the_next_one(
     assert row.processes == 2 and row.rss == 150 * MIB
 
 
-def test_the_summary_shows_the_last_sample_again_with_its_own_stamp(
-    tmp_path: Path, profiler_over: Callable[..., MemoryProfiler]
-) -> None:
+def test_the_summary_shows_the_last_sample_again_with_its_own_stamp(tmp_path: Path) -> None:
     clock = [10.0]
-    _fake, _profiler, table = _table(profiler_over, tmp_path, clock)
+    _fake, _profiler, table = _table(tmp_path, clock)
     table.take()
     clock[0] = 12.5
 

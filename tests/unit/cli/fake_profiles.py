@@ -1,11 +1,8 @@
-"""Fixtures for the CLI tests."""
+"""The profiler ``raylens profile`` runs over a fake ``/proc``, for the CLI tests beside it."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from typing import Any
-
-import pytest
 
 from raylens.telemetry.process_memory import (
     HostMemory,
@@ -16,7 +13,9 @@ from raylens.telemetry.process_memory import (
 from raylens_fakes.procfs import FakeProcFS
 
 
-def _profiler_over(fake: FakeProcFS, interval: float, **options: Any) -> MemoryProfiler:
+def profiler_over(fake: FakeProcFS, interval: float, **options: Any) -> MemoryProfiler:
+    """The profiler ``raylens profile`` runs for a command at pid 100, every ``interval``
+    seconds, reading nothing but ``fake``'s ``/proc``."""
     target = ServerMemoryTarget("train", "command", 100, procfs=fake.procfs)
     return MemoryProfiler(
         [target],
@@ -26,10 +25,3 @@ def _profiler_over(fake: FakeProcFS, interval: float, **options: Any) -> MemoryP
         procfs=fake.procfs,
         **options,
     )
-
-
-@pytest.fixture
-def profiler_over() -> Callable[..., MemoryProfiler]:
-    """``profiler_over(fake, interval, **options)``: the profiler ``raylens profile`` runs for
-    a command at pid 100, reading nothing but ``fake``'s ``/proc``."""
-    return _profiler_over
