@@ -10,7 +10,8 @@ with the product as :mod:`raylens.simulation`, since ``raylens simulate`` runs i
 it is re-exported here and from ``raylens_fakes.raylet``, ``raylens_fakes.cluster``
 and ``raylens_fakes.simulated``. ``MetricsProbe``, ``FakeProcFS`` and ``FakeRay`` (an
 in-process stand-in for the ``ray`` module, handed to raylens through its Ray seam)
-live here only.
+live here only, as do ``ManualClock`` and ``ClockedStop`` (simulated time for code that
+takes a clock and a stop event).
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    from raylens_fakes.clock import ClockedStop, ManualClock
     from raylens_fakes.cluster import FakeCluster, FakePlacementGroup
     from raylens_fakes.otel import MetricsProbe, Snapshot
     from raylens_fakes.procfs import FakeProcFS
@@ -30,22 +32,26 @@ if TYPE_CHECKING:
 # of an environment with raylens installed, so its names (and raylens and OpenTelemetry
 # behind them) load on first use rather than here.
 _HOMES = {
+    "ClockedStop": "raylens_fakes.clock",
     "FakeCluster": "raylens_fakes.cluster",
     "FakePlacementGroup": "raylens_fakes.cluster",
     "FakeProcFS": "raylens_fakes.procfs",
     "FakeRay": "raylens_fakes.ray",
     "FakeRaylet": "raylens_fakes.raylet",
+    "ManualClock": "raylens_fakes.clock",
     "MetricsProbe": "raylens_fakes.otel",
     "SimulatedCluster": "raylens_fakes.simulated",
     "Snapshot": "raylens_fakes.otel",
 }
 
 __all__ = [
+    "ClockedStop",
     "FakeCluster",
     "FakePlacementGroup",
     "FakeProcFS",
     "FakeRay",
     "FakeRaylet",
+    "ManualClock",
     "MetricsProbe",
     "SimulatedCluster",
     "Snapshot",

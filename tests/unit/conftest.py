@@ -20,18 +20,30 @@ from __future__ import annotations
 
 import gc
 import importlib.abc
+import itertools
 import multiprocessing.util
 import os
+import shutil
 import signal
 import subprocess
 import sys
 import tempfile
-from collections.abc import Callable, Iterator
+import time
+from collections.abc import Callable, Hashable, Iterator, Mapping, Sequence
+from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 
+from raylens.lens import (
+    OBSERVABLE_GAUGE,
+    RecordedMetric,
+    register_observable_gauge,
+    unregister_observable_gauge,
+)
 from raylens.telemetry import host_memory as hm
+from raylens.telemetry.scraping import Job, Outcome
 
 # ---- temporary files: in RAM where there is room -------------------------------------
 
@@ -195,22 +207,130 @@ def young_heap() -> Iterator[None]:
 # ---- the host-memory monitor tests ----------------------------------------------------
 
 
+class _Answering:
+    """A scrape engine whose every job comes back with one outcome."""
+
+    def __init__(self, outcome: Outcome) -> None:
+        self.outcome = outcome
+
+    def scrape(self, jobs: Sequence[Job], timeout: float | None = None) -> dict[Hashable, Outcome]:
+        return {job[0]: self.outcome for job in jobs}
+
+    def close(self, timeout: float = 1.0) -> None:
+        pass
+
+
 @pytest.fixture
 def make_monitor() -> Iterator[Callable[..., hm.HostMemoryMonitor]]:
     """Monitors with short timeouts (scrape 0.5 s, interval 1 s unless given), stopped after the test.
 
-    They scrape in this process and count as consumers unless a test says otherwise.
+    They scrape in this process and count as consumers unless a test says otherwise. With
+    ``answering=outcome`` nothing is scraped: every node's scrape comes back as ``outcome``.
     """
     made: list[hm.HostMemoryMonitor] = []
 
-    def make(cluster: Any, **options: Any) -> hm.HostMemoryMonitor:
+    def make(
+        cluster: Any, *, answering: Outcome | None = None, **options: Any
+    ) -> hm.HostMemoryMonitor:
         options.setdefault("scrape_timeout", 0.5)
         options.setdefault("scrape_mode", "inprocess")
         options.setdefault("consumer", True)
         monitor = hm.HostMemoryMonitor(options.pop("interval", 1.0), cluster=cluster, **options)
+        if answering is not None:
+            monitor._engine = _Answering(answering)  # the engine seam
         made.append(monitor)
         return monitor
 
     yield make
     for monitor in made:
         monitor.stop()
+
+
+# ---- lens gauges a test declares -------------------------------------------------------
+
+_GAUGE_NUMBERS = itertools.count()
+
+
+@pytest.fixture
+def declare_gauge() -> Iterator[Callable[..., RecordedMetric]]:
+    """Declares lens gauges (unit ``By``) for one test and unregisters them after it.
+
+    Each gets a name of its own unless ``name`` is given; with a callback it is
+    registered at once, without one the test registers it when it means to.
+    """
+    declared: list[str] = []
+
+    def declare(
+        callback: Callable[..., Any] | None = None,
+        *,
+        name: str | None = None,
+        unit: str = "By",
+        description: str = "a test gauge",
+        attributes_encodable: bool = False,
+    ) -> RecordedMetric:
+        metric = RecordedMetric(
+            name or f"test.gauge.{next(_GAUGE_NUMBERS)}", OBSERVABLE_GAUGE, unit, description
+        )
+        declared.append(metric.name)
+        if callback is not None:
+            register_observable_gauge(metric, callback, attributes_encodable=attributes_encodable)
+        return metric
+
+    yield declare
+    for name in declared:
+        unregister_observable_gauge(name)
+
+
+# ---- polling a condition with a real deadline (slow tier) --------------------------------
+
+
+def _poll(condition: Callable[[], bool], timeout: float = 5.0) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if condition():
+            return True
+        time.sleep(0.01)  # polling a condition with a deadline, not synchronising by sleep
+    return condition()
+
+
+@pytest.fixture
+def wait_until() -> Callable[..., bool]:
+    """``wait_until(condition, timeout=5.0)``: whether ``condition()`` held by the deadline.
+
+    For what real threads and processes do on their own time: the condition is polled
+    every 10 ms until it holds or ``timeout`` seconds pass.
+    """
+    return _poll
+
+
+# ---- Prometheus' own rule tests (slow tier) ---------------------------------------------
+
+
+@pytest.fixture
+def promtool_test_rules() -> Callable[..., None]:
+    """``promtool_test_rules(path, document=None)``: ``promtool test rules`` on ``path``.
+
+    ``document``, when given, is first written to ``path`` as YAML. promtool runs in the
+    file's folder, so the rule files it names are found beside it. The test fails with
+    promtool's report unless every case passes, and is skipped where promtool is absent.
+    """
+    promtool = shutil.which("promtool")
+    if promtool is None:
+        pytest.skip(
+            "promtool is not installed (Debian/Ubuntu: apt-get install prometheus; .ci/run does)"
+        )
+
+    def run(path: Path, document: Mapping[str, Any] | None = None) -> None:
+        if document is not None:
+            path.write_text(yaml.safe_dump(dict(document), sort_keys=False), encoding="utf-8")
+        result = subprocess.run(
+            [promtool, "test", "rules", path.name],
+            cwd=path.parent,
+            capture_output=True,
+            text=True,
+            timeout=120,
+            check=False,
+        )
+        assert result.returncode == 0, result.stdout + result.stderr
+
+    return run

@@ -6,20 +6,14 @@ network; where the Prometheus tools are not installed these tests are skipped, s
 
 from __future__ import annotations
 
-import shutil
-import subprocess
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
-import yaml
 from test_dashboards import load_dashboard, query_panels, variable_promql
 
-PROMTOOL = shutil.which("promtool")
-pytestmark = [
-    pytest.mark.slow,  # runs promtool
-    pytest.mark.skipif(PROMTOOL is None, reason="promtool (Debian: prometheus) is absent"),
-]
+pytestmark = pytest.mark.slow  # runs promtool
 
 # One machine "vm" with two Ray nodes: "a" runs policy and rollout, "b" runs no group.
 _SERIES = {
@@ -39,44 +33,44 @@ def _all(expr: str) -> str:
     return expr.replace("${worker_group}", ".*").replace("$host", ".*")
 
 
-def _evaluate(tmp_path: Path, expr: str, expected: list[tuple[str, float]]) -> None:
-    test: dict[str, Any] = {
+def _promql_test(series: dict[str, str], cases: list[dict[str, Any]]) -> dict[str, Any]:
+    """A promtool test document: ``series`` (each with its values, one a minute), ``cases``."""
+    return {
         "rule_files": [],
         "evaluation_interval": "1m",
         "tests": [
             {
                 "interval": "1m",
-                "input_series": [
-                    {"series": series, "values": f"{value} {value}"}
-                    for series, value in _SERIES.items()
-                ],
-                "promql_expr_test": [
-                    {
-                        "expr": expr,
-                        "eval_time": "1m",
-                        "exp_samples": [
-                            {"labels": labels, "value": value} for labels, value in expected
-                        ],
-                    }
-                ],
+                "input_series": [{"series": s, "values": v} for s, v in series.items()],
+                "promql_expr_test": cases,
             }
         ],
     }
-    path = tmp_path / "dashboard_test.yml"
-    path.write_text(yaml.safe_dump(test), encoding="utf-8")
-    result = subprocess.run(
-        [str(PROMTOOL), "test", "rules", str(path)], capture_output=True, text=True, timeout=60
-    )
-    assert result.returncode == 0, result.stdout + result.stderr
 
 
-def test_memory_outside_groups_keeps_nodes_without_groups_and_their_host(tmp_path: Path) -> None:
+def _evaluate(
+    promtool_test_rules: Callable[..., None],
+    tmp_path: Path,
+    expr: str,
+    expected: list[tuple[str, float]],
+) -> None:
+    series = {name: f"{value} {value}" for name, value in _SERIES.items()}
+    samples = [{"labels": labels, "value": value} for labels, value in expected]
+    test = _promql_test(series, [{"expr": expr, "eval_time": "1m", "exp_samples": samples}])
+    promtool_test_rules(tmp_path / "dashboard_test.yml", test)
+
+
+def test_memory_outside_groups_keeps_nodes_without_groups_and_their_host(
+    tmp_path: Path, promtool_test_rules: Callable[..., None]
+) -> None:
     (panel,) = [p for p in query_panels(load_dashboard()) if p["title"].startswith("Node memory")]
     expected = [('{host_name="vm",ray_node_id="a"}', 50), ('{host_name="vm",ray_node_id="b"}', 80)]
-    _evaluate(tmp_path, _all(panel["targets"][0]["expr"]), expected)
+    _evaluate(promtool_test_rules, tmp_path, _all(panel["targets"][0]["expr"]), expected)
 
 
-def test_the_worker_group_variable_sees_node_labels_and_group_series(tmp_path: Path) -> None:
+def test_the_worker_group_variable_sees_node_labels_and_group_series(
+    tmp_path: Path, promtool_test_rules: Callable[..., None]
+) -> None:
     variables = {v["name"]: v for v in load_dashboard()["templating"]["list"]}
     expr = variable_promql(variables["worker_group"]["query"]["query"])
     expected = [
@@ -84,19 +78,12 @@ def test_the_worker_group_variable_sees_node_labels_and_group_series(tmp_path: P
         ('{rl_worker_groups="none"}', 1),
         ('{rl_worker_groups="samplers"}', 1),
     ]
-    _evaluate(tmp_path, expr, expected)
+    _evaluate(promtool_test_rules, tmp_path, expr, expected)
 
 
-def _run_promtool(tmp_path: Path, test: dict[str, Any]) -> None:
-    path = tmp_path / "promql_test.yml"
-    path.write_text(yaml.safe_dump(test), encoding="utf-8")
-    result = subprocess.run(
-        [str(PROMTOOL), "test", "rules", str(path)], capture_output=True, text=True, timeout=60
-    )
-    assert result.returncode == 0, result.stdout + result.stderr
-
-
-def test_the_oom_alert_sees_a_first_kill_and_a_rise_but_not_old_kills(tmp_path: Path) -> None:
+def test_the_oom_alert_sees_a_first_kill_and_a_rise_but_not_old_kills(
+    tmp_path: Path, promtool_test_rules: Callable[..., None]
+) -> None:
     from test_dashboards import load_alert_rules
 
     (rule,) = [r for r in load_alert_rules() if r["alert"] == "RaylensWorkerKilledForMemory"]
@@ -107,30 +94,22 @@ def test_the_oom_alert_sees_a_first_kill_and_a_rise_but_not_old_kills(tmp_path: 
         'rl_host_oom_kills_total{ray_node_id="first",killer="kernel"}': "_x15 1x5",
         'rl_host_oom_kills_total{ray_node_id="again",killer="ray"}': "1x14 2x6",
     }
-    test = {
-        "rule_files": [],
-        "evaluation_interval": "1m",
-        "tests": [
-            {
-                "interval": "1m",
-                "input_series": [{"series": s, "values": v} for s, v in series.items()],
-                "promql_expr_test": [
-                    {
-                        "expr": f"count by (ray_node_id, killer) ({rule['expr']})",
-                        "eval_time": "20m",
-                        "exp_samples": [
-                            {"labels": '{ray_node_id="again",killer="ray"}', "value": 1},
-                            {"labels": '{ray_node_id="first",killer="kernel"}', "value": 1},
-                        ],
-                    }
-                ],
-            }
-        ],
-    }
-    _run_promtool(tmp_path, test)
+    cases = [
+        {
+            "expr": f"count by (ray_node_id, killer) ({rule['expr']})",
+            "eval_time": "20m",
+            "exp_samples": [
+                {"labels": '{ray_node_id="again",killer="ray"}', "value": 1},
+                {"labels": '{ray_node_id="first",killer="kernel"}', "value": 1},
+            ],
+        }
+    ]
+    promtool_test_rules(tmp_path / "promql_test.yml", _promql_test(series, cases))
 
 
-def test_the_growth_panels_keep_only_nodes_of_the_chosen_group(tmp_path: Path) -> None:
+def test_the_growth_panels_keep_only_nodes_of_the_chosen_group(
+    tmp_path: Path, promtool_test_rules: Callable[..., None]
+) -> None:
     panels = {p["title"]: p for p in query_panels(load_dashboard())}
     expr = panels["Time to the kill line"]["targets"][0]["expr"]
     chosen = expr.replace("${worker_group}", "rollout").replace("$host", ".*")
@@ -138,33 +117,23 @@ def test_the_growth_panels_keep_only_nodes_of_the_chosen_group(tmp_path: Path) -
         'rl_host_memory_time_to_limit_seconds{host_name="vm",ray_node_id="a",rl_worker_groups="policy,rollout"}': "600 600",
         'rl_host_memory_time_to_limit_seconds{host_name="vm",ray_node_id="b",rl_worker_groups="policy"}': "900 900",
     }
-    test = {
-        "rule_files": [],
-        "evaluation_interval": "1m",
-        "tests": [
-            {
-                "interval": "1m",
-                "input_series": [{"series": s, "values": v} for s, v in series.items()],
-                "promql_expr_test": [
-                    {
-                        "expr": chosen,
-                        "eval_time": "1m",
-                        "exp_samples": [
-                            {
-                                "labels": 'rl_host_memory_time_to_limit_seconds{host_name="vm",ray_node_id="a",rl_worker_groups="policy,rollout"}',
-                                "value": 600,
-                            }
-                        ],
-                    }
-                ],
-            }
-        ],
-    }
-    _run_promtool(tmp_path, test)
+    cases = [
+        {
+            "expr": chosen,
+            "eval_time": "1m",
+            "exp_samples": [
+                {
+                    "labels": 'rl_host_memory_time_to_limit_seconds{host_name="vm",ray_node_id="a",rl_worker_groups="policy,rollout"}',
+                    "value": 600,
+                }
+            ],
+        }
+    ]
+    promtool_test_rules(tmp_path / "promql_test.yml", _promql_test(series, cases))
 
 
 def test_the_phase_panels_take_each_groups_largest_peak_and_sum_what_it_left(
-    tmp_path: Path,
+    tmp_path: Path, promtool_test_rules: Callable[..., None]
 ) -> None:
     panels = {p["title"]: p for p in query_panels(load_dashboard())}
     peak = _all(panels["Peak per phase and worker group (largest node)"]["targets"][0]["expr"])
@@ -177,26 +146,16 @@ def test_the_phase_panels_take_each_groups_largest_peak_and_sum_what_it_left(
         f'rl_worker_group_memory_phase_delta_bytes{{{where},ray_node_id="b"}}': "-4 -4",
     }
     labels = '{rl_phase="train",rl_worker_group="policy"}'
-    test = {
-        "rule_files": [],
-        "evaluation_interval": "1m",
-        "tests": [
-            {
-                "interval": "1m",
-                "input_series": [{"series": s, "values": v} for s, v in series.items()],
-                "promql_expr_test": [
-                    {
-                        "expr": peak,
-                        "eval_time": "1m",
-                        "exp_samples": [{"labels": labels, "value": 400}],
-                    },
-                    {
-                        "expr": left,
-                        "eval_time": "1m",
-                        "exp_samples": [{"labels": labels, "value": 6}],
-                    },
-                ],
-            }
-        ],
-    }
-    _run_promtool(tmp_path, test)
+    cases = [
+        {
+            "expr": peak,
+            "eval_time": "1m",
+            "exp_samples": [{"labels": labels, "value": 400}],
+        },
+        {
+            "expr": left,
+            "eval_time": "1m",
+            "exp_samples": [{"labels": labels, "value": 6}],
+        },
+    ]
+    promtool_test_rules(tmp_path / "promql_test.yml", _promql_test(series, cases))

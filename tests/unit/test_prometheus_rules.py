@@ -7,8 +7,7 @@ fast tier checks that every series the rules read is one raylens or Ray publishe
 from __future__ import annotations
 
 import re
-import shutil
-import subprocess
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -27,7 +26,6 @@ from raylens.telemetry.raylet_payload import (
 RULES_DIR = Path(__file__).resolve().parents[2] / "docs" / "prometheus"
 RULES = RULES_DIR / "raylens-ray-rules.yml"
 RULE_TESTS = RULES_DIR / "raylens-ray-rules.test.yml"
-PROMTOOL = shutil.which("promtool")
 
 #: Series the driver's own exporter publishes, which the phase rules read.
 EXPORTED = {"rl_worker_group_memory_phase_peak_bytes", "rl_host_memory_total_bytes"}
@@ -71,18 +69,7 @@ def test_the_rules_cover_growth_time_to_limit_phases_kills_and_missing_samplers(
 
 
 @pytest.mark.slow
-@pytest.mark.skipif(
-    PROMTOOL is None,
-    reason="promtool is not installed (Debian/Ubuntu: apt-get install prometheus; .ci/run does)",
-)
-def test_promtool_passes_the_rules_own_unit_tests() -> None:
-    assert PROMTOOL is not None
-    result = subprocess.run(
-        [PROMTOOL, "test", "rules", RULE_TESTS.name],
-        cwd=RULES_DIR,
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
-    )
-    assert result.returncode == 0, result.stdout + result.stderr
+def test_promtool_passes_the_rules_own_unit_tests(
+    promtool_test_rules: Callable[..., None],
+) -> None:
+    promtool_test_rules(RULE_TESTS)

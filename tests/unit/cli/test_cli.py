@@ -180,27 +180,16 @@ def test_simulate_feeds_the_chosen_exporter(capsys: pytest.CaptureFixture[str]) 
 
 
 def test_profile_rows_from_a_fake_process_tree(tmp_path) -> None:
+    from fake_profiles import profiler_over
+
     from raylens.cli.profile import ProcessTable
-    from raylens.telemetry.process_memory import (
-        HostMemory,
-        MemoryProfiler,
-        ServerMemoryTarget,
-        collect_process_tree_memory,
-    )
     from raylens_fakes.procfs import FakeProcFS
 
     page = 4096
     fake = FakeProcFS(tmp_path / "proc")
     fake.add_process(100, rss_bytes=1000 * page, pss_bytes=800 * page)
     fake.add_process(101, parent=100, rss_bytes=500 * page, pss_bytes=300 * page)
-    target = ServerMemoryTarget("train", "command", 100, procfs=fake.procfs)
-    profiler = MemoryProfiler(
-        [target],
-        60.0,
-        collector=lambda pid, **kw: collect_process_tree_memory(pid, procfs=fake.procfs, **kw),
-        host_collector=lambda: HostMemory(1, 2, 3),
-        procfs=fake.procfs,
-    )
+    profiler = profiler_over(fake, 60.0)
     table = ProcessTable(profiler, label="python train.py", pid=100)
     profiler.sample_once()
     (row,) = table.rows()

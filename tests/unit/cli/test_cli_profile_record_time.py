@@ -13,13 +13,11 @@ import sys
 from pathlib import Path
 
 import pytest
+from fake_profiles import profiler_over
 
 from raylens.cli.profile import ProcessTable
 from raylens.telemetry.process_memory import (
-    HostMemory,
     MemoryProfiler,
-    ServerMemoryTarget,
-    collect_process_tree_memory,
 )
 from raylens_fakes.procfs import FakeProcFS
 
@@ -31,15 +29,7 @@ WALL_AT_ZERO = 1_800_000_000.0
 def _table(tmp_path: Path, clock: list[float]) -> tuple[FakeProcFS, MemoryProfiler, ProcessTable]:
     fake = FakeProcFS(tmp_path / "proc")
     fake.add_process(100, rss_bytes=100 * MIB, pss_bytes=100 * MIB)
-    target = ServerMemoryTarget("train", "command", 100, procfs=fake.procfs)
-    profiler = MemoryProfiler(
-        [target],
-        1.0,
-        collector=lambda pid, **kw: collect_process_tree_memory(pid, procfs=fake.procfs, **kw),
-        host_collector=lambda: HostMemory(1, 2, 3),
-        procfs=fake.procfs,
-        clock=lambda: clock[0],
-    )
+    profiler = profiler_over(fake, 1.0, clock=lambda: clock[0])
     table = ProcessTable(
         profiler,
         label="python train.py",
@@ -50,9 +40,7 @@ def _table(tmp_path: Path, clock: list[float]) -> tuple[FakeProcFS, MemoryProfil
     return fake, profiler, table
 
 
-def test_a_record_taken_inside_a_spike_shows_it_stamped_with_its_own_time(
-    tmp_path: Path,
-) -> None:
+def test_a_record_taken_inside_a_spike_shows_it_stamped_with_its_own_time(tmp_path: Path) -> None:
     clock = [703.7]
     fake, profiler, table = _table(tmp_path, clock)
     profiler.sample_once()  # the sample a background thread would have taken at 703.7

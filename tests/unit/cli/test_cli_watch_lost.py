@@ -10,7 +10,7 @@ import argparse
 import json
 import threading
 import time
-from collections.abc import Callable, Hashable, Sequence
+from collections.abc import Callable
 from datetime import datetime
 from typing import Any, TypeVar
 
@@ -28,40 +28,26 @@ from raylens.cli.reachability import (
     tcp_probe,
 )
 from raylens.telemetry import host_memory as hm
-from raylens.telemetry.scraping import Job, Outcome
+from raylens.telemetry.scraping import Outcome
 from raylens_fakes import FakeCluster
+from raylens_fakes.clock import ClockedStop, ManualClock
 
 T = TypeVar("T")
 WALL_START = 1_800_000_000.0
+# What every node's scrape answers: 1 GB used of 4 GB.
+FIGURES = Outcome({"host_memory_used": 1e9, "host_memory_total": 4e9}, None)
 
 
-class Clock:
+class Clock(ManualClock):
     def __init__(self, start: float = 1000.0) -> None:
-        self.now = start
-
-    def __call__(self) -> float:
-        return self.now
+        super().__init__(start)
 
     def wall(self) -> float:
         return WALL_START + self.now - 1000.0
 
 
-class ClockedStop(threading.Event):
-    """A stop event whose waits pass on the simulated clock instead of real time."""
-
-    def __init__(self, clock: Clock, *, until: float = 5000.0) -> None:
-        super().__init__()
-        self.clock = clock
-        self.until = until  # a watch that never gives up ends here, and its test fails
-        self.waits: list[float] = []
-
-    def wait(self, timeout: float | None = None) -> bool:
-        assert timeout is not None
-        self.waits.append(timeout)
-        self.clock.now += timeout
-        if self.clock.now >= self.until:
-            self.set()
-        return self.is_set()
+# A watch that never gives up stops here on the simulated clock, and its test fails.
+GIVE_UP_AT = 5000.0
 
 
 def run_in_place(call: Callable[[], T], timeout: float) -> T:
@@ -191,17 +177,15 @@ def test_give_up_defaults_to_30_seconds_and_refuses_less_than_one() -> None:
 # ------------------------------------------------------------------- the watch loop
 
 
-class _Canned:
-    """An engine whose every node answers with the same figures."""
-
-    def scrape(self, jobs: Sequence[Job], timeout: float | None = None) -> dict[Hashable, Outcome]:
-        return {
-            job[0]: Outcome({"host_memory_used": 1e9, "host_memory_total": 4e9}, None)
-            for job in jobs
-        }
-
-    def close(self, timeout: float = 1.0) -> None:
-        pass
+def _watch_in_json(
+    monitor: hm.HostMemoryMonitor,
+    args: argparse.Namespace,
+    stop: ClockedStop,
+    guard: GuardedCluster | None = None,
+) -> None:
+    """The watch loop, writing JSON records, on ``stop``'s clock (and ``guard``'s, if any)."""
+    on_guard = {} if guard is None else {"cluster": guard, "clock": stop.clock, "guard": guard}
+    watch_nodes(monitor, args, output=Output(as_json=True), title="t", stop=stop, **on_guard)
 
 
 def _watch_until_lost(
@@ -224,21 +208,11 @@ def _watch_until_lost(
         wall=clock.wall,
         run=run_in_place,
     )
-    monitor = make_monitor(guard, clock=clock, interval=interval)
-    monitor._engine = _Canned()
-    stop = ClockedStop(clock)
+    monitor = make_monitor(guard, clock=clock, interval=interval, answering=FIGURES)
+    stop = ClockedStop(clock, until=GIVE_UP_AT)
     args = argparse.Namespace(interval=interval, duration=None, once=False, give_up=give_up)
     with pytest.raises(ClusterLost) as lost:
-        watch_nodes(
-            monitor,
-            args,
-            output=Output(as_json=True),
-            title="t",
-            stop=stop,
-            cluster=guard,
-            clock=clock,
-            guard=guard,
-        )
+        _watch_in_json(monitor, args, stop, guard)
     records = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
     return records, lost.value, clock.now, stop
 
@@ -279,11 +253,10 @@ def test_a_watch_without_a_guard_shows_no_unreachable_line(
 ) -> None:
     cluster, clock = FakeCluster(), Clock()
     cluster.add_node(port=8000)
-    monitor = make_monitor(cluster, clock=clock)
-    monitor._engine = _Canned()
+    monitor = make_monitor(cluster, clock=clock, answering=FIGURES)
     args = argparse.Namespace(interval=1.0, duration=None, once=True)
 
-    watch_nodes(monitor, args, output=Output(as_json=True), title="t", stop=ClockedStop(clock))
+    _watch_in_json(monitor, args, ClockedStop(clock, until=GIVE_UP_AT))
 
     (record,) = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
     assert record["unreachable"] is None and record["nodes"][0]["error"] is None
@@ -360,21 +333,11 @@ def test_a_gcs_that_accepts_connections_but_answers_nothing_is_given_up_on(
         wall=clock.wall,
         run=run,
     )
-    monitor = make_monitor(guard, clock=clock, interval=5.0)
-    monitor._engine = _Canned()
+    monitor = make_monitor(guard, clock=clock, interval=5.0, answering=FIGURES)
     args = argparse.Namespace(interval=5.0, duration=None, once=False, give_up=20.0)
 
     with pytest.raises(ClusterLost, match=f"since {_since(1005.0)}"):
-        watch_nodes(
-            monitor,
-            args,
-            output=Output(as_json=True),
-            title="t",
-            stop=ClockedStop(clock),
-            cluster=guard,
-            clock=clock,
-            guard=guard,
-        )
+        _watch_in_json(monitor, args, ClockedStop(clock, until=GIVE_UP_AT), guard)
 
     records = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
     assert records[-1]["unreachable"] is not None

@@ -16,7 +16,7 @@ from __future__ import annotations
 import json
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable
 from datetime import datetime, timedelta, timezone
 
 import pytest
@@ -29,13 +29,10 @@ from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import (
 
 from raylens.cli import main
 from raylens.lens import (
-    OBSERVABLE_GAUGE,
     RecordedMetric,
     TelemetryConfig,
     init_telemetry,
-    register_observable_gauge,
     shutdown_telemetry,
-    unregister_observable_gauge,
 )
 from raylens_fakes.otel import MetricsProbe
 
@@ -43,7 +40,7 @@ from raylens_fakes.otel import MetricsProbe
 FROZEN = datetime(2001, 2, 3, 4, 5, 6, tzinfo=timezone.utc)
 FROZEN_S = FROZEN.timestamp()
 FROZEN_NS = int(FROZEN_S) * 10**9
-GAUGE = RecordedMetric("test.clock.memory", OBSERVABLE_GAUGE, "By", "memory for clock tests")
+GAUGE_NAME = "test.clock.memory"
 
 
 def _json_records(text: str) -> list[dict]:
@@ -97,16 +94,16 @@ def test_profile_json_sample_carries_the_clocks_time(capsys: pytest.CaptureFixtu
 
 
 @pytest.fixture
-def clock_gauge() -> Iterator[RecordedMetric]:
-    register_observable_gauge(
-        GAUGE, lambda options: [Observation(1.0, {"n": "a"}), Observation(2.0, {"n": "b"})]
+def clock_gauge(declare_gauge: Callable[..., RecordedMetric]) -> RecordedMetric:
+    return declare_gauge(
+        lambda options: [Observation(1.0, {"n": "a"}), Observation(2.0, {"n": "b"})],
+        name=GAUGE_NAME,
+        description="memory for clock tests",
     )
-    yield GAUGE
-    unregister_observable_gauge(GAUGE.name)
 
 
 def _timestamps(probe: MetricsProbe) -> list[int]:
-    metric = probe.metric(GAUGE.name)
+    metric = probe.metric(GAUGE_NAME)
     assert metric is not None
     return [point.time_unix_nano for point in metric.data.data_points]
 
@@ -144,7 +141,7 @@ def test_otlp_request_carries_the_clocks_time(clock_gauge: RecordedMetric) -> No
         for resource in request.resource_metrics
         for scope in resource.scope_metrics
         for metric in scope.metrics
-        if metric.name == GAUGE.name
+        if metric.name == GAUGE_NAME
         for point in metric.gauge.data_points
     ]
     assert stamps == [FROZEN_NS, FROZEN_NS]

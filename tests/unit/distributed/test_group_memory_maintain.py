@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -14,6 +13,7 @@ from raylens.distributed.group_memory_sampler import (
     GroupMemorySamplers,
     SamplerError,
 )
+from raylens_fakes.clock import ManualClock
 from raylens_fakes.procfs import FakeProcFS
 from raylens_fakes.ray import FakeActor, FakeRay
 
@@ -24,26 +24,13 @@ NODE_C = "c" * 56
 
 
 @pytest.fixture
-def nodes(tmp_path: Path) -> dict[str, FakeProcFS]:
-    return {node: FakeProcFS(tmp_path / node[:1]) for node in (NODE_A, NODE_B, NODE_C)}
-
-
-@pytest.fixture
-def fake_ray(nodes: dict[str, FakeProcFS]) -> Iterator[FakeRay]:
-    fake = FakeRay.over_procfs(nodes)
-    yield fake
+def fake_ray(ray_over_nodes: FakeRay) -> Iterator[FakeRay]:
+    yield ray_over_nodes
     # maintain() never waits: every wait and get it makes returns at once.
-    assert all(timeout == 0 for timeout in fake.wait_timeouts), fake.wait_timeouts
-    assert all(timeout == 0 for timeout in fake.get_timeouts), fake.get_timeouts
-    assert fake.timed_out_gets == []
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.now = 1000.0
-
-    def __call__(self) -> float:
-        return self.now
+    assert all(timeout == 0 for timeout in ray_over_nodes.wait_timeouts), (
+        ray_over_nodes.wait_timeouts
+    )
+    assert all(timeout == 0 for timeout in ray_over_nodes.get_timeouts), ray_over_nodes.get_timeouts
 
 
 def _worker(fake: FakeProcFS, group: str, pid: int, rss: int = MB) -> tuple[str, int, int]:
@@ -127,7 +114,7 @@ def test_only_a_node_whose_list_changed_is_told(fake_ray, nodes, two_nodes):
 
 
 def test_a_node_whose_last_worker_left_stops_its_sampler_and_loses_it(fake_ray, two_nodes):
-    clock = Clock()
+    clock = ManualClock(1000.0)
     manager = _manager(fake_ray, ping_every=3, clock=clock)
     manager.maintain(two_nodes)  # cycle 1
     (b,) = _on(fake_ray, NODE_B)
@@ -215,7 +202,7 @@ def test_a_wedged_sampler_is_replaced_after_max_missed_rounds(fake_ray, two_node
 
 def test_a_starting_sampler_is_left_alone_until_its_start_timeout(fake_ray, two_nodes, caplog):
     fake_ray.hang_actors_on(NODE_B)
-    clock = Clock()
+    clock = ManualClock(1000.0)
     manager = _manager(fake_ray, ping_every=1, max_missed=1, clock=clock, start_timeout_s=120)
 
     with caplog.at_level(logging.WARNING, logger="raylens"):
@@ -413,7 +400,7 @@ def test_close_leaves_no_version_standing(fake_ray, two_nodes):
 def test_a_sampler_whose_publishing_is_stuck_is_replaced_though_it_answers_pings(
     fake_ray, two_nodes
 ):
-    clock = Clock()
+    clock = ManualClock(1000.0)
     manager = _manager(fake_ray, ping_every=1, clock=clock)
     manager.maintain(two_nodes)  # cycle 1: started, pinged
     (a,) = _on(fake_ray, NODE_A)

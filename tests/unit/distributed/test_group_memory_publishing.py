@@ -15,7 +15,10 @@ from raylens.distributed._group_memory_publishing import (
     SAMPLER_THREAD_NAME,
     RayMetricsPublisher,
 )
-from raylens.distributed.group_memory_sampler import GroupMemorySamplerActor
+from raylens.distributed.group_memory_sampler import (
+    DEFAULT_PSS_INTERVAL_SECONDS,
+    GroupMemorySamplerActor,
+)
 from raylens.telemetry.raylet_payload import (
     GROUP_GROWTH_GAUGE,
     GROUP_LABEL,
@@ -25,6 +28,7 @@ from raylens.telemetry.raylet_payload import (
     MEMORY_TYPE_LABEL,
     SAMPLER_SAMPLED_AT_GAUGE,
 )
+from raylens_fakes.clock import ManualClock
 from raylens_fakes.procfs import FakeProcFS
 
 MB = 2**20
@@ -65,14 +69,6 @@ class Recording:
         return taken
 
 
-class WallClock:
-    def __init__(self) -> None:
-        self.now = 1_700_000_000.0
-
-    def __call__(self) -> float:
-        return self.now
-
-
 @pytest.fixture
 def procfs(tmp_path: Path) -> FakeProcFS:
     return FakeProcFS(tmp_path / "node")
@@ -84,17 +80,19 @@ def publisher() -> Recording:
 
 
 @pytest.fixture
-def clock() -> WallClock:
-    return WallClock()
+def clock() -> ManualClock:
+    return ManualClock(1_700_000_000.0)
 
 
-def _actor(procfs: FakeProcFS, publisher: Recording, clock: WallClock, **options: Any) -> Any:
+def _actor(
+    procfs: FakeProcFS, publisher: Recording, wall_clock: ManualClock, **options: Any
+) -> Any:
     options.setdefault("pss_interval_seconds", None)  # PSS at every reading
     return GroupMemorySamplerActor(
         procfs_root=str(procfs.root),
         host_name="node-a",
         publisher=publisher,
-        wall_clock=clock,
+        wall_clock=wall_clock,
         **options,
     )
 
@@ -391,16 +389,8 @@ class GrowthRecording(Recording):
 
 def test_each_groups_growth_is_published_once_its_window_is_full(procfs, clock):
     publisher = GrowthRecording()
-    ticks = WallClock()  # the growth history's clock, advanced by hand
-    actor = GroupMemorySamplerActor(
-        procfs_root=str(procfs.root),
-        host_name="node-a",
-        publisher=publisher,
-        wall_clock=clock,
-        clock=ticks,
-        pss_interval_seconds=None,
-        growth_window_s=60.0,
-    )
+    ticks = ManualClock(1_700_000_000.0)  # the growth history's clock, advanced by hand
+    actor = _actor(procfs, publisher, clock, clock=ticks, growth_window_s=60.0)
     leak = 2 * MB  # per second
     policy = _worker(procfs, "policy", 200, 100 * MB)
     rollout = _worker(procfs, "rollout", 300, 50 * MB)
@@ -438,14 +428,12 @@ class PssAgeRecording(Recording):
 
 def test_pss_is_published_with_its_age_between_its_readings(procfs, clock):
     publisher = PssAgeRecording()
-    ticks = WallClock()  # the reader's clock, which times the PSS interval
-    actor = GroupMemorySamplerActor(
-        procfs_root=str(procfs.root),
-        host_name="node-a",
-        publisher=publisher,
-        wall_clock=clock,
-        clock=ticks,
-    )  # the default PSS interval, which is longer than the 20 s between these readings
+    ticks = ManualClock(1_700_000_000.0)  # the reader's clock, which times the PSS interval
+    # The default PSS interval, which is longer than the 20 s between these readings.
+    actor = _actor(
+        procfs, publisher, clock, clock=ticks, pss_interval_seconds=DEFAULT_PSS_INTERVAL_SECONDS
+    )
+    assert DEFAULT_PSS_INTERVAL_SECONDS > 20.0
     actor.set_workers([_worker(procfs, "policy", 200, 10 * MB, pss_bytes=6 * MB)])
 
     actor.sample_and_publish_once()

@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import logging
 import os
-from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -23,6 +21,7 @@ from raylens.telemetry.group_memory import (
     NodeGroupMemory,
 )
 from raylens.telemetry.process_memory import ProcFS
+from raylens_fakes.clock import ManualClock
 from raylens_fakes.procfs import FakeProcFS
 from raylens_fakes.ray import FakeRay
 
@@ -33,17 +32,8 @@ NODE_C = "c" * 56
 
 
 @pytest.fixture
-def nodes(tmp_path: Path) -> dict[str, FakeProcFS]:
-    return {node: FakeProcFS(tmp_path / node[:1]) for node in (NODE_A, NODE_B, NODE_C)}
-
-
-@pytest.fixture
-def fake_ray(nodes: dict[str, FakeProcFS]) -> Iterator[FakeRay]:
-    """A FakeRay over the three nodes; each sampler it starts reads its own node's procfs."""
-    fake = FakeRay.over_procfs(nodes)
-    yield fake
-    # The manager only collects readings that are ready: it never blocks on a hung one.
-    assert fake.timed_out_gets == []
+def fake_ray(ray_over_nodes: FakeRay) -> FakeRay:
+    return ray_over_nodes
 
 
 def _worker(fake: FakeProcFS, group: str, pid: int, rss: int) -> tuple[str, int, int]:
@@ -160,23 +150,13 @@ def test_a_sampler_that_has_not_answered_yet_is_left_to_start(fake_ray: FakeRay,
     assert [name for name, *_ in starting.calls] == ["read"]
 
 
-class Clock:
-    """A monotonic clock the test moves by hand."""
-
-    def __init__(self) -> None:
-        self.now = 1000.0
-
-    def __call__(self) -> float:
-        return self.now
-
-
 def test_a_sampler_that_never_answers_its_first_call_is_replaced_after_the_start_timeout(
     fake_ray: FakeRay, nodes, caplog
 ):
     a, b = nodes[NODE_A], nodes[NODE_B]
     workers = {NODE_A: [_worker(a, "policy", 200, MB)], NODE_B: [_worker(b, "policy", 300, MB)]}
     fake_ray.hang_actors_on(NODE_B)
-    clock = Clock()
+    clock = ManualClock(1000.0)
     manager = _manager(fake_ray, clock=clock, start_timeout_s=120.0)
 
     with caplog.at_level(logging.WARNING, logger="raylens"):
@@ -218,7 +198,7 @@ def test_a_sampler_that_answers_late_in_its_start_timeout_is_kept(fake_ray: Fake
         return real_wait(refs, **options)
 
     fake_ray.wait = wait  # type: ignore[method-assign]
-    clock = Clock()
+    clock = ManualClock(1000.0)
     manager = _manager(fake_ray, clock=clock, start_timeout_s=120.0)
     manager.sample(workers)
     (starting,) = fake_ray.actors

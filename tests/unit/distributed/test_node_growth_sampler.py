@@ -35,6 +35,7 @@ from raylens.telemetry.raylet_payload import (
 )
 from raylens.telemetry.scraping import Outcome
 from raylens.telemetry.scraping._wire import HeldFigures, decode_outcomes, encode_outcomes
+from raylens_fakes.clock import ManualClock
 from raylens_fakes.procfs import FakeProcFS
 from raylens_fakes.ray import FakeRay
 
@@ -65,14 +66,6 @@ class Gauges:
         return only
 
 
-class Ticks:
-    def __init__(self) -> None:
-        self.now = 5_000.0
-
-    def __call__(self) -> float:
-        return self.now
-
-
 @pytest.fixture
 def gauges() -> type[Gauges]:
     Gauges.made = {}
@@ -80,7 +73,7 @@ def gauges() -> type[Gauges]:
 
 
 def _sampler(
-    procfs: FakeProcFS, ticks: Ticks, publisher: Any, window_s: float = 60.0
+    procfs: FakeProcFS, ticks: ManualClock, publisher: Any, window_s: float = 60.0
 ) -> GroupMemorySamplerActor:
     return GroupMemorySamplerActor(
         procfs_root=str(procfs.root),
@@ -110,7 +103,7 @@ def test_a_sampler_publishes_its_node_s_figures_and_who_it_is(
     tmp_path: Path, gauges: type[Gauges]
 ) -> None:
     procfs, workers = _leaking_node(tmp_path)
-    ticks = Ticks()
+    ticks = ManualClock(5_000.0)
     publisher = RayMetricsPublisher(gauges, sampler="actor-1", started_by="driver-host/4242")
     sampler = _sampler(procfs, ticks, publisher)
     sampler.set_workers(workers)
@@ -147,7 +140,7 @@ def test_a_sampler_on_a_node_without_workers_still_publishes_the_node(
 ) -> None:
     procfs = FakeProcFS(tmp_path / "node")
     procfs.set_machine(total_bytes=TOTAL, other_used_bytes=3 * GIB)
-    ticks = Ticks()
+    ticks = ManualClock(5_000.0)
     sampler = _sampler(procfs, ticks, RayMetricsPublisher(gauges))
     sampler.set_workers([])
     for _ in range(70):
@@ -163,7 +156,7 @@ def test_the_sampler_s_recent_history_is_placed_at_the_wall_time_asked(
     tmp_path: Path, gauges: type[Gauges]
 ) -> None:
     procfs, workers = _leaking_node(tmp_path)
-    ticks = Ticks()
+    ticks = ManualClock(5_000.0)
     sampler = _sampler(procfs, ticks, RayMetricsPublisher(gauges))
     sampler.set_workers(workers)
     for _ in range(30):
@@ -283,7 +276,7 @@ def test_the_driver_s_cycle_keeps_a_sampler_on_every_scraped_node_and_a_reader_s
 
 
 def test_a_sampler_that_gives_no_history_costs_one_wait_per_pause(fake_ray: FakeRay) -> None:
-    clock = Ticks()
+    clock = ManualClock(5_000.0)
     fake_ray.hang_actors_on(NODE_B)
     manager = GroupMemorySamplers(ray=fake_ray, clock=clock)
     manager.maintain({}, nodes={NODE_A, NODE_B})

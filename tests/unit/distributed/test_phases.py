@@ -27,20 +27,13 @@ from raylens.telemetry.group_memory import GroupWorkerRegistry
 from raylens.telemetry.phases.board import read_current_phases
 from raylens.telemetry.phases.memory import PhaseMemoryTable, PhaseRecord
 from raylens_fakes import FakeCluster
+from raylens_fakes.clock import ManualClock
 from raylens_fakes.procfs import PAGE_SIZE, FakeProcFS
 from raylens_fakes.ray import FakeRay
 
 MB = 256 * PAGE_SIZE
 NODE_A = "a" * 56
 NODE_B = "b" * 56
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.now = 100.0
-
-    def __call__(self) -> float:
-        return self.now
 
 
 class NullPublisher:
@@ -108,7 +101,7 @@ def marker_parts(driver_proc: FakeProcFS) -> dict[str, Any]:
     return {
         "table": PhaseMemoryTable(),
         "procfs": driver_proc.procfs,
-        "clock": Clock(),
+        "clock": ManualClock(100.0),
         "wall_clock": lambda: 5000.0,
         "environ": {},
         "cluster": FakeCluster(),

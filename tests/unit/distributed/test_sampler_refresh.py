@@ -11,7 +11,6 @@ from __future__ import annotations
 import itertools
 import logging
 import sys
-import threading
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -20,34 +19,14 @@ import pytest
 
 from raylens.distributed._group_memory_publishing import PublishingLoop, ray_gauge_refresh_s
 from raylens.telemetry.group_memory import GroupMemoryReader
+from raylens_fakes.clock import ClockedStop, ManualClock
 from raylens_fakes.procfs import FakeProcFS
 
 MB = 2**20
 
 
-class Clock:
-    def __init__(self) -> None:
-        self.now = 100.0
-
-    def __call__(self) -> float:
-        return self.now
-
-
-class ClockedStop(threading.Event):
-    def __init__(self, clock: Clock) -> None:
-        super().__init__()
-        self.clock = clock
-        self.waits: list[float] = []
-
-    def wait(self, timeout: float | None = None) -> bool:
-        assert timeout is not None
-        self.waits.append(timeout)
-        self.clock.now += timeout
-        return self.is_set()
-
-
 class Recording:
-    def __init__(self, clock: Clock) -> None:
+    def __init__(self, clock: ManualClock) -> None:
         self.clock = clock
         self.sets: list[tuple[float, str, int]] = []
 
@@ -63,8 +42,8 @@ class Recording:
 
 def _loop(
     tmp_path: Path, refresh: float | None
-) -> tuple[PublishingLoop, Recording, Clock, FakeProcFS]:
-    clock = Clock()
+) -> tuple[PublishingLoop, Recording, ManualClock, FakeProcFS]:
+    clock = ManualClock(100.0)
     proc = FakeProcFS(tmp_path / "node")
     proc.add_process(200, rss_bytes=10 * MB)
     publisher = Recording(clock)
@@ -165,7 +144,7 @@ def test_the_sampler_thread_warns_once_of_an_unforeseen_error_and_keeps_sampling
                 raise GaugeBroke("gauge refused")
             super().set_group(group, rss, pss, processes)
 
-    clock = Clock()
+    clock = ManualClock(100.0)
     proc = FakeProcFS(tmp_path / "node")
     proc.add_process(200, rss_bytes=10 * MB)
     publisher = FailsTwice(clock)

@@ -126,45 +126,42 @@ def test_fake_default_cluster_fixture_is_the_default(fake_default_cluster: FakeC
 # Nothing at import ----------------------------------------------------------------------
 
 
-def _run(code: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=False
-    )
-
-
-@pytest.mark.slow
-def test_importing_lens_imports_nothing_above_it() -> None:
-    result = _run(
+# Each runs in a fresh interpreter (the slow tier) and fails there with an assertion.
+_AT_IMPORT = {
+    "lens_imports_nothing_above_it": (
         "import sys, raylens.lens\n"
         "above = ('raylens.telemetry', 'raylens.driver', 'raylens.distributed', 'raylens.cli')\n"
         "bad = [m for m in sys.modules if m.startswith(above)]\n"
         "assert not bad, bad\n"
-    )
-    assert result.returncode == 0, result.stderr
-
-
-@pytest.mark.slow
-def test_importing_the_plugin_starts_and_declares_nothing() -> None:
-    result = _run(
+    ),
+    "the_plugin_starts_and_declares_nothing": (
         "import raylens_fakes.pytest_plugin\n"
         "from raylens.lens import get_telemetry_handle, recorded_metrics\n"
         "assert get_telemetry_handle() is None\n"
         "assert recorded_metrics() == {}, recorded_metrics()\n"
-    )
-    assert result.returncode == 0, result.stderr
-
-
-@pytest.mark.slow
-def test_importing_the_plugin_loads_only_what_every_pytest_run_needs() -> None:
+    ),
     # Every pytest run in an environment with raylens installed loads the plugin, so it
     # imports raylens, OpenTelemetry and the fakes only when a fixture asks for them.
-    result = _run(
+    "the_plugin_loads_only_what_every_pytest_run_needs": (
         "import sys, raylens_fakes.pytest_plugin\n"
         "heavy = sorted(m for m in sys.modules if m.split('.')[0] in "
         "('raylens', 'opentelemetry', 'requests', 'aiohttp', 'psutil'))\n"
         "fakes = sorted(m for m in sys.modules if m.startswith('raylens_fakes.'))\n"
         "assert not heavy, heavy\n"
         "assert fakes == ['raylens_fakes.pytest_plugin'], fakes\n"
+    ),
+}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("check", sorted(_AT_IMPORT))
+def test_importing(check: str) -> None:
+    result = subprocess.run(
+        [sys.executable, "-c", _AT_IMPORT[check]],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
     )
     assert result.returncode == 0, result.stderr
 

@@ -2,20 +2,17 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable
 
 import pytest
 from opentelemetry.metrics import Observation
 
 from raylens.lens import (
-    OBSERVABLE_GAUGE,
     RecordedMetric,
     TelemetryConfig,
     get_telemetry_handle,
     init_telemetry,
-    register_observable_gauge,
     shutdown_telemetry,
-    unregister_observable_gauge,
 )
 from raylens_fakes import MetricsProbe
 
@@ -31,18 +28,20 @@ def test_defaults_from_empty_environment() -> None:
     assert config.otlp_endpoint == "http://localhost:4318/v1/metrics"
 
 
+# A value for every variable TelemetryConfig reads.
+_EVERY_VARIABLE = {
+    "RAYLENS_TELEMETRY": "off",
+    "RAYLENS_EXPORTER": "Prometheus",
+    "RAYLENS_PROMETHEUS_ADDR": "0.0.0.0:9100",
+    "OTEL_SERVICE_NAME": "trainer",
+    "OTEL_RESOURCE_ATTRIBUTES": "deployment.environment=prod, team=rl%20infra",
+    "OTEL_EXPORTER_OTLP_ENDPOINT": "http://collector:4318/",
+    "OTEL_METRIC_EXPORT_INTERVAL": "5000",
+}
+
+
 def test_reads_every_variable() -> None:
-    config = TelemetryConfig.from_env(
-        {
-            "RAYLENS_TELEMETRY": "off",
-            "RAYLENS_EXPORTER": "Prometheus",
-            "RAYLENS_PROMETHEUS_ADDR": "0.0.0.0:9100",
-            "OTEL_SERVICE_NAME": "trainer",
-            "OTEL_RESOURCE_ATTRIBUTES": "deployment.environment=prod, team=rl%20infra",
-            "OTEL_EXPORTER_OTLP_ENDPOINT": "http://collector:4318/",
-            "OTEL_METRIC_EXPORT_INTERVAL": "5000",
-        }
-    )
+    config = TelemetryConfig.from_env(_EVERY_VARIABLE)
     assert config.enabled is False
     assert config.exporter == "prometheus"
     assert config.prometheus_host_port == ("0.0.0.0", 9100)
@@ -108,17 +107,8 @@ def test_reads_os_environ_by_default(monkeypatch: pytest.MonkeyPatch) -> None:
 
 def test_an_empty_variable_counts_as_unset() -> None:
     # OpenTelemetry's configuration rules: an empty value is the same as no value.
-    config = TelemetryConfig.from_env(
-        {
-            "RAYLENS_TELEMETRY": "",
-            "RAYLENS_EXPORTER": "",
-            "RAYLENS_PROMETHEUS_ADDR": " ",
-            "OTEL_SERVICE_NAME": "",
-            "OTEL_RESOURCE_ATTRIBUTES": "",
-            "OTEL_EXPORTER_OTLP_ENDPOINT": "",
-            "OTEL_METRIC_EXPORT_INTERVAL": "",
-        }
-    )
+    empty = {**dict.fromkeys(_EVERY_VARIABLE, ""), "RAYLENS_PROMETHEUS_ADDR": " "}
+    config = TelemetryConfig.from_env(empty)
 
     assert config == TelemetryConfig.from_env({})
 
@@ -147,23 +137,20 @@ def test_a_port_of_non_ascii_digits_is_refused_naming_the_variable(value: str) -
 
 # Exporters ------------------------------------------------------------------------------
 
-_GAUGE = RecordedMetric(
-    "test.console.awkward", OBSERVABLE_GAUGE, "By", "gauge with awkward attribute values"
-)
+_GAUGE_NAME = "test.console.awkward"
 
 
 @pytest.fixture
-def awkward_gauge() -> Iterator[RecordedMetric]:
+def awkward_gauge(declare_gauge: Callable[..., RecordedMetric]) -> RecordedMetric:
     """A gauge whose attribute values hold a newline, quotes, a backslash and braces."""
-    register_observable_gauge(
-        _GAUGE,
+    return declare_gauge(
         lambda options: [
             Observation(1.0, {"rl.worker_groups": 'policy\nrollout "b"'}),
             Observation(2.0, {"rl.worker_groups": "C:\\tmp}{,x"}),
         ],
+        name=_GAUGE_NAME,
+        description="gauge with awkward attribute values",
     )
-    yield _GAUGE
-    unregister_observable_gauge(_GAUGE.name)
 
 
 def test_console_writes_one_line_per_point_whatever_the_attribute_values(
@@ -171,7 +158,7 @@ def test_console_writes_one_line_per_point_whatever_the_attribute_values(
 ) -> None:
     init_telemetry(TelemetryConfig(exporter="console")).force_flush()
 
-    lines = [line for line in capsys.readouterr().out.splitlines() if _GAUGE.name in line]
+    lines = [line for line in capsys.readouterr().out.splitlines() if _GAUGE_NAME in line]
     assert sorted(lines) == [
         'test.console.awkward{rl.worker_groups="C:\\\\tmp}{,x"} 2.0 By',
         'test.console.awkward{rl.worker_groups="policy\\nrollout \\"b\\""} 1.0 By',
@@ -230,22 +217,20 @@ def test_shutdown_never_raises_when_every_part_fails(
     assert len([r for r in caplog.records if r.levelno == logging.WARNING]) == 3
 
 
-def test_every_probe_read_is_a_fresh_collection(metrics_probe: MetricsProbe) -> None:
-    gauge = RecordedMetric("test.probe.latest", OBSERVABLE_GAUGE, "1", "probe gauge")
+def test_every_probe_read_is_a_fresh_collection(
+    metrics_probe: MetricsProbe, declare_gauge: Callable[..., RecordedMetric]
+) -> None:
     current = [Observation(1, {"k": "a"})]
-    register_observable_gauge(gauge, lambda options: current)
-    try:
-        assert metrics_probe.points(gauge.name) == {frozenset({("k", "a")}): 1}
-        current[:] = [Observation(2, {"k": "b"})]
-        assert metrics_probe.points(gauge.name) == {frozenset({("k", "b")}): 2}
-        snapshot = metrics_probe.snapshot()
-        current[:] = []
-        assert snapshot.points(gauge.name) == {frozenset({("k", "b")}): 2}  # held still
-        assert metrics_probe.points(gauge.name) == {}
-        assert gauge.name not in metrics_probe.names()
-        assert metrics_probe.points("test.probe.never.declared") == {}
-    finally:
-        unregister_observable_gauge(gauge.name)
+    gauge = declare_gauge(lambda options: current, unit="1")
+    assert metrics_probe.points(gauge.name) == {frozenset({("k", "a")}): 1}
+    current[:] = [Observation(2, {"k": "b"})]
+    assert metrics_probe.points(gauge.name) == {frozenset({("k", "b")}): 2}
+    snapshot = metrics_probe.snapshot()
+    current[:] = []
+    assert snapshot.points(gauge.name) == {frozenset({("k", "b")}): 2}  # held still
+    assert metrics_probe.points(gauge.name) == {}
+    assert gauge.name not in metrics_probe.names()
+    assert metrics_probe.points("test.probe.never.declared") == {}
 
 
 def test_a_probe_refuses_to_install_over_a_running_pipeline() -> None:

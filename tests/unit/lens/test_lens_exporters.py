@@ -6,7 +6,7 @@ import gzip
 import io
 import threading
 import zlib
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
@@ -14,29 +14,25 @@ import requests
 from opentelemetry.metrics import Observation
 
 from raylens.lens import (
-    OBSERVABLE_GAUGE,
     RecordedMetric,
     TelemetryConfig,
     init_telemetry,
-    register_observable_gauge,
-    unregister_observable_gauge,
 )
 from raylens.lens.exporters import ConsoleLineExporter, format_point_line
 
-_GAUGE = RecordedMetric("test.export.memory", OBSERVABLE_GAUGE, "By", "memory for exporter tests")
+_GAUGE_NAME = "test.export.memory"
 
 
 @pytest.fixture
-def exported_gauge() -> Iterator[RecordedMetric]:
-    register_observable_gauge(
-        _GAUGE,
+def exported_gauge(declare_gauge: Callable[..., RecordedMetric]) -> RecordedMetric:
+    return declare_gauge(
         lambda options: [
             Observation(1.5e9, {"host.name": "h1", "ray.node.id": "aa"}),
             Observation(2e9, {"host.name": "h2", "ray.node.id": "bb"}),
         ],
+        name=_GAUGE_NAME,
+        description="memory for exporter tests",
     )
-    yield _GAUGE
-    unregister_observable_gauge(_GAUGE.name)
 
 
 def test_format_point_line_sorts_attributes() -> None:
@@ -50,7 +46,7 @@ def test_console_prints_one_line_per_point(
     handle = init_telemetry(TelemetryConfig(exporter="console"))
     assert handle.is_exporting
     handle.force_flush()
-    lines = [line for line in capsys.readouterr().out.splitlines() if line.startswith(_GAUGE.name)]
+    lines = [line for line in capsys.readouterr().out.splitlines() if line.startswith(_GAUGE_NAME)]
     assert sorted(lines) == [
         'test.export.memory{host.name="h1",ray.node.id="aa"} 1500000000.0 By',
         'test.export.memory{host.name="h2",ray.node.id="bb"} 2000000000.0 By',
@@ -128,7 +124,7 @@ def test_otlp_sends_names_units_and_attributes(
     resource_attrs = {kv.key: kv.value.string_value for kv in resource.resource.attributes}
     assert resource_attrs["service.name"] == "otlp-test"
     metrics = {m.name: m for sm in resource.scope_metrics for m in sm.metrics}
-    gauge = metrics[_GAUGE.name]
+    gauge = metrics[_GAUGE_NAME]
     assert gauge.unit == "By"
     points = {
         tuple(sorted((kv.key, kv.value.string_value) for kv in p.attributes)): p.as_double

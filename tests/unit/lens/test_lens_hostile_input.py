@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import io
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable
+from typing import Any
 
 import pytest
 import requests
@@ -15,37 +16,33 @@ from opentelemetry.sdk.util.instrumentation import InstrumentationScope
 from opentelemetry.test.metrictestutil import _generate_gauge
 
 from raylens.lens import (
-    OBSERVABLE_GAUGE,
     RecordedMetric,
     TelemetryConfig,
     init_telemetry,
     register_observable_gauge,
-    unregister_observable_gauge,
 )
 from raylens.lens.exporters import ConsoleLineExporter
 from raylens_fakes import MetricsProbe
 
-_GAUGE = RecordedMetric("test.hostile.memory", OBSERVABLE_GAUGE, "By", "hostile label values")
 _LONE = "\ud800"
 
 
 @pytest.fixture
-def surrogate_gauge() -> Iterator[RecordedMetric]:
-    register_observable_gauge(
-        _GAUGE,
+def surrogate_gauge(declare_gauge: Callable[..., RecordedMetric]) -> RecordedMetric:
+    return declare_gauge(
         lambda options: [
             Observation(1.0, {"host.name": "good", "rl.worker_groups": "policy"}),
             Observation(2.0, {"host.name": f"bad{_LONE}", "rl.worker_groups": f"g{_LONE}"}),
         ],
+        name="test.hostile.memory",  # served to Prometheus as test_hostile_memory
+        description="hostile label values",
     )
-    yield _GAUGE
-    unregister_observable_gauge(_GAUGE.name)
 
 
 def test_lone_surrogates_are_replaced_before_the_sdk_sees_them(
     surrogate_gauge: RecordedMetric, metrics_probe: MetricsProbe
 ) -> None:
-    points = metrics_probe.points(_GAUGE.name)
+    points = metrics_probe.points(surrogate_gauge.name)
     assert points == {
         frozenset({("host.name", "good"), ("rl.worker_groups", "policy")}): 1.0,
         frozenset({("host.name", "bad\ufffd"), ("rl.worker_groups", "g\ufffd")}): 2.0,
@@ -53,19 +50,16 @@ def test_lone_surrogates_are_replaced_before_the_sdk_sees_them(
 
 
 def test_a_gauge_declared_encodable_is_not_checked_again_and_redeclaring_restores_the_check(
-    metrics_probe: MetricsProbe,
+    metrics_probe: MetricsProbe, declare_gauge: Callable[..., RecordedMetric]
 ) -> None:
     points = [Observation(1.0, {"host.name": f"bad{_LONE}"})]
-    try:
-        register_observable_gauge(_GAUGE, lambda options: points, attributes_encodable=True)
-        # The callback vouched for its text: lens hands it to the SDK as it came.
-        assert metrics_probe.points(_GAUGE.name) == {frozenset({("host.name", f"bad{_LONE}")}): 1.0}
+    gauge = declare_gauge(lambda options: points, attributes_encodable=True)
+    # The callback vouched for its text: lens hands it to the SDK as it came.
+    assert metrics_probe.points(gauge.name) == {frozenset({("host.name", f"bad{_LONE}")}): 1.0}
 
-        register_observable_gauge(_GAUGE, lambda options: points)
+    register_observable_gauge(gauge, lambda options: points)
 
-        assert metrics_probe.points(_GAUGE.name) == {frozenset({("host.name", "bad\ufffd")}): 1.0}
-    finally:
-        unregister_observable_gauge(_GAUGE.name)
+    assert metrics_probe.points(gauge.name) == {frozenset({("host.name", "bad\ufffd")}): 1.0}
 
 
 @pytest.mark.slow
@@ -206,32 +200,33 @@ def test_no_worker_group_variable_adds_no_attribute() -> None:
     assert "rl.worker_group" not in TelemetryConfig.from_env({}).resource_attributes
 
 
-def test_the_worker_group_reaches_the_exported_resource() -> None:
+def _exported_resource(
+    config: TelemetryConfig, declare_gauge: Callable[..., RecordedMetric]
+) -> Any:
+    """The resource attributes of one collection of a one-point gauge under ``config``."""
     probe = MetricsProbe()
-    probe.install(TelemetryConfig.from_env({"RAYLENS_WORKER_GROUP": f"w{_LONE}"}))
-    register_observable_gauge(_GAUGE, lambda options: [Observation(1.0, {})])
+    probe.install(config)
+    declare_gauge(lambda options: [Observation(1.0, {})])
     try:
         data = probe.collect()
         assert data is not None
-        resource = data.resource_metrics[0].resource
-        assert resource.attributes["rl.worker_group"] == "w\ufffd"
+        return data.resource_metrics[0].resource.attributes
     finally:
-        unregister_observable_gauge(_GAUGE.name)
         probe.uninstall()
 
 
-def test_a_resource_built_in_code_is_made_exportable() -> None:
-    probe = MetricsProbe()
-    probe.install(
-        TelemetryConfig(service_name=f"svc{_LONE}", resource_attributes={"team": f"t{_LONE}"})
-    )
-    register_observable_gauge(_GAUGE, lambda options: [Observation(1.0, {})])
-    try:
-        data = probe.collect()
-        assert data is not None
-        resource = data.resource_metrics[0].resource
-        assert resource.attributes["service.name"] == "svc\ufffd"
-        assert resource.attributes["team"] == "t\ufffd"
-    finally:
-        unregister_observable_gauge(_GAUGE.name)
-        probe.uninstall()
+def test_the_worker_group_reaches_the_exported_resource(
+    declare_gauge: Callable[..., RecordedMetric],
+) -> None:
+    config = TelemetryConfig.from_env({"RAYLENS_WORKER_GROUP": f"w{_LONE}"})
+    attributes = _exported_resource(config, declare_gauge)
+    assert attributes["rl.worker_group"] == "w\ufffd"
+
+
+def test_a_resource_built_in_code_is_made_exportable(
+    declare_gauge: Callable[..., RecordedMetric],
+) -> None:
+    config = TelemetryConfig(service_name=f"svc{_LONE}", resource_attributes={"team": f"t{_LONE}"})
+    attributes = _exported_resource(config, declare_gauge)
+    assert attributes["service.name"] == "svc\ufffd"
+    assert attributes["team"] == "t\ufffd"

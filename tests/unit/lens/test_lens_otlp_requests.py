@@ -10,7 +10,7 @@ import gzip
 import logging
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import pytest
 import requests
@@ -21,18 +21,15 @@ from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import (
 )
 
 from raylens.lens import (
-    OBSERVABLE_GAUGE,
     RecordedMetric,
     TelemetryConfig,
     init_telemetry,
-    register_observable_gauge,
     shutdown_telemetry,
-    unregister_observable_gauge,
 )
 
 BASE = "http://collector.test:4318"
 METRICS_URL = BASE + "/v1/metrics"
-GAUGE = RecordedMetric("test.otlp.memory", OBSERVABLE_GAUGE, "By", "memory for OTLP wire tests")
+GAUGE_NAME = "test.otlp.memory"
 POINTS = {
     (("host.name", "h1"), ("ray.node.id", "aa")): 1.5e9,
     (("host.name", "h2"), ("ray.node.id", "bb")): 2e9,
@@ -40,7 +37,9 @@ POINTS = {
 
 
 @pytest.fixture
-def collector(monkeypatch: pytest.MonkeyPatch) -> Iterator[responses.RequestsMock]:
+def collector(
+    monkeypatch: pytest.MonkeyPatch, declare_gauge: Callable[..., RecordedMetric]
+) -> Iterator[responses.RequestsMock]:
     """A mocked collector, a gauge with two points, and lens stopped while the mock is active.
 
     The exporter's own timeout is kept short so that a transient failure is not
@@ -50,12 +49,13 @@ def collector(monkeypatch: pytest.MonkeyPatch) -> Iterator[responses.RequestsMoc
         monkeypatch.delenv(variable, raising=False)
     monkeypatch.delenv("RAYLENS_EXPORTER", raising=False)
     monkeypatch.setenv("OTEL_EXPORTER_OTLP_METRICS_TIMEOUT", "0.5")
-    register_observable_gauge(
-        GAUGE,
+    declare_gauge(
         lambda options: [
             Observation(1.5e9, {"host.name": "h1", "ray.node.id": "aa"}),
             Observation(2e9, {"host.name": "h2", "ray.node.id": "bb"}),
         ],
+        name=GAUGE_NAME,
+        description="memory for OTLP wire tests",
     )
     with responses.RequestsMock(assert_all_requests_are_fired=False) as mock:
         try:
@@ -65,7 +65,6 @@ def collector(monkeypatch: pytest.MonkeyPatch) -> Iterator[responses.RequestsMoc
             if not mock.registered():
                 mock.add(responses.POST, METRICS_URL, status=200)
             shutdown_telemetry()
-            unregister_observable_gauge(GAUGE.name)
 
 
 def _decoded(body: bytes | str | None) -> ExportMetricsServiceRequest:
@@ -80,7 +79,7 @@ def _gauge_points(request: ExportMetricsServiceRequest) -> dict[tuple[tuple[str,
     for resource_metrics in request.resource_metrics:
         for scope_metrics in resource_metrics.scope_metrics:
             for metric in scope_metrics.metrics:
-                if metric.name != GAUGE.name:
+                if metric.name != GAUGE_NAME:
                     continue
                 assert metric.unit == "By"
                 for point in metric.gauge.data_points:

@@ -1,8 +1,6 @@
 from __future__ import annotations
 
-import itertools
 import logging
-from collections.abc import Iterator
 
 import pytest
 from opentelemetry.metrics import Observation
@@ -10,29 +8,14 @@ from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 
 from raylens.lens import (
     CARDINALITY_LIMIT,
-    OBSERVABLE_GAUGE,
     RecordedMetric,
     TelemetryConfig,
     get_telemetry_handle,
     init_telemetry,
     register_observable_gauge,
     shutdown_telemetry,
-    unregister_observable_gauge,
 )
 from raylens_fakes import MetricsProbe
-
-_names = (f"test.lens.gauge.{i}" for i in itertools.count())
-
-
-@pytest.fixture
-def gauge_name() -> Iterator[str]:
-    name = next(_names)
-    yield name
-    unregister_observable_gauge(name)
-
-
-def _gauge(name: str) -> RecordedMetric:
-    return RecordedMetric(name, OBSERVABLE_GAUGE, "By", "a test gauge")
 
 
 def test_init_is_idempotent_and_reachable() -> None:
@@ -50,45 +33,47 @@ def test_exporter_none_and_telemetry_off_do_not_export() -> None:
     assert handle.is_exporting is False
 
 
-def test_metric_reader_replaces_the_exporter(gauge_name: str) -> None:
+def test_metric_reader_replaces_the_exporter(gauge: RecordedMetric) -> None:
     reader = InMemoryMetricReader()
     handle = init_telemetry(TelemetryConfig(exporter="none"), metric_reader=reader)
     assert handle.is_exporting is True
-    register_observable_gauge(_gauge(gauge_name), lambda options: [Observation(7, {"a": "b"})])
+    register_observable_gauge(gauge, lambda options: [Observation(7, {"a": "b"})])
     probe = MetricsProbe()
     probe.reader = reader
-    assert probe.points(gauge_name) == {frozenset({("a", "b")}): 7}
+    assert probe.points(gauge.name) == {frozenset({("a", "b")}): 7}
 
 
-def test_gauge_declared_before_init_and_across_reinit(gauge_name: str) -> None:
-    register_observable_gauge(_gauge(gauge_name), lambda options: [Observation(1)])
+def test_gauge_declared_before_init_and_across_reinit(gauge: RecordedMetric) -> None:
+    register_observable_gauge(gauge, lambda options: [Observation(1)])
     for _ in range(2):
         with MetricsProbe() as probe:
-            assert probe.points(gauge_name) == {frozenset(): 1}
-            assert probe.metric(gauge_name).unit == "By"
+            assert probe.points(gauge.name) == {frozenset(): 1}
+            assert probe.metric(gauge.name).unit == "By"
 
 
-def test_reregistering_replaces_the_callback(metrics_probe: MetricsProbe, gauge_name: str) -> None:
-    register_observable_gauge(_gauge(gauge_name), lambda options: [Observation(1)])
-    register_observable_gauge(_gauge(gauge_name), lambda options: [Observation(2)])
-    assert metrics_probe.points(gauge_name) == {frozenset(): 2}
+def test_reregistering_replaces_the_callback(
+    metrics_probe: MetricsProbe, gauge: RecordedMetric
+) -> None:
+    register_observable_gauge(gauge, lambda options: [Observation(1)])
+    register_observable_gauge(gauge, lambda options: [Observation(2)])
+    assert metrics_probe.points(gauge.name) == {frozenset(): 2}
 
 
 def test_failing_callback_costs_its_points_and_warns_once(
-    metrics_probe: MetricsProbe, gauge_name: str, caplog: pytest.LogCaptureFixture
+    metrics_probe: MetricsProbe, gauge: RecordedMetric, caplog: pytest.LogCaptureFixture
 ) -> None:
     caplog.set_level(logging.DEBUG, logger="raylens")
 
     def broken(options):
         raise RuntimeError("snapshot corrupt")
 
-    register_observable_gauge(_gauge(gauge_name), broken)
+    register_observable_gauge(gauge, broken)
     for _ in range(3):
         metrics_probe.collect()
-        assert metrics_probe.points(gauge_name) == {}
+        assert metrics_probe.points(gauge.name) == {}
     warnings = [r for r in caplog.records if r.levelno == logging.WARNING]
     assert len(warnings) == 1
-    assert gauge_name in warnings[0].getMessage()
+    assert gauge.name in warnings[0].getMessage()
 
 
 def test_register_rejects_non_gauge_kinds() -> None:
@@ -97,10 +82,10 @@ def test_register_rejects_non_gauge_kinds() -> None:
 
 
 def test_points_is_empty_when_nothing_observed(
-    metrics_probe: MetricsProbe, gauge_name: str
+    metrics_probe: MetricsProbe, gauge: RecordedMetric
 ) -> None:
-    register_observable_gauge(_gauge(gauge_name), lambda options: [])
-    assert metrics_probe.points(gauge_name) == {}
+    register_observable_gauge(gauge, lambda options: [])
+    assert metrics_probe.points(gauge.name) == {}
 
 
 def test_shutdown_never_raises_and_allows_init_again() -> None:
@@ -113,18 +98,18 @@ def test_shutdown_never_raises_and_allows_init_again() -> None:
 
 
 def test_thousands_of_attribute_sets_never_overflow(
-    metrics_probe: MetricsProbe, gauge_name: str
+    metrics_probe: MetricsProbe, gauge: RecordedMetric
 ) -> None:
     assert CARDINALITY_LIMIT >= 100_000
     current: dict[str, list[Observation]] = {"obs": []}
-    register_observable_gauge(_gauge(gauge_name), lambda options: current["obs"])
+    register_observable_gauge(gauge, lambda options: current["obs"])
     batch = 1_000
     for round_ in range(3):  # 3,000 sets in all, past the SDK's default limit of 2,000
         current["obs"] = [
             Observation(i, {"node": f"n{i}", "round": str(round_)}) for i in range(batch)
         ]
         metrics_probe.collect()
-        points = metrics_probe.points(gauge_name)
+        points = metrics_probe.points(gauge.name)
         assert all(("otel.metric.overflow", True) not in attrs for attrs in points)
         # Every attribute set of this collection is there with its own value, and no other.
         assert points == {

@@ -13,7 +13,6 @@ import pytest
 from opentelemetry.metrics import Observation
 
 from raylens.lens import (
-    OBSERVABLE_GAUGE,
     RecordedMetric,
     TelemetryConfig,
     _sdk_state,
@@ -23,18 +22,8 @@ from raylens.lens import (
     reset_warn_once,
     runtime,
     shutdown_telemetry,
-    unregister_observable_gauge,
 )
 from raylens_fakes import MetricsProbe
-
-_names = (f"test.lens.fallback.{i}" for i in itertools.count())
-
-
-@pytest.fixture
-def gauge() -> Iterator[RecordedMetric]:
-    metric = RecordedMetric(next(_names), OBSERVABLE_GAUGE, "By", "fallback test gauge")
-    yield metric
-    unregister_observable_gauge(metric.name)
 
 
 @pytest.fixture

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import itertools
-from collections.abc import Iterator
 
 import opentelemetry.sdk
 import pytest
@@ -13,7 +12,6 @@ from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 
 from raylens.lens import (
     IDLE_COLLECTIONS,
-    OBSERVABLE_GAUGE,
     RecordedMetric,
     _sdk_state,
     get_telemetry_handle,
@@ -22,16 +20,6 @@ from raylens.lens import (
 )
 from raylens.lens._live_sets import LiveAttributeSets
 from raylens_fakes import MetricsProbe
-
-_names = (f"test.lens.live.{i}" for i in itertools.count())
-
-
-@pytest.fixture
-def gauge() -> Iterator[RecordedMetric]:
-    metric = RecordedMetric(next(_names), OBSERVABLE_GAUGE, "By", "liveness test gauge")
-    yield metric
-    unregister_observable_gauge(metric.name)
-
 
 # LiveAttributeSets ----------------------------------------------------------------------
 

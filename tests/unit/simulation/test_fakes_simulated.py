@@ -15,6 +15,7 @@ from raylens.simulation.kill_script import KillScript
 from raylens.telemetry.raylet_payload import NodeOomCounts
 from raylens.telemetry.scraping import ScrapeLimits, fetch_once
 from raylens_fakes import FakeCluster, SimulatedCluster
+from raylens_fakes.clock import ManualClock
 from raylens_fakes.pytest_plugin import simulated_clusters
 from raylens_fakes.simulated import constant_schedule, ensure_open_file_limit
 
@@ -25,14 +26,6 @@ def _memory(url: str) -> tuple[float, float]:
         for sample in family.samples:
             values[sample.name] = sample.value
     return values["ray_node_mem_used"], values["ray_node_mem_total"]
-
-
-class _Clock:
-    def __init__(self) -> None:
-        self.now = 100.0
-
-    def __call__(self) -> float:
-        return self.now
 
 
 def test_nodes_are_listed_and_served(
@@ -53,7 +46,7 @@ def test_nodes_are_listed_and_served(
 def test_memory_follows_the_schedule_on_the_injected_clock(
     simulated_cluster: Callable[..., SimulatedCluster],
 ) -> None:
-    clock = _Clock()
+    clock = ManualClock(100.0)
     sim = simulated_cluster(
         2, schedule=lambda i, t: (1000.0 * (i + 1) + t, 1e6), clock=clock, same_host=True
     )

@@ -35,6 +35,7 @@ from raylens.telemetry.growth_outlook import (
 from raylens.telemetry.host_memory._snapshot import NodeSample
 from raylens.telemetry.raylet_payload import GroupFigure, NodeFigures, NodeGroupFigures
 from raylens_fakes import MetricsProbe
+from raylens_fakes.clock import ManualClock
 
 GIB = 1024**3
 TOTAL = 64 * GIB
@@ -280,20 +281,12 @@ def test_a_post_mortem_s_history_is_asked_of_the_node_at_the_kill_s_wall_time() 
     assert GrowthCycle(kill_line=LINE).recent_history("a", 0.0) is None
 
 
-class _Clock:
-    def __init__(self) -> None:
-        self.now = 0.0
-
-    def __call__(self) -> float:
-        return self.now
-
-
 def test_a_scripted_leak_on_a_simulated_cluster_is_found_end_to_end(
     simulated_cluster: Callable[..., SimulatedCluster], make_monitor: Callable[..., Any]
 ) -> None:
     from raylens.simulation.memory_script import Leak, MemoryScript
 
-    clock = _Clock()
+    clock = ManualClock()
     script = MemoryScript(seed=1)
     leak = 4 * 1024**2  # bytes per second
     script.set_group(0, "policy", Leak(leak), base=6 * GIB)

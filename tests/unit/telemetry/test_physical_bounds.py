@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 import math
+from collections.abc import Callable
 
 import pytest
 from opentelemetry.exporter.otlp.proto.common._internal.metrics_encoder import encode_metrics
@@ -25,7 +26,7 @@ from raylens.telemetry.group_memory import (
 from raylens.telemetry.physical_bounds import MAX_PROCESSES, bound_payload
 from raylens.telemetry.raylet_payload import TOTAL_KEY, USED_KEY, NodeGroupFigures
 from raylens.telemetry.scraping import Outcome, outcome_of_payload
-from raylens_fakes import FakeCluster, MetricsProbe
+from raylens_fakes import MetricsProbe
 
 NODE = "a" * 56
 GIB = 1024**3
@@ -173,21 +174,14 @@ def test_a_group_far_above_the_total_never_reaches_the_memory_outside_the_groups
         assert 0 <= outside <= used  # what the growth history records as outside
 
 
-def test_refused_values_are_named_in_one_warning_per_node(caplog: pytest.LogCaptureFixture) -> None:
+def test_refused_values_are_named_in_one_warning_per_node(
+    caplog: pytest.LogCaptureFixture, one_node_monitor: Callable[..., hm.HostMemoryMonitor]
+) -> None:
     payload = _payload(*_group("forged", "1e300"), *_group("policy", "2e9"))
     outcome = outcome_of_payload(payload, len(payload))
     assert outcome.refused is not None
 
-    class Engine:
-        def scrape(self, jobs: list, timeout: float | None = None) -> dict:
-            return {job[0]: outcome for job in jobs}
-
-        def close(self, timeout: float = 1.0) -> None: ...
-
-    cluster = FakeCluster()
-    cluster.add_node(node_id=NODE, port=8080, hostname="vm")
-    monitor = hm.HostMemoryMonitor(1.0, cluster=cluster, scrape_mode="inprocess", consumer=True)
-    monitor._engine = Engine()  # type: ignore[attr-defined]
+    monitor = one_node_monitor(outcome)
     with caplog.at_level(logging.WARNING, logger="raylens"):
         for _ in range(3):
             monitor.collect_once()

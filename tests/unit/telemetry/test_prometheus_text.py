@@ -138,90 +138,80 @@ def test_name_at_the_very_start_of_the_payload() -> None:
 # --- labels ---------------------------------------------------------------------------------
 
 
-def test_no_labels_and_empty_label_set() -> None:
-    payload = b"ray_node_mem_used 1\nray_node_mem_total{} 2\n"
-
-    assert extract_samples(payload, WANTED) == {USED: 1.0, TOTAL: 2.0}
-
-
-def test_escaped_quote_in_label_value() -> None:
-    payload = b'ray_node_mem_used{a="say \\"} 9\\" please"} 5\n'
-
-    assert extract_samples(payload, [USED]) == {USED: 5.0}
-
-
-def test_escaped_backslash_before_closing_quote() -> None:
+_LABEL_SETS = {
+    "no_labels_and_empty_label_set": (
+        b"ray_node_mem_used 1\nray_node_mem_total{} 2\n",
+        {USED: 1.0, TOTAL: 2.0},
+    ),
+    "escaped_quote_in_label_value": (
+        b'ray_node_mem_used{a="say \\"} 9\\" please"} 5\n',
+        {USED: 5.0},
+    ),
     # The quote after an escaped backslash closes the value; a scanner that treated it as an
     # escaped quote would run on into b's value and read 9.
-    payload = b'ray_node_mem_used{a="C:\\\\",b="} 9"} 5\n'
-
-    assert extract_samples(payload, [USED]) == {USED: 5.0}
-
-
-def test_escaped_newline_in_label_value() -> None:
-    payload = b'ray_node_mem_used{a="line one\\nline two"} 5\n'
-
-    assert extract_samples(payload, [USED]) == {USED: 5.0}
-
-
-def test_brace_comma_space_hash_and_equals_in_label_values() -> None:
-    payload = b'ray_node_mem_used{a="}", b=",", c="a b", d=" # 7", e="x=y{"} 5\n'
-
-    assert extract_samples(payload, [USED]) == {USED: 5.0}
-
-
-def test_spaces_around_label_parts_and_trailing_comma() -> None:
-    payload = b'ray_node_mem_used { a = "1" , b="2", } 5\n'
-
-    assert extract_samples(payload, [USED]) == {USED: 5.0}
+    "escaped_backslash_before_closing_quote": (
+        b'ray_node_mem_used{a="C:\\\\",b="} 9"} 5\n',
+        {USED: 5.0},
+    ),
+    "escaped_newline_in_label_value": (
+        b'ray_node_mem_used{a="line one\\nline two"} 5\n',
+        {USED: 5.0},
+    ),
+    "brace_comma_space_hash_and_equals_in_label_values": (
+        b'ray_node_mem_used{a="}", b=",", c="a b", d=" # 7", e="x=y{"} 5\n',
+        {USED: 5.0},
+    ),
+    "spaces_around_label_parts_and_trailing_comma": (
+        b'ray_node_mem_used { a = "1" , b="2", } 5\n',
+        {USED: 5.0},
+    ),
+    "quoted_label_name": (b'ray_node_mem_used{"host.name"="n1"} 5\n', {USED: 5.0}),
+}
 
 
-def test_quoted_label_name() -> None:
-    payload = b'ray_node_mem_used{"host.name"="n1"} 5\n'
+@pytest.mark.parametrize("case", list(_LABEL_SETS))
+def test_a_value_is_read_whatever_its_label_set_holds(case: str) -> None:
+    payload, expected = _LABEL_SETS[case]
 
-    assert extract_samples(payload, [USED]) == {USED: 5.0}
+    assert extract_samples(payload, WANTED) == expected
 
 
 # --- values and timestamps ------------------------------------------------------------------
 
 
-def test_scientific_notation_value() -> None:
-    payload = b'ray_node_mem_used{ip="192.0.2.2"} 1.169268736e+09\nray_node_mem_total 2.5E10\n'
+_VALUE_LINES = {
+    "scientific_notation_value": (
+        b'ray_node_mem_used{ip="192.0.2.2"} 1.169268736e+09\nray_node_mem_total 2.5E10\n',
+        {USED: 1169268736.0, TOTAL: 2.5e10},
+    ),
+    "integer_and_plain_decimal_values": (
+        b"ray_node_mem_used 1169268736\nray_node_mem_total 25276063744.0\n",
+        {USED: 1169268736.0, TOTAL: 25276063744.0},
+    ),
+    "trailing_timestamp_is_not_the_value": (
+        b'ray_node_mem_used{a="b"} 3 1700000000000\nray_node_mem_total 4 1700000000.5\n',
+        {USED: 3.0, TOTAL: 4.0},
+    ),
+    "tabs_and_extra_blanks_between_tokens": (
+        b"ray_node_mem_used\t3\t1700000000000\nray_node_mem_total   4   \n",
+        {USED: 3.0, TOTAL: 4.0},
+    ),
+    "leading_blanks_before_the_name": (b"other 1\n  \tray_node_mem_used 3\n", {USED: 3.0}),
+    "openmetrics_exemplar_after_the_value": (
+        b'ray_node_mem_used{a="b"} 3 # {trace_id="abc"} 1.0 1700000000.1\n',
+        {USED: 3.0},
+    ),
+}
 
-    assert extract_samples(payload, WANTED) == {USED: 1169268736.0, TOTAL: 2.5e10}
 
-
-def test_integer_and_plain_decimal_values() -> None:
-    payload = b"ray_node_mem_used 1169268736\nray_node_mem_total 25276063744.0\n"
+@pytest.mark.parametrize("case", list(_VALUE_LINES))
+def test_a_value_is_read_as_a_float_whatever_surrounds_it(case: str) -> None:
+    payload, expected = _VALUE_LINES[case]
 
     got = extract_samples(payload, WANTED)
 
-    assert got == {USED: 1169268736.0, TOTAL: 25276063744.0}
+    assert got == expected
     assert all(type(v) is float for v in got.values())
-
-
-def test_trailing_timestamp_is_not_the_value() -> None:
-    payload = b'ray_node_mem_used{a="b"} 3 1700000000000\nray_node_mem_total 4 1700000000.5\n'
-
-    assert extract_samples(payload, WANTED) == {USED: 3.0, TOTAL: 4.0}
-
-
-def test_tabs_and_extra_blanks_between_tokens() -> None:
-    payload = b"ray_node_mem_used\t3\t1700000000000\nray_node_mem_total   4   \n"
-
-    assert extract_samples(payload, WANTED) == {USED: 3.0, TOTAL: 4.0}
-
-
-def test_leading_blanks_before_the_name() -> None:
-    payload = b"other 1\n  \tray_node_mem_used 3\n"
-
-    assert extract_samples(payload, [USED]) == {USED: 3.0}
-
-
-def test_openmetrics_exemplar_after_the_value() -> None:
-    payload = b'ray_node_mem_used{a="b"} 3 # {trace_id="abc"} 1.0 1700000000.1\n'
-
-    assert extract_samples(payload, [USED]) == {USED: 3.0}
 
 
 @pytest.mark.parametrize("value", [b"NaN", b"+Inf", b"-Inf", b"Inf", b"-1", b"-2.5e3", b"1e400"])
@@ -294,39 +284,44 @@ def test_label_value_may_not_span_a_raw_newline() -> None:
 # --- framing and encodings ------------------------------------------------------------------
 
 
-def test_crlf_line_ends() -> None:
-    payload = (
-        b"# HELP ray_node_mem_used Memory usage\r\n"
-        b"# TYPE ray_node_mem_used gauge\r\n"
-        b'ray_node_mem_used{a="b"} 3 1700000000000\r\n'
-        b"ray_node_mem_total 4\r\n"
-    )
+_FRAMINGS = {
+    "crlf_line_ends": (
+        (
+            b"# HELP ray_node_mem_used Memory usage\r\n"
+            b"# TYPE ray_node_mem_used gauge\r\n"
+            b'ray_node_mem_used{a="b"} 3 1700000000000\r\n'
+            b"ray_node_mem_total 4\r\n"
+        ),
+        {USED: 3.0, TOTAL: 4.0},
+    ),
+    "openmetrics_framing": (
+        (
+            b"# TYPE ray_node_mem_used gauge\n"
+            b"# UNIT ray_node_mem_used bytes\n"
+            b"# HELP ray_node_mem_used Memory usage.\n"
+            b'ray_node_mem_used{a="b"} 3.0\n'
+            b"# EOF\n"
+        ),
+        {USED: 3.0},
+    ),
+    "bytes_that_are_not_utf8_elsewhere_in_the_payload": (
+        (
+            b"# HELP junk \xff\xfe not utf-8 \xc3\n"
+            b'junk{a="\x80\x81"} 1\n'
+            b'ray_node_mem_used{a="caf\xe9"} 3\n'
+            b"\xff\xff\xff\n"
+            b"ray_node_mem_total 4\n"
+        ),
+        {USED: 3.0, TOTAL: 4.0},
+    ),
+}
 
-    assert extract_samples(payload, WANTED) == {USED: 3.0, TOTAL: 4.0}
 
+@pytest.mark.parametrize("case", list(_FRAMINGS))
+def test_samples_are_read_whatever_frames_them(case: str) -> None:
+    payload, expected = _FRAMINGS[case]
 
-def test_openmetrics_framing() -> None:
-    payload = (
-        b"# TYPE ray_node_mem_used gauge\n"
-        b"# UNIT ray_node_mem_used bytes\n"
-        b"# HELP ray_node_mem_used Memory usage.\n"
-        b'ray_node_mem_used{a="b"} 3.0\n'
-        b"# EOF\n"
-    )
-
-    assert extract_samples(payload, [USED]) == {USED: 3.0}
-
-
-def test_bytes_that_are_not_utf8_elsewhere_in_the_payload() -> None:
-    payload = (
-        b"# HELP junk \xff\xfe not utf-8 \xc3\n"
-        b'junk{a="\x80\x81"} 1\n'
-        b'ray_node_mem_used{a="caf\xe9"} 3\n'
-        b"\xff\xff\xff\n"
-        b"ray_node_mem_total 4\n"
-    )
-
-    assert extract_samples(payload, WANTED) == {USED: 3.0, TOTAL: 4.0}
+    assert extract_samples(payload, WANTED) == expected
 
 
 def test_text_payload_gives_the_same_result_as_bytes() -> None:

@@ -13,14 +13,7 @@ from raylens.telemetry.sampler_registry import (
     SamplerRegistry,
 )
 from raylens_fakes import FakeCluster
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.now = 100.0
-
-    def __call__(self) -> float:
-        return self.now
+from raylens_fakes.clock import ManualClock
 
 
 def test_a_driver_lists_its_samplers_and_another_process_learns_them() -> None:
@@ -74,7 +67,7 @@ def test_an_unreachable_store_leaves_this_process_s_own_samplers_said_once(
     other = SamplerRegistry(cluster.for_job("02000000"))
     other.started({"o" * 32: ""})
     other.publish()
-    clock = Clock()
+    clock = ManualClock(100.0)
     registry = SamplerRegistry(cluster, clock=clock, refresh_s=30.0)
     registry.started({"m" * 32: ""})
     cluster.kv_error = ConnectionError("GCS unreachable")
@@ -96,7 +89,7 @@ def test_an_unreachable_store_leaves_this_process_s_own_samplers_said_once(
 
 def test_the_entries_are_read_again_only_after_the_refresh_time() -> None:
     cluster = FakeCluster()
-    clock = Clock()
+    clock = ManualClock(100.0)
     watch = SamplerRegistry(cluster, clock=clock, refresh_s=30.0)
     assert watch.trusted() == {}
     later = SamplerRegistry(cluster.for_job("02000000"))

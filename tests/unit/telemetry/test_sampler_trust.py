@@ -7,6 +7,7 @@ the series of several publishers, as a node's agent serves them, and check which
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 
 import pytest
 
@@ -18,7 +19,6 @@ from raylens.telemetry.raylet_payload import (
     read_sampler_series,
 )
 from raylens.telemetry.scraping import outcome_of_payload
-from raylens_fakes import FakeCluster
 
 NODE = "a" * 56
 NOW = 1_800_000_000.0
@@ -138,23 +138,14 @@ def test_a_stale_sampler_gives_way_to_a_fresh_one_and_alone_is_marked_stale() ->
 
 
 def test_a_future_stamp_and_an_unknown_publisher_are_named_in_the_nodes_one_warning(
-    caplog: pytest.LogCaptureFixture,
+    caplog: pytest.LogCaptureFixture, one_node_monitor: Callable[..., hm.HostMemoryMonitor]
 ) -> None:
     ours = _sampler("w1", "ours", "driver/1", {"policy": 4 * GIB}, NOW - 2)
     theirs = _sampler("w9", "job-actor", "someone/9", {"fake": GIB}, NOW - 1)
     ahead = _sampler("w8", "ours", "driver/1", {"policy": 1.0}, stamp=1e18)
     outcome = outcome_of_payload(RAYLET + theirs + ahead + ours, 0, now=NOW, trusted={"ours": ""})
 
-    class Engine:
-        def scrape(self, jobs: list, timeout: float | None = None) -> dict:
-            return {job[0]: outcome for job in jobs}
-
-        def close(self, timeout: float = 1.0) -> None: ...
-
-    cluster = FakeCluster()
-    cluster.add_node(node_id=NODE, port=8080, hostname="vm")
-    monitor = hm.HostMemoryMonitor(1.0, cluster=cluster, scrape_mode="inprocess", consumer=True)
-    monitor._engine = Engine()  # type: ignore[attr-defined]
+    monitor = one_node_monitor(outcome)
     with caplog.at_level(logging.WARNING, logger="raylens"):
         for _ in range(3):
             monitor.collect_once()

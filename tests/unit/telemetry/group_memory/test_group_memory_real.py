@@ -6,27 +6,16 @@ the group's RSS must grow by that much. Whatever is left is killed in teardown.
 
 from __future__ import annotations
 
-import contextlib
 import os
-import select
-import signal
-import subprocess
-import sys
-import time
-from collections.abc import Iterator
+from collections.abc import Callable
+from typing import Any
 
 import pytest
 
 from raylens.telemetry.group_memory import GroupMemoryReader, GroupWorker, own_process_identity
-from raylens.telemetry.process_memory import ProcFS, process_tree_memory_supported
+from raylens.telemetry.process_memory import ProcFS
 
-pytestmark = [
-    pytest.mark.skipif(not sys.platform.startswith("linux"), reason="procfs is Linux only"),
-    pytest.mark.skipif(
-        sys.platform.startswith("linux") and not process_tree_memory_supported(),
-        reason="this kernel's procfs has no per-thread children files",
-    ),
-]
+pytestmark = pytest.mark.usefixtures("real_process_trees")
 
 MB = 2**20
 ALLOCATED_MB = 50
@@ -58,56 +47,23 @@ for line in sys.stdin:
 """
 
 
-def _expect(worker: subprocess.Popen[str], answer: str, timeout: float = 30.0) -> None:
-    assert worker.stdout is not None
-    deadline = time.monotonic() + timeout
-    ready: list = []
-    while not ready and time.monotonic() < deadline:
-        ready, _, _ = select.select([worker.stdout], [], [], max(0.0, deadline - time.monotonic()))
-    assert ready, f"the worker did not say {answer!r} within {timeout} s"
-    assert worker.stdout.readline().strip() == answer
-
-
-def _ask(worker: subprocess.Popen[str], command: str) -> None:
-    assert worker.stdin is not None
-    worker.stdin.write(command + "\n")
-    worker.stdin.flush()
-    _expect(worker, "done")
-
-
-@pytest.fixture
-def worker() -> Iterator[subprocess.Popen[str]]:
-    process = subprocess.Popen(
-        [sys.executable, "-c", WORKER, str(ALLOCATED_MB)],
-        stdin=subprocess.PIPE,
-        stdout=subprocess.PIPE,
-        text=True,
-        start_new_session=True,
-    )
-    try:
-        yield process
-    finally:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(process.pid, signal.SIGKILL)
-        process.wait(timeout=30)
-
-
 def _rss(reader: GroupMemoryReader, workers: list[GroupWorker]) -> tuple[int, int]:
     (group,) = reader.read(workers).groups
     return group.rss_bytes, group.process_count
 
 
 @pytest.mark.slow
-def test_group_rss_grows_by_what_its_worker_tree_allocates(worker: subprocess.Popen[str]):
+def test_group_rss_grows_by_what_its_worker_tree_allocates(spawn: Callable[..., Any]):
+    worker = spawn(WORKER, ALLOCATED_MB)
+    assert worker.first_line == "ready"
     procfs = ProcFS()
     workers = [GroupWorker("policy", worker.pid, procfs.start_ticks(worker.pid))]
     reader = GroupMemoryReader(procfs, pss_interval_seconds=3600.0)
-    _expect(worker, "ready")
     before, processes_before = _rss(reader, workers)
 
-    _ask(worker, "self")
+    assert worker.send("self") == "done"
     after_self, _ = _rss(reader, workers)
-    _ask(worker, "child")
+    assert worker.send("child") == "done"
     after_child, processes_after = _rss(reader, workers)
 
     expected = ALLOCATED_MB * MB

@@ -110,30 +110,33 @@ def test_each_exported_metric_name_is_the_name_of_a_declared_gauge() -> None:
 # Parsing ----------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("as_text", [False, True])
-def test_parse_memory_samples_reads_the_real_capture(as_text: bool) -> None:
-    payload = load_payload("worker")
-    samples = hm.parse_memory_samples(payload.decode() if as_text else payload)
-
+_CAPTURES = {
     # Exact names: ray_node_mem_used_host is the machine's figure, a series of its own.
-    assert samples == {
+    "worker": {
         "host_memory_used": 1.194815488e09,
         "host_memory_total": 2.5276063744e10,
         "host_machine_memory_used": 1.63254272e09,
         "host_machine_memory_total": 2.5276063744e10,
-    }
-
-
-def test_parse_memory_samples_head_capture_keeps_ray_and_machine_figures_apart() -> None:
-    samples = hm.parse_memory_samples(load_payload("head"))
-
+    },
     # The recorded head: Ray's container-aware figure and the machine's differ.
-    assert samples == {
+    "head": {
         "host_memory_used": 1.169268736e09,
         "host_memory_total": 2.5276063744e10,
         "host_machine_memory_used": 1.622867968e09,
         "host_machine_memory_total": 2.5276063744e10,
-    }
+    },
+}
+
+
+@pytest.mark.parametrize("as_text", [False, True])
+@pytest.mark.parametrize("capture", list(_CAPTURES))
+def test_parse_memory_samples_reads_a_real_capture_keeping_ray_and_machine_figures_apart(
+    capture: str, as_text: bool
+) -> None:
+    payload = load_payload(capture)
+    samples = hm.parse_memory_samples(payload.decode() if as_text else payload)
+
+    assert samples == _CAPTURES[capture]
 
 
 def test_parse_memory_samples_skips_missing_and_unusable_values() -> None:
@@ -198,46 +201,6 @@ def test_ray_nodes_is_empty_when_ray_is_not_initialised(fake_cluster: FakeCluste
 
     assert hm.ray_nodes(fake_cluster) == []
     assert fake_cluster.nodes_calls == 0
-
-
-def _record(**fields: object) -> dict[str, object]:
-    record: dict[str, object] = {
-        "Alive": True,
-        "NodeID": NODE_C,
-        "NodeManagerAddress": "10.0.0.9",
-        "NodeManagerHostname": "h",
-        "MetricsExportPort": 8080,
-    }
-    record.update(fields)
-    return record
-
-
-def test_a_malformed_node_record_is_skipped_with_one_warning(
-    caplog: pytest.LogCaptureFixture,
-) -> None:
-    cluster = FakeCluster()
-    for record in (None, _record(NodeID=["unhashable"]), _record(NodeManagerAddress=10)):
-        cluster.add_raw_record(record)
-    good = cluster.add_node(address="10.0.0.1", port=8080, node_id=NODE_A)
-
-    with caplog.at_level(logging.DEBUG, logger="raylens.telemetry.host_memory"):
-        first = hm.ray_nodes(cluster)
-        second = hm.ray_nodes(cluster)
-
-    assert [n.node_id for n in first] == [good] == [n.node_id for n in second]
-    warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
-    assert len(warnings) == 3
-    assert all(w.startswith("skipped a malformed Ray node record") for w in warnings)
-
-
-def test_host_names_are_made_encodable_where_they_enter() -> None:
-    cluster = FakeCluster()
-    cluster.add_raw_record(_record(NodeManagerHostname="gpu-\udcff"))
-
-    (node,) = hm.ray_nodes(cluster)
-
-    assert node.host == "gpu-\ufffd"
-    node.host.encode("utf-8")
 
 
 # Worker groups ------------------------------------------------------------------------

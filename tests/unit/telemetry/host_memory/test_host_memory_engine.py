@@ -115,13 +115,21 @@ def test_two_node_records_on_one_host_and_port_are_both_sampled(
         assert raylet.requests == 20
 
 
+def _after_a_cycle_without_consumer(
+    simulated_cluster: Factory, make_monitor: Callable, nodes: int
+) -> tuple[SimulatedCluster, hm.HostMemoryMonitor]:
+    """A monitor of ``nodes`` simulated nodes, made with no consumer, after its first cycle."""
+    sim = simulated_cluster(nodes)
+    monitor = make_monitor(sim.cluster, consumer=False)
+    monitor.collect_once()
+    return sim, monitor
+
+
 def test_no_consumer_means_nodes_are_listed_but_nobody_is_asked(
     simulated_cluster: Factory, make_monitor: Callable
 ) -> None:
-    sim = simulated_cluster(2)
-    monitor = make_monitor(sim.cluster, consumer=False)
+    sim, monitor = _after_a_cycle_without_consumer(simulated_cluster, make_monitor, 2)
 
-    monitor.collect_once()
     assert sim.cluster.nodes_calls >= 1
     assert [r.requests for r in sim.raylets] == [0, 0]
     assert not monitor.has_consumer
@@ -134,10 +142,7 @@ def test_no_consumer_means_nodes_are_listed_but_nobody_is_asked(
 def test_lens_exporting_is_a_consumer(
     simulated_cluster: Factory, make_monitor: Callable, metrics_probe: MetricsProbe
 ) -> None:
-    sim = simulated_cluster(1)
-    monitor = make_monitor(sim.cluster, consumer=False)
-
-    monitor.collect_once()
+    sim, monitor = _after_a_cycle_without_consumer(simulated_cluster, make_monitor, 1)
 
     assert monitor.has_consumer
     assert sim.raylet(0).requests == 1
@@ -146,9 +151,7 @@ def test_lens_exporting_is_a_consumer(
 def test_reading_latest_makes_a_consumer(
     simulated_cluster: Factory, make_monitor: Callable
 ) -> None:
-    sim = simulated_cluster(1)
-    monitor = make_monitor(sim.cluster, consumer=False)
-    monitor.collect_once()
+    sim, monitor = _after_a_cycle_without_consumer(simulated_cluster, make_monitor, 1)
     assert monitor.latest() == []
 
     monitor.collect_once()

@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
-from typing import Any
 
 import pytest
+from host_memory_points import points_by_node
 
 from raylens.telemetry import host_memory as hm
-from raylens.telemetry.raylet_payload import SCRAPE_ERROR_TYPES, TOTAL_KEY, USED_KEY
+from raylens.telemetry.raylet_payload import TOTAL_KEY, USED_KEY
 from raylens_fakes import FakeCluster, MetricsProbe, SimulatedCluster
 
 UP = "rl.host.scrape.up"
@@ -17,17 +17,6 @@ DURATION = "rl.host.scrape.duration"
 LOGGER = "raylens.telemetry.host_memory"
 
 Factory = Callable[..., SimulatedCluster]
-
-
-def _export(probe: MetricsProbe, name: str) -> dict[str, tuple[dict[str, Any], float]]:
-    """A fresh collection of ``name`` as ``{node id: (attributes, value)}``."""
-    probe.collect()
-    found = {}
-    for attributes, value in probe.points(name).items():
-        attrs = dict(attributes)
-        assert attrs["ray.node.id"] not in found, "two points for one node"
-        found[attrs["ray.node.id"]] = (attrs, value)
-    return found
 
 
 # The machine-level pair ----------------------------------------------------------------
@@ -40,80 +29,18 @@ def test_the_machine_pair_is_exported_beside_rays_figure(
     hm.register_worker_group_nodes("policy", [sim.node_id(0)])
     make_monitor(sim.cluster).collect_once()
 
-    used = _export(metrics_probe, "rl.host.machine.memory.used")
-    total = _export(metrics_probe, "rl.host.machine.memory.total")
+    used = points_by_node(metrics_probe, "rl.host.machine.memory.used")
+    total = points_by_node(metrics_probe, "rl.host.machine.memory.total")
 
     # The simulated raylet serves the recorded payload: its machine pair is the capture's.
     attrs = {"host.name": "sim-node-0", "rl.worker_groups": "policy", "ray.node.id": sim.node_id(0)}
     assert used == {sim.node_id(0): (attrs, 1.63254272e09)}
     assert total == {sim.node_id(0): (attrs, 2.5276063744e10)}
-    assert _export(metrics_probe, "rl.host.memory.used")[sim.node_id(0)][1] == 1e9
+    assert points_by_node(metrics_probe, "rl.host.memory.used")[sim.node_id(0)][1] == 1e9
     assert metrics_probe.metric("rl.host.machine.memory.used").unit == "By"
 
 
 # Scrape health -------------------------------------------------------------------------
-
-FAILURES = {
-    "hang": (lambda r: r.hang(), "timeout"),
-    "status": (lambda r: r.respond_status(404), "http_status"),
-    "agent-busy": (lambda r: r.respond_status(500), "server_error"),
-    "unavailable": (lambda r: r.respond_status(503), "server_error"),
-    "reset": (lambda r: r.reset_connections(), "connection"),
-    "refused": (lambda r: r.close(), "connection"),
-    "garbage": (lambda r: r.serve_garbage(), "parse"),
-    "huge": (lambda r: r.serve_huge(5_000_000), "too_large"),
-    "huge-announced": (lambda r: r.serve_huge(5_000_000, announce_length=True), "too_large"),
-    "compressed": (
-        lambda r: r.respond_status(200, b"x", headers={"Content-Encoding": "gzip"}),
-        "encoding",
-    ),
-    "trickle": (lambda r: r.trickle(0.01), "timeout"),
-    "omitted": (lambda r: r.omit_memory_series(), "parse"),
-}
-
-
-# These make the scrape wait out its real deadline: the slow tier.
-_WAIT_OUT_THE_DEADLINE = {"hang", "trickle"}
-
-
-@pytest.mark.parametrize(
-    "failure",
-    [
-        pytest.param(name, marks=pytest.mark.slow) if name in _WAIT_OUT_THE_DEADLINE else name
-        for name in sorted(FAILURES)
-    ],
-)
-def test_a_failing_node_is_down_with_its_reason_and_the_others_are_up(
-    failure: str,
-    simulated_cluster: Factory,
-    metrics_probe: MetricsProbe,
-    make_monitor: Callable,
-) -> None:
-    misbehave, error_type = FAILURES[failure]
-    sim = simulated_cluster(2)
-    misbehave(sim.raylet(1))
-    hm.register_worker_group_nodes("rollout", [sim.node_id(1)])
-    monitor = make_monitor(sim.cluster, scrape_timeout=0.3, max_body_bytes=1_000_000)
-    monitor.collect_once()
-
-    up = _export(metrics_probe, UP)
-    assert up == {
-        sim.node_id(0): (
-            {"host.name": "sim-node-0", "rl.worker_groups": "none", "ray.node.id": sim.node_id(0)},
-            1,
-        ),
-        sim.node_id(1): (
-            {
-                "host.name": "sim-node-1",
-                "rl.worker_groups": "rollout",
-                "ray.node.id": sim.node_id(1),
-                "error.type": error_type,
-            },
-            0,
-        ),
-    }
-    assert error_type in SCRAPE_ERROR_TYPES
-    assert set(_export(metrics_probe, "rl.host.memory.used")) == {sim.node_id(0)}
 
 
 @pytest.mark.slow
@@ -125,14 +52,14 @@ def test_the_helper_process_reports_the_same_health(
     monitor = make_monitor(sim.cluster, scrape_mode="helper")
     monitor.collect_once()
 
-    up = _export(metrics_probe, UP)
+    up = points_by_node(metrics_probe, UP)
     assert monitor.helper_pid is not None
     assert {node: value for node, (_, value) in up.items()} == {
         sim.node_id(0): 1,
         sim.node_id(1): 0,
     }
     assert up[sim.node_id(1)][0]["error.type"] == "http_status"
-    assert set(_export(metrics_probe, DURATION)) == set(sim.node_ids)
+    assert set(points_by_node(metrics_probe, DURATION)) == set(sim.node_ids)
 
 
 @pytest.mark.parametrize(
@@ -156,9 +83,9 @@ def test_a_replaced_scrape_reports_health_too(
     monitor = Replaced(1.0, cluster=sim.cluster, consumer=True, scrape_timeout=0.5)
     try:
         monitor.collect_once()
-        attrs, value = _export(metrics_probe, UP)[sim.node_id(0)]
+        attrs, value = points_by_node(metrics_probe, UP)[sim.node_id(0)]
         assert (value, attrs.get("error.type")) == (0 if error_type else 1, error_type)
-        assert _export(metrics_probe, DURATION)[sim.node_id(0)][1] >= 0
+        assert points_by_node(metrics_probe, DURATION)[sim.node_id(0)][1] >= 0
     finally:
         monitor.stop()
 
@@ -171,7 +98,7 @@ def test_scrape_duration_is_per_node_in_seconds(
     sim.raylet(1).hang()
     make_monitor(sim.cluster, scrape_timeout=0.3).collect_once()
 
-    duration = _export(metrics_probe, DURATION)
+    duration = points_by_node(metrics_probe, DURATION)
     assert set(duration) == set(sim.node_ids)
     assert 0 <= duration[sim.node_id(0)][1] < 0.3
     assert duration[sim.node_id(1)][1] >= 0.25  # held its request to the deadline
@@ -179,37 +106,21 @@ def test_scrape_duration_is_per_node_in_seconds(
     assert metrics_probe.metric(DURATION).unit == "s"
 
 
-def test_a_node_that_recovers_is_up_again_without_a_reason(
+def test_an_agent_that_answers_500_is_asked_again_next_cycle_and_is_up_without_a_reason(
     simulated_cluster: Factory, metrics_probe: MetricsProbe, make_monitor: Callable
 ) -> None:
     sim = simulated_cluster(1)
     sim.raylet(0).respond_status(500)
     monitor = make_monitor(sim.cluster)
     monitor.collect_once()
-    assert _export(metrics_probe, UP)[sim.node_id(0)][1] == 0
+    ((node, (attributes, value)),) = points_by_node(metrics_probe, UP).items()
+    assert (node, value, attributes["error.type"]) == (sim.node_id(0), 0, "server_error")
 
     sim.raylet(0).serve_normally()
-    monitor.collect_once()
-    attrs, value = _export(metrics_probe, UP)[sim.node_id(0)]
-    assert value == 1 and "error.type" not in attrs
-
-
-@pytest.mark.parametrize("leave", ["kill", "remove"])
-def test_a_node_that_left_has_no_health_point_while_a_down_one_does(
-    leave: str, simulated_cluster: Factory, metrics_probe: MetricsProbe, make_monitor: Callable
-) -> None:
-    sim = simulated_cluster(3)
-    monitor = make_monitor(sim.cluster)
-    monitor.collect_once()
-    assert len(_export(metrics_probe, UP)) == 3
-
-    sim.raylet(1).respond_status(502)
-    (sim.kill_node if leave == "kill" else sim.remove_node)(2)
-    monitor.collect_once()
-
-    up = {node: value for node, (_, value) in _export(metrics_probe, UP).items()}
-    assert up == {sim.node_id(0): 1, sim.node_id(1): 0}
-    assert set(_export(metrics_probe, DURATION)) == {sim.node_id(0), sim.node_id(1)}
+    monitor.collect_once()  # the next cycle asks again, and the node is back
+    ((node, (attributes, value)),) = points_by_node(metrics_probe, UP).items()
+    assert (node, value) == (sim.node_id(0), 1) and "error.type" not in attributes
+    assert set(points_by_node(metrics_probe, "rl.host.memory.used")) == {sim.node_id(0)}
 
 
 def test_health_expires_with_the_samples_when_collection_stops(
@@ -219,11 +130,11 @@ def test_health_expires_with_the_samples_when_collection_stops(
     sim = simulated_cluster(1)
     monitor = make_monitor(sim.cluster, clock=lambda: now[0], max_age=10.0)
     monitor.collect_once()
-    assert set(_export(metrics_probe, UP)) == {sim.node_id(0)}
+    assert set(points_by_node(metrics_probe, UP)) == {sim.node_id(0)}
 
     now[0] = 10.5
-    assert _export(metrics_probe, UP) == {}
-    assert _export(metrics_probe, DURATION) == {}
+    assert points_by_node(metrics_probe, UP) == {}
+    assert points_by_node(metrics_probe, DURATION) == {}
 
 
 # Nodes that serve no metrics -------------------------------------------------------------
@@ -255,7 +166,7 @@ def test_a_node_without_a_metrics_port_is_listed_down_and_warned_about_once(
         assert (rows[node].used, rows[node].total, rows[node].metrics_url) == (None, None, "")
     assert rows[plain].host == "plain-ray" and rows[plain].ip == "10.0.0.9"
 
-    up = _export(metrics_probe, UP)
+    up = points_by_node(metrics_probe, UP)
     assert up[plain] == (
         {
             "host.name": "plain-ray",
@@ -267,8 +178,8 @@ def test_a_node_without_a_metrics_port_is_listed_down_and_warned_about_once(
     )
     assert up[missing][0]["error.type"] == "no_metrics_port"
     assert up[sim.node_id(0)][1] == 1
-    assert set(_export(metrics_probe, "rl.host.memory.used")) == {sim.node_id(0)}
-    assert set(_export(metrics_probe, DURATION)) == {sim.node_id(0)}  # nothing was asked
+    assert set(points_by_node(metrics_probe, "rl.host.memory.used")) == {sim.node_id(0)}
+    assert set(points_by_node(metrics_probe, DURATION)) == {sim.node_id(0)}  # nothing was asked
 
     warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
     advice = [m for m in warnings if "pip install 'ray[default]'" in m]
@@ -314,20 +225,3 @@ def test_the_watch_table_shows_a_node_without_metrics(
     console.print(node_table(NodeTable(monitor).rows()))
     (row,) = [line for line in console.export_text().splitlines() if "plain-ray" in line]
     assert "serves no metrics" in row and "ray[default]" in row
-
-
-def test_an_agent_that_answers_500_is_asked_again_next_cycle(
-    simulated_cluster: Factory, metrics_probe: MetricsProbe, make_monitor: Callable
-) -> None:
-    sim = simulated_cluster(1)
-    sim.raylet(0).respond_status(500)
-    monitor = make_monitor(sim.cluster)
-    monitor.collect_once()
-    ((attributes, value),) = _export(metrics_probe, UP).values()
-    assert (value, attributes["error.type"]) == (0, "server_error")
-
-    sim.raylet(0).serve_normally()
-    monitor.collect_once()  # the next cycle asks again, and the node is back
-    ((attributes, value),) = _export(metrics_probe, UP).values()
-    assert value == 1 and "error.type" not in attributes
-    assert set(_export(metrics_probe, "rl.host.memory.used")) == {sim.node_id(0)}

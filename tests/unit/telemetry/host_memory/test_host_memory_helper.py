@@ -39,15 +39,6 @@ def _gone(pid: int) -> bool:
         return True
 
 
-def _wait_until(condition: Callable[[], bool], timeout: float) -> bool:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if condition():
-            return True
-        time.sleep(0.02)  # polling a condition with a deadline, not synchronising by sleep
-    return condition()
-
-
 def test_the_helper_scrapes_and_stop_ends_it_within_the_bound(
     simulated_cluster: Factory, make_monitor: Callable, metrics_probe: MetricsProbe
 ) -> None:
@@ -131,7 +122,9 @@ _DRIVER = textwrap.dedent(
 )
 
 
-def test_a_driver_killed_with_sigkill_leaves_no_helper_behind(tmp_path: Path) -> None:
+def test_a_driver_killed_with_sigkill_leaves_no_helper_behind(
+    tmp_path: Path, wait_until: Callable[..., bool]
+) -> None:
     script = tmp_path / "driver.py"
     script.write_text(_DRIVER)
     with SimulatedCluster(1) as sim:
@@ -150,7 +143,7 @@ def test_a_driver_killed_with_sigkill_leaves_no_helper_behind(tmp_path: Path) ->
             assert (tmp_path / "marker").read_text().splitlines() == ["ran"]
             driver.send_signal(signal.SIGKILL)
             driver.wait(10)
-            assert _wait_until(lambda: _gone(helper), 2.0)
+            assert wait_until(lambda: _gone(helper), 2.0)
         finally:
             if driver.poll() is None:
                 driver.kill()

@@ -11,13 +11,14 @@ from collections.abc import Callable
 from typing import Any
 
 import pytest
+from host_memory_points import points_by_node
 
 from raylens.driver import init_telemetry_driver
 from raylens.lens import shutdown_telemetry
 from raylens.telemetry import host_memory as hm
 from raylens.telemetry.host_memory._monitor import SHUTDOWN_GRACE_S
-from raylens.telemetry.names import RL_HOST_SCRAPE_UP_METRIC
-from raylens.telemetry.raylet_payload import USED_KEY
+from raylens.telemetry.names import RL_HOST_SCRAPE_DURATION_METRIC, RL_HOST_SCRAPE_UP_METRIC
+from raylens.telemetry.raylet_payload import SCRAPE_ERROR_TYPES, USED_KEY
 from raylens_fakes import FakeCluster, MetricsProbe, SimulatedCluster
 
 USED = "rl.host.memory.used"
@@ -27,32 +28,8 @@ LOGGER = "raylens.telemetry.host_memory"
 Factory = Callable[..., SimulatedCluster]
 
 
-def _by_node(probe: MetricsProbe, name: str) -> dict[str, tuple[dict[str, Any], float]]:
-    """The latest collection of ``name`` as ``{node id: (attributes, value)}``."""
-    found = {}
-    for attributes, value in probe.points(name).items():
-        attrs = dict(attributes)
-        assert attrs["ray.node.id"] not in found, "two points for one node"
-        found[attrs["ray.node.id"]] = (attrs, value)
-    return found
-
-
-def _export(probe: MetricsProbe, name: str = USED) -> dict[str, tuple[dict[str, Any], float]]:
-    probe.collect()
-    return _by_node(probe, name)
-
-
 def _warnings_about(caplog: pytest.LogCaptureFixture, text: str) -> int:
     return sum(1 for r in caplog.records if r.levelno == logging.WARNING and text in r.getMessage())
-
-
-def _wait_until(condition: Callable[[], bool], timeout: float = 5.0) -> bool:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if condition():
-            return True
-        time.sleep(0.01)  # polling a condition with a deadline, not synchronising by sleep
-    return condition()
 
 
 # What is exported ------------------------------------------------------------------
@@ -66,8 +43,8 @@ def test_one_point_per_node_with_host_groups_and_node_id(
     hm.register_worker_group_nodes("critic", [sim.node_id(1)])
 
     make_monitor(sim.cluster).collect_once()
-    used = _export(metrics_probe)
-    total = _by_node(metrics_probe, TOTAL)
+    used = points_by_node(metrics_probe, USED)
+    total = points_by_node(metrics_probe, TOTAL)
 
     assert used == {
         sim.node_id(i): (
@@ -91,7 +68,7 @@ def test_nodes_sharing_a_host_keep_their_own_points(
     sim = simulated_cluster(3, same_host=True)
 
     make_monitor(sim.cluster).collect_once()
-    used = _export(metrics_probe)
+    used = points_by_node(metrics_probe, USED)
 
     assert set(used) == set(sim.node_ids)
     assert {attrs["host.name"] for attrs, _ in used.values()} == {"sim-host"}
@@ -106,30 +83,40 @@ def test_samples_follow_the_schedule_between_cycles(
     monitor = make_monitor(sim.cluster)
 
     monitor.collect_once()
-    first = _export(metrics_probe)[sim.node_id(0)][1]
+    first = points_by_node(metrics_probe, USED)[sim.node_id(0)][1]
     now[0] = 512.0
     monitor.collect_once()
-    second = _export(metrics_probe)[sim.node_id(0)][1]
+    second = points_by_node(metrics_probe, USED)[sim.node_id(0)][1]
 
     assert (first, second) == (1e9, 1e9 + 512)
 
 
 # What a bad node costs ---------------------------------------------------------------
 
+# How a raylet can fail a scrape: what it is made to do, the reason ``scrape.up`` gives,
+# and what the node's row says.
 FAILURES = {
-    "hang": (lambda r: r.hang(), "timed out"),
-    "delay": (lambda r: r.delay(5), "timed out"),
-    "trickle": (lambda r: r.trickle(0.01), "payload not complete"),
-    "status": (lambda r: r.respond_status(503), "HTTP 503"),
-    "reset": (lambda r: r.reset_connections(), "reset"),
-    "refused": (lambda r: r.close(), "Connection refused"),
-    "garbage": (lambda r: r.serve_garbage(), "no valid ray_node_mem_used"),
-    "huge": (lambda r: r.serve_huge(5_000_000), "exceeds the 1000000-byte cap"),
+    "hang": (lambda r: r.hang(), "timeout", "timed out"),
+    "delay": (lambda r: r.delay(5), "timeout", "timed out"),
+    "trickle": (lambda r: r.trickle(0.01), "timeout", "payload not complete"),
+    "status": (lambda r: r.respond_status(404), "http_status", "HTTP 404"),
+    "agent-busy": (lambda r: r.respond_status(500), "server_error", "HTTP 500"),
+    "unavailable": (lambda r: r.respond_status(503), "server_error", "HTTP 503"),
+    "reset": (lambda r: r.reset_connections(), "connection", "reset"),
+    "refused": (lambda r: r.close(), "connection", "Connection refused"),
+    "garbage": (lambda r: r.serve_garbage(), "parse", "no valid ray_node_mem_used"),
+    "huge": (lambda r: r.serve_huge(5_000_000), "too_large", "exceeds the 1000000-byte cap"),
     "huge-announced": (
         lambda r: r.serve_huge(5_000_000, announce_length=True),
+        "too_large",
         "payload of 5000000 bytes exceeds",
     ),
-    "omitted": (lambda r: r.omit_memory_series(), "no valid ray_node_mem_used"),
+    "compressed": (
+        lambda r: r.respond_status(200, b"x", headers={"Content-Encoding": "gzip"}),
+        "encoding",
+        "Content-Encoding 'gzip'",
+    ),
+    "omitted": (lambda r: r.omit_memory_series(), "parse", "no valid ray_node_mem_used"),
 }
 
 
@@ -144,29 +131,43 @@ _WAIT_OUT_THE_DEADLINE = {"hang", "delay", "trickle"}
         for name in sorted(FAILURES)
     ],
 )
-def test_a_failing_node_costs_only_its_own_sample(
+def test_a_failing_node_costs_only_its_own_sample_and_is_down_with_its_reason(
     failure: str,
     simulated_cluster: Factory,
     metrics_probe: MetricsProbe,
     make_monitor: Callable,
     caplog: pytest.LogCaptureFixture,
 ) -> None:
-    misbehave, error = FAILURES[failure]
+    misbehave, error_type, error = FAILURES[failure]
     sim = simulated_cluster(3)
     misbehave(sim.raylet(1))
+    hm.register_worker_group_nodes("rollout", [sim.node_id(1)])
     monitor = make_monitor(sim.cluster, scrape_timeout=0.3, max_body_bytes=1_000_000)
 
     with caplog.at_level(logging.DEBUG, logger=LOGGER):
         monitor.collect_once()
         monitor.collect_once()
-    used = _export(metrics_probe)
+    used = points_by_node(metrics_probe, USED)
 
-    assert set(used) == {sim.node_id(0), sim.node_id(2)}
-    assert set(_by_node(metrics_probe, TOTAL)) == {sim.node_id(0), sim.node_id(2)}
+    healthy = {sim.node_id(0), sim.node_id(2)}
+    assert set(used) == healthy
+    assert set(points_by_node(metrics_probe, TOTAL)) == healthy
     failed = {s.node_id: s for s in monitor.latest()}[sim.node_id(1)]
     assert failed.error is not None and error in failed.error
     assert (failed.used, failed.sampled_at) == (None, None)
     assert _warnings_about(caplog, sim.node_id(1)) == 1
+
+    # Its scrape.up point says why; the others' say they are up, with no reason.
+    def up_point(i: int, groups: str, **reason: str) -> tuple[dict[str, str], int]:
+        attributes = {"host.name": f"sim-node-{i}", "rl.worker_groups": groups}
+        return {**attributes, "ray.node.id": sim.node_id(i), **reason}, 0 if reason else 1
+
+    assert points_by_node(metrics_probe, RL_HOST_SCRAPE_UP_METRIC) == {
+        sim.node_id(0): up_point(0, "none"),
+        sim.node_id(1): up_point(1, "rollout", **{"error.type": error_type}),
+        sim.node_id(2): up_point(2, "none"),
+    }
+    assert error_type in SCRAPE_ERROR_TYPES
 
 
 def test_a_node_that_stops_answering_loses_its_point_but_keeps_its_row(
@@ -175,12 +176,12 @@ def test_a_node_that_stops_answering_loses_its_point_but_keeps_its_row(
     sim = simulated_cluster(2, schedule=lambda i, t: (2e9, 4e9))
     monitor = make_monitor(sim.cluster, scrape_timeout=0.3)
     monitor.collect_once()
-    assert set(_export(metrics_probe)) == set(sim.node_ids)
+    assert set(points_by_node(metrics_probe, USED)) == set(sim.node_ids)
 
     sim.raylet(0).respond_status(500)
     monitor.collect_once()
 
-    assert set(_export(metrics_probe)) == {sim.node_id(1)}
+    assert set(points_by_node(metrics_probe, USED)) == {sim.node_id(1)}
     row = {s.node_id: s for s in monitor.latest()}[sim.node_id(0)]
     assert row.error == "HTTP 500 Internal Server Error"
     assert (row.used, row.total) == (2e9, 4e9)  # last good figures, for a table
@@ -188,24 +189,33 @@ def test_a_node_that_stops_answering_loses_its_point_but_keeps_its_row(
 
     sim.raylet(0).serve_normally()
     monitor.collect_once()
-    assert set(_export(metrics_probe)) == set(sim.node_ids)
+    assert set(points_by_node(metrics_probe, USED)) == set(sim.node_ids)
     assert all(s.error is None for s in monitor.latest())
 
 
 @pytest.mark.parametrize("leave", ["kill", "remove"])
-def test_a_node_that_leaves_the_cluster_has_no_point(
+def test_a_node_that_leaves_the_cluster_has_no_point_while_a_down_one_keeps_its_health(
     leave: str, simulated_cluster: Factory, metrics_probe: MetricsProbe, make_monitor: Callable
 ) -> None:
     sim = simulated_cluster(3)
     monitor = make_monitor(sim.cluster)
     monitor.collect_once()
-    assert len(_export(metrics_probe)) == 3
+    assert len(points_by_node(metrics_probe, USED)) == 3
+    assert len(points_by_node(metrics_probe, RL_HOST_SCRAPE_UP_METRIC)) == 3
 
+    sim.raylet(1).respond_status(502)
     (sim.kill_node if leave == "kill" else sim.remove_node)(2)
     monitor.collect_once()
 
-    assert set(_export(metrics_probe)) == {sim.node_id(0), sim.node_id(1)}
+    assert set(points_by_node(metrics_probe, USED)) == {sim.node_id(0)}
     assert {s.node_id for s in monitor.latest()} == {sim.node_id(0), sim.node_id(1)}
+    up = {
+        node: value
+        for node, (_, value) in points_by_node(metrics_probe, RL_HOST_SCRAPE_UP_METRIC).items()
+    }
+    assert up == {sim.node_id(0): 1, sim.node_id(1): 0}
+    duration = points_by_node(metrics_probe, RL_HOST_SCRAPE_DURATION_METRIC)
+    assert set(duration) == {sim.node_id(0), sim.node_id(1)}
 
 
 @pytest.mark.slow
@@ -239,7 +249,7 @@ def test_wedged_nodes_are_asked_last_so_healthy_ones_are_not_starved(
     monitor.collect_once()
     monitor.collect_once()
 
-    assert set(_export(metrics_probe)) == {sim.node_id(i) for i in (2, 3, 4)}
+    assert set(points_by_node(metrics_probe, USED)) == {sim.node_id(i) for i in (2, 3, 4)}
     assert sim.raylet(2).requests >= 1
 
 
@@ -264,7 +274,7 @@ def test_wedged_nodes_listed_first_beyond_the_bound_do_not_starve_healthy_ones(
     # recently go first, so the second cycle reaches the healthy ones.
     assert asked_first == [1] * 8 + [0] * 7
     assert rows[sim.node_id(14)].error.startswith("not asked")
-    assert set(_export(metrics_probe)) == {sim.node_id(i) for i in (12, 13, 14)}
+    assert set(points_by_node(metrics_probe, USED)) == {sim.node_id(i) for i in (12, 13, 14)}
     # One request per node per cycle: the 4 not reached in the first cycle were
     # asked once, the rest at most once more.
     assert [sim.raylet(i).requests for i in range(8, 12)] == [1] * 4
@@ -295,7 +305,7 @@ def test_a_replaced_scrape_still_running_is_not_called_again_and_threads_stay_bo
         for _ in range(20):
             monitor.collect_once()
         most_threads = threading.active_count()
-        used = _export(metrics_probe)
+        used = points_by_node(metrics_probe, USED)
         latest = {s.node_id: s for s in monitor.latest()}
     finally:
         release.set()
@@ -445,7 +455,7 @@ def test_http_answers_and_a_direct_scrape(
 
     monitor.collect_once()
 
-    assert {node: value for node, (_, value) in _export(metrics_probe).items()} == {
+    assert {node: value for node, (_, value) in points_by_node(metrics_probe, USED).items()} == {
         sim.node_id(0): 3e9
     }
     errors = {s.node_id: s.error for s in monitor.latest()}
@@ -472,7 +482,7 @@ def test_a_thousand_fake_raylets_are_each_asked_once_in_one_cycle(
 
     monitor.collect_once()
 
-    assert len(_export(metrics_probe)) == 1000
+    assert len(points_by_node(metrics_probe, USED)) == 1000
     assert {r.requests for r in sim.raylets} == {1}
 
 
@@ -524,13 +534,19 @@ def test_registering_or_forgetting_a_group_relabels_the_next_export(
     node = sim.node_id(0)
 
     hm.register_worker_group_nodes("policy", [node])
-    labels = {n: attrs["rl.worker_groups"] for n, (attrs, _) in _export(metrics_probe).items()}
+    labels = {
+        n: attrs["rl.worker_groups"]
+        for n, (attrs, _) in points_by_node(metrics_probe, USED).items()
+    }
     assert labels == {node: "policy", sim.node_id(1): "none"}
     assert len(metrics_probe.points(USED)) == 2  # no leftover point under "none"
     assert {s.node_id: s.worker_groups for s in monitor.latest()}[node] == "policy"
 
     hm.forget_worker_group_nodes("policy")
-    labels = {n: attrs["rl.worker_groups"] for n, (attrs, _) in _export(metrics_probe).items()}
+    labels = {
+        n: attrs["rl.worker_groups"]
+        for n, (attrs, _) in points_by_node(metrics_probe, USED).items()
+    }
     assert labels == {node: "none", sim.node_id(1): "none"}
     assert len(metrics_probe.points(USED)) == 2
 
@@ -568,13 +584,13 @@ def test_a_sample_past_its_max_age_is_not_exported_even_if_collection_is_stuck(
         cluster.stuck.set()
         monitor.start()  # its first cycle wedges in nodes(): nothing new is published
         assert cluster.blocked.wait(5)
-        assert set(_export(metrics_probe)) == {sim.node_id(0)}
+        assert set(points_by_node(metrics_probe, USED)) == {sim.node_id(0)}
 
         now[0] = sampled_at + 3.0
-        assert set(_export(metrics_probe)) == {sim.node_id(0)}
+        assert set(points_by_node(metrics_probe, USED)) == {sim.node_id(0)}
         now[0] = sampled_at + 3.001
-        assert _export(metrics_probe) == {}
-        assert _export(metrics_probe, TOTAL) == {}
+        assert points_by_node(metrics_probe, USED) == {}
+        assert points_by_node(metrics_probe, TOTAL) == {}
         assert monitor.latest()[0].age(now[0]) == pytest.approx(3.001)
     finally:
         cluster.release.set()
@@ -582,7 +598,7 @@ def test_a_sample_past_its_max_age_is_not_exported_even_if_collection_is_stuck(
 
 @pytest.mark.slow
 def test_a_loop_stuck_past_stop_does_not_come_back_after_a_restart(
-    simulated_cluster: Factory, make_monitor: Callable
+    simulated_cluster: Factory, make_monitor: Callable, wait_until: Callable[..., bool]
 ) -> None:
     sim = simulated_cluster(1)
     cluster = _StuckCluster(sim.cluster)
@@ -604,9 +620,9 @@ def test_a_loop_stuck_past_stop_does_not_come_back_after_a_restart(
     def loops() -> int:
         return sum(t.name == "raylens-host-memory" for t in threading.enumerate())
 
-    assert _wait_until(lambda: loops() == 1)
+    assert wait_until(lambda: loops() == 1)
     monitor.stop()
-    assert _wait_until(lambda: loops() == 0)
+    assert wait_until(lambda: loops() == 0)
 
 
 def test_default_max_age_is_two_intervals_plus_the_timeout(fake_cluster: FakeCluster) -> None:
@@ -702,13 +718,13 @@ def test_a_node_two_monitors_report_exports_the_newest_sample_and_health(
     now[0], used[0] = 101.0, 2e9
     second.collect_once()
 
-    assert _export(metrics_probe)[sim.node_id(0)][1] == 2e9
+    assert points_by_node(metrics_probe, USED)[sim.node_id(0)][1] == 2e9
     assert len(metrics_probe.points(RL_HOST_SCRAPE_UP_METRIC)) == 1
 
     now[0], used[0] = 102.0, 3e9
     first.collect_once()
 
-    assert _export(metrics_probe)[sim.node_id(0)][1] == 3e9
+    assert points_by_node(metrics_probe, USED)[sim.node_id(0)][1] == 3e9
     sim.raylet(0).respond_status(503)
     now[0] = 103.0
     second.collect_once()  # the latest observation of the node's health is a failure

@@ -41,8 +41,47 @@ def _warnings(caplog: pytest.LogCaptureFixture) -> list[str]:
     return [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
 
 
+def _refused_with_one_warning(record: dict[str, object], caplog: pytest.LogCaptureFixture) -> str:
+    """The one warning a cluster holding only ``record`` gives, once it listed no node."""
+    with caplog.at_level(logging.DEBUG, logger=LOGGER):
+        nodes = hm.ray_nodes(_cluster(record), include_unscrapeable=True)
+
+    assert nodes == []
+    (warning,) = _warnings(caplog)
+    assert warning.startswith("skipped a malformed Ray node record")
+    return warning
+
+
 def _has_control(text: str) -> bool:
     return any(ord(ch) < 0x20 or 0x7F <= ord(ch) < 0xA0 for ch in text)
+
+
+def test_a_malformed_node_record_is_skipped_with_one_warning(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    cluster = FakeCluster()
+    for record in (None, _record(NodeID=["unhashable"]), _record(NodeManagerAddress=10)):
+        cluster.add_raw_record(record)
+    good = cluster.add_node(address="10.0.0.1", port=8080, node_id=NODE_A)
+
+    with caplog.at_level(logging.DEBUG, logger="raylens.telemetry.host_memory"):
+        first = hm.ray_nodes(cluster)
+        second = hm.ray_nodes(cluster)
+
+    assert [n.node_id for n in first] == [good] == [n.node_id for n in second]
+    warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert len(warnings) == 3
+    assert all(w.startswith("skipped a malformed Ray node record") for w in warnings)
+
+
+def test_host_names_are_made_encodable_where_they_enter() -> None:
+    cluster = FakeCluster()
+    cluster.add_raw_record(_record(NodeManagerHostname="gpu-\udcff"))
+
+    (node,) = hm.ray_nodes(cluster)
+
+    assert node.host == "gpu-\ufffd"
+    node.host.encode("utf-8")
 
 
 # Node ids ---------------------------------------------------------------------------
@@ -164,14 +203,7 @@ def test_a_host_name_of_normal_length_is_kept_whole() -> None:
 def test_an_address_that_is_not_an_ip_or_host_name_is_refused_and_never_scraped(
     address: str, caplog: pytest.LogCaptureFixture
 ) -> None:
-    cluster = _cluster(_record(NodeManagerAddress=address))
-
-    with caplog.at_level(logging.DEBUG, logger=LOGGER):
-        nodes = hm.ray_nodes(cluster, include_unscrapeable=True)
-
-    assert nodes == []
-    (warning,) = _warnings(caplog)
-    assert warning.startswith("skipped a malformed Ray node record")
+    warning = _refused_with_one_warning(_record(NodeManagerAddress=address), caplog)
     assert "NodeManagerAddress" in warning
     assert "IPv4" in warning and "host name" in warning
     assert not _has_control(warning)
@@ -202,14 +234,7 @@ def test_ip_literals_and_host_names_are_scraped(address: str, url: str) -> None:
 def test_a_malformed_metrics_port_is_reported_as_malformed_not_as_missing(
     port: object, caplog: pytest.LogCaptureFixture
 ) -> None:
-    cluster = _cluster(_record(MetricsExportPort=port))
-
-    with caplog.at_level(logging.DEBUG, logger=LOGGER):
-        nodes = hm.ray_nodes(cluster, include_unscrapeable=True)
-
-    assert nodes == []
-    (warning,) = _warnings(caplog)
-    assert warning.startswith("skipped a malformed Ray node record")
+    warning = _refused_with_one_warning(_record(MetricsExportPort=port), caplog)
     assert f"MetricsExportPort is {port!r}" in warning
     assert "1..65535" in warning and "-1" in warning
     assert "ray[default]" not in warning

@@ -13,11 +13,11 @@ from typing import Any
 import pytest
 from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.sdk.metrics.export import InMemoryMetricReader
+from process_memory_values import HOST, MB
 
 from raylens.lens import runtime
 from raylens.telemetry import process_memory as process_memory_module
 from raylens.telemetry.process_memory import (
-    HostMemory,
     MemoryProfiler,
     ProcessTreeMemory,
     ServerMemoryTarget,
@@ -26,20 +26,12 @@ from raylens.telemetry.process_memory import (
 )
 from raylens_fakes.procfs import PAGE_SIZE, FakeProcFS
 
-MB = 2**20
-HOST = HostMemory(used_bytes=6 * MB, available_bytes=10 * MB, total_bytes=16 * MB)
-
 
 @pytest.fixture
 def fake(tmp_path) -> FakeProcFS:
     fake = FakeProcFS(tmp_path / "proc")
     fake.add_process(100, rss_bytes=300 * PAGE_SIZE, pss_bytes=200 * PAGE_SIZE)
     return fake
-
-
-@pytest.fixture
-def policy(fake: FakeProcFS) -> ServerMemoryTarget:
-    return ServerMemoryTarget("policy", "vllm", 100, procfs=fake.procfs)
 
 
 def _profiler(fake: FakeProcFS, *targets: ServerMemoryTarget) -> MemoryProfiler:

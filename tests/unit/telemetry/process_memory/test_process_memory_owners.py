@@ -7,10 +7,10 @@ import gc
 import json
 
 import pytest
+from process_memory_values import HOST
 
 from raylens.telemetry import process_memory as pm
 from raylens.telemetry.process_memory import (
-    HostMemory,
     MemoryProfiler,
     ProcessTreeMemory,
     SampleStatus,
@@ -23,20 +23,14 @@ from raylens_fakes.procfs import PAGE_SIZE, FakeProcFS
 # Each collection here walks only what the test made.
 pytestmark = pytest.mark.usefixtures("young_heap")
 
-MB = 2**20
-HOST = HostMemory(used_bytes=6 * MB, available_bytes=10 * MB, total_bytes=16 * MB)
-
 
 def pid_of(key: frozenset) -> int:
     return dict(key)["process.pid"]
 
 
 @pytest.fixture
-def fake(tmp_path) -> FakeProcFS:
-    fake = FakeProcFS(tmp_path / "proc")
-    fake.add_process(100, rss_bytes=300 * PAGE_SIZE, pss_bytes=200 * PAGE_SIZE)
-    fake.add_process(200, rss_bytes=40 * PAGE_SIZE, pss_bytes=30 * PAGE_SIZE)
-    return fake
+def fake(two_servers: FakeProcFS) -> FakeProcFS:
+    return two_servers
 
 
 def profiler_of(fake: FakeProcFS, *targets: ServerMemoryTarget) -> MemoryProfiler:

@@ -8,6 +8,7 @@ import threading
 import time
 
 import pytest
+from process_memory_values import HOST, MB
 
 from raylens.lens import get_telemetry_handle
 from raylens.telemetry import process_memory as pm
@@ -21,11 +22,12 @@ from raylens.telemetry.process_memory import (
     record_server_memory,
     reset_process_memory_state,
 )
+from raylens_fakes.clock import ManualClock
 from raylens_fakes.otel import MetricsProbe
 from raylens_fakes.procfs import PAGE_SIZE, FakeProcFS
 
-MB = 2**20
-HOST = HostMemory(used_bytes=6 * MB, available_bytes=10 * MB, total_bytes=16 * MB)
+USAGE = "gym.server.memory.usage"
+SAMPLED_PEAK = "gym.server.memory.sampled_peak"
 POLICY = {"nemo.gym.server.name": "policy", "nemo.gym.server.type": "vllm", "process.pid": 100}
 
 
@@ -34,28 +36,6 @@ def point(attributes: dict, memory_type: str | None = None) -> frozenset:
     if memory_type is not None:
         items["memory.type"] = memory_type
     return frozenset(items.items())
-
-
-def wait_for(condition, timeout: float = 5.0) -> bool:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if condition():
-            return True
-        threading.Event().wait(0.005)
-    return condition()
-
-
-@pytest.fixture
-def fake(tmp_path) -> FakeProcFS:
-    fake = FakeProcFS(tmp_path / "proc")
-    fake.add_process(100, rss_bytes=300 * PAGE_SIZE, pss_bytes=200 * PAGE_SIZE)
-    fake.add_process(101, parent=100, rss_bytes=100 * PAGE_SIZE, pss_bytes=50 * PAGE_SIZE)
-    return fake
-
-
-@pytest.fixture
-def policy(fake) -> ServerMemoryTarget:
-    return ServerMemoryTarget("policy", "vllm", 100, procfs=fake.procfs)
 
 
 class CountingCollector:
@@ -77,12 +57,26 @@ class CountingCollector:
         return self.memory
 
 
-class Clock:
-    def __init__(self) -> None:
-        self.now = 1000.0
+def _run_until_reached(profiler: MemoryProfiler, collector: CountingCollector) -> None:
+    """Runs the profiler's thread until ``collector`` reached its target; the thread is alive
+    then, and stopped after."""
+    profiler.start()
+    try:
+        assert collector.reached.wait(5)
+        assert profiler._thread.is_alive()
+    finally:
+        profiler.stop()
 
-    def __call__(self) -> float:
-        return self.now
+
+def _by_memory_type(probe: MetricsProbe, name: str) -> dict[str, float]:
+    """``name``'s points by memory type; every one of them is the policy server's."""
+    by_type = {}
+    for key, value in probe.points(name).items():
+        attributes = dict(key)
+        memory_type = attributes.pop("memory.type")
+        assert attributes == POLICY
+        by_type[memory_type] = value
+    return by_type
 
 
 # ---------------------------------------------------------------- export
@@ -93,13 +87,10 @@ def test_server_memory_is_exported_with_its_attributes(metrics_probe, policy):
     record_server_memory(policy, ProcessTreeMemory(300, 200, 3), peaks)
     assert peaks == {("policy", "rss"): 300, ("policy", "pss"): 200}
     metrics_probe.collect()
-    assert metrics_probe.points("gym.server.memory.usage") == {
-        point(POLICY, "rss"): 300,
-        point(POLICY, "pss"): 200,
-    }
-    assert metrics_probe.points("gym.server.memory.sampled_peak") == {
-        point(POLICY, "rss"): 300,
-        point(POLICY, "pss"): 200,
+    assert _by_memory_type(metrics_probe, USAGE) == {"rss": 300, "pss": 200}
+    assert _by_memory_type(metrics_probe, SAMPLED_PEAK) == {
+        "rss": 300,
+        "pss": 200,
     }
     assert metrics_probe.points("gym.server.processes") == {point(POLICY): 3}
     assert metrics_probe.metric("gym.server.memory.usage").unit == "By"
@@ -112,13 +103,10 @@ def test_peak_is_the_largest_sample(metrics_probe, policy):
     record_server_memory(policy, ProcessTreeMemory(300, 200, 3), peaks)
     record_server_memory(policy, ProcessTreeMemory(100, 250, 1), peaks)
     metrics_probe.collect()
-    assert metrics_probe.points("gym.server.memory.usage") == {
-        point(POLICY, "rss"): 100,
-        point(POLICY, "pss"): 250,
-    }
-    assert metrics_probe.points("gym.server.memory.sampled_peak") == {
-        point(POLICY, "rss"): 300,
-        point(POLICY, "pss"): 250,
+    assert _by_memory_type(metrics_probe, USAGE) == {"rss": 100, "pss": 250}
+    assert _by_memory_type(metrics_probe, SAMPLED_PEAK) == {
+        "rss": 300,
+        "pss": 250,
     }
 
 
@@ -127,10 +115,10 @@ def test_unknown_pss_has_no_current_point_but_keeps_its_peak(metrics_probe, poli
     record_server_memory(policy, ProcessTreeMemory(300, 200, 3), peaks)
     record_server_memory(policy, ProcessTreeMemory(310, None, 3), peaks)
     metrics_probe.collect()
-    assert metrics_probe.points("gym.server.memory.usage") == {point(POLICY, "rss"): 310}
-    assert metrics_probe.points("gym.server.memory.sampled_peak") == {
-        point(POLICY, "rss"): 310,
-        point(POLICY, "pss"): 200,
+    assert _by_memory_type(metrics_probe, USAGE) == {"rss": 310}
+    assert _by_memory_type(metrics_probe, SAMPLED_PEAK) == {
+        "rss": 310,
+        "pss": 200,
     }
 
 
@@ -268,12 +256,7 @@ def test_collector_failures_never_stop_the_thread(fake, policy, caplog):
     collector.fail_on = {2, 3, 4}
     profiler = MemoryProfiler([policy], 0.01, collector, lambda: HOST, procfs=fake.procfs)
     with caplog.at_level(logging.DEBUG, logger="raylens"):
-        profiler.start()
-        try:
-            assert collector.reached.wait(5)
-            assert profiler._thread.is_alive()
-        finally:
-            profiler.stop()
+        _run_until_reached(profiler, collector)
     warnings = [r for r in caplog.records if r.levelno == logging.WARNING]
     assert len(warnings) == 1
     assert "policy" in warnings[0].getMessage()
@@ -350,12 +333,7 @@ def test_restart_works_and_resets_peaks(metrics_probe, fake, policy):
     collector.memory = ProcessTreeMemory(100, 90, 1)
     collector.reached.clear()
     collector.target = len(collector.calls) + 3
-    profiler.start()
-    try:
-        assert collector.reached.wait(5)
-        assert profiler._thread.is_alive()
-    finally:
-        profiler.stop()
+    _run_until_reached(profiler, collector)
     assert profiler._peaks == {("policy", "rss"): 100, ("policy", "pss"): 90}
     metrics_probe.collect()
     assert metrics_probe.points("gym.server.memory.sampled_peak") == {
@@ -455,7 +433,7 @@ def rollups(paths: list[str]) -> int:
 
 
 def test_pss_is_read_at_most_every_pss_interval(metrics_probe, fake, policy):
-    clock = Clock()
+    clock = ManualClock(1000.0)
     profiler, paths = recording_profiler(fake, policy, clock, pss_interval_seconds=10)
 
     profiler.sample_once()
@@ -486,7 +464,7 @@ def test_pss_is_read_at_most_every_pss_interval(metrics_probe, fake, policy):
 
 
 def test_pss_every_sample_without_a_pss_interval(fake, policy):
-    clock = Clock()
+    clock = ManualClock(1000.0)
     profiler, paths = recording_profiler(fake, policy, clock)
     for _ in range(3):
         profiler.sample_once()
@@ -496,7 +474,7 @@ def test_pss_every_sample_without_a_pss_interval(fake, policy):
 
 def test_unreadable_pss_is_retried_only_at_the_pss_interval(metrics_probe, fake, policy):
     fake.deny(101, "smaps_rollup")
-    clock = Clock()
+    clock = ManualClock(1000.0)
     profiler, paths = recording_profiler(fake, policy, clock, pss_interval_seconds=10)
     profiler.sample_once()
     assert profiler.latest().servers[0].pss_bytes is None
@@ -517,7 +495,7 @@ def test_unreadable_pss_is_retried_only_at_the_pss_interval(metrics_probe, fake,
 
 
 def test_a_gone_tree_drops_its_previous_pss(fake, policy):
-    clock = Clock()
+    clock = ManualClock(1000.0)
     profiler, _ = recording_profiler(fake, policy, clock, pss_interval_seconds=10)
     profiler.sample_once()
     fake.remove_process(101)
@@ -534,7 +512,7 @@ def test_a_gone_tree_drops_its_previous_pss(fake, policy):
 
 
 def test_latest_reports_peaks_counts_and_host(fake, policy):
-    clock = Clock()
+    clock = ManualClock(1000.0)
     profiler = MemoryProfiler(
         [policy], 1.0, host_collector=lambda: HOST, procfs=fake.procfs, clock=clock
     )

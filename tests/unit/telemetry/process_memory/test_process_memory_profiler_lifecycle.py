@@ -10,7 +10,6 @@ from raylens.telemetry.process_memory import (
     HostMemory,
     MemoryProfiler,
     ProcessTreeMemory,
-    ServerMemoryTarget,
     _profiler,
 )
 from raylens_fakes.procfs import PAGE_SIZE, FakeProcFS
@@ -24,11 +23,6 @@ def fake(tmp_path) -> FakeProcFS:
     fake = FakeProcFS(tmp_path / "proc")
     fake.add_process(100, rss_bytes=30 * PAGE_SIZE)
     return fake
-
-
-@pytest.fixture
-def policy(fake) -> ServerMemoryTarget:
-    return ServerMemoryTarget("policy", "vllm", 100, procfs=fake.procfs)
 
 
 class WedgingCollector:

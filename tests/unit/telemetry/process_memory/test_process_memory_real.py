@@ -6,16 +6,12 @@ left of them in teardown.
 
 from __future__ import annotations
 
-import contextlib
 import mmap
 import os
-import signal
-import subprocess
-import sys
 import threading
 import time
-from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from collections.abc import Callable
+from typing import Any
 
 import pytest
 
@@ -25,16 +21,9 @@ from raylens.telemetry.process_memory import (
     ServerMemoryTarget,
     _descendant_pids,
     collect_process_tree_memory,
-    process_tree_memory_supported,
 )
 
-pytestmark = [
-    pytest.mark.skipif(not sys.platform.startswith("linux"), reason="procfs is Linux only"),
-    pytest.mark.skipif(
-        sys.platform.startswith("linux") and not process_tree_memory_supported(),
-        reason="this kernel's procfs has no per-thread children files",
-    ),
-]
+pytestmark = pytest.mark.usefixtures("real_process_trees")
 
 MB = 2**20
 PRIVATE_MB = 16
@@ -121,52 +110,6 @@ release.set()
 found["child"].stdin.close()
 found["child"].wait()
 """
-
-
-@dataclass
-class Spawned:
-    process: subprocess.Popen
-    first_line: str
-
-    @property
-    def pid(self) -> int:
-        return self.process.pid
-
-    def send(self, line: str) -> str:
-        self.process.stdin.write(line + "\n")
-        self.process.stdin.flush()
-        return self.process.stdout.readline().strip()
-
-
-@pytest.fixture
-def spawn() -> Iterator[Callable[..., Spawned]]:
-    """Start ``python -c script *args`` in its own session; every process of it dies in teardown."""
-    started: list[subprocess.Popen] = []
-
-    def start(script: str, *args: object) -> Spawned:
-        process = subprocess.Popen(
-            [sys.executable, "-c", script, *map(str, args)],
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            text=True,
-            start_new_session=True,
-        )
-        started.append(process)
-        first = process.stdout.readline().strip()
-        if not first:
-            pytest.fail(f"spawned script exited early with code {process.wait(5)}")
-        return Spawned(process, first)
-
-    yield start
-    for process in started:
-        with contextlib.suppress(OSError):
-            process.stdin.close()  # EOF: the script ends its tree and exits
-        with contextlib.suppress(subprocess.TimeoutExpired):
-            process.wait(timeout=5)
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.killpg(process.pid, signal.SIGKILL)  # the session's group: whatever is left
-        process.wait(timeout=5)
-        process.stdout.close()
 
 
 @pytest.mark.slow
@@ -308,29 +251,14 @@ def _read_whole(path: str) -> bytes:
 
 
 @pytest.mark.slow
-def test_a_children_listing_longer_than_one_read_is_read_whole() -> None:
+def test_a_children_listing_longer_than_one_read_is_read_whole(spawn: Callable[..., Any]) -> None:
     # The kernel serves a children file record by record: a read may stop short of the
     # buffer at a record boundary with more still to come, so a short read is not the end.
-    parent = subprocess.Popen(
-        [sys.executable, "-c", MANY_CHILDREN, str(MANY_CHILDREN_COUNT)],
-        stdin=subprocess.PIPE,
-        stdout=subprocess.PIPE,
-        text=True,
-        start_new_session=True,
-    )
-    try:
-        children = {int(pid) for pid in parent.stdout.readline().split()}
-        assert len(children) == MANY_CHILDREN_COUNT
-        listing = _read_whole(f"/proc/{parent.pid}/task/{parent.pid}/children")
-        assert len(listing) > 4096, "the listing fits in one read; nothing was exercised"
-        assert _descendant_pids(parent.pid) == {parent.pid, *children}
-        memory = collect_process_tree_memory(parent.pid, include_pss=False)
-        assert memory.process_count == MANY_CHILDREN_COUNT + 1
-    finally:
-        parent.stdin.close()
-        with contextlib.suppress(subprocess.TimeoutExpired):
-            parent.wait(timeout=10)
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.killpg(parent.pid, signal.SIGKILL)
-        parent.wait(timeout=10)
-        parent.stdout.close()
+    parent = spawn(MANY_CHILDREN, MANY_CHILDREN_COUNT)
+    children = {int(pid) for pid in parent.first_line.split()}
+    assert len(children) == MANY_CHILDREN_COUNT
+    listing = _read_whole(f"/proc/{parent.pid}/task/{parent.pid}/children")
+    assert len(listing) > 4096, "the listing fits in one read; nothing was exercised"
+    assert _descendant_pids(parent.pid) == {parent.pid, *children}
+    memory = collect_process_tree_memory(parent.pid, include_pss=False)
+    assert memory.process_count == MANY_CHILDREN_COUNT + 1

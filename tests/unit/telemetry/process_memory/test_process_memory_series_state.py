@@ -5,6 +5,7 @@ from __future__ import annotations
 import gc
 
 import pytest
+from process_memory_values import HOST, MB
 
 from raylens.telemetry import process_memory as pm
 from raylens.telemetry.process_memory import (
@@ -23,17 +24,12 @@ from raylens_fakes.procfs import PAGE_SIZE, FakeProcFS
 # Each collection here walks only what the test made.
 pytestmark = pytest.mark.usefixtures("young_heap")
 
-MB = 2**20
-HOST = HostMemory(used_bytes=6 * MB, available_bytes=10 * MB, total_bytes=16 * MB)
 SMALLER_HOST = HostMemory(used_bytes=2 * MB, available_bytes=14 * MB, total_bytes=16 * MB)
 
 
 @pytest.fixture
-def fake(tmp_path) -> FakeProcFS:
-    fake = FakeProcFS(tmp_path / "proc")
-    fake.add_process(100, rss_bytes=300 * PAGE_SIZE, pss_bytes=200 * PAGE_SIZE)
-    fake.add_process(200, rss_bytes=40 * PAGE_SIZE, pss_bytes=30 * PAGE_SIZE)
-    return fake
+def fake(two_servers: FakeProcFS) -> FakeProcFS:
+    return two_servers
 
 
 def profiler_on(

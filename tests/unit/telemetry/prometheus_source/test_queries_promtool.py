@@ -7,17 +7,14 @@ out; a target that is up sends nothing in the down query; only growing nodes are
 
 from __future__ import annotations
 
-import shutil
-import subprocess
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-import yaml
 
 from raylens.telemetry.prometheus_source import Query, query_text
 
 pytestmark = pytest.mark.slow
-PROMTOOL = shutil.which("promtool")
 
 FRESH = {"job": "ray", "instance": "n:1", "WorkerId": "new"}
 STALE = {"job": "ray", "instance": "n:1", "WorkerId": "old"}
@@ -32,12 +29,8 @@ def _case(query: Query, samples: list[dict[str, object]]) -> dict[str, object]:
     return {"expr": query_text(query), "eval_time": "1m", "exp_samples": samples}
 
 
-@pytest.mark.skipif(
-    PROMTOOL is None,
-    reason="promtool is not installed (Debian/Ubuntu: apt-get install prometheus; .ci/run does)",
-)
 def test_the_queries_read_only_the_freshest_sampler_and_what_carries_a_figure(
-    tmp_path: Path,
+    tmp_path: Path, promtool_test_rules: Callable[..., None]
 ) -> None:
     group = "ray_raylens_worker_group_"
     node = "ray_raylens_node_memory_"
@@ -108,15 +101,4 @@ def test_the_queries_read_only_the_freshest_sampler_and_what_carries_a_figure(
             }
         ],
     }
-    tests = tmp_path / "queries.test.yml"
-    tests.write_text(yaml.safe_dump(document, sort_keys=False))
-    assert PROMTOOL is not None
-    result = subprocess.run(
-        [PROMTOOL, "test", "rules", tests.name],
-        cwd=tmp_path,
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
-    )
-    assert result.returncode == 0, result.stdout + result.stderr
+    promtool_test_rules(tmp_path / "queries.test.yml", document)

@@ -13,24 +13,22 @@ from raylens.telemetry.prometheus_source import (
     PrometheusSource,
     Query,
 )
+from raylens_fakes.clock import ManualClock
 from raylens_fakes.cluster import FakeCluster
 from raylens_fakes.prometheus_api import FakePrometheus, FakeTarget
 
 GIB = 1024**3
 
 
-class Clock:
-    def __init__(self) -> None:
-        self.now = 500.0
-
-    def __call__(self) -> float:
-        return self.now
-
-
 def _source(fake: FakePrometheus, **kw: object) -> PrometheusSource:
     settings = PrometheusSettings("http://127.0.0.1:9090", scrape_interval_s=5.0)
     return PrometheusSource(
-        settings, interval=5.0, fetch=fake.fetch, clock=Clock(), wall=lambda: fake.now, **kw
+        settings,
+        interval=5.0,
+        fetch=fake.fetch,
+        clock=ManualClock(500.0),
+        wall=lambda: fake.now,
+        **kw,
     )
 
 
