@@ -1,16 +1,16 @@
-"""The monitor's policy: when to scrape, in what order, and what a cycle publishes.
+"""The host-memory monitor: its lifetime, its cycle, and what readers get from it.
 
 :class:`HostMemoryMonitor` lists the live nodes, hands them to a scrape engine
 (the helper process by default, or the in-process engine, or threads running a
 replaced ``_scrape``), and publishes what came back into its own
 :class:`Snapshot`, which the gauges read. It never touches the network itself.
 
-Ordering and fairness: exactly one request per node per cycle and no retry
-within it. Nodes that answered last time are asked first, nodes that failed fast
-next. Wedged nodes (those that ran into the deadline, or whose deadline passed
-before a request slot freed up) are asked in a lane of their own with its own
-request slots, least recently asked first: they cannot keep healthy nodes
-waiting for a slot, and when there are more of them than slots they take turns.
+This module owns starting and stopping the monitor, its collection thread, one
+cycle from listing the nodes to running the cycle hooks, and :meth:`~HostMemoryMonitor.latest`.
+The rest of the class lives beside it, in its bases: which engine runs a cycle's
+batch and what it falls back to (``_scrape_engines``), the replaceable per-node
+``_scrape`` (``_scrape_override``), and the node standings that order the next
+cycle and the records a cycle publishes (``_cycle_records``).
 
 Time: sample ages and expiry run on the injected ``clock`` (default
 ``time.monotonic``); request deadlines are held by the engine in real time.
@@ -18,53 +18,51 @@ Time: sample ages and expiry run on the injected ``clock`` (default
 
 from __future__ import annotations
 
-import enum
 import logging
-import os
 import threading
 import time
 from collections.abc import Callable, Hashable, Mapping
 
 from raylens import forking
 from raylens.cluster import ClusterView, default_cluster_view, ray_call_errors
-from raylens.lens import get_telemetry_handle, reset_warn_once, warn_once
+from raylens.lens import get_telemetry_handle, warn_once
 from raylens.safe_text import printable
 from raylens.telemetry.host_memory._cycle_hooks import CycleHooks
+from raylens.telemetry.host_memory._cycle_records import _NEW, CycleRecords, _Standing
+from raylens.telemetry.host_memory._cycle_records import NO_METRICS_ERROR as NO_METRICS_ERROR
+from raylens.telemetry.host_memory._cycle_records import STOPPED_ERROR as STOPPED_ERROR
+from raylens.telemetry.host_memory._cycle_records import NodeKey as NodeKey
 from raylens.telemetry.host_memory._gauges import declare_gauges
-from raylens.telemetry.host_memory._helper_engine import HelperEngine
 from raylens.telemetry.host_memory._nodes import RayNode, ray_nodes
 from raylens.telemetry.host_memory._placement import DEFAULT_REGISTRY
+from raylens.telemetry.host_memory._scrape_engines import (
+    SCRAPE_MODE_ENV,
+    EngineChoice,
+    ScrapeMode,
+    _scrape_mode,
+)
 from raylens.telemetry.host_memory._snapshot import (
-    HealthFields,
     NodeRecord,
     NodeSample,
     Snapshot,
     hold_publisher,
-    node_attributes,
     register_publisher,
     release_publisher,
 )
 from raylens.telemetry.host_memory._threaded_scrapes import ThreadedScrapes
 from raylens.telemetry.names import LOGGER_NAME, NO_WORKER_GROUPS
 from raylens.telemetry.raylet_payload import (
-    ERROR_INTERNAL,
     ERROR_NO_METRICS_PORT,
-    ERROR_TIMEOUT,
     TOTAL_KEY,
     USED_KEY,
-    NodeGroupFigures,
-    NodeOomCounts,
 )
 from raylens.telemetry.scraping import (
     MAX_BODY_BYTES,
     MAX_CONCURRENCY,
-    AsyncScrapeEngine,
     Outcome,
     PrestartingEngine,
     ScrapeEngine,
     ScrapeLimits,
-    TrustingEngine,
-    fetch_once,
 )
 from raylens.validation import positive_seconds
 
@@ -81,63 +79,12 @@ logger = logging.getLogger(LOGGER_NAME)
 SCRAPE_TIMEOUT_S = 5.0
 #: How long past its scrape timeout :meth:`HostMemoryMonitor.stop` may take.
 SHUTDOWN_GRACE_S = 1.0
-STOPPED_ERROR = "not answered before monitoring stopped"
-#: Why a node without a metrics port has no sample; short enough for a table cell.
-NO_METRICS_ERROR = "serves no metrics (MetricsExportPort missing or -1): needs 'ray[default]'"
-#: Environment variable that picks the scrape mode when none is passed.
-SCRAPE_MODE_ENV = "RAYLENS_SCRAPE_MODE"
-_OVERRIDE_THREADS = 32
 
 Clock = Callable[[], float]
-NodeKey = tuple[str, str]
 CycleHook = Callable[["HostMemoryMonitor"], None]
 
 
-class _Standing(enum.IntEnum):
-    """How a node fared last time; lower is asked earlier."""
-
-    ANSWERED = 0
-    FAILED = 1
-    WEDGED = 2
-
-
-#: Standing of a node never asked: treated like one that failed fast.
-_NEW = (_Standing.FAILED, -1)
-
-
-class ScrapeMode(enum.Enum):
-    """Where scraping and parsing run."""
-
-    #: In a helper process of its own; the driver only sends URLs and receives numbers.
-    HELPER = "helper"
-    #: On an event-loop thread of this process, for places where a child process is unwanted.
-    INPROCESS = "inprocess"
-
-
-def _scrape_mode(value: ScrapeMode | str | None) -> ScrapeMode:
-    if isinstance(value, ScrapeMode):
-        return value
-    if value is None:
-        raw = os.environ.get(SCRAPE_MODE_ENV, "")
-        try:
-            return ScrapeMode(raw.strip().lower()) if raw.strip() else ScrapeMode.HELPER
-        except ValueError:
-            warn_once(
-                "host_memory.scrape_mode_env",
-                f"{SCRAPE_MODE_ENV}={printable(repr(raw))} is not one of "
-                f"{[m.value for m in ScrapeMode]}; scraping in a helper process",
-                logger=logger,
-            )
-            return ScrapeMode.HELPER
-    try:
-        return ScrapeMode(value)
-    except ValueError:
-        raise ValueError(
-            f"scrape_mode must be one of {[m.value for m in ScrapeMode]}, got {value!r}"
-        ) from None
-
-
-class HostMemoryMonitor:
+class HostMemoryMonitor(EngineChoice, CycleRecords):
     """Scrapes every Ray node's host memory on a timer and publishes it for lens.
 
     Runs in the driver and only reads: it asks the cluster for its nodes (and the
@@ -279,12 +226,6 @@ class HostMemoryMonitor:
         with self._lock:
             return self._thread is not None
 
-    @property
-    def helper_pid(self) -> int | None:
-        """The scrape helper's pid while one runs (helper mode), else None."""
-        engine = self._engine
-        return engine.pid if isinstance(engine, HelperEngine) else None
-
     def start(self) -> None:
         """Start sampling on a background thread (``raylens-host-memory``). Idempotent."""
         hold_publisher(self)
@@ -408,274 +349,6 @@ class HostMemoryMonitor:
                         )
             self._publish(nodes, results, started, stopped=generation != self._generation)
 
-    def _scrape_overridden(self) -> bool:
-        return "_scrape" in vars(self) or type(self)._scrape is not _DEFAULT_SCRAPE
-
-    def _run(self, order: list[RayNode]) -> dict[Hashable, Outcome]:
-        standing = self._standing
-        jobs = [
-            (node.key, node.metrics_url, standing.get(node.key, _NEW)[0] is _Standing.WEDGED)
-            for node in order
-        ]
-        if self._scrape_overridden():
-            # Filled in place: the engine looks nodes up in this very dict.
-            self._overridden_nodes.clear()
-            self._overridden_nodes.update((node.key, node) for node in order)
-            return self._override_engine().scrape(jobs, self.scrape_timeout)
-        try:
-            return self._engine_for_use().scrape(jobs, self.scrape_timeout)
-        except Exception:  # whatever breaks the helper process, scraping goes on in this one
-            if self.scrape_mode is not ScrapeMode.HELPER:
-                raise
-            warn_once(
-                "host_memory.helper.failed",
-                "the host-memory scrape helper could not run; scraping in this process instead",
-                logger=logger,
-            )
-            self.scrape_mode = ScrapeMode.INPROCESS
-            with self._lock:
-                broken, self._engine = self._engine, None
-            if broken is not None:
-                broken.close(0.5)
-            return self._engine_for_use().scrape(jobs, self.scrape_timeout)
-
-    def _override_engine(self) -> ScrapeEngine:
-        """The engine that calls the replaced ``_scrape`` of each node, in this process."""
-        with self._lock:
-            if self._threads is None:
-                self._threads = ThreadedScrapes(
-                    min(self.max_concurrency, _OVERRIDE_THREADS),
-                    self._overridden_node,
-                    self._scrape,
-                )
-            return self._threads
-
-    def _overridden_node(self, key: Hashable) -> RayNode:
-        """The node of ``key`` in the cycle in progress (the table is replaced every cycle)."""
-        return self._overridden_nodes[key]
-
-    def _engine_for_use(self) -> ScrapeEngine:
-        with self._lock:
-            if self._engine is None:
-                self._engine = (
-                    HelperEngine(self.limits)
-                    if self.scrape_mode is ScrapeMode.HELPER
-                    else AsyncScrapeEngine(self.limits)
-                )
-                if self._trusted_samplers is not None and isinstance(self._engine, TrustingEngine):
-                    self._engine.trust_samplers(self._trusted_samplers)
-            return self._engine
-
-    def trust_samplers(self, ids: Mapping[str, str] | None) -> None:
-        """Believe, from the next scrape on, only the series of the samplers in ``ids``: the
-        Ray actor ids of the samplers raylens started, each to the Ray worker id its series
-        must carry (``""`` while not known); None, the default: any sampler's."""
-        with self._lock:
-            if ids is self._trusted_samplers:
-                return  # the same mapping again: nothing to tell the engine
-            self._trusted_samplers = ids
-            engine = self._engine
-        if isinstance(engine, TrustingEngine):
-            engine.trust_samplers(ids)
-
-    def _forget_departed(self, live: set[NodeKey]) -> None:
-        """Drop everything held about nodes that left, so state stays as large as the cluster."""
-        # Every node stays, cycle after cycle, in a steady cluster: checked in one call each.
-        if not live.issuperset(self._standing):
-            for key in [key for key in self._standing if key not in live]:
-                del self._standing[key]
-        for key in [key for key in self._warned if key not in live]:
-            self._warned.discard(key)
-            reset_warn_once(_warning_key(key))
-        if not live.issuperset(self._records):
-            self._records = {key: r for key, r in self._records.items() if key in live}
-        self.snapshot.retain(live)
-
-    def _publish(
-        self,
-        nodes: list[RayNode],
-        results: dict[Hashable, Outcome],
-        started: float,
-        *,
-        stopped: bool,
-    ) -> None:
-        """Publish one cycle; ``stopped`` when :meth:`stop` cut it short (nobody is blamed).
-
-        Builds one :class:`NodeRecord` per listed node and publishes them as one mapping.
-        """
-        previous = self._records
-        records: dict[NodeKey, NodeRecord] = {}
-        version, labels = DEFAULT_REGISTRY.labels_by_node()
-        # One standing shared by every node that answers this cycle (a tuple per cycle).
-        answered = (_Standing.ANSWERED, self._cycles)
-        standing, warned, max_age = self._standing, self._warned, self.max_age
-        for node in nodes:
-            key = node.key
-            label = labels.get(node.node_id, NO_WORKER_GROUPS)
-            before = previous.get(key)
-            attributes = (
-                before.attributes
-                if before is not None and before.worker_groups == label
-                else node_attributes(node, label)
-            )
-            outcome = results.get(key)
-            if outcome is None:
-                outcome = self._unanswered(stopped)
-            elif outcome.values:  # the node answered: the common case, kept short
-                values, _, _, asked, elapsed, error_type, duration, groups, oom, refused = outcome
-                if refused is not None:
-                    _warn_refused(node, refused)
-                standing[key] = answered
-                # Aged from the node's answer, not from the end of the cycle.
-                sampled_at = started + elapsed
-                expires_at = sampled_at + max_age
-                duration = _request_seconds(duration, asked, error_type, elapsed)
-                if oom is not None and before is not None and oom == before.oom:
-                    oom = before.oom  # unchanged counters: the object the last record holds
-                records[key] = NodeRecord(
-                    node,
-                    values,
-                    sampled_at,
-                    None,
-                    (1, None, duration, sampled_at, expires_at),
-                    label,
-                    version,
-                    attributes,
-                    groups,
-                    oom,
-                    expires_at,
-                )
-                if key in warned:
-                    warned.discard(key)
-                    reset_warn_once(_warning_key(key))
-                continue
-            records[key] = self._unanswered_record(
-                node, outcome, before, label, version, attributes, started
-            )
-        self._records = records
-        self.snapshot.publish(records)
-
-    def _unanswered(self, stopped: bool) -> Outcome:
-        """The outcome of a node missing from an engine's results."""
-        if stopped:
-            return Outcome(None, STOPPED_ERROR, asked=False)
-        return Outcome(
-            None,
-            f"no answer within the {self.scrape_timeout:g} s scrape timeout",
-            wedged=True,
-            error_type=ERROR_TIMEOUT,
-            duration=self.scrape_timeout,
-        )
-
-    def _unanswered_record(
-        self,
-        node: RayNode,
-        outcome: Outcome,
-        before: NodeRecord | None,
-        label: str,
-        version: int,
-        attributes: Mapping[str, str],
-        started: float,
-    ) -> NodeRecord:
-        """The record of a node that gave no sample: its last good figures, why, and a warning."""
-        self._note_standing(node.key, outcome)
-        error = printable(outcome.error or "no sample")
-        if outcome.error_type == ERROR_NO_METRICS_PORT:
-            warn_once(
-                "host_memory.no_metrics_port",
-                f"Ray node {node.node_id} ({printable(node.host)}) serves no metrics, so "
-                "raylens shows no memory for it (nor for any other such node): its Ray was "
-                "installed without its default extra. Run pip install 'ray[default]' "
-                "on every node and restart Ray there.",
-                logger=logger,
-            )
-        elif error != STOPPED_ERROR:
-            self._warned.add(node.key)
-            warn_once(
-                _warning_key(node.key),
-                f"no host-memory sample from node {node.node_id} ({printable(node.host)}, "
-                f"{printable(node.metrics_url)}): {error}",
-                logger=logger,
-            )
-        return NodeRecord(
-            node,
-            None if before is None else before.values,
-            None if before is None else before.sampled_at,
-            error,
-            self._health(outcome, started) if outcome.error != STOPPED_ERROR else None,
-            label,
-            version,
-            attributes,
-        )
-
-    def records(self) -> Mapping[NodeKey, NodeRecord]:
-        """The latest cycle's :class:`NodeRecord` of every live node, by ``(node id, host)``.
-
-        The mapping the cycle published to :attr:`snapshot`; never changed afterwards.
-        """
-        return self._records
-
-    def group_figures(self) -> dict[str, tuple[str, NodeGroupFigures, float]]:
-        """Per node id: host name, the per-group figures its payload carried, and when read.
-
-        Only nodes whose latest scrape answered and carried a sampler's series; the
-        time is on this monitor's clock.
-        """
-        return {
-            record.node.node_id: (record.node.host, record.groups, record.sampled_at)
-            for record in self._records.values()
-            if record.groups is not None and record.sampled_at is not None
-        }
-
-    def oom_counts(self) -> dict[str, tuple[str, NodeOomCounts, float]]:
-        """Per node id: host name, the kill counters its latest scrape carried, and when read.
-
-        Only nodes whose latest scrape answered and carried a counter; the time is on
-        this monitor's clock.
-        """
-        return {
-            record.node.node_id: (record.node.host, record.oom, record.sampled_at)
-            for record in self._records.values()
-            if record.oom is not None and record.sampled_at is not None
-        }
-
-    def _health(self, outcome: Outcome, started: float) -> HealthFields:
-        """The scrape-health entry's fields (as :class:`ScrapeHealth` orders them) for one
-        node's ``outcome`` in a cycle begun at ``started``."""
-        observed_at = started + outcome.elapsed
-        if outcome.values:
-            up, error_type = 1, None
-        else:
-            up = 0
-            error_type = outcome.error_type or (ERROR_TIMEOUT if outcome.wedged else ERROR_INTERNAL)
-        duration = _request_seconds(
-            outcome.duration, outcome.asked, outcome.error_type, outcome.elapsed
-        )
-        return (up, error_type, duration, observed_at, observed_at + self.max_age)
-
-    def _note_standing(self, key: NodeKey, outcome: Outcome) -> None:
-        if outcome.error == STOPPED_ERROR or outcome.error_type == ERROR_NO_METRICS_PORT:
-            return
-        if outcome.values:
-            standing = _Standing.ANSWERED
-        elif outcome.wedged:
-            standing = _Standing.WEDGED
-        else:
-            standing = _Standing.FAILED
-        last_asked = self._standing.get(key, (_Standing.FAILED, -1))[1]
-        self._standing[key] = (standing, self._cycles if outcome.asked else last_asked)
-
-    # One node ------------------------------------------------------------------------
-
-    def _scrape(self, node: RayNode) -> dict[str, float]:
-        """Fetch and parse one node's memory series now; ``{}`` when that fails.
-
-        The per-node seam: a subclass or a test that replaces this method changes
-        what every cycle fetches (the cycle then calls it in this process). A
-        failure is not retried: the next cycle is the retry.
-        """
-        return dict(fetch_once(node.metrics_url, self.limits).values or {})
-
     # Reading -------------------------------------------------------------------------
 
     def latest(self) -> list[NodeSample]:
@@ -713,36 +386,3 @@ class HostMemoryMonitor:
             f"scrape_timeout={self.scrape_timeout:g}, scrape_mode={self.scrape_mode.value}, "
             f"running={self.running})"
         )
-
-
-_DEFAULT_SCRAPE = HostMemoryMonitor._scrape
-
-
-def _request_seconds(
-    duration: float | None, asked: bool, error_type: str | None, elapsed: float
-) -> float | None:
-    """How long a node's request took: the engine's own timing, else (for a replaced engine
-    that does not time its requests) the time to its outcome; None when nothing was sent."""
-    if duration is None and asked and error_type != ERROR_NO_METRICS_PORT:
-        return elapsed
-    return duration
-
-
-def _warn_refused(node: RayNode, refused: tuple[int, tuple[str, ...]]) -> None:
-    """One warning per node naming what of its payload was not believed: values beyond
-    physical bounds, samplers stamped in the future, publishers that are no known sampler."""
-    count, named = refused
-    more = f" and {count - len(named)} more" if count > len(named) else ""
-    warn_once(
-        f"host_memory.refused.{node.node_id}",
-        f"node {printable(node.node_id[:56])} ({printable(node.host)}) published {count} "
-        "value(s) or sampler(s) raylens does not believe (beyond physical bounds, stamped "
-        "in the future, or not a sampler raylens started), refused: "
-        f"{printable(', '.join(named))[:600]}{more}; "
-        "another job may be publishing series under raylens' names (warned once per node)",
-        logger=logger,
-    )
-
-
-def _warning_key(key: NodeKey) -> str:
-    return f"host_memory.scrape.{key[0]}"
