@@ -137,7 +137,7 @@ def _bound_groups(figures: NodeGroupFigures, total: float, refusals: _Refusals) 
             continue  # no RSS figure: the group is left out, as one without it always is
         if pss is not None and not _memory_ok(pss, total):
             refusals.add(f"{RAY_GROUP_MEMORY}[pss]", pss, name)
-            pss, fine = None, False
+            pss, pss_age, fine = None, None, False  # the age of a refused PSS says nothing
         if processes is not None and not _count_ok(processes, MAX_PROCESSES):
             refusals.add(RAY_GROUP_PROCESSES, processes, name)
             processes, fine = None, False
@@ -147,8 +147,6 @@ def _bound_groups(figures: NodeGroupFigures, total: float, refusals: _Refusals) 
         if pss_age is not None and not (0.0 <= pss_age <= MAX_PSS_AGE_S):
             refusals.add(RAY_GROUP_PSS_AGE, pss_age, name)
             pss_age, fine = None, False
-        if pss is None and pss_age is not None:
-            pss_age, fine = None, False  # the age of a refused PSS says nothing
         if fine:
             rows.append(row)
         else:

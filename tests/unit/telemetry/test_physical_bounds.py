@@ -145,6 +145,19 @@ def test_a_pss_age_is_believed_only_from_zero_to_a_week() -> None:
     assert outcome.refused is not None and any("pss_age" in named for named in outcome.refused[1])
 
 
+def test_a_refused_pss_takes_its_age_with_it() -> None:
+    labels = 'WorkerId="w",rl_worker_group="forged"'
+    payload = _payload(
+        *_group("forged", "1e9"),
+        f'ray_raylens_worker_group_memory_bytes{{{labels},memory_type="pss"}} 1e300',
+        f"ray_raylens_worker_group_pss_age_seconds{{{labels}}} 5",
+    )
+    outcome = outcome_of_payload(payload, len(payload))
+    assert outcome.groups is not None
+    (figure,) = outcome.groups.groups
+    assert (figure.rss_bytes, figure.pss_bytes, figure.pss_age_s) == (1e9, None, None)
+
+
 def test_node_figures_beyond_any_machine_are_refused_and_the_rest_kept() -> None:
     bounded = bound_payload({USED_KEY: 1e300, TOTAL_KEY: 6.4e10}, None, None)
     assert bounded.values == {TOTAL_KEY: 6.4e10} and bounded.refused_count == 1
