@@ -41,12 +41,12 @@ class Recording:
 
 
 def _loop(
-    tmp_path: Path, refresh: float | None
+    tmp_path: Path, refresh: float | None, publishing: type[Recording] = Recording
 ) -> tuple[PublishingLoop, Recording, ManualClock, FakeProcFS]:
     clock = ManualClock(100.0)
     proc = FakeProcFS(tmp_path / "node")
     proc.add_process(200, rss_bytes=10 * MB)
-    publisher = Recording(clock)
+    publisher = publishing(clock)
     loop = PublishingLoop(
         GroupMemoryReader(proc.procfs, pss_interval_seconds=None, clock=clock),
         publisher,
@@ -144,18 +144,7 @@ def test_the_sampler_thread_warns_once_of_an_unforeseen_error_and_keeps_sampling
                 raise GaugeBroke("gauge refused")
             super().set_group(group, rss, pss, processes)
 
-    clock = ManualClock(100.0)
-    proc = FakeProcFS(tmp_path / "node")
-    proc.add_process(200, rss_bytes=10 * MB)
-    publisher = FailsTwice(clock)
-    loop = PublishingLoop(
-        GroupMemoryReader(proc.procfs, pss_interval_seconds=None, clock=clock),
-        publisher,
-        clock=clock,
-        wall_clock=lambda: 1_700_000_000.0,
-        refresh_s=lambda: None,
-    )
-    loop.set_workers([("policy", 200, proc.start_ticks(200))])
+    loop, publisher, clock, _proc = _loop(tmp_path, None, FailsTwice)
 
     class StopsOnFourthWait(ClockedStop):
         def wait(self, timeout: float | None = None) -> bool:
