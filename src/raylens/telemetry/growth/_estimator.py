@@ -13,9 +13,10 @@ quarter, climbs at ``grow_slow`` or faster, strays from the straight line betwee
 at most :data:`STRAIGHT` of the climb, does not climb clearly less over its second half than
 its first (:data:`STEADY`), and goes on climbing in the newest quarter. A series starts
 *growing* when a scale rises and the longer scales bear it out (``_confirmed``), or at once
-when the rise would reach the node's kill line within :data:`URGENT_S`. It stops when the
-scale that started the spell has stalled over its last half and no longer scale rises. Its
-rate is the longest rising scale's.
+when the rise would reach the node's kill line within :data:`URGENT_S`. It stops when no
+scale longer than the one that started the spell rises and that scale and the next
+:data:`HOLDING` have all stalled over their newer half, so a leak that pauses between training
+phases keeps its spell. Its rate is the longest rising scale's.
 
 Invariants a maintainer must keep: no clock is read (times are the caller's); memory per
 series is fixed (``levels`` x :data:`FLOORS` pairs of floats); feeding samples one at a time or
@@ -51,6 +52,11 @@ MIN_FILLED = 16
 
 #: Longer scales that must rise too before a spell starts (fewer above the longest).
 CONFIRMING = 2
+#: Longer scales whose newer half must have stalled too before a spell ends: a leak that
+#: pauses for less than half of the longest of them (a generation phase between two training
+#: phases, 10 min with the default window for a spell started on the shortest scale) keeps
+#: its spell.
+HOLDING = 2
 #: Growth that would reach the node's kill line within this many seconds is flagged as soon
 #: as one scale reads it (see ``GrowthEstimator.room``).
 URGENT_S = 3600.0
@@ -70,7 +76,8 @@ class ScaleReading(NamedTuple):
 
     ``rate`` is bytes/s (at least 0); ``rises`` whether the scale rises; ``slowing`` whether
     its ratchet climbed clearly less over its second half than over its first (memory
-    filling towards a plateau); ``peak`` its highest sample.
+    filling towards a plateau); ``peak`` its highest sample; ``recent`` the ratchet's climb
+    over its newer half, bytes/s.
     """
 
     scale_s: float
@@ -78,11 +85,12 @@ class ScaleReading(NamedTuple):
     rises: bool
     slowing: bool
     peak: float
+    recent: float
 
 
 def _read(
     floors: deque[float], highs: deque[float], width: float, settings: GrowthSettings
-) -> tuple[ScaleReading, list[float]] | None:
+) -> ScaleReading | None:
     """The reading of one scale's floors, or None when too few slices hold samples."""
     filled = 0
     ratchet = [0.0] * FLOORS
@@ -115,7 +123,8 @@ def _read(
     going_on = newest >= STEADY * rate * (FLOORS - 1 - whole) * width
     rises = rate >= settings.grow_slow and bent <= STRAIGHT * climb and not slowing and going_on
     peak = max((h for h in highs if h == h), default=math.nan)
-    return ScaleReading(width * FLOORS, rate, rises, slowing, peak), ratchet
+    recent = (ratchet[-1] - ratchet[FLOORS // 2]) / ((FLOORS - 1 - FLOORS // 2) * width)
+    return ScaleReading(width * FLOORS, rate, rises, slowing, peak, recent)
 
 
 class _Scale:
@@ -273,10 +282,9 @@ class GrowthEstimator:
 
     def _judge(self, level: int, t: float) -> None:
         scale = self._scales[level]
-        read = _read(scale.floors, scale.highs, scale.width, self._settings)
-        if read is None:
+        reading = _read(scale.floors, scale.highs, scale.width, self._settings)
+        if reading is None:
             return
-        reading, ratchet = read
         self._readings[level] = reading
         for shown in reversed(self._readings[: PEAK_LEVEL + 1]):
             if shown is not None and shown.peak == shown.peak:
@@ -291,13 +299,13 @@ class GrowthEstimator:
             self.growing_since = t
             self.spells += 1
         elif level == self._spell_scale and not reading.rises:
-            half = FLOORS // 2
-            climbed = ratchet[-1] - ratchet[half]
-            longer_rises = any(r is not None and r.rises for r in self._readings[level + 1 :])
-            if (
-                not longer_rises
-                and climbed < self._settings.calm * (FLOORS - 1 - half) * scale.width
-            ):
+            later = self._readings[level + 1 :]
+            longer_rises = any(r is not None and r.rises for r in later)
+            stalled = all(
+                r is None or r.recent < self._settings.calm
+                for r in self._readings[level : level + 1 + HOLDING]
+            )
+            if not longer_rises and stalled:
                 self._spell_scale = None
                 self.growing_since = None
         rising = [r for r in self._readings if r is not None and r.rises]

@@ -101,6 +101,28 @@ def test_a_spell_ends_when_memory_stops_growing() -> None:
     assert not estimator.growing and estimator.rate is None and estimator.spells == 1
 
 
+def test_a_leak_that_pauses_between_training_phases_keeps_one_spell() -> None:
+    # Generation and training alternate every 2-15 minutes; the leak runs only while training.
+    rng = np.random.default_rng(0)
+    t = np.arange(0.0, 6 * HOURS)
+    in_training = np.zeros(len(t), dtype=bool)
+    at, training = 0, False
+    while at < len(t):
+        length = int(rng.uniform(120, 900))
+        in_training[at : at + length] = training
+        at, training = at + length, not training
+    leak = np.cumsum(np.where(in_training, 20 * MIB_MIN, 0.0))
+    values = 8 * GIB + leak + rng.normal(0.0, 8 * MIB, len(t))
+    estimator = GrowthEstimator(SETTINGS)
+    growing_after_first_flag = []
+    for start in range(0, len(t), 60):
+        estimator.add_many(t[start : start + 60], values[start : start + 60])
+        if estimator.spells:
+            growing_after_first_flag.append(estimator.growing)
+    assert estimator.spells == 1
+    assert len(growing_after_first_flag) > 60 and all(growing_after_first_flag)
+
+
 def test_samples_one_by_one_and_in_arrays_give_the_same_figures() -> None:
     t = np.arange(0.0, 3 * HOURS)
     values = 8 * GIB + sawtooth(t, 1 * GIB, 75.0) + t * 30 * MIB_MIN + jitter(len(t))
