@@ -16,7 +16,8 @@ its first (:data:`STEADY`), and goes on climbing in the newest quarter. A series
 when the rise would reach the node's kill line within :data:`URGENT_S`. It stops when no
 scale longer than the one that started the spell rises and that scale and the next
 :data:`HOLDING` have all stalled over their newer half, so a leak that pauses between training
-phases keeps its spell. Its rate is the longest rising scale's.
+phases keeps its spell. Its rate is the longest rising scale's, or a longer scale's lying
+within the spell where that climbs slower (``_spell_rate``).
 
 Invariants a maintainer must keep: no clock is read (times are the caller's); memory per
 series is fixed (``levels`` x :data:`FLOORS` pairs of floats); feeding samples one at a time or
@@ -280,6 +281,25 @@ class GrowthEstimator:
             and (self._readings[level] or outer).rate >= FAST * self._settings.grow_slow
         )
 
+    def _spell_rate(self, longest_rising: ScaleReading, t: float) -> float:
+        """The growing series' rate: the longest rising scale's, or less where the longest scale
+        lying within the spell (no longer than its age plus the scale that started it) and
+        climbing without slowing down climbs slower. A leak that climbs only in some phases rises on a short
+        scale at its rate inside one phase; the longer scale reads it over several."""
+        assert self._spell_scale is not None and self.growing_since is not None
+        started = self._readings[self._spell_scale]
+        reach = t - self.growing_since + (started.scale_s if started is not None else 0.0)
+        longest_within = longest_rising
+        for r in self._readings:
+            if (
+                r is not None
+                and longest_rising.scale_s < r.scale_s <= reach
+                and not r.slowing
+                and r.rate >= self._settings.grow_slow
+            ):
+                longest_within = r
+        return min(longest_rising.rate, longest_within.rate)
+
     def _judge(self, level: int, t: float) -> None:
         scale = self._scales[level]
         reading = _read(scale.floors, scale.highs, scale.width, self._settings)
@@ -310,7 +330,7 @@ class GrowthEstimator:
                 self.growing_since = None
         rising = [r for r in self._readings if r is not None and r.rises]
         if self._spell_scale is not None and rising:
-            self.rate = rising[-1].rate
+            self.rate = self._spell_rate(rising[-1], t)
         elif self._spell_scale is None:
             self.rate = None
         if self.rate is not None:

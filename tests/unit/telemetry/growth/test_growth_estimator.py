@@ -5,6 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from raylens.simulation.trace_families import TUNE_FAMILIES, make_trace
 from raylens.telemetry.growth import GrowthEstimator, GrowthSettings
 
 MIB = float(1 << 20)
@@ -101,9 +102,10 @@ def test_a_spell_ends_when_memory_stops_growing() -> None:
     assert not estimator.growing and estimator.rate is None and estimator.spells == 1
 
 
-def test_a_leak_that_pauses_between_training_phases_keeps_one_spell() -> None:
-    # Generation and training alternate every 2-15 minutes; the leak runs only while training.
-    rng = np.random.default_rng(0)
+def leak_while_training(rate: float, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
+    """Six hours of a leak running at ``rate`` only while training, generation and training
+    alternating every 2-15 minutes: the times and the series."""
+    rng = np.random.default_rng(seed)
     t = np.arange(0.0, 6 * HOURS)
     in_training = np.zeros(len(t), dtype=bool)
     at, training = 0, False
@@ -111,8 +113,12 @@ def test_a_leak_that_pauses_between_training_phases_keeps_one_spell() -> None:
         length = int(rng.uniform(120, 900))
         in_training[at : at + length] = training
         at, training = at + length, not training
-    leak = np.cumsum(np.where(in_training, 20 * MIB_MIN, 0.0))
-    values = 8 * GIB + leak + rng.normal(0.0, 8 * MIB, len(t))
+    leak = np.cumsum(np.where(in_training, rate, 0.0))
+    return t, 8 * GIB + leak + rng.normal(0.0, 8 * MIB, len(t))
+
+
+def test_a_leak_that_pauses_between_training_phases_keeps_one_spell() -> None:
+    t, values = leak_while_training(20 * MIB_MIN)
     estimator = GrowthEstimator(SETTINGS)
     growing_after_first_flag = []
     for start in range(0, len(t), 60):
@@ -121,6 +127,30 @@ def test_a_leak_that_pauses_between_training_phases_keeps_one_spell() -> None:
             growing_after_first_flag.append(estimator.growing)
     assert estimator.spells == 1
     assert len(growing_after_first_flag) > 60 and all(growing_after_first_flag)
+
+
+@pytest.mark.parametrize("seed", [1002, 1003])
+def test_a_leak_climbing_in_stairs_is_given_its_rate_over_the_stairs_not_within_one(
+    seed: int,
+) -> None:
+    # A tune-side trace whose leak runs only while training: ten minutes after the flag, the
+    # shortest rising scale lies inside one training phase and climbs at about twice the
+    # leak's average; a longer scale within the spell holds several phases.
+    family = next(f for f in TUNE_FAMILIES if f.name == "leak_training_sleepy")
+    trace = make_trace(family, seed, leak_rate_mib_min=20)
+    assert trace.leak_group is not None
+    values = trace.groups[trace.leak_group]
+    estimator = GrowthEstimator(SETTINGS)
+    first_flag = rate_ten_minutes_on = None
+    for start in range(0, len(trace.times), 60):
+        estimator.add_many(trace.times[start : start + 60], values[start : start + 60])
+        now = float(trace.times[min(start + 59, len(trace.times) - 1)])
+        if estimator.spells and first_flag is None:
+            first_flag = now
+        if first_flag is not None and now - first_flag >= 600:
+            rate_ten_minutes_on = estimator.rate
+            break
+    assert rate_ten_minutes_on == pytest.approx(trace.leak_rate, rel=0.25)
 
 
 def test_samples_one_by_one_and_in_arrays_give_the_same_figures() -> None:
