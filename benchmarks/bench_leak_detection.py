@@ -10,6 +10,9 @@ Detectors, each on the same traces:
 - **raylens**: :class:`raylens.telemetry.growth.MemoryHistory` with the documented defaults,
   fed a minute of samples at a time through ``record_node_many`` (the replay API) and read
   after each minute. A flag is a part (group or memory outside the groups) starting to grow.
+- **raylens, phases marked**: the same, with each phase boundary of the trace (every
+  training phase's start and end) marked through ``MemoryHistory.mark_phase`` as it passes,
+  as a node's sampler marks them when the driver enters and leaves ``raylens.phase``.
 - **predict_linear**: ``predict_linear(used[1h], 4h) > kill line`` held for 5m, on the node's
   used memory scraped every 10 s (it cannot name a group).
 - **deriv**: ``deriv(min_over_time(used[5m])[30m:1m]) > 5 MiB/min`` held for 10m, on each
@@ -81,7 +84,7 @@ def _ttl_truth(trace: Trace, upto: int, line: float) -> float:
     return max(0.0, (line - level) / trace.leak_rate)
 
 
-def run_raylens(trace: Trace) -> Outcome:
+def run_raylens(trace: Trace, *, phases_marked: bool = False) -> Outcome:
     history = MemoryHistory()
     line = kill_line(trace.total)
     assert line is not None
@@ -94,6 +97,13 @@ def run_raylens(trace: Trace) -> Outcome:
     for a, b in itertools.pairwise(edges):
         if b <= a:
             continue
+        if phases_marked:
+            # The boundaries up to this minute's end, as the sampler hears of them from the
+            # driver's ``raylens.phase``; each is placed at its own time.
+            upto = float(trace.times[b - 1])
+            for at in trace.phases[(trace.phases > float(trace.times[a]) - CHUNK_S)]:
+                if at <= upto:
+                    history.mark_phase("n", float(at))
         history.record_node_many(
             "n",
             trace.times[a:b],
@@ -213,7 +223,17 @@ def run_deriv(trace: Trace) -> Outcome:
     return outcome
 
 
-DETECTORS = {"raylens": run_raylens, "predict_linear": run_predict_linear, "deriv": run_deriv}
+def run_raylens_with_phases(trace: Trace) -> Outcome:
+    return run_raylens(trace, phases_marked=True)
+
+
+DETECTORS = {
+    "raylens": run_raylens,
+    "raylens, phases marked": run_raylens_with_phases,
+    "predict_linear": run_predict_linear,
+    "deriv": run_deriv,
+}
+RAYLENS = ("raylens", "raylens, phases marked")
 
 
 # --- the table ----------------------------------------------------------------------
@@ -256,10 +276,12 @@ def measure(families: tuple[Family, ...], seeds: int, benign_seeds: int, label: 
     benign_hours = 0.0
     totals: dict[str, dict[str, float]] = {d: defaultdict(float) for d in DETECTORS}
     latency: dict[str, dict[float, list[float | None]]] = {d: defaultdict(list) for d in DETECTORS}
-    rate_ok: dict[float, list[bool]] = {0.0: [], AFTER_FLAG_S: []}
-    ttl_err: dict[float, list[float]] = {0.0: [], AFTER_FLAG_S: []}
-    ttl_present: dict[float, list[bool]] = {0.0: [], AFTER_FLAG_S: []}
-    false_where: list[str] = []
+    rate_ok: dict[str, dict[float, list[bool]]] = {d: {0.0: [], AFTER_FLAG_S: []} for d in RAYLENS}
+    ttl_err: dict[str, dict[float, list[float]]] = {d: {0.0: [], AFTER_FLAG_S: []} for d in RAYLENS}
+    ttl_present: dict[str, dict[float, list[bool]]] = {
+        d: {0.0: [], AFTER_FLAG_S: []} for d in RAYLENS
+    }
+    false_where: dict[str, list[str]] = {d: [] for d in RAYLENS}
     cpu = 0.0
     started = time.perf_counter()
     for family, trace in traces(families, seeds, benign_seeds):
@@ -274,8 +296,8 @@ def measure(families: tuple[Family, ...], seeds: int, benign_seeds: int, label: 
             tally = totals[name]
             if not leak:
                 tally["false"] += outcome.flags
-                if name == "raylens" and outcome.flags:
-                    false_where.append(f"{family.name}/{trace.seed}: {outcome.flags}")
+                if name in RAYLENS and outcome.flags:
+                    false_where[name].append(f"{family.name}/{trace.seed}: {outcome.flags}")
                 continue
             nominal = trace.leak_rate / MIB_MIN
             tally["leaks"] += 1
@@ -284,18 +306,18 @@ def measure(families: tuple[Family, ...], seeds: int, benign_seeds: int, label: 
             tally["right"] += outcome.flags_right
             delay = None if outcome.first_right is None else outcome.first_right - trace.leak_start
             latency[name][round(nominal)].append(delay)
-            if name == "raylens" and outcome.first_right is not None and nominal >= 5:
+            if name in RAYLENS and outcome.first_right is not None and nominal >= 5:
                 for mark in (0.0, AFTER_FLAG_S):
                     if mark not in outcome.rate_at:
                         continue
                     got = outcome.rate_at[mark]
-                    rate_ok[mark].append(
+                    rate_ok[name][mark].append(
                         got is not None and abs(got - trace.leak_rate) <= 0.25 * trace.leak_rate
                     )
                     estimate, truth = outcome.ttl_at[mark]
-                    ttl_present[mark].append(estimate is not None)
+                    ttl_present[name][mark].append(estimate is not None)
                     if estimate is not None and truth > 0:
-                        ttl_err[mark].append(abs(estimate - truth) / truth)
+                        ttl_err[name][mark].append(abs(estimate - truth) / truth)
     days = benign_hours / 24.0
     print(
         f"\n## {label}: {benign_hours:.0f} node-hours without a leak, "
@@ -322,31 +344,36 @@ def measure(families: tuple[Family, ...], seeds: int, benign_seeds: int, label: 
             f"| {name} | {recall_big:.2f} | {recall:.2f} | {precision_text} | "
             f"{tally['false'] / days if days else math.nan:.1f} | {_median_latency(by_rate, 50)} | {_median_latency(by_rate, 5)} |"
         )
-    print("\nraylens, detections of leaks >= 5 MiB/min:\n")
-    print("| when | rate within 25 % | time to limit present | time-to-limit error (median) |")
-    print("|---|---:|---:|---:|")
-    for mark, text in ((0.0, "first flag"), (AFTER_FLAG_S, "10 min later")):
-        ok, present, errors = rate_ok[mark], ttl_present[mark], ttl_err[mark]
-        share = sum(ok) / len(ok) if ok else math.nan
-        shown = sum(present) / len(present) if present else math.nan
-        error = _median(errors)
-        print(
-            f"| {text} | {share:.2f} ({len(ok)}) | {shown:.2f} | "
-            f"{'-' if error is None else f'{error * 100:.0f} %'} |"
-        )
+    for variant in RAYLENS:
+        print(f"\n{variant}, detections of leaks >= 5 MiB/min:\n")
+        print("| when | rate within 25 % | time to limit present | time-to-limit error (median) |")
+        print("|---|---:|---:|---:|")
+        for mark, text in ((0.0, "first flag"), (AFTER_FLAG_S, "10 min later")):
+            ok, present = rate_ok[variant][mark], ttl_present[variant][mark]
+            share = sum(ok) / len(ok) if ok else math.nan
+            shown = sum(present) / len(present) if present else math.nan
+            error = _median(ttl_err[variant][mark])
+            print(
+                f"| {text} | {share:.2f} ({len(ok)}) | {shown:.2f} | "
+                f"{'-' if error is None else f'{error * 100:.0f} %'} |"
+            )
+    rates = sorted(latency["raylens"])
     print("\nraylens latency by leak rate (median, found/trials):\n")
-    print("| MiB/min | " + " | ".join(str(int(r)) for r in sorted(latency["raylens"])) + " |")
-    print("|---|" + "---:|" * len(latency["raylens"]))
-    cells = []
-    for rate in sorted(latency["raylens"]):
-        ds = latency["raylens"][rate]
-        found = [d for d in ds if d is not None]
-        cells.append(f"{_fmt_min(_median(found)) if found else 'missed'} ({len(found)}/{len(ds)})")
-    print("| raylens | " + " | ".join(cells) + " |")
-    if false_where:
-        print("\nraylens false flags: " + ", ".join(false_where))
-    samples_hours = benign_hours + sum(0 for _ in ())
-    print(f"\nraylens CPU: {cpu:.1f} s for all traces ({samples_hours:.0f}+ node-hours at 1 s)")
+    print("| MiB/min | " + " | ".join(str(int(r)) for r in rates) + " |")
+    print("|---|" + "---:|" * len(rates))
+    for variant in RAYLENS:
+        cells = []
+        for rate in rates:
+            ds = latency[variant][rate]
+            found = [d for d in ds if d is not None]
+            cells.append(
+                f"{_fmt_min(_median(found)) if found else 'missed'} ({len(found)}/{len(ds)})"
+            )
+        print(f"| {variant} | " + " | ".join(cells) + " |")
+    for variant in RAYLENS:
+        if false_where[variant]:
+            print(f"\n{variant} false flags: " + ", ".join(false_where[variant]))
+    print(f"\nraylens CPU: {cpu:.1f} s for all traces ({benign_hours:.0f}+ node-hours at 1 s)")
 
 
 def main(argv: list[str] | None = None) -> int:

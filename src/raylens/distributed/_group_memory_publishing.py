@@ -338,6 +338,12 @@ class PublishingLoop:
             cgroup_total=usage.cgroup_total,
         )
 
+    def mark_phase(self) -> None:
+        """A phase of the job begins or ends now: marked in the keeper, whose growth judgement
+        then tells what a phase fills and the next frees from a leak."""
+        if self._keeper is not None:
+            self._keeper.mark_phase(self._clock())
+
     def recent_history(self, at_wall: float) -> RecentHistory | None:
         """The node's recent memory up to the wall-clock time ``at_wall``; None without a keeper.
 
@@ -541,12 +547,16 @@ class GroupMemorySamplerActor:
     def phase_begin(
         self, token: str, workers: list[tuple[str, int, int | None]], kernel_peaks: bool = True
     ) -> bool:
-        """Begin phase ``token`` for ``workers``: start readings and peak resets; True once done."""
+        """Begin phase ``token`` for ``workers``: start readings and peak resets, and mark the
+        boundary for the node's growth; True once done."""
+        self._loop.mark_phase()
         self._phases.begin(token, workers, kernel_peaks=kernel_peaks)
         return True
 
     def phase_end(self, token: str) -> dict[str, Any] | None:
-        """The figures of phase ``token`` as builtins, ending it; None if it is not in progress."""
+        """The figures of phase ``token`` as builtins, ending it (the boundary marked for the
+        node's growth); None if it is not in progress."""
+        self._loop.mark_phase()
         figures = self._phases.end(token)
         return None if figures is None else figures.as_plain()
 

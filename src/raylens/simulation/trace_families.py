@@ -28,7 +28,7 @@ training, slow leaks over half a day) the tune side does not show.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 import numpy.typing as npt
@@ -61,7 +61,8 @@ class Trace:
     is the leaking group (None for a trace without a leak), leaking from ``leak_start`` at
     ``leak_rate`` bytes/s on average (a leak that only runs while training averages its
     rate over the phases). ``leak`` is the bytes the leak has added at each sample.
-    ``total`` is the node's memory; ``phases`` the start times of the training phases.
+    ``total`` is the node's memory; ``phases`` every phase boundary (each training phase's start
+    and end), as ``raylens.phase`` would mark them.
     """
 
     family: str
@@ -75,6 +76,7 @@ class Trace:
     leak_start: float = float("inf")
     leak_rate: float = 0.0
     leak: FloatArray = field(default_factory=lambda: np.zeros(0))
+    phases: FloatArray = field(default_factory=lambda: np.zeros(0))
 
     @property
     def hours(self) -> float:
@@ -521,4 +523,6 @@ def make_trace(family: Family, seed: int, *, leak_rate_mib_min: float | None = N
         else:
             curve, average = leak_curve(t, start, rate)
         leak = (group, start, average, curve)
-    return _assemble(family.name, seed, rng, t, groups, other, leak=leak)
+    trace = _assemble(family.name, seed, rng, t, groups, other, leak=leak)
+    boundaries = sorted({at for phase in training for at in phase if t[0] < at <= t[-1]})
+    return replace(trace, phases=np.array(boundaries, dtype=np.float64))

@@ -290,3 +290,20 @@ def test_a_sampler_that_gives_no_history_costs_one_wait_per_pause(fake_ray: Fake
     clock.now += 31.0
     assert manager.recent_history(NODE_A, 1.7e9) is not None
     manager.close()
+
+
+def test_phase_boundaries_reach_the_node_s_growth_judgement(
+    tmp_path: Path, gauges: type[Gauges]
+) -> None:
+    procfs, workers = _leaking_node(tmp_path)
+    ticks = ManualClock(5_000.0)
+    sampler = _sampler(procfs, ticks, RayMetricsPublisher(gauges))
+    sampler.set_workers(workers)
+    sampler.sample_and_publish_once()
+    ticks.now += 10.0
+    assert sampler.phase_begin("gen-1", workers)
+    ticks.now += 30.0
+    sampler.phase_end("gen-1")
+    keeper = sampler._loop._keeper
+    assert keeper is not None
+    assert keeper.history.phase_boundaries("node") == (5_010.0, 5_040.0)

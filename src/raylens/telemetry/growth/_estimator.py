@@ -35,7 +35,7 @@ import numpy as np
 from raylens.telemetry.growth._arrays import FloatArray
 from raylens.telemetry.growth._settings import SLICES_PER_WINDOW, GrowthSettings
 
-__all__ = ["FLOORS", "SEGMENTS", "STRAIGHT", "GrowthEstimator", "ScaleReading"]
+__all__ = ["FLOORS", "SEGMENTS", "STRAIGHT", "GrowthEstimator", "PhaseMarks", "ScaleReading"]
 
 #: Floors kept per scale: the scale is cut into this many slices.
 FLOORS = SLICES_PER_WINDOW
@@ -67,6 +67,10 @@ FAST = 5.0
 FRESH_SHARE = 0.5
 #: The scale whose highest sample is the series' recurring peak (or the longest one below).
 PEAK_LEVEL = 2
+
+#: Phase boundaries a node keeps (the newest): enough for phases of a few minutes over the
+#: longest scale's middle half.
+MAX_PHASE_MARKS = 64
 
 _SEGMENT = FLOORS // SEGMENTS
 _INF = math.inf
@@ -128,6 +132,33 @@ def _read(
     return ScaleReading(width * FLOORS, rate, rises, slowing, peak, recent)
 
 
+class PhaseMarks:
+    """The phase boundaries of one node (times on its samples' clock), newest last; shared by
+    the estimators of the node's series. Marks at or before the newest are ignored."""
+
+    __slots__ = ("_times",)
+
+    def __init__(self) -> None:
+        self._times: deque[float] = deque(maxlen=MAX_PHASE_MARKS)
+
+    def mark(self, t: float) -> None:
+        """A phase began or ended at ``t``."""
+        if math.isfinite(t) and (not self._times or t > self._times[-1]):
+            self._times.append(t)
+
+    @property
+    def latest(self) -> float | None:
+        return self._times[-1] if self._times else None
+
+    @property
+    def times(self) -> tuple[float, ...]:
+        return tuple(self._times)
+
+    def any_between(self, start: float, end: float) -> bool:
+        """Whether a boundary lies in ``[start, end]``."""
+        return any(start <= at <= end for at in reversed(self._times))
+
+
 class _Scale:
     """One scale's open slice and its last :data:`FLOORS` closed ones."""
 
@@ -166,6 +197,7 @@ class GrowthEstimator:
         "last_time",
         "last_value",
         "peak",
+        "phases",
         "rate",
         "room",
         "spells",
@@ -181,6 +213,8 @@ class GrowthEstimator:
         self._last_floor = -_INF
         #: Bytes left before the node's kill line, when whoever records knows it.
         self.room: float | None = None
+        #: The node's phase boundaries, when they are marked (see :meth:`mark_phase`).
+        self.phases: PhaseMarks | None = None
         self.growth: float | None = None
         self.rate: float | None = None
         self.peak: float | None = None
@@ -193,6 +227,13 @@ class GrowthEstimator:
     def growing(self) -> bool:
         """Whether the series is growing now."""
         return self.growing_since is not None
+
+    def mark_phase(self, t: float) -> None:
+        """A phase boundary at ``t`` (``raylens.phase`` began or ended one): from then on,
+        fast growth needs a rise that went on across a boundary (see ``_crossed_phase``)."""
+        if self.phases is None:
+            self.phases = PhaseMarks()
+        self.phases.mark(t)
 
     def add(self, t: float, value: float) -> None:
         """One sample; samples at or before the last one, or not finite, are ignored."""
@@ -279,7 +320,24 @@ class GrowthEstimator:
             and not outer.slowing
             and t - self._fresh_at >= outer.scale_s
             and (self._readings[level] or outer).rate >= FAST * self._settings.grow_slow
+            and self._crossed_phase(longer[0].scale_s, t)
         )
+
+    def _crossed_phase(self, span: float, t: float) -> bool:
+        """Whether a rise read straight over the last ``span`` seconds went on across a phase
+        boundary (one lies in the middle half of the span), or phases are not being marked
+        (none within the longest scale).
+
+        What a phase takes and the next gives back (rollouts filling the object store during
+        generation, freed after training) climbs straight until the phase ends, as a leak
+        does; only a leak goes on climbing past the boundary.
+        """
+        marks = self.phases
+        latest = None if marks is None else marks.latest
+        longest = self._scales[-1].width * FLOORS
+        if marks is None or latest is None or latest < t - longest:
+            return True
+        return marks.any_between(t - 0.75 * span, t - 0.25 * span)
 
     def _spell_rate(self, longest_rising: ScaleReading, t: float) -> float:
         """The growing series' rate: the longest rising scale's, or less where the longest scale

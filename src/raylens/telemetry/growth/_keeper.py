@@ -96,6 +96,10 @@ class NodeGrowthKeeper:
             self._regrouped(names)
         self.history.record_node(NODE_KEY, t, used, groups=groups)
 
+    def mark_phase(self, t: float) -> None:
+        """A phase of the job began or ended at ``t`` (the clock :meth:`record` is given)."""
+        self.history.mark_phase(NODE_KEY, t)
+
     def _regrouped(self, names: frozenset[str]) -> None:
         self._departed |= self._groups - names
         self._departed -= names

@@ -25,7 +25,7 @@ import numpy as np
 import numpy.typing as npt
 
 from raylens.telemetry.growth._arrays import FloatArray
-from raylens.telemetry.growth._estimator import GrowthEstimator
+from raylens.telemetry.growth._estimator import GrowthEstimator, PhaseMarks
 from raylens.telemetry.growth._limit import time_to_limit
 from raylens.telemetry.growth._series import Bucket, SeriesBuffer
 from raylens.telemetry.growth._settings import GrowthSettings
@@ -156,6 +156,7 @@ class MemoryHistory:
         self._series: dict[Key, _Entry] = {}
         self._groups: dict[str, tuple[str, ...] | None] = {}
         self._limits: dict[str, float] = {}
+        self._phases: dict[str, PhaseMarks] = {}
         # Bytes left before the line of the node being recorded, handed to its series.
         self._room: float | None = None
 
@@ -259,6 +260,19 @@ class MemoryHistory:
             if entry is not None and now - entry.seen_at >= self.settings.window_s:
                 del self._series[(node, name)]
 
+    def mark_phase(self, node: str, t: float) -> None:
+        """A phase of the job began or ended at ``t`` (the clock of the node's samples). Once
+        a node's phases are marked, fast growth in its series must go on across a boundary
+        before it is flagged: what one phase fills and the next frees is not a leak."""
+        with self._lock:
+            marks = self._phases.get(node)
+            if marks is None:
+                marks = self._phases[node] = PhaseMarks()
+                for key, entry in self._series.items():
+                    if key == node or (isinstance(key, tuple) and key[0] == node):
+                        entry.estimator.phases = marks
+            marks.mark(t)
+
     def set_limit(self, node: str, limit: float | None) -> None:
         """The node's kill line in bytes (None: unknown). Growth that would reach it within an
         hour is flagged on the shortest evidence; without a line, only the usual evidence counts."""
@@ -273,12 +287,19 @@ class MemoryHistory:
         with self._lock:
             self._groups.pop(node, None)
             self._limits.pop(node, None)
+            self._phases.pop(node, None)
             for key in [
                 k for k in self._series if k == node or (isinstance(k, tuple) and k[0] == node)
             ]:
                 del self._series[key]
 
     # reading -------------------------------------------------------------------
+
+    def phase_boundaries(self, node: str) -> tuple[float, ...]:
+        """The node's newest phase boundaries, oldest first (empty when none was marked)."""
+        with self._lock:
+            marks = self._phases.get(node)
+            return () if marks is None else marks.times
 
     def keys(self) -> list[Key]:
         """Every key with history."""
@@ -345,5 +366,6 @@ class MemoryHistory:
         entry = self._series.get(key)
         if entry is None:
             entry = self._series[key] = _Entry(self.settings)
+            entry.estimator.phases = self._phases.get(key[0] if isinstance(key, tuple) else key)
         entry.estimator.room = self._room if isinstance(key, tuple) or key in self._limits else None
         return entry

@@ -207,3 +207,53 @@ def test_growth_that_would_reach_the_kill_line_within_the_hour_is_flagged_on_the
     assert near.growing and near.growing_since is not None
     assert near.growing_since <= 1.5 * SETTINGS.window_s
     assert not unknown.growing  # a fresh series needs two longer scales without a line
+
+
+def alternating_phases(length_s: float, phase_s: float) -> np.ndarray:
+    """Phase boundaries every ``phase_s`` seconds (generation first, then training, ...)."""
+    return np.arange(phase_s, length_s, phase_s)
+
+
+def object_store_fills(t: np.ndarray, phase_s: float, fill_s: float) -> np.ndarray:
+    """Rollouts filling the object store for the last ``fill_s`` seconds of every generation
+    phase at 512 MiB/min, held for the first half of the training phase after it, then freed."""
+    into_cycle = t % (2 * phase_s)
+    filling = np.clip(into_cycle - (phase_s - fill_s), 0.0, fill_s)
+    held = (into_cycle >= phase_s) & (into_cycle < 1.5 * phase_s)
+    return np.where((into_cycle < phase_s) | held, filling, 0.0) * 512 * MIB_MIN
+
+
+def run_with_phases(values: np.ndarray, boundaries: np.ndarray | None) -> GrowthEstimator:
+    """``values`` at 1 s, fed a minute at a time, each phase boundary marked as it passes."""
+    estimator = GrowthEstimator(SETTINGS)
+    t = np.arange(float(len(values)))
+    for start in range(0, len(t), 60):
+        if boundaries is not None:
+            for at in boundaries[(boundaries >= start) & (boundaries < start + 60)]:
+                estimator.mark_phase(float(at))
+        estimator.add_many(t[start : start + 60], values[start : start + 60])
+    return estimator
+
+
+def test_a_fill_inside_one_phase_is_not_growth_once_phase_boundaries_are_marked() -> None:
+    # Twelve-minute phases; the object store fills for the last eleven minutes of each
+    # generation phase, a straight climb as long as the one a fast leak is flagged on.
+    t = np.arange(0.0, 6 * HOURS)
+    values = 8 * GIB + object_store_fills(t, 720.0, 660.0) + jitter(len(t))
+    unmarked = run_with_phases(values, None)
+    assert unmarked.spells > 0  # on its shape alone, the fill reads as a leak
+    marked = run_with_phases(values, alternating_phases(6 * HOURS, 720.0))
+    assert marked.spells == 0
+
+
+def test_a_leak_that_crosses_phase_boundaries_is_flagged_with_phases_marked() -> None:
+    t = np.arange(0.0, 4 * HOURS)
+    rate = 50 * MIB_MIN
+    values = 8 * GIB + np.clip(t - HOURS, 0, None) * rate + jitter(len(t))
+    unmarked = run_with_phases(values, None)
+    marked = run_with_phases(values, alternating_phases(4 * HOURS, 480.0))
+    assert marked.growing and marked.spells == 1
+    assert marked.rate == pytest.approx(rate, rel=0.1)
+    assert unmarked.growing_since is not None and marked.growing_since is not None
+    # A boundary must pass the middle of the confirming scale: at most one phase later.
+    assert marked.growing_since - unmarked.growing_since <= 480.0

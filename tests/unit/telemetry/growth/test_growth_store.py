@@ -341,3 +341,36 @@ def test_groups_absent_for_a_window_are_forgotten_and_a_node_keeps_at_most_its_c
     view = history.node("n1")
     assert view is not None and len(view.groups) == MAX_GROUPS_PER_NODE
     assert "g0" not in view.groups  # the smallest count as memory outside the groups
+
+
+def test_phase_boundaries_marked_on_a_node_reach_every_series_on_it_old_and_new() -> None:
+    # Twelve-minute phases; the memory outside the groups fills for the last eleven minutes
+    # of each generation phase (the object store, at 512 MiB/min) and is freed in training.
+    t = np.arange(0.0, 6 * 3600.0)
+    cycle = t % 1440.0
+    filling = np.clip(cycle - 60.0, 0.0, 660.0) * 512 * MIB_MIN
+    store = np.where(cycle < 1080.0, filling, 0.0)  # held for half the training phase
+    policy = 6 * GIB + np.random.default_rng(3).normal(0.0, 4 * MIB, len(t))
+    used = 8 * GIB + store + policy
+
+    def replay(marked: bool) -> int:
+        history = MemoryHistory()
+        if marked:
+            history.mark_phase("n", 0.0)  # before any series exists
+        for start in range(0, len(t), 60):
+            chunk = slice(start, start + 60)
+            if marked and start % 720 == 0 and start:
+                history.mark_phase("n", float(start))
+            history.record_node_many("n", t[chunk], used[chunk], {"policy": policy[chunk]})
+        view = history.node("n")
+        assert view is not None and view.other is not None
+        return view.other.spells
+
+    assert replay(marked=False) > 0  # on its shape alone, each fill reads as a leak
+    assert replay(marked=True) == 0
+    history = MemoryHistory()
+    history.mark_phase("n", 5.0)
+    history.mark_phase("n", 4.0)  # out of order: ignored
+    assert history.phase_boundaries("n") == (5.0,) and history.phase_boundaries("m") == ()
+    history.forget("n")
+    assert history.phase_boundaries("n") == ()
