@@ -109,7 +109,8 @@ class SimulatedCluster:
 
     ``phases`` scripts the job's phases on the same clock: :meth:`current_phase` names the
     one in progress and :meth:`publish_phase` writes it to the cluster's store, as a
-    driver inside ``raylens.phase`` does, for whatever reads it there (``raylens watch``).
+    driver inside ``raylens.phase`` does, for whatever reads it there (``raylens watch``);
+    each node's simulated sampler marks the boundaries for its growth judgement.
 
     Reach a node's raylet with :meth:`raylet` (to make it hang, trickle, ...) and
     its Ray node id with :meth:`node_id`. Close with :meth:`close` or use it as a
@@ -346,7 +347,8 @@ def _shown(rate: float | None) -> float | None:
 class _SimulatedSampler:
     """A node's sampler in the simulation: one reading per interval of the cluster's clock,
     made up for the time since the last scrape (at most a window's worth), into the node's
-    keeper."""
+    keeper; each scripted phase boundary is marked there before the first reading after it,
+    as a real sampler marks the driver's ``raylens.phase`` boundaries."""
 
     def __init__(self, cluster: SimulatedCluster, index: int) -> None:
         self._cluster = cluster
@@ -356,6 +358,19 @@ class _SimulatedSampler:
         self._lock = threading.Lock()
         self._last_tick: int | None = None
         self._reading: NodeReading | None = None
+        script = cluster.phases
+        self._boundaries = None if script is None else script.boundaries(math.inf)
+        self._next_boundary = self._advance()
+
+    def _advance(self) -> float | None:
+        """The next scripted boundary's time, None when there is none."""
+        upcoming = None if self._boundaries is None else next(self._boundaries, None)
+        return None if upcoming is None else upcoming[0]
+
+    def _mark_phases_until(self, t: float) -> None:
+        while self._next_boundary is not None and self._next_boundary <= t:
+            self._keeper.mark_phase(self._next_boundary)
+            self._next_boundary = self._advance()
 
     def catch_up(self, elapsed: float) -> NodeReading | None:
         """Record every reading due up to ``elapsed``; the node's figures after the latest."""
@@ -370,6 +385,7 @@ class _SimulatedSampler:
             )
             for due in range(first, tick + 1):
                 t = due * every
+                self._mark_phases_until(t)
                 used, total = cluster.schedule(index, t)
                 groups = {} if cluster.groups is None else dict(cluster.groups(index, t))
                 if due < tick:

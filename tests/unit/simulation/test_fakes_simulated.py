@@ -12,6 +12,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from raylens.cluster import ClusterView
 from raylens.simulation.kill_script import KillScript
+from raylens.simulation.phase_script import PhaseScript
 from raylens.telemetry.raylet_payload import NodeOomCounts
 from raylens.telemetry.scraping import ScrapeLimits, fetch_once
 from raylens_fakes import FakeCluster, SimulatedCluster
@@ -169,3 +170,16 @@ def test_a_simulated_raylet_serves_its_scripted_kills() -> None:
         assert fetch_once(address, ScrapeLimits(5.0)).oom == NodeOomCounts(
             1.0, 0.0, (("MemoryWorker", 1.0),)
         )
+
+
+def test_a_simulated_sampler_marks_the_scripted_phase_boundaries_as_they_pass(
+    simulated_cluster: Callable[..., SimulatedCluster],
+) -> None:
+    clock = ManualClock(0.0)
+    script = PhaseScript([("generation", 10.0, 40.0), ("training", 40.0, 55.0)], repeat_s=60.0)
+    sim = simulated_cluster(1, clock=clock, groups=lambda i, t: {"policy": 1e9}, phases=script)
+    sim.group_series(0)
+    clock.now = 70.5
+    sim.group_series(0)
+    keeper = sim._samplers[0]._keeper
+    assert keeper.history.phase_boundaries("node") == (10.0, 40.0, 55.0, 70.0)
