@@ -10,7 +10,8 @@ sampler, a simulation or a replay.
 Invariants: memory is bounded by the history's settings whatever the run's length. A group
 that leaves keeps its history (a post-mortem shows the group a kill took), up to
 :data:`MAX_DEPARTED_GROUPS` of them; past that the node's history starts afresh, so what a
-keeper holds stays bounded however many groups come and go.
+keeper holds stays bounded however many groups come and go; the phase boundaries marked
+(:meth:`NodeGrowthKeeper.mark_phase`) stay through such a fresh start.
 """
 
 from __future__ import annotations
@@ -105,7 +106,10 @@ class NodeGrowthKeeper:
         self._departed -= names
         self._groups = names
         if len(self._departed) > MAX_DEPARTED_GROUPS:
+            boundaries = self.history.phase_boundaries(NODE_KEY)
             self.history.forget(NODE_KEY)
+            for at in boundaries:  # the job's phases are not the node's history
+                self.history.mark_phase(NODE_KEY, at)
             self._departed.clear()
 
     def recent(self, at: float) -> RecentHistory:
