@@ -91,25 +91,34 @@ def run_raylens(trace: Trace, *, phases_marked: bool = False) -> Outcome:
     outcome = Outcome()
     parts = [*trace.groups, None]
     seen_spells = dict.fromkeys(parts, 0)
+    next_mark = 0
     edges = np.searchsorted(
         trace.times, np.arange(trace.times[0], trace.times[-1] + CHUNK_S, CHUNK_S)
     )
     for a, b in itertools.pairwise(edges):
         if b <= a:
             continue
-        if phases_marked:
-            # The boundaries up to this minute's end, as the sampler hears of them from the
-            # driver's ``raylens.phase``; each is placed at its own time.
-            upto = float(trace.times[b - 1])
-            for at in trace.phases[(trace.phases > float(trace.times[a]) - CHUNK_S)]:
-                if at <= upto:
-                    history.mark_phase("n", float(at))
-        history.record_node_many(
-            "n",
-            trace.times[a:b],
-            trace.used[a:b],
-            {g: v[a:b] for g, v in trace.groups.items()},
-        )
+        # The minute's samples, each phase boundary in it marked between the samples before
+        # and after it, as the sampler hears of them from the driver's ``raylens.phase``.
+        marks: list[tuple[int, float]] = []
+        while phases_marked and next_mark < len(trace.phases):
+            at = float(trace.phases[next_mark])
+            if at > float(trace.times[b - 1]):
+                break
+            marks.append((a + int(np.searchsorted(trace.times[a:b], at)), at))
+            next_mark += 1
+        start = a
+        for split, at in [*marks, (b, math.nan)]:
+            if split > start:
+                history.record_node_many(
+                    "n",
+                    trace.times[start:split],
+                    trace.used[start:split],
+                    {g: v[start:split] for g, v in trace.groups.items()},
+                )
+            if at == at:
+                history.mark_phase("n", at)
+            start = split
         view = history.node("n")
         assert view is not None
         now = float(trace.times[b - 1])

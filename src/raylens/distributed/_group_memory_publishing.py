@@ -339,8 +339,7 @@ class PublishingLoop:
         )
 
     def mark_phase(self) -> None:
-        """A phase of the job begins or ends now: marked in the keeper, whose growth judgement
-        then tells what a phase fills and the next frees from a leak."""
+        """A phase begins or ends now: a boundary for the keeper's growth judgement."""
         if self._keeper is not None:
             self._keeper.mark_phase(self._clock())
 
@@ -547,15 +546,13 @@ class GroupMemorySamplerActor:
     def phase_begin(
         self, token: str, workers: list[tuple[str, int, int | None]], kernel_peaks: bool = True
     ) -> bool:
-        """Begin phase ``token`` for ``workers``: start readings and peak resets, and mark the
-        boundary for the node's growth; True once done."""
+        """Begin phase ``token`` for ``workers`` (readings, peak resets, a growth boundary)."""
         self._loop.mark_phase()
         self._phases.begin(token, workers, kernel_peaks=kernel_peaks)
         return True
 
     def phase_end(self, token: str) -> dict[str, Any] | None:
-        """The figures of phase ``token`` as builtins, ending it (the boundary marked for the
-        node's growth); None if it is not in progress."""
+        """Phase ``token``'s figures as builtins, ending it; None if it is not in progress."""
         self._loop.mark_phase()
         figures = self._phases.end(token)
         return None if figures is None else figures.as_plain()

@@ -15,13 +15,15 @@ its first (:data:`STEADY`), and goes on climbing in the newest quarter. A series
 *growing* when a scale rises and the longer scales bear it out (``_confirmed``), or at once
 when the rise would reach the node's kill line within :data:`URGENT_S`. It stops when no
 scale longer than the one that started the spell rises and that scale and the next
-:data:`HOLDING` have all stalled over their newer half, so a leak that pauses between training
-phases keeps its spell. Its rate is the longest rising scale's, or a longer scale's lying
+:data:`HOLDING` have all stalled over their newer half (climbed at under
+:data:`STALL_SHARE` of the spell's rate), so a leak that pauses between training phases keeps
+its spell. Its rate is the longest rising scale's, or a longer scale's lying
 within the spell where that climbs slower (``_spell_rate``).
 
 Invariants a maintainer must keep: no clock is read (times are the caller's); memory per
-series is fixed (``levels`` x :data:`FLOORS` pairs of floats); feeding samples one at a time or
-in arrays gives the same figures.
+series is fixed (``levels`` x :data:`FLOORS` pairs of floats), and a node's phase marks are
+bounded (:data:`MAX_PHASE_MARKS`); feeding samples one at a time or in arrays gives the same
+figures, with each phase mark placed between the same samples.
 """
 
 from __future__ import annotations
@@ -35,7 +37,15 @@ import numpy as np
 from raylens.telemetry.growth._arrays import FloatArray
 from raylens.telemetry.growth._settings import SLICES_PER_WINDOW, GrowthSettings
 
-__all__ = ["FLOORS", "SEGMENTS", "STRAIGHT", "GrowthEstimator", "PhaseMarks", "ScaleReading"]
+__all__ = [
+    "FLOORS",
+    "SEGMENTS",
+    "STRAIGHT",
+    "GrowthEstimator",
+    "PhaseMarks",
+    "ScaleReading",
+    "check_phase_mark",
+]
 
 #: Floors kept per scale: the scale is cut into this many slices.
 FLOORS = SLICES_PER_WINDOW
@@ -55,9 +65,13 @@ MIN_FILLED = 16
 CONFIRMING = 2
 #: Longer scales whose newer half must have stalled too before a spell ends: a leak that
 #: pauses for less than half of the longest of them (a generation phase between two training
-#: phases, 10 min with the default window for a spell started on the shortest scale) keeps
+#: phases; 20 min with the default window for a spell started on the shortest scale) keeps
 #: its spell.
-HOLDING = 2
+HOLDING = 3
+#: A scale has stalled when its newer half climbed at less than this share of the spell's
+#: rate (or under ``calm``): noise and a sawtooth's teeth leave a small climb at a scale's
+#: newest end, which an absolute threshold would read as growth going on.
+STALL_SHARE = 0.5
 #: Growth that would reach the node's kill line within this many seconds is flagged as soon
 #: as one scale reads it (see ``GrowthEstimator.room``).
 URGENT_S = 3600.0
@@ -68,9 +82,12 @@ FRESH_SHARE = 0.5
 #: The scale whose highest sample is the series' recurring peak (or the longest one below).
 PEAK_LEVEL = 2
 
-#: Phase boundaries a node keeps (the newest): enough for phases of a few minutes over the
-#: longest scale's middle half.
-MAX_PHASE_MARKS = 64
+#: Phase boundaries a node keeps at most (those within the longest scale are kept; past
+#: this many, the oldest go): phases of a second or more over 160 minutes.
+MAX_PHASE_MARKS = 10_000
+#: Marks closer than this to the one before are one boundary (a phase's end and the next
+#: one's beginning arrive together).
+SAME_BOUNDARY_S = 1.0
 
 _SEGMENT = FLOORS // SEGMENTS
 _INF = math.inf
@@ -133,30 +150,57 @@ def _read(
 
 
 class PhaseMarks:
-    """The phase boundaries of one node (times on its samples' clock), newest last; shared by
-    the estimators of the node's series. Marks at or before the newest are ignored."""
+    """The phase boundaries of one node, times on its samples' clock in order, newest last;
+    shared by the estimators of the node's series. Only those within ``horizon_s`` of the
+    newest are kept (the longest scale is as far back as a judgement looks)."""
 
-    __slots__ = ("_times",)
+    __slots__ = ("_horizon_s", "_times")
 
-    def __init__(self) -> None:
+    def __init__(self, horizon_s: float) -> None:
+        self._horizon_s = horizon_s
         self._times: deque[float] = deque(maxlen=MAX_PHASE_MARKS)
 
     def mark(self, t: float) -> None:
-        """A phase began or ended at ``t``."""
-        if math.isfinite(t) and (not self._times or t > self._times[-1]):
-            self._times.append(t)
-
-    @property
-    def latest(self) -> float | None:
-        return self._times[-1] if self._times else None
+        """A phase began or ended at ``t`` (finite, no earlier than the newest mark: the
+        caller checks); within :data:`SAME_BOUNDARY_S` of the newest it is the same one."""
+        times = self._times
+        if times and t - times[-1] < SAME_BOUNDARY_S:
+            return
+        times.append(t)
+        while times[0] < t - self._horizon_s:
+            times.popleft()
 
     @property
     def times(self) -> tuple[float, ...]:
         return tuple(self._times)
 
-    def any_between(self, start: float, end: float) -> bool:
+    @property
+    def newest(self) -> float | None:
+        return self._times[-1] if self._times else None
+
+    def marked_between(self, start: float, end: float) -> bool:
         """Whether a boundary lies in ``[start, end]``."""
-        return any(start <= at <= end for at in reversed(self._times))
+        for at in reversed(self._times):
+            if at < start:
+                return False
+            if at <= end:
+                return True
+        return False
+
+
+def check_phase_mark(marks: PhaseMarks, t: object) -> None:
+    """Refuse a phase mark that is not a finite time or comes before the newest one.
+
+    Raises:
+        ValueError: naming the value and what is allowed.
+    """
+    if isinstance(t, bool) or not isinstance(t, (int, float)) or not math.isfinite(t):
+        raise ValueError(f"a phase boundary must be a finite time in seconds, got {t!r:.80}")
+    newest = marks.newest
+    if newest is not None and t < newest:
+        raise ValueError(
+            f"phase boundaries must come in time order: {t!r} is before the newest, {newest!r}"
+        )
 
 
 class _Scale:
@@ -230,9 +274,14 @@ class GrowthEstimator:
 
     def mark_phase(self, t: float) -> None:
         """A phase boundary at ``t`` (``raylens.phase`` began or ended one): from then on,
-        fast growth needs a rise that went on across a boundary (see ``_crossed_phase``)."""
+        fast growth needs a rise that went on across a boundary (see ``_crossed_phase``).
+
+        Raises:
+            ValueError: for a ``t`` that is not finite or is before the newest mark.
+        """
         if self.phases is None:
-            self.phases = PhaseMarks()
+            self.phases = PhaseMarks(self._settings.longest_scale_s * 2)
+        check_phase_mark(self.phases, t)
         self.phases.mark(t)
 
     def add(self, t: float, value: float) -> None:
@@ -333,11 +382,10 @@ class GrowthEstimator:
         does; only a leak goes on climbing past the boundary.
         """
         marks = self.phases
-        latest = None if marks is None else marks.latest
         longest = self._scales[-1].width * FLOORS
-        if marks is None or latest is None or latest < t - longest:
+        if marks is None or not marks.marked_between(t - longest, t):
             return True
-        return marks.any_between(t - 0.75 * span, t - 0.25 * span)
+        return marks.marked_between(t - 0.75 * span, t - 0.25 * span)
 
     def _spell_rate(self, longest_rising: ScaleReading, t: float) -> float:
         """The growing series' rate: the longest rising scale's, or less where the longest scale
@@ -377,11 +425,10 @@ class GrowthEstimator:
             self.growing_since = t
             self.spells += 1
         elif level == self._spell_scale and not reading.rises:
-            later = self._readings[level + 1 :]
-            longer_rises = any(r is not None and r.rises for r in later)
+            longer_rises = any(r is not None and r.rises for r in self._readings[level + 1 :])
+            stall = max(self._settings.calm, STALL_SHARE * (self.rate or 0.0))
             stalled = all(
-                r is None or r.recent < self._settings.calm
-                for r in self._readings[level : level + 1 + HOLDING]
+                r is None or r.recent < stall for r in self._readings[level : level + 1 + HOLDING]
             )
             if not longer_rises and stalled:
                 self._spell_scale = None

@@ -6,8 +6,8 @@ Invariants a maintainer must keep:
   outside them, and a node grows when one of its parts grows, at the sum of the growing
   parts' rates (a part that does not grow adds nothing, so one noisy part cannot make a
   node's time to limit);
-- figures depend on the samples only, never on when they are read, and are the same
-  whether samples come one at a time or in arrays;
+- figures depend on the samples (and the phase boundaries marked between them) only, never
+  on when they are read, and are the same whether samples come one at a time or in arrays;
 - what is held is bounded by live parts: a group absent from a node's records for a window
   is forgotten, and a node holds at most :data:`MAX_GROUPS_PER_NODE` groups (the smallest
   of the rest count as memory outside the groups);
@@ -25,7 +25,7 @@ import numpy as np
 import numpy.typing as npt
 
 from raylens.telemetry.growth._arrays import FloatArray
-from raylens.telemetry.growth._estimator import GrowthEstimator, PhaseMarks
+from raylens.telemetry.growth._estimator import GrowthEstimator, PhaseMarks, check_phase_mark
 from raylens.telemetry.growth._limit import time_to_limit
 from raylens.telemetry.growth._series import Bucket, SeriesBuffer
 from raylens.telemetry.growth._settings import GrowthSettings
@@ -261,13 +261,21 @@ class MemoryHistory:
                 del self._series[(node, name)]
 
     def mark_phase(self, node: str, t: float) -> None:
-        """A phase of the job began or ended at ``t`` (the clock of the node's samples). Once
-        a node's phases are marked, fast growth in its series must go on across a boundary
-        before it is flagged: what one phase fills and the next frees is not a leak."""
+        """A phase of the job began or ended at ``t`` (the clock of the node's samples; place
+        it before the samples that follow it). Once a node's phases are marked, fast growth in
+        its series must go on across a boundary before it is flagged: what one phase fills and
+        the next frees is not a leak.
+
+        Raises:
+            ValueError: for a ``t`` that is not finite or is before the node's newest mark.
+        """
         with self._lock:
             marks = self._phases.get(node)
             if marks is None:
-                marks = self._phases[node] = PhaseMarks()
+                marks = PhaseMarks(2 * self.settings.longest_scale_s)
+            check_phase_mark(marks, t)
+            if node not in self._phases:
+                self._phases[node] = marks
                 for key, entry in self._series.items():
                     if key == node or (isinstance(key, tuple) and key[0] == node):
                         entry.estimator.phases = marks

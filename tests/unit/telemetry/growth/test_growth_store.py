@@ -353,24 +353,27 @@ def test_phase_boundaries_marked_on_a_node_reach_every_series_on_it_old_and_new(
     policy = 6 * GIB + np.random.default_rng(3).normal(0.0, 4 * MIB, len(t))
     used = 8 * GIB + store + policy
 
-    def replay(marked: bool) -> int:
+    def replay(marked: bool, first_mark: float) -> int:
         history = MemoryHistory()
-        if marked:
-            history.mark_phase("n", 0.0)  # before any series exists
         for start in range(0, len(t), 60):
             chunk = slice(start, start + 60)
-            if marked and start % 720 == 0 and start:
+            if marked and start % 720 == 0 and start >= first_mark:
                 history.mark_phase("n", float(start))
             history.record_node_many("n", t[chunk], used[chunk], {"policy": policy[chunk]})
         view = history.node("n")
         assert view is not None and view.other is not None
         return view.other.spells
 
-    assert replay(marked=False) > 0  # on its shape alone, each fill reads as a leak
-    assert replay(marked=True) == 0
+    assert replay(marked=False, first_mark=0.0) > 0  # on its shape alone, a fill reads as a leak
+    assert replay(marked=True, first_mark=0.0) == 0  # marked before any series exists
+    assert replay(marked=True, first_mark=720.0) == 0  # and after
     history = MemoryHistory()
     history.mark_phase("n", 5.0)
-    history.mark_phase("n", 4.0)  # out of order: ignored
+    history.mark_phase("n", 5.5)  # a phase's end and the next one's beginning: one boundary
+    with pytest.raises(ValueError, match=r"time order: 4\.0 is before the newest, 5\.0"):
+        history.mark_phase("n", 4.0)
+    with pytest.raises(ValueError, match="finite time"):
+        history.mark_phase("m", float("nan"))
     assert history.phase_boundaries("n") == (5.0,) and history.phase_boundaries("m") == ()
     history.forget("n")
     assert history.phase_boundaries("n") == ()
