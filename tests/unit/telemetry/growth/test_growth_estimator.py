@@ -177,7 +177,9 @@ def test_a_spell_ends_within_the_hour_after_a_leak_stops_in_noise_or_under_a_hea
     if heap == "jitter of 32 MiB":
         noise = jitter(len(t), 32 * MIB, seed)
     else:
-        noise = sawtooth_with_drifting_period(t, 2 * GIB, 240, 360, seed) + jitter(len(t), seed=seed)
+        noise = sawtooth_with_drifting_period(t, 2 * GIB, 240, 360, seed) + jitter(
+            len(t), seed=seed
+        )
     values = 8 * GIB + leak + noise
     estimator = GrowthEstimator(SETTINGS)
     growing_after_stop = []
@@ -298,9 +300,7 @@ def test_phases_marked_long_ago_leave_the_judgement_as_without_marks() -> None:
     assert marked_once.spells - spells_before[1] == unmarked.spells - spells_before[0] > 0
 
 
-def test_phase_marks_out_of_order_or_not_finite_are_refused_and_one_boundary_marked_once() -> (
-    None
-):
+def test_phase_marks_out_of_order_or_not_finite_are_refused_and_one_boundary_marked_once() -> None:
     estimator = GrowthEstimator(SETTINGS)
     estimator.mark_phase(100.0)
     estimator.mark_phase(100.4)  # a phase's end and the next one's beginning
