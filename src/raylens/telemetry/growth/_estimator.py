@@ -15,9 +15,8 @@ its first (:data:`STEADY`), and goes on climbing in the newest quarter. A series
 *growing* when a scale rises and the longer scales bear it out (``_confirmed``), or at once
 when the rise would reach the node's kill line within :data:`URGENT_S`. It stops when no
 scale longer than the one that started the spell rises and that scale and the next
-:data:`HOLDING` have all stalled over their newer half (climbed at under
-:data:`STALL_SHARE` of the spell's rate), so a leak that pauses between training phases keeps
-its spell. Its rate is the longest rising scale's, or a longer scale's lying
+:data:`HOLDING` have all stalled over their newer half (climbed, beyond what noise accounts
+for, at under ``calm``), so a leak that pauses between training phases keeps its spell. Its rate is the longest rising scale's, or a longer scale's lying
 within the spell where that climbs slower (``_spell_rate``).
 
 Invariants a maintainer must keep: no clock is read (times are the caller's); memory per
@@ -64,14 +63,13 @@ MIN_FILLED = 16
 #: Longer scales that must rise too before a spell starts (fewer above the longest).
 CONFIRMING = 2
 #: Longer scales whose newer half must have stalled too before a spell ends: a leak that
-#: pauses for less than half of the longest of them (a generation phase between two training
-#: phases; 20 min with the default window for a spell started on the shortest scale) keeps
-#: its spell.
+#: pauses for less than about half of the longest of them (a generation phase between two
+#: training phases; some 20 min with the default window for a spell started on the shortest
+#: scale) keeps its spell.
 HOLDING = 3
-#: A scale has stalled when its newer half climbed at less than this share of the spell's
-#: rate (or under ``calm``): noise and a sawtooth's teeth leave a small climb at a scale's
-#: newest end, which an absolute threshold would read as growth going on.
-STALL_SHARE = 0.5
+#: Neighbouring floors' typical step (the median), times this, is what a scale's ratchet may
+#: climb on noise and a heap's teeth alone; a stall is judged on the climb beyond it.
+NOISE_STEPS = 2.0
 #: Growth that would reach the node's kill line within this many seconds is flagged as soon
 #: as one scale reads it (see ``GrowthEstimator.room``).
 URGENT_S = 3600.0
@@ -99,7 +97,7 @@ class ScaleReading(NamedTuple):
     ``rate`` is bytes/s (at least 0); ``rises`` whether the scale rises; ``slowing`` whether
     its ratchet climbed clearly less over its second half than over its first (memory
     filling towards a plateau); ``peak`` its highest sample; ``recent`` the ratchet's climb
-    over its newer half, bytes/s.
+    over its newer half up to the newest segment, beyond what noise accounts for, bytes/s.
     """
 
     scale_s: float
@@ -145,7 +143,17 @@ def _read(
     going_on = newest >= STEADY * rate * (FLOORS - 1 - whole) * width
     rises = rate >= settings.grow_slow and bent <= STRAIGHT * climb and not slowing and going_on
     peak = max((h for h in highs if h == h), default=math.nan)
-    recent = (ratchet[-1] - ratchet[FLOORS // 2]) / ((FLOORS - 1 - FLOORS // 2) * width)
+    # What the ratchet climbed over its newer half up to the newest segment (where the
+    # ratchet, a minimum over fewer slices, rises on noise alone), less what noise accounts
+    # for: the typical step between neighbouring floors, NOISE_STEPS times.
+    steps = sorted(
+        abs(floors[i + 1] - floors[i])
+        for i in range(FLOORS - 1)
+        if floors[i] == floors[i] and floors[i + 1] == floors[i + 1]
+    )
+    noise = steps[len(steps) // 2] if steps else 0.0
+    climbed = ratchet[whole] - ratchet[half] - NOISE_STEPS * noise
+    recent = max(0.0, climbed) / ((whole - half) * width)
     return ScaleReading(width * FLOORS, rate, rises, slowing, peak, recent)
 
 
@@ -426,9 +434,9 @@ class GrowthEstimator:
             self.spells += 1
         elif level == self._spell_scale and not reading.rises:
             longer_rises = any(r is not None and r.rises for r in self._readings[level + 1 :])
-            stall = max(self._settings.calm, STALL_SHARE * (self.rate or 0.0))
+            calm = self._settings.calm
             stalled = all(
-                r is None or r.recent < stall for r in self._readings[level : level + 1 + HOLDING]
+                r is None or r.recent < calm for r in self._readings[level : level + 1 + HOLDING]
             )
             if not longer_rises and stalled:
                 self._spell_scale = None
