@@ -106,10 +106,7 @@ class NodeGrowthKeeper:
         self._departed -= names
         self._groups = names
         if len(self._departed) > MAX_DEPARTED_GROUPS:
-            boundaries = self.history.phase_boundaries(NODE_KEY)
-            self.history.forget(NODE_KEY)
-            for at in boundaries:  # the job's phases are not the node's history
-                self.history.mark_phase(NODE_KEY, at)
+            self.history.forget(NODE_KEY, keep_phase_marks=True)
             self._departed.clear()
 
     def recent(self, at: float) -> RecentHistory:

@@ -290,12 +290,14 @@ class MemoryHistory:
             else:
                 self._limits[node] = float(limit)
 
-    def forget(self, node: str) -> None:
-        """Drop a node, its groups and the memory outside them."""
+    def forget(self, node: str, *, keep_phase_marks: bool = False) -> None:
+        """Drop a node, its groups and the memory outside them (and, unless
+        ``keep_phase_marks``, the node's phase boundaries: the job's, not the node's memory)."""
         with self._lock:
             self._groups.pop(node, None)
             self._limits.pop(node, None)
-            self._phases.pop(node, None)
+            if not keep_phase_marks:
+                self._phases.pop(node, None)
             for key in [
                 k for k in self._series if k == node or (isinstance(k, tuple) and k[0] == node)
             ]:
