@@ -26,7 +26,9 @@ time-to-limit error, at the first flag and 10 minutes later. The truth for the t
 is (kill line - recurring peak) / true rate, the recurring peak being the highest used memory
 of the last hour without the leak, plus what the leak has added.
 
-Run: ``python benchmarks/bench_leak_detection.py [--side test|tune|both] [--seeds N]``.
+Run: ``python benchmarks/bench_leak_detection.py [--side test|tune|both] [--seeds N]``;
+``--slow-teeth`` runs only a sweep of memory that climbs for minutes and is freed, tooth after
+tooth, without a leak (what the families leave out).
 """
 
 from __future__ import annotations
@@ -44,14 +46,16 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from raylens.simulation.trace_families import (
+    GIB,
     MIB,
     TEST_FAMILIES,
     TUNE_FAMILIES,
     Family,
     Trace,
     make_trace,
+    sawtooth,
 )
-from raylens.telemetry.growth import MemoryHistory, kill_line
+from raylens.telemetry.growth import GrowthEstimator, GrowthSettings, MemoryHistory, kill_line
 
 MIB_MIN = MIB / 60.0
 CHUNK_S = 60
@@ -385,6 +389,29 @@ def measure(families: tuple[Family, ...], seeds: int, benign_seeds: int, label: 
     print(f"\nraylens CPU: {cpu:.1f} s for all traces ({benign_hours:.0f}+ node-hours at 1 s)")
 
 
+def slow_teeth(seeds: int) -> None:
+    """Spells on memory that climbs for minutes and is freed, tooth after tooth, with no leak:
+    a limit of judging one series' shape (the families' teeth last at most 5 minutes)."""
+    print("\n## slow teeth, no leak: spells per 8 h on one series (8 GiB base, 8 MiB jitter)\n")
+    print("| teeth last | 1 GiB | 4 GiB |")
+    print("|---|---:|---:|")
+    t = np.arange(0.0, 8 * 3600.0)
+    for periods in ((30.0, 300.0), (300.0, 900.0), (540.0, 660.0)):
+        cells = []
+        for amount in (1 * GIB, 4 * GIB):
+            spells = []
+            for seed in range(seeds):
+                rng = np.random.default_rng(seed)
+                values = 8 * GIB + sawtooth(t, rng, amount, amount, periods)
+                values = values + rng.normal(0.0, 8 * MIB, len(t))
+                estimator = GrowthEstimator(GrowthSettings())
+                for start in range(0, len(t), CHUNK_S):
+                    estimator.add_many(t[start : start + CHUNK_S], values[start : start + CHUNK_S])
+                spells.append(estimator.spells)
+            cells.append(f"{statistics.mean(spells):.1f}")
+        print(f"| {periods[0]:.0f}-{periods[1]:.0f} s | " + " | ".join(cells) + " |")
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--side", choices=("test", "tune", "both"), default="test")
@@ -392,7 +419,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--benign-seeds", type=int, default=13, help="traces per family without a leak (8 h each)"
     )
+    parser.add_argument(
+        "--slow-teeth", action="store_true", help="only the sweep of slow teeth without a leak"
+    )
     args = parser.parse_args(argv)
+    if args.slow_teeth:
+        slow_teeth(args.seeds)
+        return 0
     if args.side in ("tune", "both"):
         measure(TUNE_FAMILIES, args.seeds, args.benign_seeds, "tune families")
     if args.side in ("test", "both"):
