@@ -15,9 +15,10 @@ its first (:data:`STEADY`), and goes on climbing in the newest quarter. A series
 *growing* when a scale rises and the longer scales bear it out (``_confirmed``), or at once
 when the rise would reach the node's kill line within :data:`URGENT_S`. It stops when no
 scale longer than the one that started the spell rises and that scale and the next
-:data:`HOLDING` have all stalled over their newer half (climbed, beyond what noise accounts
-for, at under ``calm``), so a leak that pauses between training phases keeps its spell. Its rate is the longest rising scale's, or a longer scale's lying
-within the spell where that climbs slower (``_spell_rate``).
+:data:`HOLDING` have all stalled over their newer half, up to the newest segment (climbed at
+under ``calm``), so a leak that pauses between training phases keeps its spell. Its rate is
+the longest rising scale's, or a longer scale's lying within the spell where that climbs
+slower (``_spell_rate``).
 
 Invariants a maintainer must keep: no clock is read (times are the caller's); memory per
 series is fixed (``levels`` x :data:`FLOORS` pairs of floats), and a node's phase marks are
@@ -67,9 +68,6 @@ CONFIRMING = 2
 #: training phases; some 20 min with the default window for a spell started on the shortest
 #: scale) keeps its spell.
 HOLDING = 3
-#: Neighbouring floors' typical step (the median), times this, is what a scale's ratchet may
-#: climb on noise and a heap's teeth alone; a stall is judged on the climb beyond it.
-NOISE_STEPS = 2.0
 #: Growth that would reach the node's kill line within this many seconds is flagged as soon
 #: as one scale reads it (see ``GrowthEstimator.room``).
 URGENT_S = 3600.0
@@ -97,7 +95,7 @@ class ScaleReading(NamedTuple):
     ``rate`` is bytes/s (at least 0); ``rises`` whether the scale rises; ``slowing`` whether
     its ratchet climbed clearly less over its second half than over its first (memory
     filling towards a plateau); ``peak`` its highest sample; ``recent`` the ratchet's climb
-    over its newer half up to the newest segment, beyond what noise accounts for, bytes/s.
+    over its newer half up to the newest segment, bytes/s.
     """
 
     scale_s: float
@@ -143,16 +141,9 @@ def _read(
     going_on = newest >= STEADY * rate * (FLOORS - 1 - whole) * width
     rises = rate >= settings.grow_slow and bent <= STRAIGHT * climb and not slowing and going_on
     peak = max((h for h in highs if h == h), default=math.nan)
-    # What the ratchet climbed over its newer half up to the newest segment (where the
-    # ratchet, a minimum over fewer slices, rises on noise alone), less what noise accounts
-    # for: the typical step between neighbouring floors, NOISE_STEPS times.
-    steps = sorted(
-        abs(floors[i + 1] - floors[i])
-        for i in range(FLOORS - 1)
-        if floors[i] == floors[i] and floors[i + 1] == floors[i + 1]
-    )
-    noise = steps[len(steps) // 2] if steps else 0.0
-    climbed = ratchet[whole] - ratchet[half] - NOISE_STEPS * noise
+    # What the ratchet climbed over its newer half, up to the newest segment: the ratchet
+    # there is a minimum over fewer slices and rises on noise alone.
+    climbed = ratchet[whole] - ratchet[half]
     recent = max(0.0, climbed) / ((whole - half) * width)
     return ScaleReading(width * FLOORS, rate, rises, slowing, peak, recent)
 

@@ -94,8 +94,7 @@ class GrowthSettings:
         Bytes per second: the slowest rate a series is called growing at.
     ``calm``
         Bytes per second: a growing series stops growing when the scale that started its
-        spell and the next few climb slower than this over their newer half, beyond what
-        noise accounts for.
+        spell and the next few climb slower than this over their newer half.
 
     Raises ValueError naming the field and what is allowed when a value is out of range.
     """

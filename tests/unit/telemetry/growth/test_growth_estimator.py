@@ -168,7 +168,7 @@ def sawtooth_with_drifting_period(
 
 @pytest.mark.parametrize("seed", [0, 1, 2])
 @pytest.mark.parametrize("heap", ["jitter of 32 MiB", "2 GiB sawtooth"])
-def test_a_spell_ends_within_two_hours_after_a_leak_stops_in_noise_or_under_a_heap(
+def test_a_spell_ends_within_three_hours_after_a_leak_stops_in_noise_or_under_a_heap(
     seed: int, heap: str
 ) -> None:
     t = np.arange(0.0, 8 * HOURS)
@@ -189,7 +189,7 @@ def test_a_spell_ends_within_two_hours_after_a_leak_stops_in_noise_or_under_a_he
             growing_after_stop.append(estimator.growing)
     # The leak's spell holds a while (as through a pause between phases), then ends.
     assert all(growing_after_stop[:5])
-    assert not all(growing_after_stop[:120])
+    assert not all(growing_after_stop[:180])
 
 
 def test_samples_one_by_one_and_in_arrays_give_the_same_figures() -> None:
