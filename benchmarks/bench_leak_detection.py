@@ -112,7 +112,8 @@ def run_raylens(trace: Trace, *, phases_marked: bool = False) -> Outcome:
             marks.append((a + int(np.searchsorted(trace.times[a:b], at)), at))
             next_mark += 1
         start = a
-        for split, at in [*marks, (b, math.nan)]:
+        ends: list[tuple[int, float | None]] = [*marks, (b, None)]
+        for split, at in ends:
             if split > start:
                 history.record_node_many(
                     "n",
@@ -120,7 +121,7 @@ def run_raylens(trace: Trace, *, phases_marked: bool = False) -> Outcome:
                     trace.used[start:split],
                     {g: v[start:split] for g, v in trace.groups.items()},
                 )
-            if at == at:
+            if at is not None:
                 history.mark_phase("n", at)
             start = split
         view = history.node("n")

@@ -152,13 +152,21 @@ def test_a_sampler_on_a_node_without_workers_still_publishes_the_node(
     assert math.isnan(gauges.value(NODE_TIME_TO_LIMIT_GAUGE))
 
 
-def test_the_sampler_s_recent_history_is_placed_at_the_wall_time_asked(
+def _sampler_on_leaking_node(
     tmp_path: Path, gauges: type[Gauges]
-) -> None:
+) -> tuple[GroupMemorySamplerActor, ManualClock, list[tuple[str, int, int]]]:
+    """A sampler reading :func:`_leaking_node`'s workers, its hand-driven clock, the workers."""
     procfs, workers = _leaking_node(tmp_path)
     ticks = ManualClock(5_000.0)
     sampler = _sampler(procfs, ticks, RayMetricsPublisher(gauges))
     sampler.set_workers(workers)
+    return sampler, ticks, workers
+
+
+def test_the_sampler_s_recent_history_is_placed_at_the_wall_time_asked(
+    tmp_path: Path, gauges: type[Gauges]
+) -> None:
+    sampler, ticks, _workers = _sampler_on_leaking_node(tmp_path, gauges)
     for _ in range(30):
         ticks.now += 1.0
         sampler.sample_and_publish_once()
@@ -295,10 +303,7 @@ def test_a_sampler_that_gives_no_history_costs_one_wait_per_pause(fake_ray: Fake
 def test_phase_boundaries_reach_the_node_s_growth_judgement(
     tmp_path: Path, gauges: type[Gauges]
 ) -> None:
-    procfs, workers = _leaking_node(tmp_path)
-    ticks = ManualClock(5_000.0)
-    sampler = _sampler(procfs, ticks, RayMetricsPublisher(gauges))
-    sampler.set_workers(workers)
+    sampler, ticks, workers = _sampler_on_leaking_node(tmp_path, gauges)
     sampler.sample_and_publish_once()
     ticks.now += 10.0
     assert sampler.phase_begin("gen-1", workers)

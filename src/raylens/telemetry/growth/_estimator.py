@@ -44,7 +44,6 @@ __all__ = [
     "GrowthEstimator",
     "PhaseMarks",
     "ScaleReading",
-    "check_phase_mark",
 ]
 
 #: Floors kept per scale: the scale is cut into this many slices.
@@ -143,26 +142,37 @@ def _read(
     peak = max((h for h in highs if h == h), default=math.nan)
     # What the ratchet climbed over its newer half, up to the newest segment: the ratchet
     # there is a minimum over fewer slices and rises on noise alone.
-    climbed = ratchet[whole] - ratchet[half]
-    recent = max(0.0, climbed) / ((whole - half) * width)
+    recent = (ratchet[whole] - ratchet[half]) / ((whole - half) * width)
     return ScaleReading(width * FLOORS, rate, rises, slowing, peak, recent)
 
 
 class PhaseMarks:
     """The phase boundaries of one node, times on its samples' clock in order, newest last;
-    shared by the estimators of the node's series. Only those within ``horizon_s`` of the
-    newest are kept (the longest scale is as far back as a judgement looks)."""
+    shared by the estimators of the node's series. Only those within twice the longest scale
+    of the newest are kept (the longest scale is as far back as a judgement looks)."""
 
     __slots__ = ("_horizon_s", "_times")
 
-    def __init__(self, horizon_s: float) -> None:
-        self._horizon_s = horizon_s
+    def __init__(self, settings: GrowthSettings) -> None:
+        self._horizon_s = 2 * settings.longest_scale_s
         self._times: deque[float] = deque(maxlen=MAX_PHASE_MARKS)
 
     def mark(self, t: float) -> None:
-        """A phase began or ended at ``t`` (finite, no earlier than the newest mark: the
-        caller checks); within :data:`SAME_BOUNDARY_S` of the newest it is the same one."""
+        """A phase began or ended at ``t``; within :data:`SAME_BOUNDARY_S` of the newest mark
+        it is the same boundary.
+
+        Raises:
+            ValueError: for a ``t`` that is not a finite time or is before the newest mark
+                (nothing is marked then).
+        """
+        if isinstance(t, bool) or not isinstance(t, (int, float)) or not math.isfinite(t):
+            raise ValueError(f"a phase boundary must be a finite time in seconds, got {t!r:.80}")
         times = self._times
+        if times and t < times[-1]:
+            raise ValueError(
+                f"phase boundaries must come in time order: {t!r} is before the newest, "
+                f"{times[-1]!r}"
+            )
         if times and t - times[-1] < SAME_BOUNDARY_S:
             return
         times.append(t)
@@ -173,10 +183,6 @@ class PhaseMarks:
     def times(self) -> tuple[float, ...]:
         return tuple(self._times)
 
-    @property
-    def newest(self) -> float | None:
-        return self._times[-1] if self._times else None
-
     def marked_between(self, start: float, end: float) -> bool:
         """Whether a boundary lies in ``[start, end]``."""
         for at in reversed(self._times):
@@ -185,21 +191,6 @@ class PhaseMarks:
             if at <= end:
                 return True
         return False
-
-
-def check_phase_mark(marks: PhaseMarks, t: object) -> None:
-    """Refuse a phase mark that is not a finite time or comes before the newest one.
-
-    Raises:
-        ValueError: naming the value and what is allowed.
-    """
-    if isinstance(t, bool) or not isinstance(t, (int, float)) or not math.isfinite(t):
-        raise ValueError(f"a phase boundary must be a finite time in seconds, got {t!r:.80}")
-    newest = marks.newest
-    if newest is not None and t < newest:
-        raise ValueError(
-            f"phase boundaries must come in time order: {t!r} is before the newest, {newest!r}"
-        )
 
 
 class _Scale:
@@ -279,8 +270,7 @@ class GrowthEstimator:
             ValueError: for a ``t`` that is not finite or is before the newest mark.
         """
         if self.phases is None:
-            self.phases = PhaseMarks(self._settings.longest_scale_s * 2)
-        check_phase_mark(self.phases, t)
+            self.phases = PhaseMarks(self._settings)
         self.phases.mark(t)
 
     def add(self, t: float, value: float) -> None:
@@ -381,16 +371,16 @@ class GrowthEstimator:
         does; only a leak goes on climbing past the boundary.
         """
         marks = self.phases
-        longest = self._scales[-1].width * FLOORS
-        if marks is None or not marks.marked_between(t - longest, t):
+        if marks is None or not marks.marked_between(t - self._settings.longest_scale_s, t):
             return True
         return marks.marked_between(t - 0.75 * span, t - 0.25 * span)
 
     def _spell_rate(self, longest_rising: ScaleReading, t: float) -> float:
         """The growing series' rate: the longest rising scale's, or less where the longest scale
         lying within the spell (no longer than its age plus the scale that started it) and
-        climbing without slowing down climbs slower. A leak that climbs only in some phases rises on a short
-        scale at its rate inside one phase; the longer scale reads it over several."""
+        climbing without slowing down climbs slower. A leak that climbs only in some phases
+        rises on a short scale at its rate inside one phase; the longer scale reads it over
+        several."""
         assert self._spell_scale is not None and self.growing_since is not None
         started = self._readings[self._spell_scale]
         reach = t - self.growing_since + (started.scale_s if started is not None else 0.0)

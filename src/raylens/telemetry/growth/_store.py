@@ -25,7 +25,7 @@ import numpy as np
 import numpy.typing as npt
 
 from raylens.telemetry.growth._arrays import FloatArray
-from raylens.telemetry.growth._estimator import GrowthEstimator, PhaseMarks, check_phase_mark
+from raylens.telemetry.growth._estimator import GrowthEstimator, PhaseMarks
 from raylens.telemetry.growth._limit import time_to_limit
 from raylens.telemetry.growth._series import Bucket, SeriesBuffer
 from raylens.telemetry.growth._settings import GrowthSettings
@@ -271,15 +271,15 @@ class MemoryHistory:
         """
         with self._lock:
             marks = self._phases.get(node)
-            if marks is None:
-                marks = PhaseMarks(2 * self.settings.longest_scale_s)
-            check_phase_mark(marks, t)
-            if node not in self._phases:
-                self._phases[node] = marks
-                for key, entry in self._series.items():
-                    if key == node or (isinstance(key, tuple) and key[0] == node):
-                        entry.estimator.phases = marks
-            marks.mark(t)
+            if marks is not None:
+                marks.mark(t)
+                return
+            marks = PhaseMarks(self.settings)
+            marks.mark(t)  # a bad first mark leaves the node unmarked
+            self._phases[node] = marks
+            for key, entry in self._series.items():
+                if key == node or (isinstance(key, tuple) and key[0] == node):
+                    entry.estimator.phases = marks
 
     def set_limit(self, node: str, limit: float | None) -> None:
         """The node's kill line in bytes (None: unknown). Growth that would reach it within an
