@@ -16,12 +16,17 @@ its first (:data:`STEADY`), and goes on climbing in the newest quarter. A series
 when the rise would reach the node's kill line within :data:`URGENT_S`. It stops when no
 scale longer than the one that started the spell rises and that scale and the next
 :data:`HOLDING` have all stalled over their newer half, up to the newest segment (climbed at
-under ``calm``), so a leak that pauses between training phases keeps its spell. Its rate is
-the longest rising scale's, or a longer scale's lying within the spell where that climbs
-slower (``_spell_rate``).
+under ``calm``), so a leak that pauses between training phases keeps its spell; or at once
+when memory gives back a fast climb on the spell's scale or a longer one (``_Climb``): it
+falls back to about where the climb began, which a leak never does. A series that gave back
+such a climb within the longest scale (a sawtooth whose teeth last 10 minutes, the object
+store filled and freed phase after phase) needs the full confirmation on that scale. Its
+rate is the longest rising scale's, or a longer scale's lying within the spell where that
+climbs slower (``_spell_rate``).
 
 Invariants a maintainer must keep: no clock is read (times are the caller's); memory per
-series is fixed (``levels`` x :data:`FLOORS` pairs of floats), and a node's phase marks are
+series is fixed (``levels`` x :data:`FLOORS` pairs of floats and a climb per scale), and a
+node's phase marks are
 bounded (:data:`MAX_PHASE_MARKS`); feeding samples one at a time or in arrays gives the same
 figures, with each phase mark placed between the same samples.
 """
@@ -72,6 +77,11 @@ HOLDING = 3
 URGENT_S = 3600.0
 #: Growth at least this many times ``grow_slow`` needs less confirmation (see ``_confirmed``).
 FAST = 5.0
+#: A fast climb is given back when memory falls to within this share of the climb of where
+#: it began (and stays there for the next slice of the shortest scale): what a tooth, a fill
+#: or creep took and returned. Falling farther, below where it began, is something else (an
+#: engine putting its weights to sleep, a phase's working set released).
+GIVE_BACK = 0.25
 #: A slice whose floor is below this share of the one before starts the series afresh.
 FRESH_SHARE = 0.5
 #: The scale whose highest sample is the series' recurring peak (or the longest one below).
@@ -94,7 +104,8 @@ class ScaleReading(NamedTuple):
     ``rate`` is bytes/s (at least 0); ``rises`` whether the scale rises; ``slowing`` whether
     its ratchet climbed clearly less over its second half than over its first (memory
     filling towards a plateau); ``peak`` its highest sample; ``recent`` the ratchet's climb
-    over its newer half up to the newest segment, bytes/s.
+    over its newer half up to the newest segment, bytes/s; ``base`` and ``top`` the ratchet
+    where the scale begins and where its newest segment begins.
     """
 
     scale_s: float
@@ -103,6 +114,8 @@ class ScaleReading(NamedTuple):
     slowing: bool
     peak: float
     recent: float
+    base: float
+    top: float
 
 
 def _read(
@@ -143,7 +156,7 @@ def _read(
     # What the ratchet climbed over its newer half, up to the newest segment: the ratchet
     # there is a minimum over fewer slices and rises on noise alone.
     recent = (ratchet[whole] - ratchet[half]) / ((whole - half) * width)
-    return ScaleReading(width * FLOORS, rate, rises, slowing, peak, recent)
+    return ScaleReading(width * FLOORS, rate, rises, slowing, peak, recent, start, ratchet[whole])
 
 
 class PhaseMarks:
@@ -193,6 +206,31 @@ class PhaseMarks:
         return False
 
 
+class _Climb:
+    """A fast straight rise one scale read, followed until memory gives it back or leaves it.
+
+    ``base`` is where the rise began and ``top`` the highest level its readings reached;
+    ``falling`` the floor of the slice that first fell back near ``base``, while the next one
+    decides.
+    """
+
+    __slots__ = ("base", "falling", "top")
+
+    def __init__(self, base: float, top: float) -> None:
+        self.base, self.top = base, top
+        self.falling: float | None = None
+
+    def follow(self, floor: float) -> bool | None:
+        """The next floor of the shortest scale: True once the climb is given back, False once
+        memory fell well below where it began (the climb is no longer followed), else None."""
+        reach = GIVE_BACK * (self.top - self.base)
+        if self.falling is None:
+            if floor < self.base + reach:
+                self.falling = floor
+            return None
+        return min(self.falling, floor) >= self.base - reach
+
+
 class _Scale:
     """One scale's open slice and its last :data:`FLOORS` closed ones."""
 
@@ -220,7 +258,9 @@ class GrowthEstimator:
     """
 
     __slots__ = (
+        "_climbs",
         "_fresh_at",
+        "_given_back_at",
         "_last_floor",
         "_readings",
         "_scales",
@@ -245,6 +285,9 @@ class GrowthEstimator:
         self._readings: list[ScaleReading | None] = [None] * settings.levels
         self._fresh_at = -_INF
         self._last_floor = -_INF
+        #: Each scale's fast climb being followed, and when one of its climbs was last given back.
+        self._climbs: list[_Climb | None] = [None] * settings.levels
+        self._given_back_at = [-_INF] * settings.levels
         #: Bytes left before the node's kill line, when whoever records knows it.
         self.room: float | None = None
         #: The node's phase boundaries, when they are marked (see :meth:`mark_phase`).
@@ -322,6 +365,9 @@ class GrowthEstimator:
         if level == 0:
             if closed_low < FRESH_SHARE * self._last_floor:
                 self._fresh_at = t
+                self._climbs = [None] * len(self._climbs)
+            else:
+                self._follow_climbs(closed_low, t)
             self._last_floor = closed_low
         scale.floors.append(closed_low)
         scale.highs.append(closed_high)
@@ -332,6 +378,34 @@ class GrowthEstimator:
         scale.index, scale.low, scale.high = index, low, high
         if level + 1 < len(self._scales):
             self._slice(level + 1, closed // 2, closed_low, closed_high, t)
+
+    def _track_climb(self, level: int, reading: ScaleReading) -> None:
+        """Follow a fast rise read on a scale that confirms others (all but the shortest); a
+        rise that begins above the followed climb's top is a new climb."""
+        if level == 0 or not reading.rises or reading.rate < FAST * self._settings.grow_slow:
+            return
+        climb = self._climbs[level]
+        if climb is None or reading.base > climb.top:
+            self._climbs[level] = _Climb(reading.base, reading.top)
+        elif reading.top > climb.top:
+            climb.top = reading.top
+
+    def _follow_climbs(self, floor: float, t: float) -> None:
+        """A closed slice's floor of the shortest scale, against every followed climb. A climb
+        given back ends a spell started on its scale or a shorter one."""
+        for level, climb in enumerate(self._climbs):
+            if climb is None:
+                continue
+            given_back = climb.follow(floor)
+            if given_back is None:
+                continue
+            self._climbs[level] = None
+            if given_back:
+                self._given_back_at[level] = t
+                if self._spell_scale is not None and self._spell_scale <= level:
+                    self._spell_scale = None
+                    self.growing_since = None
+                    self.rate = None
 
     def _urgent(self, reading: ScaleReading) -> bool:
         """Whether growth at ``reading``'s rate would take what is left of the node's memory
@@ -345,7 +419,8 @@ class GrowthEstimator:
         The next two scales must rise too; or, for fast growth in a series that has not started
         afresh (its first sample, or memory falling to under half, as a process restart does)
         within the longer one's span, the next must rise and the one after must not be levelling
-        off.
+        off, and the next must have given back no fast climb within the longest scale (what it
+        climbed and gave back before is likely to come back again).
         """
         longer = self._readings[level + 1 : level + 1 + CONFIRMING]
         if all(r is not None and r.rises for r in longer):
@@ -359,6 +434,7 @@ class GrowthEstimator:
             and t - self._fresh_at >= outer.scale_s
             and (self._readings[level] or outer).rate >= FAST * self._settings.grow_slow
             and self._crossed_phase(longer[0].scale_s, t)
+            and t - self._given_back_at[level + 1] >= self._settings.longest_scale_s
         )
 
     def _crossed_phase(self, span: float, t: float) -> bool:
@@ -401,6 +477,7 @@ class GrowthEstimator:
         if reading is None:
             return
         self._readings[level] = reading
+        self._track_climb(level, reading)
         for shown in reversed(self._readings[: PEAK_LEVEL + 1]):
             if shown is not None and shown.peak == shown.peak:
                 self.peak = shown.peak

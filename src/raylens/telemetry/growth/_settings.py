@@ -30,7 +30,7 @@ DEFAULT_GROWTH_WINDOW_S = 300.0
 MIN_GROWTH_WINDOW_S = 10.0
 MAX_GROWTH_WINDOW_S = 86_400.0
 DEFAULT_HORIZON_S = 3_600.0
-#: Scales judged by default: 10, 20, 40, 80 and 160 minutes with the default window.
+#: Scales judged by default: 5, 10, 20, 40, 80 and 160 minutes with the default window.
 DEFAULT_LEVELS = 6
 #: Slices each scale is cut into; the shortest scale's slice is how often figures move.
 SLICES_PER_WINDOW = 20
@@ -85,8 +85,8 @@ class GrowthSettings:
         slices; a figure can change once per slice. Full-resolution samples are kept this
         long (what a post-mortem shows).
     ``levels``
-        How many scales are judged: the window, then each twice the one before (five from
-        10 minutes reach 160 minutes), so slow growth is found on the long ones.
+        How many scales are judged: the window, then each twice the one before (the default
+        six from 5 minutes reach 160 minutes), so slow growth is found on the long ones.
     ``horizon_s``
         How far back downsampled history reaches (at least the window); it is kept in
         ``buckets`` buckets of ``horizon_s / buckets`` seconds with min, max and mean.

@@ -102,6 +102,63 @@ def test_a_spell_ends_when_memory_stops_growing() -> None:
     assert not estimator.growing and estimator.rate is None and estimator.spells == 1
 
 
+def growing_share(values: np.ndarray, after: float = 0.0) -> tuple[GrowthEstimator, float]:
+    """``values`` at 1 s fed a minute at a time, and the share of minutes from ``after`` on
+    that ended with the series growing."""
+    estimator = GrowthEstimator(SETTINGS)
+    t = np.arange(float(len(values)))
+    growing = []
+    for start in range(0, len(t), 60):
+        estimator.add_many(t[start : start + 60], values[start : start + 60])
+        if t[start] >= after:
+            growing.append(estimator.growing)
+    return estimator, sum(growing) / len(growing)
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+@pytest.mark.parametrize("tooth", [(300, 900), (540, 660)])
+def test_teeth_that_climb_for_ten_minutes_and_are_freed_are_not_growth(
+    seed: int, tooth: tuple[int, int]
+) -> None:
+    # What a training step takes and frees at its end, step after step: each tooth climbs
+    # straight for as long as a fast leak is flagged on, and is given back.
+    t = np.arange(0.0, 8 * HOURS)
+    values = 8 * GIB + sawtooth_with_drifting_period(t, 1 * GIB, *tooth, seed) + jitter(len(t))
+    estimator, share = growing_share(values)
+    assert estimator.spells <= 1  # at most the first tooth, before one was seen given back
+    assert share < 0.02
+
+
+def test_a_spell_ends_as_soon_as_the_climb_it_stood_on_is_given_back() -> None:
+    # A climb of 200 MiB/min for half an hour, held for ten minutes, then freed: it is a leak
+    # until it is freed, and not growth from the moment it is.
+    t = np.arange(0.0, 3 * HOURS)
+    freed_at = HOURS + 2400.0
+    climb = np.clip(t - HOURS, 0.0, 1800.0) * 200 * MIB_MIN
+    values = 8 * GIB + np.where(t < freed_at, climb, 0.0) + jitter(len(t))
+    estimator = GrowthEstimator(SETTINGS)
+    cut = int(freed_at)
+    estimator.add_many(t[:cut], values[:cut])
+    assert estimator.spells == 1 and estimator.growing
+    estimator.add_many(t[cut : cut + 60], values[cut : cut + 60])
+    assert not estimator.growing and estimator.rate is None
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+def test_a_leak_under_ten_minute_teeth_is_found_on_the_longer_scales_and_keeps_its_spell(
+    seed: int,
+) -> None:
+    t = np.arange(0.0, 8 * HOURS)
+    rate = 50 * MIB_MIN
+    teeth = sawtooth_with_drifting_period(t, 1 * GIB, 540, 660, seed)
+    leak = np.clip(t - HOURS, 0.0, None) * rate
+    estimator, share = growing_share(8 * GIB + teeth + leak + jitter(len(t), seed=seed), HOURS)
+    assert estimator.spells == 1 and estimator.growing
+    assert estimator.growing_since is not None and estimator.growing_since > HOURS
+    assert estimator.rate == pytest.approx(rate, rel=0.25)
+    assert share > 0.5
+
+
 def leak_while_training(rate: float, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
     """Six hours of a leak running at ``rate`` only while training, generation and training
     alternating every 2-15 minutes: the times and the series."""
@@ -274,30 +331,46 @@ def run_with_phases(values: np.ndarray, boundaries: np.ndarray | None) -> Growth
     return estimator
 
 
+def lone_fill(t: np.ndarray, start: float, fill_s: float = 660.0) -> np.ndarray:
+    """The object store filled at 512 MiB/min for ``fill_s`` seconds from ``start`` (the last
+    minutes of a generation phase), held through the training phase after it, then freed."""
+    filling = np.clip(t - start, 0.0, fill_s) * 512 * MIB_MIN
+    return np.where(t < start + fill_s + 720.0, filling, 0.0)
+
+
 def test_a_fill_inside_one_phase_is_not_growth_once_phase_boundaries_are_marked() -> None:
-    # Twelve-minute phases; the object store fills for the last eleven minutes of each
-    # generation phase, a straight climb as long as the one a fast leak is flagged on.
-    t = np.arange(0.0, 6 * HOURS)
-    values = 8 * GIB + object_store_fills(t, 720.0, 660.0) + jitter(len(t))
+    # Twelve-minute phases; an hour in, the object store fills for the last eleven minutes of
+    # a generation phase: a straight climb as long as the one a fast leak is flagged on, in a
+    # series that has given nothing back before (so the give-back guard does not hold it).
+    t = np.arange(0.0, 3 * HOURS)
+    fill_from = 5 * 720.0 + 60.0
+    values = 8 * GIB + lone_fill(t, fill_from) + jitter(len(t))
     unmarked = run_with_phases(values, None)
-    assert unmarked.spells > 0  # on its shape alone, the fill reads as a leak
-    marked = run_with_phases(values, alternating_phases(6 * HOURS, 720.0))
+    assert unmarked.spells == 1  # on its shape alone, the fill reads as a leak
+    assert not unmarked.growing  # and once freed it is given back
+    marked = run_with_phases(values, alternating_phases(3 * HOURS, 720.0))
     assert marked.spells == 0
 
 
 def test_phases_marked_long_ago_leave_the_judgement_as_without_marks() -> None:
-    t = np.arange(0.0, 8 * HOURS)
-    values = 8 * GIB + object_store_fills(t, 720.0, 660.0) + jitter(len(t))
     # One boundary, then none for longer than the longest scale (160 minutes): from then on
-    # phases are not being marked, and the fills read as they do without marks.
+    # phases are not being marked, and a fill reads as it does without marks.
     longest = SETTINGS.longest_scale_s
-    first = int(30.0 + longest + 3600.0)
-    unmarked = run_with_phases(values[:first], None)
-    marked_once = run_with_phases(values[:first], np.array([30.0]))
-    spells_before = (unmarked.spells, marked_once.spells)
+    fill_from = 30.0 + longest + 1800.0
+    t = np.arange(0.0, fill_from + 3600.0)
+    values = 8 * GIB + lone_fill(t, fill_from) + jitter(len(t))
     unmarked = run_with_phases(values, None)
     marked_once = run_with_phases(values, np.array([30.0]))
-    assert marked_once.spells - spells_before[1] == unmarked.spells - spells_before[0] > 0
+    assert marked_once.spells == unmarked.spells == 1
+
+
+def test_fills_given_back_phase_after_phase_are_not_growth_even_unmarked() -> None:
+    # Twelve-minute phases; the object store fills for the last eleven minutes of every
+    # generation phase and is freed during the training phase after it. Each fill's climb
+    # is given back, so from the first one on none is taken for a leak.
+    t = np.arange(0.0, 6 * HOURS)
+    values = 8 * GIB + object_store_fills(t, 720.0, 660.0) + jitter(len(t))
+    assert run_with_phases(values, None).spells == 0
 
 
 def test_phase_marks_out_of_order_or_not_finite_are_refused_and_one_boundary_marked_once() -> None:

@@ -344,12 +344,12 @@ def test_groups_absent_for_a_window_are_forgotten_and_a_node_keeps_at_most_its_c
 
 
 def test_phase_boundaries_marked_on_a_node_reach_every_series_on_it_old_and_new() -> None:
-    # Twelve-minute phases; the memory outside the groups fills for the last eleven minutes
-    # of each generation phase (the object store, at 512 MiB/min) and is freed in training.
-    t = np.arange(0.0, 6 * 3600.0)
-    cycle = t % 1440.0
-    filling = np.clip(cycle - 60.0, 0.0, 660.0) * 512 * MIB_MIN
-    store = np.where(cycle < 1080.0, filling, 0.0)  # held for half the training phase
+    # Twelve-minute phases; an hour in, the memory outside the groups fills for the last
+    # eleven minutes of a generation phase (the object store, at 512 MiB/min), is held for
+    # half the training phase after it and freed.
+    t = np.arange(0.0, 3 * 3600.0)
+    filling = np.clip(t - 3660.0, 0.0, 660.0) * 512 * MIB_MIN
+    store = np.where(t < 4680.0, filling, 0.0)
     policy = 6 * GIB + np.random.default_rng(3).normal(0.0, 4 * MIB, len(t))
     used = 8 * GIB + store + policy
 
