@@ -17,17 +17,16 @@ when the rise would reach the node's kill line within :data:`URGENT_S`. It stops
 scale longer than the one that started the spell rises and that scale and the next
 :data:`HOLDING` have all stalled over their newer half, up to the newest segment (climbed at
 under ``calm``), so a leak that pauses between training phases keeps its spell; or at once
-when memory gives back a fast climb on the spell's scale or a longer one (``_Climb``): it
-falls back to about where the climb began, which a leak never does. A series that gave back
-such a climb within the longest scale (a sawtooth whose teeth last 10 minutes, the object
-store filled and freed phase after phase) needs the full confirmation on that scale. Its
-rate is the longest rising scale's, or a longer scale's lying within the spell where that
-climbs slower (``_spell_rate``).
+when memory gives back a rise read on the spell's scale or a longer one (``_Climb``): it
+falls back to about where memory was before the rise and stays there, which a leak never
+does. A series that gave back such a climb within the longest scale (a sawtooth whose teeth
+last 10 minutes, the object store filled and freed phase after phase) needs the full
+confirmation on that scale. Its rate is the longest rising scale's, or a longer scale's lying
+within the spell where that climbs slower (``_spell_rate``).
 
 Invariants a maintainer must keep: no clock is read (times are the caller's); memory per
 series is fixed (``levels`` x :data:`FLOORS` pairs of floats and a climb per scale), and a
-node's phase marks are
-bounded (:data:`MAX_PHASE_MARKS`); feeding samples one at a time or in arrays gives the same
+node's phase marks are bounded (:data:`MAX_PHASE_MARKS`); feeding samples one at a time or in arrays gives the same
 figures, with each phase mark placed between the same samples.
 """
 
@@ -77,11 +76,15 @@ HOLDING = 3
 URGENT_S = 3600.0
 #: Growth at least this many times ``grow_slow`` needs less confirmation (see ``_confirmed``).
 FAST = 5.0
-#: A fast climb is given back when memory falls to within this share of the climb of where
-#: it began (and stays there for the next slice of the shortest scale): what a tooth, a fill
-#: or creep took and returned. Falling farther, below where it began, is something else (an
-#: engine putting its weights to sleep, a phase's working set released).
+#: A climb is given back when memory falls to within this share of the climb of where it
+#: was before the climb, and no lower for :data:`GIVE_BACK_SLICES`: what a tooth, a fill or
+#: creep took and returned. Falling farther is something else (an engine
+#: putting its weights to sleep, a restart).
 GIVE_BACK = 0.25
+#: Slices of the shortest scale (a minute with the default window) memory must stay no lower
+#: than that for a fall to be a give-back: a drop of weights or a working set passing through
+#: on its way down, over up to a minute, is not one.
+GIVE_BACK_SLICES = 4
 #: A slice whose floor is below this share of the one before starts the series afresh.
 FRESH_SHARE = 0.5
 #: The scale whose highest sample is the series' recurring peak (or the longest one below).
@@ -207,28 +210,38 @@ class PhaseMarks:
 
 
 class _Climb:
-    """A fast straight rise one scale read, followed until memory gives it back or leaves it.
+    """A rise one scale read, followed until memory gives it back or leaves it.
 
-    ``base`` is where the rise began and ``top`` the highest level its readings reached;
-    ``falling`` the floor of the slice that first fell back near ``base``, while the next one
-    decides.
+    ``base`` and ``top`` are where the reading's ratchet began and where its newest segment
+    begins; ``before`` the lowest floor over twice the scale up to the rise (where memory was
+    before it, a step up included); ``settling`` how many slices have stayed near ``before``
+    since memory fell back there.
+
+    Given back means memory back where it was before the rise, not merely a drop the size of
+    the climb: whatever a leak took stays, so after any fall memory is still above that level
+    by at least the climb, whatever else let go (a training phase's working set, weights put
+    to sleep).
     """
 
-    __slots__ = ("base", "falling", "top")
+    __slots__ = ("base", "before", "settling", "top")
 
-    def __init__(self, base: float, top: float) -> None:
-        self.base, self.top = base, top
-        self.falling: float | None = None
+    def __init__(self, base: float, top: float, before: float) -> None:
+        self.base, self.top, self.before = base, top, min(before, base)
+        self.settling = 0
 
     def follow(self, floor: float) -> bool | None:
         """The next floor of the shortest scale: True once the climb is given back, False once
-        memory fell well below where it began (the climb is no longer followed), else None."""
+        memory fell well below where it was before (the climb is no longer followed), else None.
+
+        A fall passes through the band around ``before`` on its way down, so the band must
+        hold for :data:`GIVE_BACK_SLICES` slices from the first floor in it."""
         reach = GIVE_BACK * (self.top - self.base)
-        if self.falling is None:
-            if floor < self.base + reach:
-                self.falling = floor
+        if floor < self.before - reach:
+            return False
+        if self.settling == 0 and floor >= self.before + reach:
             return None
-        return min(self.falling, floor) >= self.base - reach
+        self.settling += 1
+        return True if self.settling >= GIVE_BACK_SLICES else None
 
 
 class _Scale:
@@ -285,7 +298,7 @@ class GrowthEstimator:
         self._readings: list[ScaleReading | None] = [None] * settings.levels
         self._fresh_at = -_INF
         self._last_floor = -_INF
-        #: Each scale's fast climb being followed, and when one of its climbs was last given back.
+        #: Each scale's climb being followed, and when one of its climbs was last given back.
         self._climbs: list[_Climb | None] = [None] * settings.levels
         self._given_back_at = [-_INF] * settings.levels
         #: Bytes left before the node's kill line, when whoever records knows it.
@@ -365,9 +378,7 @@ class GrowthEstimator:
         if level == 0:
             if closed_low < FRESH_SHARE * self._last_floor:
                 self._fresh_at = t
-                self._climbs = [None] * len(self._climbs)
-            else:
-                self._follow_climbs(closed_low, t)
+            self._follow_climbs(closed_low, t)
             self._last_floor = closed_low
         scale.floors.append(closed_low)
         scale.highs.append(closed_high)
@@ -380,15 +391,15 @@ class GrowthEstimator:
             self._slice(level + 1, closed // 2, closed_low, closed_high, t)
 
     def _track_climb(self, level: int, reading: ScaleReading) -> None:
-        """Follow a fast rise read on a scale that confirms others (all but the shortest); a
-        rise that begins above the followed climb's top is a new climb."""
-        if level == 0 or not reading.rises or reading.rate < FAST * self._settings.grow_slow:
+        """Follow the newest rise read on a scale that confirms others (all but the shortest),
+        unless memory is settling back from the one followed."""
+        if level == 0 or not reading.rises:
             return
         climb = self._climbs[level]
-        if climb is None or reading.base > climb.top:
-            self._climbs[level] = _Climb(reading.base, reading.top)
-        elif reading.top > climb.top:
-            climb.top = reading.top
+        if climb is None or not climb.settling:
+            around = self._scales[min(level + 1, len(self._scales) - 1)].floors
+            before = min((f for f in around if f == f), default=reading.base)
+            self._climbs[level] = _Climb(reading.base, reading.top, before)
 
     def _follow_climbs(self, floor: float, t: float) -> None:
         """A closed slice's floor of the shortest scale, against every followed climb. A climb
@@ -419,7 +430,7 @@ class GrowthEstimator:
         The next two scales must rise too; or, for fast growth in a series that has not started
         afresh (its first sample, or memory falling to under half, as a process restart does)
         within the longer one's span, the next must rise and the one after must not be levelling
-        off, and the next must have given back no fast climb within the longest scale (what it
+        off, and the next must have given back no climb within the longest scale (what it
         climbed and gave back before is likely to come back again).
         """
         longer = self._readings[level + 1 : level + 1 + CONFIRMING]

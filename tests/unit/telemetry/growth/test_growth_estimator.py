@@ -131,7 +131,8 @@ def test_teeth_that_climb_for_ten_minutes_and_are_freed_are_not_growth(
 
 def test_a_spell_ends_as_soon_as_the_climb_it_stood_on_is_given_back() -> None:
     # A climb of 200 MiB/min for half an hour, held for ten minutes, then freed: it is a leak
-    # until it is freed, and not growth from the moment it is.
+    # until it is freed, and not growth once memory has stayed back for a minute (four slices
+    # of the shortest scale; the first closes with the first sample after it).
     t = np.arange(0.0, 3 * HOURS)
     freed_at = HOURS + 2400.0
     climb = np.clip(t - HOURS, 0.0, 1800.0) * 200 * MIB_MIN
@@ -140,16 +141,21 @@ def test_a_spell_ends_as_soon_as_the_climb_it_stood_on_is_given_back() -> None:
     cut = int(freed_at)
     estimator.add_many(t[:cut], values[:cut])
     assert estimator.spells == 1 and estimator.growing
-    estimator.add_many(t[cut : cut + 60], values[cut : cut + 60])
+    estimator.add_many(t[cut : cut + 45], values[cut : cut + 45])
+    assert estimator.growing  # not yet: the fall could be passing through on its way down
+    estimator.add_many(t[cut + 45 : cut + 90], values[cut + 45 : cut + 90])
     assert not estimator.growing and estimator.rate is None
 
 
 @pytest.mark.parametrize("seed", [0, 1])
+@pytest.mark.parametrize("rate_mib_min", [5.0, 50.0])
 def test_a_leak_under_ten_minute_teeth_is_found_on_the_longer_scales_and_keeps_its_spell(
-    seed: int,
+    seed: int, rate_mib_min: float
 ) -> None:
+    # Each tooth given back is a climb on the 10-minute scale: it holds back that scale's
+    # path, and leaves alone a spell started on a longer one.
     t = np.arange(0.0, 8 * HOURS)
-    rate = 50 * MIB_MIN
+    rate = rate_mib_min * MIB_MIN
     teeth = sawtooth_with_drifting_period(t, 1 * GIB, 540, 660, seed)
     leak = np.clip(t - HOURS, 0.0, None) * rate
     estimator, share = growing_share(8 * GIB + teeth + leak + jitter(len(t), seed=seed), HOURS)
@@ -157,6 +163,71 @@ def test_a_leak_under_ten_minute_teeth_is_found_on_the_longer_scales_and_keeps_i
     assert estimator.growing_since is not None and estimator.growing_since > HOURS
     assert estimator.rate == pytest.approx(rate, rel=0.25)
     assert share > 0.5
+
+
+@pytest.mark.parametrize("keep", [0.2, 0.4])
+def test_teeth_that_keep_a_share_of_each_tooth_grow_at_what_they_keep(keep: float) -> None:
+    rng = np.random.default_rng(0)
+    t = np.arange(0.0, 8 * HOURS)
+    teeth = np.zeros(len(t))
+    at, kept = 0, 0.0
+    while at < len(t):
+        length = int(rng.uniform(540, 660))
+        span = min(length, len(t) - at)
+        teeth[at : at + span] = kept + np.arange(span) / length * GIB
+        at, kept = at + length, kept + keep * GIB
+    estimator, _ = growing_share(8 * GIB + teeth + jitter(len(t)))
+    # Found on the scales that hold several teeth, and held from then on.
+    assert estimator.growing and estimator.spells == 1
+    assert estimator.growing_since is not None and estimator.growing_since < 3 * HOURS
+    assert estimator.rate == pytest.approx(keep * GIB / 600, rel=0.25)
+
+
+@pytest.mark.parametrize(
+    ("working_set_gib", "rate_mib_min"), [(0.5, 50.0), (1.0, 100.0), (2.0, 200.0)]
+)
+def test_a_leak_while_training_keeps_its_spell_when_each_phase_frees_about_its_climb(
+    working_set_gib: float, rate_mib_min: float
+) -> None:
+    # Twelve-minute phases: training takes a working set and leaks, generation frees the
+    # working set, about what the leak climbed within one phase. The fall is not the climb
+    # given back: memory stays above where it was before the phase by what leaked.
+    t = np.arange(0.0, 6 * HOURS)
+    training = (t // 720) % 2 == 1
+    leak = np.cumsum(training & (t >= HOURS)) * rate_mib_min * MIB_MIN
+    values = 8 * GIB + np.where(training, working_set_gib * GIB, 0.0) + leak + jitter(len(t))
+    estimator = GrowthEstimator(SETTINGS)
+    growing_after_first_flag = []
+    for start in range(0, len(t), 60):
+        estimator.add_many(t[start : start + 60], values[start : start + 60])
+        if estimator.spells:
+            growing_after_first_flag.append(estimator.growing)
+    assert estimator.spells == 1
+    assert estimator.growing_since is not None and estimator.growing_since < HOURS + 1800
+    assert all(growing_after_first_flag)
+
+
+@pytest.mark.parametrize("offset_s", [0, 4, 8, 12])
+def test_a_leak_keeps_its_spell_while_its_engine_puts_weights_to_sleep_over_a_minute(
+    offset_s: int,
+) -> None:
+    # A 100 MiB/min leak in an engine that, an hour in, lets 8 GiB of weights go over a
+    # minute and takes them back ten minutes later. On its way down, memory passes where the
+    # leak's climb began; it does not stay there, and what leaked is still held.
+    t = np.arange(0.0, 3 * HOURS)
+    asleep_from = 2 * HOURS + offset_s
+    letting_go = np.clip((t - asleep_from) / 60.0, 0.0, 1.0)
+    taking_back = np.clip((t - asleep_from - 600.0) / 60.0, 0.0, 1.0)
+    weights = 8 * GIB * (1.0 - letting_go + taking_back)
+    leak = np.clip(t - HOURS, 0.0, None) * 100 * MIB_MIN
+    estimator = GrowthEstimator(SETTINGS)
+    growing_after_first_flag = []
+    for start in range(0, len(t), 60):
+        chunk = slice(start, start + 60)
+        estimator.add_many(t[chunk], (8 * GIB + weights + leak + jitter(len(t)))[chunk])
+        if estimator.spells:
+            growing_after_first_flag.append(estimator.growing)
+    assert estimator.spells == 1 and all(growing_after_first_flag)
 
 
 def leak_while_training(rate: float, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
@@ -370,6 +441,16 @@ def test_fills_given_back_phase_after_phase_are_not_growth_even_unmarked() -> No
     # is given back, so from the first one on none is taken for a leak.
     t = np.arange(0.0, 6 * HOURS)
     values = 8 * GIB + object_store_fills(t, 720.0, 660.0) + jitter(len(t))
+    assert run_with_phases(values, None).spells == 0
+
+
+@pytest.mark.parametrize("step_gib", [2.0, 6.0])
+def test_fills_given_back_after_memory_stepped_up_for_good_are_not_growth(step_gib: float) -> None:
+    # Three hours in, the series steps up for good (a larger working set); the fills go on
+    # from the new level and are given back to it, not to where memory was before the step.
+    t = np.arange(0.0, 8 * HOURS)
+    step = np.where(t >= 3 * HOURS + 600.0, step_gib * GIB, 0.0)
+    values = 8 * GIB + object_store_fills(t, 720.0, 660.0) + step + jitter(len(t))
     assert run_with_phases(values, None).spells == 0
 
 
