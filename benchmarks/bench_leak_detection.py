@@ -418,7 +418,9 @@ def slow_teeth(seeds: int) -> None:
                 shares.append(minutes_growing * CHUNK_S / len(t))
             cells.append(f"{statistics.mean(spells):.1f} ({statistics.mean(shares):.0%})")
         print(f"| {periods[0]:.0f}-{periods[1]:.0f} s | " + " | ".join(cells) + " |")
-    print("\nA leak from the first hour under 1 GiB teeth of 540-660 s: median minutes to the flag\n")
+    print(
+        "\nA leak from the first hour under 1 GiB teeth of 540-660 s: median minutes to the flag\n"
+    )
     print("| MiB/min | 5 | 20 | 50 | 200 |")
     print("|---|---:|---:|---:|---:|")
     cells = []
