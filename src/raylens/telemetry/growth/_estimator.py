@@ -17,9 +17,9 @@ when the rise would reach the node's kill line within :data:`URGENT_S`. It stops
 scale longer than the one that started the spell rises and that scale and the next
 :data:`HOLDING` have all stalled over their newer half, up to the newest segment (climbed at
 under ``calm``), so a leak that pauses between training phases keeps its spell; or at once
-when memory gives back a rise read on the spell's scale or a longer one (``_Climb``): it
-falls back to about where memory was before the rise and stays there, which a leak never
-does. A series that gave back such a climb within the longest scale (a sawtooth whose teeth
+when memory gives back a fast rise read on the spell's scale or a longer one (``_Climb``):
+it falls back to about where memory was before the rise and no lower for a minute, which a
+leak never does. A series that gave back such a climb within the longest scale (a sawtooth whose teeth
 last 10 minutes, the object store filled and freed phase after phase) needs the full
 confirmation on that scale. Its rate is the longest rising scale's, or a longer scale's lying
 within the spell where that climbs slower (``_spell_rate``).
@@ -76,7 +76,7 @@ HOLDING = 3
 URGENT_S = 3600.0
 #: Growth at least this many times ``grow_slow`` needs less confirmation (see ``_confirmed``).
 FAST = 5.0
-#: A climb is given back when memory falls to within this share of the climb of where it
+#: A fast climb is given back when memory falls to within this share of the climb of where it
 #: was before the climb, and no lower for :data:`GIVE_BACK_SLICES`: what a tooth, a fill or
 #: creep took and returned. Falling farther is something else (an engine
 #: putting its weights to sleep, a restart).
@@ -210,12 +210,13 @@ class PhaseMarks:
 
 
 class _Climb:
-    """A rise one scale read, followed until memory gives it back or leaves it.
+    """A fast rise one scale read, followed until memory gives it back or leaves it.
 
     ``base`` and ``top`` are where the reading's ratchet began and where its newest segment
-    begins; ``before`` the lowest floor over twice the scale up to the rise (where memory was
-    before it, a step up included); ``settling`` how many slices have stayed near ``before``
-    since memory fell back there.
+    begins; ``before`` the lowest floor of the next longer scale (the scale's own for the
+    longest) up to the rise, where memory was before it, a step up included; ``settling`` how
+    many slices have closed, none of them lower than the band, since memory first fell into
+    the band around ``before``.
 
     Given back means memory back where it was before the rise, not merely a drop the size of
     the climb: whatever a leak took stays, so after any fall memory is still above that level
@@ -233,8 +234,8 @@ class _Climb:
         """The next floor of the shortest scale: True once the climb is given back, False once
         memory fell well below where it was before (the climb is no longer followed), else None.
 
-        A fall passes through the band around ``before`` on its way down, so the band must
-        hold for :data:`GIVE_BACK_SLICES` slices from the first floor in it."""
+        A fall passes through the band around ``before`` on its way down, so memory must go no
+        lower for :data:`GIVE_BACK_SLICES` slices from the first floor in it."""
         reach = GIVE_BACK * (self.top - self.base)
         if floor < self.before - reach:
             return False
@@ -298,7 +299,7 @@ class GrowthEstimator:
         self._readings: list[ScaleReading | None] = [None] * settings.levels
         self._fresh_at = -_INF
         self._last_floor = -_INF
-        #: Each scale's climb being followed, and when one of its climbs was last given back.
+        #: Each scale's fast climb being followed, and when one of its climbs was last given back.
         self._climbs: list[_Climb | None] = [None] * settings.levels
         self._given_back_at = [-_INF] * settings.levels
         #: Bytes left before the node's kill line, when whoever records knows it.
@@ -391,19 +392,24 @@ class GrowthEstimator:
             self._slice(level + 1, closed // 2, closed_low, closed_high, t)
 
     def _track_climb(self, level: int, reading: ScaleReading) -> None:
-        """Follow the newest rise read on a scale that confirms others (all but the shortest),
-        unless memory is settling back from the one followed."""
-        if level == 0 or not reading.rises:
+        """Follow the newest fast rise read on a scale that confirms others (all but the
+        shortest), unless memory is settling back from the one followed: a slow rise (creep
+        while a fill is held) would replace a fill's climb with one too small to see freed."""
+        if level == 0 or not reading.rises or reading.rate < FAST * self._settings.grow_slow:
             return
         climb = self._climbs[level]
         if climb is None or not climb.settling:
+            # Where memory was before the rise, leaving out a restart's low (a process that
+            # held nothing for a while is not a level the rise began from).
+            lowest = FRESH_SHARE * reading.base
             around = self._scales[min(level + 1, len(self._scales) - 1)].floors
-            before = min((f for f in around if f == f), default=reading.base)
+            before = min((f for f in around if lowest <= f), default=reading.base)
             self._climbs[level] = _Climb(reading.base, reading.top, before)
 
     def _follow_climbs(self, floor: float, t: float) -> None:
         """A closed slice's floor of the shortest scale, against every followed climb. A climb
-        given back ends a spell started on its scale or a shorter one."""
+        given back ends a spell started on its scale or a shorter one, unless a longer scale
+        still rises (a slow leak under long teeth)."""
         for level, climb in enumerate(self._climbs):
             if climb is None:
                 continue
@@ -413,10 +419,18 @@ class GrowthEstimator:
             self._climbs[level] = None
             if given_back:
                 self._given_back_at[level] = t
-                if self._spell_scale is not None and self._spell_scale <= level:
-                    self._spell_scale = None
-                    self.growing_since = None
-                    self.rate = None
+                spell = self._spell_scale
+                if spell is not None and spell <= level and not self._longer_rises(level):
+                    self._end_spell()
+
+    def _longer_rises(self, level: int) -> bool:
+        """Whether a scale longer than ``level`` rises."""
+        return any(r is not None and r.rises for r in self._readings[level + 1 :])
+
+    def _end_spell(self) -> None:
+        self._spell_scale = None
+        self.growing_since = None
+        self.rate = None
 
     def _urgent(self, reading: ScaleReading) -> bool:
         """Whether growth at ``reading``'s rate would take what is left of the node's memory
@@ -430,7 +444,7 @@ class GrowthEstimator:
         The next two scales must rise too; or, for fast growth in a series that has not started
         afresh (its first sample, or memory falling to under half, as a process restart does)
         within the longer one's span, the next must rise and the one after must not be levelling
-        off, and the next must have given back no climb within the longest scale (what it
+        off, and the next must have given back no fast climb within the longest scale (what it
         climbed and gave back before is likely to come back again).
         """
         longer = self._readings[level + 1 : level + 1 + CONFIRMING]
@@ -502,14 +516,12 @@ class GrowthEstimator:
             self.growing_since = t
             self.spells += 1
         elif level == self._spell_scale and not reading.rises:
-            longer_rises = any(r is not None and r.rises for r in self._readings[level + 1 :])
             calm = self._settings.calm
             stalled = all(
                 r is None or r.recent < calm for r in self._readings[level : level + 1 + HOLDING]
             )
-            if not longer_rises and stalled:
-                self._spell_scale = None
-                self.growing_since = None
+            if stalled and not self._longer_rises(level):
+                self._end_spell()
         rising = [r for r in self._readings if r is not None and r.rises]
         if self._spell_scale is not None and rising:
             self.rate = self._spell_rate(rising[-1], t)

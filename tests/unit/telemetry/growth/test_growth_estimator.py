@@ -230,6 +230,48 @@ def test_a_leak_keeps_its_spell_while_its_engine_puts_weights_to_sleep_over_a_mi
     assert estimator.spells == 1 and all(growing_after_first_flag)
 
 
+@pytest.mark.parametrize("hold_s", [600.0, 1200.0])
+def test_fills_held_while_memory_creeps_and_then_freed_are_not_growth(hold_s: float) -> None:
+    # A 12-minute fill at 256 MiB/min, held while memory creeps at 4 MiB/min, then freed with
+    # the creep, every cycle: the slow creep is not taken for the climb to watch being freed.
+    t = np.arange(0.0, 8 * HOURS)
+    into_cycle = t % (720.0 + hold_s + 600.0)
+    fill = np.clip(into_cycle, 0.0, 720.0) * 256 * MIB_MIN
+    creep = np.clip(into_cycle - 720.0, 0.0, hold_s) * 4 * MIB_MIN
+    held = np.where(into_cycle < 720.0 + hold_s, fill + creep, 0.0)
+    estimator, share = growing_share(8 * GIB + held + jitter(len(t)))
+    assert estimator.spells == 0 and share == 0.0
+
+
+@pytest.mark.parametrize("dip_s", [1, 60])
+def test_a_leak_keeps_its_spell_through_readings_of_almost_nothing(dip_s: int) -> None:
+    # Every half hour the readings say 64 MiB for a moment or a minute (a process restarting
+    # with what it leaked kept elsewhere, or readings that missed it): neither gives the
+    # leak's climb back, and where memory fell to then is not where a later climb began.
+    t = np.arange(0.0, 6 * HOURS)
+    values = 8 * GIB + np.clip(t - HOURS, 0.0, None) * 50 * MIB_MIN + jitter(len(t))
+    for at in range(int(HOURS) + 1800, len(t), 1800):
+        values[at : at + dip_s] = 64 * MIB
+    estimator, share = growing_share(values, 1.5 * HOURS)
+    assert estimator.spells == 1 and share == 1.0
+
+
+@pytest.mark.parametrize("tooth_s", [900.0, 1500.0])
+def test_a_slow_leak_keeps_its_spell_when_a_long_tooth_on_top_of_it_is_freed(
+    tooth_s: float,
+) -> None:
+    # A 5 MiB/min leak, flagged on the long scales; three hours in, 2 GiB climb on top of it
+    # for 15-25 minutes and are freed. The tooth given back is not the leak's: the scales
+    # longer than the tooth's still rise.
+    t = np.arange(0.0, 6 * HOURS)
+    leak = np.clip(t - HOURS, 0.0, None) * 5 * MIB_MIN
+    tooth_at = 4 * HOURS
+    inside = (t >= tooth_at) & (t < tooth_at + tooth_s)
+    tooth = np.where(inside, (t - tooth_at) / tooth_s * 2 * GIB, 0.0)
+    estimator, share = growing_share(8 * GIB + leak + tooth + jitter(len(t)), tooth_at - 600.0)
+    assert estimator.spells == 1 and share == 1.0
+
+
 def leak_while_training(rate: float, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
     """Six hours of a leak running at ``rate`` only while training, generation and training
     alternating every 2-15 minutes: the times and the series."""
