@@ -115,6 +115,19 @@ def growing_share(values: np.ndarray, after: float = 0.0) -> tuple[GrowthEstimat
     return estimator, sum(growing) / len(growing)
 
 
+def growing_after_first_flag(values: np.ndarray) -> tuple[GrowthEstimator, list[bool]]:
+    """``values`` at 1 s fed a minute at a time, and whether the series was growing at the end
+    of each minute from the first flag on."""
+    estimator = GrowthEstimator(SETTINGS)
+    t = np.arange(float(len(values)))
+    growing = []
+    for start in range(0, len(t), 60):
+        estimator.add_many(t[start : start + 60], values[start : start + 60])
+        if estimator.spells:
+            growing.append(estimator.growing)
+    return estimator, growing
+
+
 @pytest.mark.parametrize("seed", [0, 1, 2])
 @pytest.mark.parametrize("tooth", [(300, 900), (540, 660)])
 def test_teeth_that_climb_for_ten_minutes_and_are_freed_are_not_growth(
@@ -196,15 +209,10 @@ def test_a_leak_while_training_keeps_its_spell_when_each_phase_frees_about_its_c
     training = (t // 720) % 2 == 1
     leak = np.cumsum(training & (t >= HOURS)) * rate_mib_min * MIB_MIN
     values = 8 * GIB + np.where(training, working_set_gib * GIB, 0.0) + leak + jitter(len(t))
-    estimator = GrowthEstimator(SETTINGS)
-    growing_after_first_flag = []
-    for start in range(0, len(t), 60):
-        estimator.add_many(t[start : start + 60], values[start : start + 60])
-        if estimator.spells:
-            growing_after_first_flag.append(estimator.growing)
+    estimator, growing = growing_after_first_flag(values)
     assert estimator.spells == 1
     assert estimator.growing_since is not None and estimator.growing_since < HOURS + 1800
-    assert all(growing_after_first_flag)
+    assert all(growing)
 
 
 @pytest.mark.parametrize("offset_s", [0, 4, 8, 12])
@@ -220,14 +228,8 @@ def test_a_leak_keeps_its_spell_while_its_engine_puts_weights_to_sleep_over_a_mi
     taking_back = np.clip((t - asleep_from - 600.0) / 60.0, 0.0, 1.0)
     weights = 8 * GIB * (1.0 - letting_go + taking_back)
     leak = np.clip(t - HOURS, 0.0, None) * 100 * MIB_MIN
-    estimator = GrowthEstimator(SETTINGS)
-    growing_after_first_flag = []
-    for start in range(0, len(t), 60):
-        chunk = slice(start, start + 60)
-        estimator.add_many(t[chunk], (8 * GIB + weights + leak + jitter(len(t)))[chunk])
-        if estimator.spells:
-            growing_after_first_flag.append(estimator.growing)
-    assert estimator.spells == 1 and all(growing_after_first_flag)
+    estimator, growing = growing_after_first_flag(8 * GIB + weights + leak + jitter(len(t)))
+    assert estimator.spells == 1 and all(growing)
 
 
 @pytest.mark.parametrize("hold_s", [600.0, 1200.0])
@@ -289,15 +291,10 @@ def leak_while_training(rate: float, seed: int = 0) -> tuple[np.ndarray, np.ndar
 
 @pytest.mark.parametrize("seed", [1, 2, 3])
 def test_a_leak_that_pauses_between_training_phases_keeps_one_spell(seed: int) -> None:
-    t, values = leak_while_training(20 * MIB_MIN, seed)
-    estimator = GrowthEstimator(SETTINGS)
-    growing_after_first_flag = []
-    for start in range(0, len(t), 60):
-        estimator.add_many(t[start : start + 60], values[start : start + 60])
-        if estimator.spells:
-            growing_after_first_flag.append(estimator.growing)
+    _, values = leak_while_training(20 * MIB_MIN, seed)
+    estimator, growing = growing_after_first_flag(values)
     assert estimator.spells == 1
-    assert len(growing_after_first_flag) > 60 and all(growing_after_first_flag)
+    assert len(growing) > 60 and all(growing)
 
 
 def test_a_leak_climbing_in_stairs_is_given_its_rate_over_the_stairs_not_within_one() -> None:
