@@ -21,7 +21,7 @@ when memory gives back a fast rise read on the spell's scale or a longer one (``
 it falls back to about where memory was before the rise and no lower for a minute, which a
 leak never does. A series that gave back such a climb within the longest scale (a sawtooth whose teeth
 last 10 minutes, the object store filled and freed phase after phase) needs the full
-confirmation on that scale. Its rate is the longest rising scale's, or a longer scale's lying
+confirmation on longer scales. Its rate is the longest rising scale's, or a longer scale's lying
 within the spell where that climbs slower (``_spell_rate``).
 
 Invariants a maintainer must keep: no clock is read (times are the caller's); memory per
@@ -444,11 +444,16 @@ class GrowthEstimator:
         The next two scales must rise too; or, for fast growth in a series that has not started
         afresh (its first sample, or memory falling to under half, as a process restart does)
         within the longer one's span, the next must rise and the one after must not be levelling
-        off, and the next must have given back no fast climb within the longest scale (what it
-        climbed and gave back before is likely to come back again).
+        off. Either way, the scales that bear it out must have given back no fast climb within
+        the longest scale: what a scale saw climb and be given back (teeth of up to half an
+        hour, fills) is likely to come back, so growth there needs the longer scales.
         """
         longer = self._readings[level + 1 : level + 1 + CONFIRMING]
-        if all(r is not None and r.rises for r in longer):
+        quiet = [
+            t - self._given_back_at[k] >= self._settings.longest_scale_s
+            for k in range(level + 1, level + 1 + len(longer))
+        ]
+        if all(r is not None and r.rises for r in longer) and all(quiet):
             return True
         if len(longer) < CONFIRMING or longer[0] is None or not longer[0].rises:
             return False
@@ -459,7 +464,7 @@ class GrowthEstimator:
             and t - self._fresh_at >= outer.scale_s
             and (self._readings[level] or outer).rate >= FAST * self._settings.grow_slow
             and self._crossed_phase(longer[0].scale_s, t)
-            and t - self._given_back_at[level + 1] >= self._settings.longest_scale_s
+            and quiet[0]
         )
 
     def _crossed_phase(self, span: float, t: float) -> bool:

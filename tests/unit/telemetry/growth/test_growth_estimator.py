@@ -142,6 +142,19 @@ def test_teeth_that_climb_for_ten_minutes_and_are_freed_are_not_growth(
     assert share < 0.02
 
 
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_teeth_of_up_to_half_an_hour_are_flagged_only_until_their_kind_is_seen_given_back(
+    seed: int,
+) -> None:
+    # Teeth of 15-30 minutes climb straight for as long as the full confirmation takes: the
+    # first ones are flagged until they are freed; once the confirming scales have seen
+    # teeth given back, the rest are not.
+    t = np.arange(0.0, 8 * HOURS)
+    values = 8 * GIB + sawtooth_with_drifting_period(t, 1 * GIB, 900, 1800, seed) + jitter(len(t))
+    estimator, share = growing_share(values)
+    assert estimator.spells <= 3 and share < 0.1
+
+
 def test_a_spell_ends_as_soon_as_the_climb_it_stood_on_is_given_back() -> None:
     # A climb of 200 MiB/min for half an hour, held for ten minutes, then freed: it is a leak
     # until it is freed, and not growth once memory has stayed back for a minute (four slices
