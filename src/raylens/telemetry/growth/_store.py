@@ -42,6 +42,12 @@ __all__ = [
 #: A node id, or ``(node id, group)``; group None is the node's memory outside its groups.
 Key = str | tuple[str, str | None]
 
+
+def _node_of(key: Key) -> str:
+    """The node a key's series belongs to (the node's own, a group's, or the rest's)."""
+    return key[0] if isinstance(key, tuple) else key
+
+
 #: Most worker groups kept per node; beyond it the smallest count as memory outside groups.
 MAX_GROUPS_PER_NODE = 64
 #: Longest span of samples kept at full resolution (what a post-mortem shows); older ones are
@@ -278,7 +284,7 @@ class MemoryHistory:
             marks.mark(t)  # a bad first mark leaves the node unmarked
             self._phases[node] = marks
             for key, entry in self._series.items():
-                if key == node or (isinstance(key, tuple) and key[0] == node):
+                if _node_of(key) == node:
                     entry.estimator.phases = marks
 
     def set_limit(self, node: str, limit: float | None) -> None:
@@ -298,9 +304,7 @@ class MemoryHistory:
             self._limits.pop(node, None)
             if not keep_phase_marks:
                 self._phases.pop(node, None)
-            for key in [
-                k for k in self._series if k == node or (isinstance(k, tuple) and k[0] == node)
-            ]:
+            for key in [k for k in self._series if _node_of(k) == node]:
                 del self._series[key]
 
     # reading -------------------------------------------------------------------
@@ -376,6 +380,6 @@ class MemoryHistory:
         entry = self._series.get(key)
         if entry is None:
             entry = self._series[key] = _Entry(self.settings)
-            entry.estimator.phases = self._phases.get(key[0] if isinstance(key, tuple) else key)
+            entry.estimator.phases = self._phases.get(_node_of(key))
         entry.estimator.room = self._room if isinstance(key, tuple) or key in self._limits else None
         return entry
