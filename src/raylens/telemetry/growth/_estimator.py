@@ -158,7 +158,7 @@ def _read(
     peak = max((h for h in highs if h == h), default=math.nan)
     # What the ratchet climbed over its newer half, up to the newest segment: the ratchet
     # there is a minimum over fewer slices and rises on noise alone.
-    recent = (ratchet[whole] - ratchet[half]) / ((whole - half) * width)
+    recent = second / ((whole - half) * width)
     return ScaleReading(width * FLOORS, rate, rises, slowing, peak, recent, start, ratchet[whole])
 
 
