@@ -390,6 +390,22 @@ def measure(families: tuple[Family, ...], seeds: int, benign_seeds: int, label: 
     print(f"\nraylens CPU: {cpu:.1f} s for all traces ({benign_hours:.0f}+ node-hours at 1 s)")
 
 
+def _teeth(t: np.ndarray, seed: int, amount: float, periods: tuple[float, float]) -> np.ndarray:
+    """An 8 GiB series with teeth of ``amount`` lasting ``periods`` seconds, 8 MiB of jitter."""
+    rng = np.random.default_rng(seed)
+    values = 8 * GIB + sawtooth(t, rng, amount, amount, periods)
+    return values + rng.normal(0.0, 8 * MIB, len(t))
+
+
+def _minutes(t: np.ndarray, values: np.ndarray) -> Iterable[tuple[float, GrowthEstimator]]:
+    """The estimator with the documented defaults after each minute of ``values``, and the
+    minute's last time."""
+    estimator = GrowthEstimator(GrowthSettings())
+    for start in range(0, len(t), CHUNK_S):
+        estimator.add_many(t[start : start + CHUNK_S], values[start : start + CHUNK_S])
+        yield float(t[min(start + CHUNK_S, len(t)) - 1]), estimator
+
+
 def slow_teeth(seeds: int) -> None:
     """Spells, and the share of minutes flagged growing, on memory that climbs for minutes and
     is freed, tooth after tooth, with no leak: memory the families leave out (their teeth last
@@ -406,15 +422,11 @@ def slow_teeth(seeds: int) -> None:
         for amount in (1 * GIB, 4 * GIB):
             spells, shares = [], []
             for seed in range(seeds):
-                rng = np.random.default_rng(seed)
-                values = 8 * GIB + sawtooth(t, rng, amount, amount, periods)
-                values = values + rng.normal(0.0, 8 * MIB, len(t))
-                estimator = GrowthEstimator(GrowthSettings())
-                minutes_growing = 0
-                for start in range(0, len(t), CHUNK_S):
-                    estimator.add_many(t[start : start + CHUNK_S], values[start : start + CHUNK_S])
+                minutes_growing, spells_seen = 0, 0
+                for _, estimator in _minutes(t, _teeth(t, seed, amount, periods)):
                     minutes_growing += estimator.growing
-                spells.append(estimator.spells)
+                    spells_seen = estimator.spells
+                spells.append(spells_seen)
                 shares.append(minutes_growing * CHUNK_S / len(t))
             cells.append(f"{statistics.mean(spells):.1f} ({statistics.mean(shares):.0%})")
         print(f"| {periods[0]:.0f}-{periods[1]:.0f} s | " + " | ".join(cells) + " |")
@@ -427,15 +439,10 @@ def slow_teeth(seeds: int) -> None:
     for rate in (5.0, 20.0, 50.0, 200.0):
         delays = []
         for seed in range(seeds):
-            rng = np.random.default_rng(seed)
-            values = 8 * GIB + sawtooth(t, rng, 1 * GIB, 1 * GIB, (540.0, 660.0))
-            values = values + rng.normal(0.0, 8 * MIB, len(t))
-            values = values + np.clip(t - 3600.0, 0.0, None) * rate * MIB_MIN
-            estimator = GrowthEstimator(GrowthSettings())
-            for start in range(0, len(t), CHUNK_S):
-                estimator.add_many(t[start : start + CHUNK_S], values[start : start + CHUNK_S])
+            leak = np.clip(t - 3600.0, 0.0, None) * rate * MIB_MIN
+            for now, estimator in _minutes(t, _teeth(t, seed, 1 * GIB, (540.0, 660.0)) + leak):
                 if estimator.growing_since is not None and estimator.growing_since >= 3600.0:
-                    delays.append(float(t[start + CHUNK_S - 1]) - 3600.0)
+                    delays.append(now - 3600.0)
                     break
         cells.append(_median_latency({rate: delays + [None] * (seeds - len(delays))}, rate))
     print("| raylens | " + " | ".join(cells) + " |")
