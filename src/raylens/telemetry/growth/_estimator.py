@@ -10,8 +10,9 @@ The estimator keeps, for each of ``levels`` scales (the window, then each twice 
 before), the floor (lowest sample) of each of the last :data:`FLOORS` slices of the scale.
 When a slice closes, the scale is read: it *rises* when its ratchet, up to its newest
 quarter, climbs at ``grow_slow`` or faster, strays from the straight line between its ends by
-at most :data:`STRAIGHT` of the climb, does not climb clearly less over its second half than
-its first (:data:`STEADY`), and goes on climbing in the newest quarter. A series starts
+at most :data:`STRAIGHT` of the climb (on the longer scales, only where its segments end, so
+that stairs count: :data:`STAIRS_LEVEL`), does not climb clearly less over its second half
+than its first (:data:`STEADY`), and goes on climbing in the newest quarter. A series starts
 *growing* when a scale rises and the longer scales bear it out (``_confirmed``), or at once
 when the rise would reach the node's kill line within :data:`URGENT_S`. It stops when no
 scale longer than the one that started the spell rises and that scale and the next
@@ -44,6 +45,7 @@ from raylens.telemetry.growth._settings import SLICES_PER_WINDOW, GrowthSettings
 __all__ = [
     "FLOORS",
     "SEGMENTS",
+    "STAIRS_LEVEL",
     "STRAIGHT",
     "GrowthEstimator",
     "PhaseMarks",
@@ -57,6 +59,12 @@ SEGMENTS = 4
 #: Farthest a rising scale's ratchet may stray from the straight line between its ends, as
 #: a share of its climb: a climb made of one or two steps strays farther.
 STRAIGHT = 0.2
+#: Scales from this level up (20 minutes and longer with the default window) are held to the
+#: line only where their segments end. Under a sawtooth or a leak that runs only while
+#: training, memory comes back down only now and then (once a tooth, once a phase), so the
+#: ratchet climbs in stairs a tooth or a phase long; a scale holding several of them reads
+#: the stairs as a line at its segments' ends, while one or two steps still stray from it.
+STAIRS_LEVEL = 2
 #: The ratchet's climb over a scale's second half, as a share of its first half, below which
 #: the rise is slowing down (memory filling towards a plateau), not a leak.
 STEADY = 0.9
@@ -108,7 +116,10 @@ class ScaleReading(NamedTuple):
     its ratchet climbed clearly less over its second half than over its first (memory
     filling towards a plateau); ``peak`` its highest sample; ``recent`` the ratchet's climb
     over its newer half up to the newest segment, bytes/s; ``base`` and ``top`` the ratchet
-    where the scale begins and where its newest segment begins.
+    where the scale begins and where its newest segment begins; ``straight`` whether the
+    ratchet keeps to the line at every slice, not only in stairs (see :data:`STAIRS_LEVEL`);
+    ``stair_rate`` the ratchet's climb from the end of its first segment up to the newest,
+    bytes/s: the rate of stairs that began part-way along the first segment.
     """
 
     scale_s: float
@@ -119,12 +130,21 @@ class ScaleReading(NamedTuple):
     recent: float
     base: float
     top: float
+    straight: bool
+    stair_rate: float
 
 
 def _read(
-    floors: deque[float], highs: deque[float], width: float, settings: GrowthSettings
+    floors: deque[float],
+    highs: deque[float],
+    width: float,
+    settings: GrowthSettings,
+    *,
+    stairs: bool = False,
 ) -> ScaleReading | None:
-    """The reading of one scale's floors, or None when too few slices hold samples."""
+    """The reading of one scale's floors, or None when too few slices hold samples; with
+    ``stairs``, a ratchet climbing in stairs that keep to the line where the segments end
+    rises too."""
     filled = 0
     ratchet = [0.0] * FLOORS
     low = _INF
@@ -146,20 +166,35 @@ def _read(
     half = whole // 2
     first, second = ratchet[half] - start, ratchet[whole] - ratchet[half]
     slowing = second < STEADY * first
-    bent = 0.0
+    bent = stair_bent = 0.0
     for i in range(1, whole):
         off = abs(ratchet[i] - start - climb * i / whole)
-        if off > bent:
-            bent = off
+        bent = max(bent, off)
+        if i % _SEGMENT == 0:
+            stair_bent = max(stair_bent, off)
+    straight = bent <= STRAIGHT * climb
+    in_line = straight or (stairs and stair_bent <= STRAIGHT * climb)
     # The newest segment must go on climbing: a rise that has stopped is not growing now.
     newest = ratchet[-1] - ratchet[whole]
     going_on = newest >= STEADY * rate * (FLOORS - 1 - whole) * width
-    rises = rate >= settings.grow_slow and bent <= STRAIGHT * climb and not slowing and going_on
+    rises = rate >= settings.grow_slow and in_line and not slowing and going_on
     peak = max((h for h in highs if h == h), default=math.nan)
     # What the ratchet climbed over its newer half, up to the newest segment: the ratchet
     # there is a minimum over fewer slices and rises on noise alone.
     recent = second / ((whole - half) * width)
-    return ScaleReading(width * FLOORS, rate, rises, slowing, peak, recent, start, ratchet[whole])
+    stair_rate = (ratchet[whole] - ratchet[_SEGMENT]) / ((whole - _SEGMENT) * width)
+    return ScaleReading(
+        width * FLOORS,
+        rate,
+        rises,
+        slowing,
+        peak,
+        recent,
+        start,
+        ratchet[whole],
+        straight,
+        max(0.0, stair_rate),
+    )
 
 
 class PhaseMarks:
@@ -503,7 +538,9 @@ class GrowthEstimator:
 
     def _judge(self, level: int, t: float) -> None:
         scale = self._scales[level]
-        reading = _read(scale.floors, scale.highs, scale.width, self._settings)
+        reading = _read(
+            scale.floors, scale.highs, scale.width, self._settings, stairs=level >= STAIRS_LEVEL
+        )
         if reading is None:
             return
         self._readings[level] = reading
@@ -529,7 +566,12 @@ class GrowthEstimator:
                 self._end_spell()
         rising = [r for r in self._readings if r is not None and r.rises]
         if self._spell_scale is not None and rising:
-            self.rate = self._spell_rate(rising[-1], t)
+            longest = rising[-1]
+            if not longest.straight and longest.stair_rate > longest.rate:
+                # Stairs keep to the line only roughly: stairs that began part-way along the
+                # first segment climb slower over the whole scale than after that segment.
+                longest = longest._replace(rate=longest.stair_rate)
+            self.rate = self._spell_rate(longest, t)
         elif self._spell_scale is None:
             self.rate = None
         if self.rate is not None:

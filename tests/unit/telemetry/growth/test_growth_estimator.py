@@ -191,6 +191,45 @@ def test_a_leak_under_ten_minute_teeth_is_found_on_the_longer_scales_and_keeps_i
     assert share > 0.5
 
 
+@pytest.mark.parametrize("rate_mib_min", [20.0, 50.0])
+def test_a_leak_under_ten_minute_teeth_is_found_within_the_hour_in_the_stairs_it_leaves(
+    rate_mib_min: float,
+) -> None:
+    # Memory comes back down only once a tooth, so the floor it returns to climbs in stairs
+    # ten minutes long: the 20- and 40-minute scales hold a few of them. Read as a line only
+    # slice by slice, the stairs waited for the 80- and 160-minute scales (about two hours).
+    t = np.arange(0.0, 4 * HOURS)
+    delays = []
+    for seed in range(4):
+        teeth = sawtooth_with_drifting_period(t, 1 * GIB, 540, 660, seed)
+        leak = np.clip(t - HOURS, 0.0, None) * rate_mib_min * MIB_MIN
+        estimator = GrowthEstimator(SETTINGS)
+        values = 8 * GIB + teeth + leak + jitter(len(t), seed=seed)
+        for start in range(0, len(t), 60):
+            estimator.add_many(t[start : start + 60], values[start : start + 60])
+            if estimator.growing:
+                assert estimator.growing_since is not None and estimator.growing_since > HOURS
+                delays.append(t[start + 59] - HOURS)
+                break
+    # Three of the four within 45 minutes (the other within 80).
+    assert len(delays) == 4 and sorted(delays)[2] <= 45 * 60 and max(delays) <= 80 * 60
+
+
+@pytest.mark.parametrize("steps", [2, 3])
+@pytest.mark.parametrize("apart_s", [300, 600, 1200])
+def test_a_few_steps_up_that_stay_are_not_growth_though_stairs_are_read(
+    steps: int, apart_s: int
+) -> None:
+    # Weights loaded in two or three pieces, minutes apart: the floor climbs in stairs that
+    # stop, which no scale holds as a line that goes on climbing.
+    t = np.arange(0.0, 6 * HOURS)
+    values = 8 * GIB + jitter(len(t))
+    for k in range(steps):
+        values += np.where(t >= HOURS + k * apart_s, 2 * GIB, 0.0)
+    estimator, share = growing_share(values)
+    assert estimator.spells == 0 and share == 0.0
+
+
 @pytest.mark.parametrize("keep", [0.2, 0.4])
 def test_teeth_that_keep_a_share_of_each_tooth_grow_at_what_they_keep(keep: float) -> None:
     rng = np.random.default_rng(0)
