@@ -417,7 +417,7 @@ def slow_teeth(seeds: int) -> None:
     print("| teeth last | 1 GiB | 4 GiB |")
     print("|---|---:|---:|")
     t = np.arange(0.0, 8 * 3600.0)
-    for periods in ((30.0, 300.0), (300.0, 900.0), (540.0, 660.0)):
+    for periods in ((30.0, 300.0), (300.0, 900.0), (540.0, 660.0), (1800.0, 2700.0)):
         cells = []
         for amount in (1 * GIB, 4 * GIB):
             spells, shares = [], []

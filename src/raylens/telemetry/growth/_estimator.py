@@ -20,9 +20,9 @@ scale longer than the one that started the spell rises and that scale and the ne
 under ``calm``), so a leak that pauses between training phases keeps its spell; or at once
 when memory gives back a fast rise read on the spell's scale or a longer one (``_Climb``):
 it falls back to about where memory was before the rise and no lower for a minute, which a
-leak never does. A series that gave back such a climb within the longest scale (a sawtooth whose teeth
-last 10 minutes, the object store filled and freed phase after phase) needs the full
-confirmation on longer scales. Its rate is the longest rising scale's, or a longer scale's lying
+leak never does. A series that gave back such a climb within the longest scale (a sawtooth
+whose teeth last 10 or 40 minutes, the object store filled and freed phase after phase) needs
+the confirmation of scales longer than the one that gave it back. Its rate is the longest rising scale's, or a longer scale's lying
 within the spell where that climbs slower (``_spell_rate``).
 
 Invariants a maintainer must keep: no clock is read (times are the caller's); memory per
@@ -479,13 +479,15 @@ class GrowthEstimator:
         The next two scales must rise too; or, for fast growth in a series that has not started
         afresh (its first sample, or memory falling to under half, as a process restart does)
         within the longer one's span, the next must rise and the one after must not be levelling
-        off. Either way, the scales that bear it out must have given back no fast climb within
-        the longest scale: what a scale saw climb and be given back (teeth of up to half an
-        hour, fills) is likely to come back, so growth there needs the longer scales.
+        off. Either way, neither the scales that bear it out nor any longer one may have given
+        back a fast climb within the longest scale: what a scale saw climb and be given back
+        (teeth, fills) is likely to come back, so growth there needs the longer scales. A
+        shorter scale's climbs are parts of the longer one's (a tooth of 40 minutes is climbs
+        of 10 minutes that memory falls far below), so they count as given back with it.
         """
         longer = self._readings[level + 1 : level + 1 + CONFIRMING]
         quiet = [
-            t - self._given_back_at[k] >= self._settings.longest_scale_s
+            t - max(self._given_back_at[k:]) >= self._settings.longest_scale_s
             for k in range(level + 1, level + 1 + len(longer))
         ]
         if all(r is not None and r.rises for r in longer) and all(quiet):

@@ -155,6 +155,20 @@ def test_teeth_of_up_to_half_an_hour_are_flagged_only_until_their_kind_is_seen_g
     assert estimator.spells <= 3 and share < 0.1
 
 
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_teeth_of_half_an_hour_and_more_are_flagged_only_until_their_kind_is_seen_given_back(
+    seed: int,
+) -> None:
+    # Teeth of 30-45 minutes: a tooth freed is a climb given back on the 20- and 40-minute
+    # scales, and the 10-minute scale that bears out the next tooth's start is part of the
+    # same tooth, though it saw no climb of its own given back (memory fell far below where
+    # its climb began).
+    t = np.arange(0.0, 8 * HOURS)
+    values = 8 * GIB + sawtooth_with_drifting_period(t, 1 * GIB, 1800, 2700, seed) + jitter(len(t))
+    estimator, share = growing_share(values)
+    assert estimator.spells <= 2 and share < 0.1
+
+
 def test_a_spell_ends_as_soon_as_the_climb_it_stood_on_is_given_back() -> None:
     # A climb of 200 MiB/min for half an hour, held for ten minutes, then freed: it is a leak
     # until it is freed, and not growth once memory has stayed back for a minute (four slices
