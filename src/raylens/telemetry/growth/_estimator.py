@@ -11,7 +11,7 @@ before), the floor (lowest sample) of each of the last :data:`FLOORS` slices of 
 When a slice closes, the scale is read: it *rises* when its ratchet, up to its newest
 quarter, climbs at ``grow_slow`` or faster, strays from the straight line between its ends by
 at most :data:`STRAIGHT` of the climb (on the longer scales, only where its segments end, so
-that stairs count: :data:`STAIRS_LEVEL`), does not climb clearly less over its second half
+that stairs count: :data:`STAIRS_FROM_S`), does not climb clearly less over its second half
 than its first (:data:`STEADY`), and goes on climbing in the newest quarter. A series starts
 *growing* when a scale rises and the longer scales bear it out (``_confirmed``), or at once
 when the rise would reach the node's kill line within :data:`URGENT_S`. It stops when no
@@ -45,7 +45,7 @@ from raylens.telemetry.growth._settings import SLICES_PER_WINDOW, GrowthSettings
 __all__ = [
     "FLOORS",
     "SEGMENTS",
-    "STAIRS_LEVEL",
+    "STAIRS_FROM_S",
     "STRAIGHT",
     "GrowthEstimator",
     "PhaseMarks",
@@ -59,12 +59,15 @@ SEGMENTS = 4
 #: Farthest a rising scale's ratchet may stray from the straight line between its ends, as
 #: a share of its climb: a climb made of one or two steps strays farther.
 STRAIGHT = 0.2
-#: Scales from this level up (20 minutes and longer with the default window) are held to the
-#: line only where their segments end. Under a sawtooth or a leak that runs only while
-#: training, memory comes back down only now and then (once a tooth, once a phase), so the
-#: ratchet climbs in stairs a tooth or a phase long; a scale holding several of them reads
-#: the stairs as a line at its segments' ends, while one or two steps still stray from it.
-STAIRS_LEVEL = 2
+#: Scales of at least this many seconds, but not the longest, are held to the line only where
+#: their segments end (20, 40 and 80 minutes with the default window). Under a sawtooth or a
+#: leak that runs only while training, memory comes back down only now and then (once a
+#: tooth, once a phase), so the ratchet climbs in stairs a tooth or a phase long: minutes,
+#: whatever the window. A scale holding several of them reads the stairs as a line at its
+#: segments' ends, while one or two steps still stray from it. Shorter scales' slices hold too
+#: few samples for two points to stand clear of jitter, and the longest has none longer to
+#: bear out a reading that loose.
+STAIRS_FROM_S = 1200.0
 #: The ratchet's climb over a scale's second half, as a share of its first half, below which
 #: the rise is slowing down (memory filling towards a plateau), not a leak.
 STEADY = 0.9
@@ -117,7 +120,7 @@ class ScaleReading(NamedTuple):
     filling towards a plateau); ``peak`` its highest sample; ``recent`` the ratchet's climb
     over its newer half up to the newest segment, bytes/s; ``base`` and ``top`` the ratchet
     where the scale begins and where its newest segment begins; ``straight`` whether the
-    ratchet keeps to the line at every slice, not only in stairs (see :data:`STAIRS_LEVEL`);
+    ratchet keeps to the line at every slice, not only in stairs (see :data:`STAIRS_FROM_S`);
     ``stair_rate`` the ratchet's climb from the end of its first segment up to the newest,
     bytes/s: the rate of stairs that began part-way along the first segment.
     """
@@ -259,11 +262,13 @@ class _Climb:
     to sleep).
     """
 
-    __slots__ = ("base", "before", "settling", "top")
+    __slots__ = ("base", "before", "highest", "settling", "top")
 
     def __init__(self, base: float, top: float, before: float) -> None:
         self.base, self.top, self.before = base, top, min(before, base)
         self.settling = 0
+        #: The highest floor of the shortest scale seen while following: where the climb peaked.
+        self.highest = top
 
     def follow(self, floor: float) -> bool | None:
         """The next floor of the shortest scale: True once the climb is given back, False once
@@ -271,6 +276,7 @@ class _Climb:
 
         A fall passes through the band around ``before`` on its way down, so memory must go no
         lower for :data:`GIVE_BACK_SLICES` slices from the first floor in it."""
+        self.highest = max(self.highest, floor)
         reach = GIVE_BACK * (self.top - self.base)
         if floor < self.before - reach:
             return False
@@ -310,6 +316,7 @@ class GrowthEstimator:
         "_climbs",
         "_fresh_at",
         "_given_back_at",
+        "_given_back_climb",
         "_last_floor",
         "_readings",
         "_scales",
@@ -337,6 +344,8 @@ class GrowthEstimator:
         #: Each scale's fast climb being followed, and when one of its climbs was last given back.
         self._climbs: list[_Climb | None] = [None] * settings.levels
         self._given_back_at = [-_INF] * settings.levels
+        #: The largest climb given back on each scale within the longest scale, bytes.
+        self._given_back_climb = [0.0] * settings.levels
         #: Bytes left before the node's kill line, when whoever records knows it.
         self.room: float | None = None
         #: The node's phase boundaries, when they are marked (see :meth:`mark_phase`).
@@ -453,7 +462,11 @@ class GrowthEstimator:
                 continue
             self._climbs[level] = None
             if given_back:
+                if t - self._given_back_at[level] >= self._settings.longest_scale_s:
+                    self._given_back_climb[level] = 0.0
                 self._given_back_at[level] = t
+                climbed = climb.highest - climb.before
+                self._given_back_climb[level] = max(self._given_back_climb[level], climbed)
                 spell = self._spell_scale
                 if spell is not None and spell <= level and not self._longer_rises(level):
                     self._end_spell()
@@ -479,17 +492,12 @@ class GrowthEstimator:
         The next two scales must rise too; or, for fast growth in a series that has not started
         afresh (its first sample, or memory falling to under half, as a process restart does)
         within the longer one's span, the next must rise and the one after must not be levelling
-        off. Either way, neither the scales that bear it out nor any longer one may have given
-        back a fast climb within the longest scale: what a scale saw climb and be given back
-        (teeth, fills) is likely to come back, so growth there needs the longer scales. A
-        shorter scale's climbs are parts of the longer one's (a tooth of 40 minutes is climbs
-        of 10 minutes that memory falls far below), so they count as given back with it.
+        off. Either way, the scales that bear it out must be quiet (``_quiet``): what a scale
+        saw climb and be given back (teeth, fills) is likely to come back, so growth there
+        needs the longer scales.
         """
         longer = self._readings[level + 1 : level + 1 + CONFIRMING]
-        quiet = [
-            t - max(self._given_back_at[k:]) >= self._settings.longest_scale_s
-            for k in range(level + 1, level + 1 + len(longer))
-        ]
+        quiet = [self._quiet(k, t) for k in range(level + 1, level + 1 + len(longer))]
         if all(r is not None and r.rises for r in longer) and all(quiet):
             return True
         if len(longer) < CONFIRMING or longer[0] is None or not longer[0].rises:
@@ -502,6 +510,25 @@ class GrowthEstimator:
             and (self._readings[level] or outer).rate >= FAST * self._settings.grow_slow
             and self._crossed_phase(longer[0].scale_s, t)
             and quiet[0]
+        )
+
+    def _quiet(self, level: int, t: float) -> bool:
+        """Whether the scale ``level`` may bear out a rise on a shorter one: it gave back no
+        climb within the longest scale, and neither did a longer scale, unless ``level`` has
+        since climbed more than that climb (so it is not climbing the way it did again).
+
+        A shorter scale's climbs are parts of a longer one's: inside a 40-minute tooth, a
+        10-minute climb ends far above where memory falls, so it is dropped, never given back,
+        and the longer scale's give-back speaks for it.
+        """
+        longest = self._settings.longest_scale_s
+        if t - self._given_back_at[level] < longest:
+            return False
+        reading = self._readings[level]
+        climbed = reading.top - reading.base if reading is not None else 0.0
+        return all(
+            t - self._given_back_at[k] >= longest or climbed > self._given_back_climb[k]
+            for k in range(level + 1, len(self._scales))
         )
 
     def _crossed_phase(self, span: float, t: float) -> bool:
@@ -540,9 +567,8 @@ class GrowthEstimator:
 
     def _judge(self, level: int, t: float) -> None:
         scale = self._scales[level]
-        reading = _read(
-            scale.floors, scale.highs, scale.width, self._settings, stairs=level >= STAIRS_LEVEL
-        )
+        stairs = scale.width * FLOORS >= STAIRS_FROM_S and level < len(self._scales) - 1
+        reading = _read(scale.floors, scale.highs, scale.width, self._settings, stairs=stairs)
         if reading is None:
             return
         self._readings[level] = reading

@@ -229,6 +229,46 @@ def test_a_leak_under_ten_minute_teeth_is_found_within_the_hour_in_the_stairs_it
     assert len(delays) == 4 and sorted(delays)[2] <= 45 * 60 and max(delays) <= 80 * 60
 
 
+@pytest.mark.parametrize(
+    ("window_s", "levels"), [(40.0, 6), (300.0, 3)], ids=["shortest window", "three scales"]
+)
+def test_flat_memory_under_heavy_jitter_is_not_read_as_stairs_with_a_short_window_or_few_scales(
+    window_s: float, levels: int
+) -> None:
+    # Stairs are checked at two points only. On scales of a few minutes (the shortest window
+    # allowed) jitter of 64 MiB puts floors there that line up with a climb of a few MiB/min;
+    # and the longest scale (the 20-minute one of three) needs no other to bear it out.
+    t = np.arange(0.0, 8 * HOURS)
+    spells = 0
+    for seed in range(4):
+        estimator = GrowthEstimator(GrowthSettings(window_s=window_s, levels=levels))
+        values = 8 * GIB + jitter(len(t), 64 * MIB, seed)
+        for start in range(0, len(t), 60):
+            estimator.add_many(t[start : start + 60], values[start : start + 60])
+        spells += estimator.spells
+    assert spells <= 1  # one seed at the shortest window, as before stairs were read
+
+
+def test_a_fast_leak_soon_after_a_long_tooth_was_freed_is_flagged_once_it_climbs_past_it() -> None:
+    # A 1 GiB climb over 40 minutes, freed: the 20- and 40-minute scales gave it back. Five
+    # minutes later a 200 MiB/min leak starts; the 10-minute scale has climbed more than the
+    # tooth did within minutes, so it is not that climb again and may bear out the leak.
+    t = np.arange(0.0, 5 * HOURS)
+    tooth = np.where((t >= 3300) & (t < 5700), (t - 3300) / 2400 * GIB, 0.0)
+    leak = np.clip(t - 6000, 0.0, None) * 200 * MIB_MIN
+    estimator = GrowthEstimator(SETTINGS)
+    values = 8 * GIB + tooth + leak + jitter(len(t))
+    flagged_at = None
+    for start in range(0, len(t), 60):
+        estimator.add_many(t[start : start + 60], values[start : start + 60])
+        since = estimator.growing_since
+        if flagged_at is None and since is not None and since > 6000:
+            flagged_at = since
+    # The tooth itself is flagged while it climbs (nothing like it was given back before).
+    assert estimator.spells == 2 and estimator.growing
+    assert flagged_at is not None and flagged_at <= 6000 + 15 * 60
+
+
 @pytest.mark.parametrize("steps", [2, 3])
 @pytest.mark.parametrize("apart_s", [300, 600, 1200])
 def test_a_few_steps_up_that_stay_are_not_growth_though_stairs_are_read(
