@@ -143,30 +143,23 @@ def test_teeth_that_climb_for_ten_minutes_and_are_freed_are_not_growth(
 
 
 @pytest.mark.parametrize("seed", [0, 1, 2])
-def test_teeth_of_up_to_half_an_hour_are_flagged_only_until_their_kind_is_seen_given_back(
-    seed: int,
+@pytest.mark.parametrize(
+    ("shortest_s", "longest_s", "most_spells"),
+    [(900, 1800, 3), (1800, 2700, 2)],
+    ids=["15-30 min", "30-45 min"],
+)
+def test_teeth_of_a_quarter_to_three_quarters_of_an_hour_are_flagged_only_until_seen_given_back(
+    seed: int, shortest_s: int, longest_s: int, most_spells: int
 ) -> None:
-    # Teeth of 15-30 minutes climb straight for as long as the full confirmation takes: the
-    # first ones are flagged until they are freed; once the confirming scales have seen
-    # teeth given back, the rest are not.
+    # Such teeth climb straight for as long as the full confirmation takes: the first ones are
+    # flagged until they are freed; once the confirming scales have seen teeth given back, the
+    # rest are not. A 30-45-minute tooth freed is a climb given back on the 20- and 40-minute
+    # scales; the 10-minute scale that bears out the next tooth's start saw no climb of its
+    # own given back (memory fell far below where its climb began) but is part of that tooth.
     t = np.arange(0.0, 8 * HOURS)
-    values = 8 * GIB + sawtooth_with_drifting_period(t, 1 * GIB, 900, 1800, seed) + jitter(len(t))
-    estimator, share = growing_share(values)
-    assert estimator.spells <= 3 and share < 0.1
-
-
-@pytest.mark.parametrize("seed", [0, 1, 2])
-def test_teeth_of_half_an_hour_and_more_are_flagged_only_until_their_kind_is_seen_given_back(
-    seed: int,
-) -> None:
-    # Teeth of 30-45 minutes: a tooth freed is a climb given back on the 20- and 40-minute
-    # scales, and the 10-minute scale that bears out the next tooth's start is part of the
-    # same tooth, though it saw no climb of its own given back (memory fell far below where
-    # its climb began).
-    t = np.arange(0.0, 8 * HOURS)
-    values = 8 * GIB + sawtooth_with_drifting_period(t, 1 * GIB, 1800, 2700, seed) + jitter(len(t))
-    estimator, share = growing_share(values)
-    assert estimator.spells <= 2 and share < 0.1
+    teeth = sawtooth_with_drifting_period(t, 1 * GIB, shortest_s, longest_s, seed)
+    estimator, share = growing_share(8 * GIB + teeth + jitter(len(t)))
+    assert estimator.spells <= most_spells and share < 0.1
 
 
 def test_a_spell_ends_as_soon_as_the_climb_it_stood_on_is_given_back() -> None:
