@@ -262,6 +262,22 @@ def test_a_fast_leak_soon_after_a_long_tooth_was_freed_is_flagged_once_it_climbs
     assert flagged_at is not None and flagged_at <= 6000 + 15 * 60
 
 
+@pytest.mark.parametrize("seed", [3, 5, 12])
+def test_fragmentation_creeping_and_given_back_is_not_read_as_stairs_on_the_ten_minute_scale(
+    seed: int,
+) -> None:
+    # Tune-side traces of creep (slowing, then freed) under a small sawtooth, which a
+    # 10-minute scale read as stairs would flag: stairs are read from the 20-minute scale up.
+    family = next(f for f in TUNE_FAMILIES if f.name == "fragmenting")
+    trace = make_trace(family, seed)
+    for values in [*trace.groups.values(), trace.other]:
+        estimator = GrowthEstimator(SETTINGS)
+        for start in range(0, len(trace.times), 60):
+            chunk = slice(start, start + 60)
+            estimator.add_many(trace.times[chunk], values[chunk])
+        assert estimator.spells == 0
+
+
 @pytest.mark.parametrize("steps", [2, 3])
 @pytest.mark.parametrize("apart_s", [300, 600, 1200])
 def test_a_few_steps_up_that_stay_are_not_growth_though_stairs_are_read(
