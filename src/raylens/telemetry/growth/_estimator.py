@@ -262,13 +262,11 @@ class _Climb:
     to sleep).
     """
 
-    __slots__ = ("base", "before", "highest", "settling", "top")
+    __slots__ = ("base", "before", "settling", "top")
 
     def __init__(self, base: float, top: float, before: float) -> None:
         self.base, self.top, self.before = base, top, min(before, base)
         self.settling = 0
-        #: The highest floor of the shortest scale seen while following: where the climb peaked.
-        self.highest = top
 
     def follow(self, floor: float) -> bool | None:
         """The next floor of the shortest scale: True once the climb is given back, False once
@@ -276,7 +274,6 @@ class _Climb:
 
         A fall passes through the band around ``before`` on its way down, so memory must go no
         lower for :data:`GIVE_BACK_SLICES` slices from the first floor in it."""
-        self.highest = max(self.highest, floor)
         reach = GIVE_BACK * (self.top - self.base)
         if floor < self.before - reach:
             return False
@@ -316,7 +313,6 @@ class GrowthEstimator:
         "_climbs",
         "_fresh_at",
         "_given_back_at",
-        "_given_back_climb",
         "_last_floor",
         "_readings",
         "_scales",
@@ -344,8 +340,6 @@ class GrowthEstimator:
         #: Each scale's fast climb being followed, and when one of its climbs was last given back.
         self._climbs: list[_Climb | None] = [None] * settings.levels
         self._given_back_at = [-_INF] * settings.levels
-        #: The largest climb given back on each scale within the longest scale, bytes.
-        self._given_back_climb = [0.0] * settings.levels
         #: Bytes left before the node's kill line, when whoever records knows it.
         self.room: float | None = None
         #: The node's phase boundaries, when they are marked (see :meth:`mark_phase`).
@@ -462,11 +456,7 @@ class GrowthEstimator:
                 continue
             self._climbs[level] = None
             if given_back:
-                if t - self._given_back_at[level] >= self._settings.longest_scale_s:
-                    self._given_back_climb[level] = 0.0
                 self._given_back_at[level] = t
-                climbed = climb.highest - climb.before
-                self._given_back_climb[level] = max(self._given_back_climb[level], climbed)
                 spell = self._spell_scale
                 if spell is not None and spell <= level and not self._longer_rises(level):
                     self._end_spell()
@@ -513,23 +503,15 @@ class GrowthEstimator:
         )
 
     def _quiet(self, level: int, t: float) -> bool:
-        """Whether the scale ``level`` may bear out a rise on a shorter one: it gave back no
-        climb within the longest scale, and neither did a longer scale, unless ``level`` has
-        since climbed more than that climb (so it is not climbing the way it did again).
+        """Whether the scale ``level`` may bear out a rise on a shorter one: neither it nor a
+        longer scale gave back a climb within the longest scale.
 
         A shorter scale's climbs are parts of a longer one's: inside a 40-minute tooth, a
         10-minute climb ends far above where memory falls, so it is dropped, never given back,
-        and the longer scale's give-back speaks for it.
+        and the longer scale's give-back speaks for it. The price: a leak that starts soon
+        after one long climb was freed waits for the scales longer than that climb's.
         """
-        longest = self._settings.longest_scale_s
-        if t - self._given_back_at[level] < longest:
-            return False
-        reading = self._readings[level]
-        climbed = reading.top - reading.base if reading is not None else 0.0
-        return all(
-            t - self._given_back_at[k] >= longest or climbed > self._given_back_climb[k]
-            for k in range(level + 1, len(self._scales))
-        )
+        return t - max(self._given_back_at[level:]) >= self._settings.longest_scale_s
 
     def _crossed_phase(self, span: float, t: float) -> bool:
         """Whether a rise read straight over the last ``span`` seconds went on across a phase

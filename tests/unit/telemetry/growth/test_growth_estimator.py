@@ -223,29 +223,35 @@ def test_a_leak_under_ten_minute_teeth_is_found_within_the_hour_in_the_stairs_it
 
 
 @pytest.mark.parametrize(
-    ("window_s", "levels"), [(40.0, 6), (300.0, 3)], ids=["shortest window", "three scales"]
+    ("window_s", "levels", "seeds"),
+    [(60.0, 6, 8), (300.0, 3, 4)],
+    ids=["one-minute window", "three scales"],
 )
 def test_flat_memory_under_heavy_jitter_is_not_read_as_stairs_with_a_short_window_or_few_scales(
-    window_s: float, levels: int
+    window_s: float, levels: int, seeds: int
 ) -> None:
-    # Stairs are checked at two points only. On scales of a few minutes (the shortest window
-    # allowed) jitter of 64 MiB puts floors there that line up with a climb of a few MiB/min;
-    # and the longest scale (the 20-minute one of three) needs no other to bear it out.
+    # Stairs are checked at two points only. On scales of a few minutes (a one-minute window
+    # makes its third scale four minutes long) jitter of 64 MiB puts floors there that line up
+    # with a climb of a few MiB/min; and the longest scale (the 20-minute one of three) needs
+    # no other to bear it out.
     t = np.arange(0.0, 8 * HOURS)
     spells = 0
-    for seed in range(4):
+    for seed in range(seeds):
         estimator = GrowthEstimator(GrowthSettings(window_s=window_s, levels=levels))
         values = 8 * GIB + jitter(len(t), 64 * MIB, seed)
         for start in range(0, len(t), 60):
             estimator.add_many(t[start : start + 60], values[start : start + 60])
         spells += estimator.spells
-    assert spells <= 1  # one seed at the shortest window, as before stairs were read
+    assert spells == 0
 
 
-def test_a_fast_leak_soon_after_a_long_tooth_was_freed_is_flagged_once_it_climbs_past_it() -> None:
-    # A 1 GiB climb over 40 minutes, freed: the 20- and 40-minute scales gave it back. Five
-    # minutes later a 200 MiB/min leak starts; the 10-minute scale has climbed more than the
-    # tooth did within minutes, so it is not that climb again and may bear out the leak.
+def test_a_leak_soon_after_a_long_tooth_was_freed_waits_for_the_scales_longer_than_the_tooth() -> (
+    None
+):
+    # A 1 GiB climb over 40 minutes, freed: the 20- and 40-minute scales gave it back, so
+    # neither they nor the shorter ones bear out a rise for 160 minutes (the next tooth would
+    # climb the same way). Five minutes later a 200 MiB/min leak starts: the 80- and
+    # 160-minute scales find it, about 75 minutes on, and not before.
     t = np.arange(0.0, 5 * HOURS)
     tooth = np.where((t >= 3300) & (t < 5700), (t - 3300) / 2400 * GIB, 0.0)
     leak = np.clip(t - 6000, 0.0, None) * 200 * MIB_MIN
@@ -257,9 +263,8 @@ def test_a_fast_leak_soon_after_a_long_tooth_was_freed_is_flagged_once_it_climbs
         since = estimator.growing_since
         if flagged_at is None and since is not None and since > 6000:
             flagged_at = since
-    # The tooth itself is flagged while it climbs (nothing like it was given back before).
-    assert estimator.spells == 2 and estimator.growing
-    assert flagged_at is not None and flagged_at <= 6000 + 15 * 60
+    assert estimator.growing
+    assert flagged_at is not None and 6000 + 30 * 60 <= flagged_at <= 6000 + 90 * 60
 
 
 @pytest.mark.parametrize("seed", [3, 5, 12])
