@@ -22,13 +22,14 @@ when memory gives back a fast rise read on the spell's scale or a longer one (``
 it falls back to about where memory was before the rise and no lower for a minute, which a
 leak never does. A series that gave back such a climb within the longest scale (a sawtooth
 whose teeth last 10 or 40 minutes, the object store filled and freed phase after phase) needs
-the confirmation of scales longer than the one that gave it back. Its rate is the longest rising scale's, or a longer scale's lying
-within the spell where that climbs slower (``_spell_rate``).
+the confirmation of scales longer than the one that gave it back. Its rate is the longest
+rising scale's, or a longer scale's lying within the spell where that climbs slower
+(``_spell_rate``).
 
 Invariants a maintainer must keep: no clock is read (times are the caller's); memory per
 series is fixed (``levels`` x :data:`FLOORS` pairs of floats and a climb per scale), and a
-node's phase marks are bounded (:data:`MAX_PHASE_MARKS`); feeding samples one at a time or in arrays gives the same
-figures, with each phase mark placed between the same samples.
+node's phase marks are bounded (:data:`MAX_PHASE_MARKS`); feeding samples one at a time or in
+arrays gives the same figures, with each phase mark placed between the same samples.
 """
 
 from __future__ import annotations
@@ -284,12 +285,14 @@ class _Climb:
 
 
 class _Scale:
-    """One scale's open slice and its last :data:`FLOORS` closed ones."""
+    """One scale's open slice and its last :data:`FLOORS` closed ones; ``stairs`` whether it
+    reads a ratchet climbing in stairs (see :data:`STAIRS_FROM_S`)."""
 
-    __slots__ = ("floors", "high", "highs", "index", "low", "width")
+    __slots__ = ("floors", "high", "highs", "index", "low", "stairs", "width")
 
-    def __init__(self, width: float) -> None:
+    def __init__(self, width: float, *, stairs: bool) -> None:
         self.width = width
+        self.stairs = stairs
         self.index: int | None = None
         self.low = _INF
         self.high = -_INF
@@ -332,7 +335,12 @@ class GrowthEstimator:
     def __init__(self, settings: GrowthSettings) -> None:
         self._settings = settings
         first = settings.window_s / FLOORS
-        self._scales = [_Scale(first * (1 << k)) for k in range(settings.levels)]
+        widths = [first * (1 << k) for k in range(settings.levels)]
+        # The longest scale has none longer to bear out a reading as loose as stairs.
+        self._scales = [
+            _Scale(width, stairs=width * FLOORS >= STAIRS_FROM_S and width < widths[-1])
+            for width in widths
+        ]
         self._spell_scale: int | None = None
         self._readings: list[ScaleReading | None] = [None] * settings.levels
         self._fresh_at = -_INF
@@ -549,8 +557,7 @@ class GrowthEstimator:
 
     def _judge(self, level: int, t: float) -> None:
         scale = self._scales[level]
-        stairs = scale.width * FLOORS >= STAIRS_FROM_S and level < len(self._scales) - 1
-        reading = _read(scale.floors, scale.highs, scale.width, self._settings, stairs=stairs)
+        reading = _read(scale.floors, scale.highs, scale.width, self._settings, stairs=scale.stairs)
         if reading is None:
             return
         self._readings[level] = reading
