@@ -390,10 +390,13 @@ def measure(families: tuple[Family, ...], seeds: int, benign_seeds: int, label: 
     print(f"\nraylens CPU: {cpu:.1f} s for all traces ({benign_hours:.0f}+ node-hours at 1 s)")
 
 
-def _teeth(t: np.ndarray, seed: int, amount: float, periods: tuple[float, float]) -> np.ndarray:
-    """An 8 GiB series with teeth of ``amount`` lasting ``periods`` seconds, 8 MiB of jitter."""
+def _teeth(
+    t: np.ndarray, seed: int, heights: tuple[float, float], periods: tuple[float, float]
+) -> np.ndarray:
+    """An 8 GiB series with teeth climbing ``heights`` bytes (drawn for each tooth) over
+    ``periods`` seconds, 8 MiB of jitter."""
     rng = np.random.default_rng(seed)
-    values = 8 * GIB + sawtooth(t, rng, amount, amount, periods)
+    values = 8 * GIB + sawtooth(t, rng, *heights, periods)
     return values + rng.normal(0.0, 8 * MIB, len(t))
 
 
@@ -414,12 +417,19 @@ def slow_teeth(seeds: int) -> None:
         "\n## slow teeth, no leak: spells per 8 h on one series and the share of minutes flagged"
         " growing (8 GiB base, 8 MiB jitter)\n"
     )
-    print("| teeth last | 1 GiB | 4 GiB |")
-    print("|---|---:|---:|")
+    print("| teeth last | 1 GiB | 4 GiB | 0.2-2 GiB, tooth by tooth |")
+    print("|---|---:|---:|---:|")
     t = np.arange(0.0, 8 * 3600.0)
-    for periods in ((30.0, 300.0), (300.0, 900.0), (540.0, 660.0), (1800.0, 2700.0)):
+    heights = ((1 * GIB, 1 * GIB), (4 * GIB, 4 * GIB), (0.2 * GIB, 2 * GIB))
+    for periods in (
+        (30.0, 300.0),
+        (180.0, 600.0),
+        (300.0, 900.0),
+        (540.0, 660.0),
+        (1800.0, 2700.0),
+    ):
         cells = []
-        for amount in (1 * GIB, 4 * GIB):
+        for amount in heights:
             spells, shares = [], []
             for seed in range(seeds):
                 minutes_growing, spells_seen = 0, 0
@@ -440,7 +450,9 @@ def slow_teeth(seeds: int) -> None:
         delays = []
         for seed in range(seeds):
             leak = np.clip(t - 3600.0, 0.0, None) * rate * MIB_MIN
-            for now, estimator in _minutes(t, _teeth(t, seed, 1 * GIB, (540.0, 660.0)) + leak):
+            for now, estimator in _minutes(
+                t, _teeth(t, seed, (1 * GIB, 1 * GIB), (540.0, 660.0)) + leak
+            ):
                 if estimator.growing_since is not None and estimator.growing_since >= 3600.0:
                     delays.append(now - 3600.0)
                     break

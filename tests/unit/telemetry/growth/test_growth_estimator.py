@@ -162,6 +162,30 @@ def test_teeth_of_a_quarter_to_three_quarters_of_an_hour_are_flagged_only_until_
     assert estimator.spells <= most_spells and share < 0.1
 
 
+def test_teeth_of_three_to_ten_minutes_and_varying_height_are_not_growth_once_one_is_freed() -> (
+    None
+):
+    # A collector's heap: each tooth climbs 0.2-2 GiB over 3-10 minutes and is freed. A tall
+    # tooth after a short one reads, on the 5-minute scale, as a fast climb the 10-minute scale
+    # bears out, though the 5-minute scale saw the tooth before it given back. Only the first
+    # teeth, before one has been seen freed, may be flagged.
+    t = np.arange(0.0, 3 * HOURS)
+    late_spells = []
+    for seed in range(12):
+        teeth = teeth_of_varying_height(t, 0.2 * GIB, 2 * GIB, 180, 600, seed)
+        estimator = GrowthEstimator(SETTINGS)
+        values = 8 * GIB + teeth + jitter(len(t), seed=seed)
+        spells = 0
+        for start in range(0, len(t), 60):
+            estimator.add_many(t[start : start + 60], values[start : start + 60])
+            if estimator.spells != spells:
+                spells = estimator.spells
+                assert estimator.growing_since is not None
+                if estimator.growing_since > 1800:
+                    late_spells.append((seed, estimator.growing_since))
+    assert late_spells == []
+
+
 def test_a_spell_ends_as_soon_as_the_climb_it_stood_on_is_given_back() -> None:
     # A climb of 200 MiB/min for half an hour, held for ten minutes, then freed: it is a leak
     # until it is freed, and not growth once memory has stayed back for a minute (four slices
@@ -449,6 +473,23 @@ def sawtooth_with_drifting_period(
         period = int(rng.uniform(shortest, longest))
         span = min(period, len(t) - at)
         out[at : at + span] = np.arange(span) / period * amount
+        at += span
+    return out
+
+
+def teeth_of_varying_height(
+    t: np.ndarray, lowest: float, highest: float, shortest: float, longest: float, seed: int
+) -> np.ndarray:
+    """A heap climbing by ``lowest``-``highest`` bytes and released, each tooth
+    ``shortest``-``longest`` s."""
+    rng = np.random.default_rng(seed)
+    out = np.empty(len(t))
+    at = 0
+    while at < len(t):
+        period = int(rng.uniform(shortest, longest))
+        height = rng.uniform(lowest, highest)
+        span = min(period, len(t) - at)
+        out[at : at + span] = np.arange(span) / period * height
         at += span
     return out
 
