@@ -22,9 +22,10 @@ when memory gives back a fast rise read on the spell's scale or a longer one (``
 it falls back to about where memory was before the rise and no lower for a minute, which a
 leak never does. A series that gave back such a climb within the longest scale (a sawtooth
 whose teeth last 10 or 40 minutes, the object store filled and freed phase after phase) needs
-the confirmation of scales longer than the one that gave it back; a scale that gave one back
-within the span of the next is not taken at its word on a fast rise either (the next tooth of
-a sawtooth whose teeth vary in height can climb straight for longer). Its rate is the longest
+the confirmation of scales longer than the one that gave it back; the shortest scale, which
+bears out none, is not taken at its word on a fast rise within the next scale's span after it
+gave one back (the next tooth of a sawtooth whose teeth vary in height can climb straight for
+longer). Its rate is the longest
 rising scale's, or a longer scale's lying within the spell where that climbs slower
 (``_spell_rate``).
 
@@ -458,7 +459,7 @@ class GrowthEstimator:
         """A closed slice's floor of the shortest scale, against every followed climb. A climb
         given back on a scale that bears out others ends a spell started on its scale or a
         shorter one, unless a longer scale still rises (a slow leak under long teeth). On the
-        shortest scale it only holds that scale's fast way back (``_confirmed``): a climb of a
+        shortest scale it only holds that scale's own fast way back (``_confirmed``): a climb of a
         few minutes given back can be a training phase's working set freed while a leak goes
         on."""
         for level, climb in enumerate(self._climbs):
@@ -502,11 +503,12 @@ class GrowthEstimator:
         within the longer one's span, the next must rise and the one after must not be levelling
         off. Either way, the scales that bear it out must be quiet (``_quiet``): what a scale
         saw climb and be given back (teeth, fills) is likely to come back, so growth there
-        needs the longer scales. The fast way also needs the scale ``level`` itself to have
-        given back no climb within the next one's span: a collector's teeth of a few minutes,
-        each of its own height, climb straight on a short scale tooth after tooth, and a tall
-        one after a short one is borne out by the next scale; a leak under them stops their
-        give-backs, and that scale's span after the last one the way is open again.
+        needs the longer scales. A rise on the shortest scale, whose give-backs hold back no
+        scale below it, also needs that scale to have given back no climb within the next
+        one's span to go the fast way: a collector's teeth of a few minutes, each of its own
+        height, climb straight on it tooth after tooth, and a tall one after a short one is
+        borne out by the next scale. A fast leak under such teeth stops their give-backs; under
+        a slower one they go on, and the first way (two longer scales) finds it.
         """
         longer = self._readings[level + 1 : level + 1 + CONFIRMING]
         quiet = [self._quiet(k, t) for k in range(level + 1, level + 1 + len(longer))]
@@ -522,7 +524,7 @@ class GrowthEstimator:
             and (self._readings[level] or outer).rate >= FAST * self._settings.grow_slow
             and self._crossed_phase(longer[0].scale_s, t)
             and quiet[0]
-            and t - self._given_back_at[level] >= longer[0].scale_s
+            and (level > 0 or t - self._given_back_at[0] >= longer[0].scale_s)
         )
 
     def _quiet(self, level: int, t: float) -> bool:

@@ -186,6 +186,29 @@ def test_teeth_of_three_to_ten_minutes_and_varying_height_are_not_growth_once_on
     assert late_spells == []
 
 
+def test_a_leak_under_teeth_of_ten_to_thirty_minutes_is_not_held_back_by_longer_scales_own_give_backs() -> (
+    None
+):
+    # Only the shortest scale waits after giving a climb back: the longer ones' give-backs
+    # already hold back the scales below them, and holding them back too kept a 50 MiB/min
+    # leak under such teeth waiting for the 80- and 160-minute scales (a median of 53 minutes).
+    t = np.arange(0.0, 5 * HOURS)
+    leak_from = 2 * HOURS
+    delays = []
+    for seed in range(10):
+        teeth = teeth_of_varying_height(t, 0.2 * GIB, 2 * GIB, 600, 1800, seed)
+        leak = np.clip(t - leak_from, 0.0, None) * 50 * MIB_MIN
+        values = 8 * GIB + teeth + leak + jitter(len(t), seed=seed)
+        estimator = GrowthEstimator(SETTINGS)
+        for start in range(0, len(t), 60):
+            estimator.add_many(t[start : start + 60], values[start : start + 60])
+            since = estimator.growing_since
+            if since is not None and since >= leak_from:
+                delays.append(t[start + 59] - leak_from)
+                break
+    assert len(delays) == 10 and float(np.median(delays)) <= 40 * 60
+
+
 def test_a_spell_ends_as_soon_as_the_climb_it_stood_on_is_given_back() -> None:
     # A climb of 200 MiB/min for half an hour, held for ten minutes, then freed: it is a leak
     # until it is freed, and not growth once memory has stayed back for a minute (four slices
