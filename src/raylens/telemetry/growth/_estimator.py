@@ -25,9 +25,9 @@ whose teeth last 10 or 40 minutes, the object store filled and freed phase after
 the confirmation of scales longer than the one that gave it back; the shortest scale, which
 bears out none, is not taken at its word on a fast rise within the next scale's span after it
 gave one back (the next tooth of a sawtooth whose teeth vary in height can climb straight for
-longer). Its rate is the longest
-rising scale's, or a longer scale's lying within the spell where that climbs slower
-(``_spell_rate``).
+longer). Its rate is the longest rising scale's no longer than the growth is known to span (the
+longest scale rising when the spell started, plus the spell's age), or a longer scale's lying
+within the spell where that climbs slower (``_spell_rate``).
 
 Invariants a maintainer must keep: no clock is read (times are the caller's); memory per
 series is fixed (``levels`` x :data:`FLOORS` pairs of floats and a climb per scale), and a
@@ -324,6 +324,7 @@ class GrowthEstimator:
         "_scales",
         "_settings",
         "_spell_scale",
+        "_spell_span",
         "growing_since",
         "growth",
         "last_time",
@@ -345,6 +346,9 @@ class GrowthEstimator:
             for width in widths
         ]
         self._spell_scale: int | None = None
+        #: The longest scale that rose when the spell started: how long the growth was known
+        #: to have gone on then.
+        self._spell_span = 0.0
         self._readings: list[ScaleReading | None] = [None] * settings.levels
         self._fresh_at = -_INF
         self._last_floor = -_INF
@@ -591,6 +595,7 @@ class GrowthEstimator:
             self._spell_scale = level
             self.growing_since = t
             self.spells += 1
+            self._spell_span = max(r.scale_s for r in self._readings if r is not None and r.rises)
         elif level == self._spell_scale and not reading.rises:
             calm = self._settings.calm
             stalled = all(
@@ -600,7 +605,11 @@ class GrowthEstimator:
                 self._end_spell()
         rising = [r for r in self._readings if r is not None and r.rises]
         if self._spell_scale is not None and rising:
-            longest = rising[-1]
+            assert self.growing_since is not None
+            # A longer scale than the growth is known to span reads, when it rises, mostly
+            # what came before (a slow climb, a restart's warm-up) and understates the rate.
+            known = t - self.growing_since + self._spell_span
+            longest = ([r for r in rising if r.scale_s <= known] or rising[:1])[-1]
             if not longest.straight and longest.stair_rate > longest.rate:
                 # Stairs keep to the line only roughly: stairs that began part-way along the
                 # first segment climb slower over the whole scale than after that segment.

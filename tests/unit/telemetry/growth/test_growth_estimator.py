@@ -464,6 +464,34 @@ def test_a_leak_that_pauses_between_training_phases_keeps_one_spell(seed: int) -
     assert len(growing) > 60 and all(growing)
 
 
+@pytest.mark.parametrize("seed", [0, 1, 2, 3])
+def test_a_leak_an_hour_after_a_slow_warm_up_is_given_its_own_rate_not_the_longest_scales(
+    seed: int,
+) -> None:
+    # Arenas warming up by 1 GiB over the first hour or two, a 20-200 s heap sawtooth, and a
+    # 50 MiB/min leak from the 70th-85th minute. Ten minutes after the flag the 80-minute
+    # scale can rise too, in stairs, mostly on the warm-up: about a fifth of the leak's rate.
+    t = np.arange(0.0, 4 * HOURS)
+    rate = 50 * MIB_MIN
+    leak_from = 4200.0 + 300.0 * seed
+    warm_up = 1 * GIB * (1.0 - np.exp(-t / 2400.0))
+    heap = sawtooth_with_drifting_period(t, 0.5 * GIB, 20, 200, seed)
+    leak = np.clip(t - leak_from, 0.0, None) * rate
+    values = 8 * GIB + warm_up + heap + leak + jitter(len(t), seed=seed)
+    estimator = GrowthEstimator(SETTINGS)
+    flagged_at = None
+    for start in range(0, len(t), 60):
+        estimator.add_many(t[start : start + 60], values[start : start + 60])
+        now = float(t[start + 59])
+        since = estimator.growing_since
+        if flagged_at is None and since is not None and since >= leak_from:
+            flagged_at = now
+        if flagged_at is not None and now - flagged_at >= 600:
+            break
+    assert flagged_at is not None and estimator.growing
+    assert estimator.rate == pytest.approx(rate, rel=0.25)
+
+
 def test_a_leak_climbing_in_stairs_is_given_its_rate_over_the_stairs_not_within_one() -> None:
     # A tune-side trace whose leak runs only while training: ten minutes after the flag, the
     # shortest rising scale lies inside one training phase and climbs at about twice the
