@@ -460,6 +460,45 @@ def slow_teeth(seeds: int) -> None:
     print("| raylens | " + " | ".join(cells) + " |")
 
 
+def tune_workload_leaks(seeds: int) -> None:
+    """Leaks that start mid-run or run only while training, under every tune-side workload
+    (the tune families carry only three of these pairings): how soon each is found and how
+    close its rate is ten minutes after the flag. Tune side only: the test workloads keep
+    their own leaks."""
+    print(
+        "\n## leaks under every tune workload: found, median minutes to the flag, rate within"
+        " 25 % ten minutes on (5, 20, 50 and 200 MiB/min)\n"
+    )
+    print("| workload | leak | found | latency (median) | rate within 25 % |")
+    print("|---|---|---:|---:|---:|")
+    totals = [0, 0]
+    for workload in (f for f in TUNE_FAMILIES if f.leak is None):
+        for kind in ("mid_run", "training"):
+            family = Family(f"x_{workload.name}_{kind}", workload.workload, 4.0, leak=kind)
+            found, delays, close, rated = 0, [], 0, 0
+            for rate in (5.0, 20.0, 50.0, 200.0):
+                for seed in range(seeds):
+                    trace = make_trace(family, 2000 + seed, leak_rate_mib_min=rate)
+                    outcome = run_raylens(trace)
+                    if outcome.first_right is None:
+                        continue
+                    found += 1
+                    delays.append(outcome.first_right - trace.leak_start)
+                    if AFTER_FLAG_S in outcome.rate_at:
+                        rated += 1
+                        got = outcome.rate_at[AFTER_FLAG_S]
+                        close += got is not None and abs(got - trace.leak_rate) <= (
+                            0.25 * trace.leak_rate
+                        )
+            totals[0] += close
+            totals[1] += rated
+            print(
+                f"| {workload.name} | {kind} | {found}/{4 * seeds} | {_fmt_min(_median(delays))}"
+                f" | {close}/{rated} |"
+            )
+    print(f"\nrate within 25 % ten minutes after the flag: {totals[0]} of {totals[1]} detections")
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--side", choices=("test", "tune", "both"), default="test")
@@ -470,7 +509,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--slow-teeth", action="store_true", help="only the sweep of slow teeth without a leak"
     )
+    parser.add_argument(
+        "--tune-workload-leaks",
+        action="store_true",
+        help="only leaks mid-run and while training under every tune workload (3 seeds each)",
+    )
     args = parser.parse_args(argv)
+    if args.tune_workload_leaks:
+        tune_workload_leaks(3)
+        return 0
     if args.slow_teeth:
         slow_teeth(args.seeds)
         return 0
