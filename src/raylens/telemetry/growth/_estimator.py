@@ -26,8 +26,9 @@ the confirmation of scales longer than the one that gave it back; the shortest s
 bears out none, is not taken at its word on a fast rise within the next scale's span after it
 gave one back (the next tooth of a sawtooth whose teeth vary in height can climb straight for
 longer). Its rate is the longest rising scale's no longer than the growth is known to span (the
-longest scale rising when the spell started, plus the spell's age), or a longer scale's lying
-within the spell where that climbs slower (``_spell_rate``).
+longest scale rising when the spell started, plus the spell's age), or, where that is shorter
+than 20 minutes, a longer one's that keeps to its line at every slice; or a longer scale's
+lying within the spell where that climbs slower (``_spell_rate``).
 
 Invariants a maintainer must keep: no clock is read (times are the caller's); memory per
 series is fixed (``levels`` x :data:`FLOORS` pairs of floats and a climb per scale), and a
@@ -306,9 +307,9 @@ class _Scale:
 class GrowthEstimator:
     """Growth, the growing state and its rate for one series, fed samples in time order.
 
-    ``growth`` is the rate (bytes/s, never negative: memory given back reads 0) of the
-    shortest scale read, the longest rising one's while growing; None until the shortest
-    scale holds enough slices. ``rate`` is the growing series' rate, None while not growing.
+    ``growth`` is the rate (bytes/s, never negative: memory given back reads 0): while
+    growing, the spell's rate; else the slowest scale's; None until the shortest scale holds
+    enough slices. ``rate`` is the growing series' rate, None while not growing.
     ``peak`` is the highest sample of the recent scales (what recurs, so what reaches a kill
     line first). ``spells`` counts the times it started growing. ``room``, set by whoever
     records, is the bytes left before the node's kill line: growth that would use it up within
@@ -596,6 +597,9 @@ class GrowthEstimator:
             self.growing_since = t
             self.spells += 1
             self._spell_span = max(r.scale_s for r in self._readings if r is not None and r.rises)
+        elif t == self.growing_since and reading.rises:
+            # A longer scale read as the spell starts (its slice closed with the same sample).
+            self._spell_span = max(self._spell_span, reading.scale_s)
         elif level == self._spell_scale and not reading.rises:
             calm = self._settings.calm
             stalled = all(
@@ -606,10 +610,19 @@ class GrowthEstimator:
         rising = [r for r in self._readings if r is not None and r.rises]
         if self._spell_scale is not None and rising:
             assert self.growing_since is not None
-            # A longer scale than the growth is known to span reads, when it rises, mostly
-            # what came before (a slow climb, a restart's warm-up) and understates the rate.
+            # A scale longer than the growth is known to span reads mostly what came before
+            # (a slow climb, a restart's warm-up) and understates the rate...
             known = t - self.growing_since + self._spell_span
             longest = ([r for r in rising if r.scale_s <= known] or rising[:1])[-1]
+            if longest.scale_s < STAIRS_FROM_S:
+                # ...but where that leaves a scale short enough to read one tooth or phase, a
+                # longer one keeping to its line at every slice is taken at its word: after a
+                # late flag it reads the growth itself.
+                longest = max(
+                    (r for r in rising if r.straight and r.scale_s > longest.scale_s),
+                    key=lambda r: r.scale_s,
+                    default=longest,
+                )
             if not longest.straight and longest.stair_rate > longest.rate:
                 # Stairs keep to the line only roughly: stairs that began part-way along the
                 # first segment climb slower over the whole scale than after that segment.

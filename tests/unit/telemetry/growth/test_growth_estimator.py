@@ -470,7 +470,8 @@ def test_a_leak_an_hour_after_a_slow_warm_up_is_given_its_own_rate_not_the_longe
 ) -> None:
     # Arenas warming up by 1 GiB over the first hour or two, a 20-200 s heap sawtooth, and a
     # 50 MiB/min leak from the 70th-85th minute. Ten minutes after the flag the 80-minute
-    # scale can rise too, in stairs, mostly on the warm-up: about a fifth of the leak's rate.
+    # scale can rise too, mostly on the warm-up (in stairs, or, with seed 0, keeping to its
+    # line): about a fifth of the leak's rate.
     t = np.arange(0.0, 4 * HOURS)
     rate = 50 * MIB_MIN
     leak_from = 4200.0 + 300.0 * seed
