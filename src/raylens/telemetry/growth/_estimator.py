@@ -26,9 +26,8 @@ the confirmation of scales longer than the one that gave it back; the shortest s
 bears out none, is not taken at its word on a fast rise within the next scale's span after it
 gave one back (the next tooth of a sawtooth whose teeth vary in height can climb straight for
 longer). Its rate is the longest rising scale's no longer than the growth is known to span (the
-longest scale rising when the spell started, plus the spell's age), or, where that is shorter
-than 20 minutes, a longer one's that keeps to its line at every slice; or a longer scale's
-lying within the spell where that climbs slower (``_spell_rate``).
+longest scale rising when the spell started, plus the spell's age), or a longer scale's lying
+within the spell where that climbs slower (``_spell_rate``).
 
 Invariants a maintainer must keep: no clock is read (times are the caller's); memory per
 series is fixed (``levels`` x :data:`FLOORS` pairs of floats and a climb per scale), and a
@@ -611,18 +610,10 @@ class GrowthEstimator:
         if self._spell_scale is not None and rising:
             assert self.growing_since is not None
             # A scale longer than the growth is known to span reads mostly what came before
-            # (a slow climb, a restart's warm-up) and understates the rate...
+            # (a slow climb, a restart's warm-up) and understates the rate; a shorter one
+            # may overstate it for a while (one tooth or phase), which errs towards warning.
             known = t - self.growing_since + self._spell_span
             longest = ([r for r in rising if r.scale_s <= known] or rising[:1])[-1]
-            if longest.scale_s < STAIRS_FROM_S:
-                # ...but where that leaves a scale short enough to read one tooth or phase, a
-                # longer one keeping to its line at every slice is taken at its word: after a
-                # late flag it reads the growth itself.
-                longest = max(
-                    (r for r in rising if r.straight and r.scale_s > longest.scale_s),
-                    key=lambda r: r.scale_s,
-                    default=longest,
-                )
             if not longest.straight and longest.stair_rate > longest.rate:
                 # Stairs keep to the line only roughly: stairs that began part-way along the
                 # first segment climb slower over the whole scale than after that segment.

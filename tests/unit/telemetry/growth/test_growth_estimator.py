@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 
 from raylens.simulation.trace_families import TUNE_FAMILIES, make_trace
+from raylens.simulation.trace_families import sawtooth as trace_sawtooth
 from raylens.telemetry.growth import GrowthEstimator, GrowthSettings
 
 MIB = float(1 << 20)
@@ -464,33 +465,60 @@ def test_a_leak_that_pauses_between_training_phases_keeps_one_spell(seed: int) -
     assert len(growing) > 60 and all(growing)
 
 
-@pytest.mark.parametrize("seed", [0, 1, 2, 3])
-def test_a_leak_an_hour_after_a_slow_warm_up_is_given_its_own_rate_not_the_longest_scales(
-    seed: int,
-) -> None:
+def test_a_leak_an_hour_after_a_slow_warm_up_is_given_its_own_rate_not_the_longest_scales() -> None:
     # Arenas warming up by 1 GiB over the first hour or two, a 20-200 s heap sawtooth, and a
-    # 50 MiB/min leak from the 70th-85th minute. Ten minutes after the flag the 80-minute
-    # scale can rise too, mostly on the warm-up (in stairs, or, with seed 0, keeping to its
-    # line): about a fifth of the leak's rate.
-    t = np.arange(0.0, 4 * HOURS)
+    # 50 MiB/min leak from the 70th-85th minute. Some 10-15 minutes after the flag the 80-minute
+    # scale rises too, mostly on the warm-up, at about a fifth of the leak's rate: taken as the
+    # rate it held for four minutes in every seed. A minute here and there still reads it.
     rate = 50 * MIB_MIN
-    leak_from = 4200.0 + 300.0 * seed
-    warm_up = 1 * GIB * (1.0 - np.exp(-t / 2400.0))
-    heap = sawtooth_with_drifting_period(t, 0.5 * GIB, 20, 200, seed)
-    leak = np.clip(t - leak_from, 0.0, None) * rate
-    values = 8 * GIB + warm_up + heap + leak + jitter(len(t), seed=seed)
+    t = np.arange(0.0, 4 * HOURS)
+    under_half = minutes = 0
+    for seed in range(4):
+        leak_from = 4200.0 + 300.0 * seed
+        warm_up = 1 * GIB * (1.0 - np.exp(-t / 2400.0))
+        heap = sawtooth_with_drifting_period(t, 0.5 * GIB, 20, 200, seed)
+        leak = np.clip(t - leak_from, 0.0, None) * rate
+        values = 8 * GIB + warm_up + heap + leak + jitter(len(t), seed=seed)
+        estimator = GrowthEstimator(SETTINGS)
+        flagged_at = None
+        for start in range(0, len(t), 60):
+            estimator.add_many(t[start : start + 60], values[start : start + 60])
+            now = float(t[start + 59])
+            since = estimator.growing_since
+            if flagged_at is None and since is not None and since >= leak_from:
+                flagged_at = now
+            if flagged_at is not None and now - flagged_at <= 1200:
+                assert estimator.growing and estimator.rate is not None
+                minutes += 1
+                under_half += estimator.rate < 0.5 * rate
+        assert flagged_at is not None
+    # 20 of 84 minutes when the longest rising scale gave the rate.
+    assert minutes == 84 and under_half <= 5
+
+
+def test_a_spell_knows_the_longer_scales_that_rose_with_the_sample_that_started_it() -> None:
+    # A 100 MiB/min leak under two heap sawtooths (20-600 s, 3-10 min): the spell starts on
+    # the 10-minute scale, and the 20- and 40-minute scales rise when their slices close with
+    # the same sample. Counted in what the spell is known to span, they give the rate; left
+    # out, the 5- and 10-minute scales read one tooth, at twice the leak's rate.
+    rng = np.random.default_rng(8 * 1000 + 9)
+    rate = float(rng.choice([5, 10, 20, 50, 100, 200])) * MIB_MIN
+    leak_from = rng.uniform(1800, 7200)
+    t = np.arange(0.0, leak_from + 150 * 60 + 3600)
+    values = 8 * GIB + trace_sawtooth(t, rng, 0.05 * GIB, 0.5 * GIB, (20, 600))
+    values = values + rng.normal(0.0, rng.uniform(8, 128) * MIB, len(t))
+    values = values + trace_sawtooth(t, rng, 0.5 * GIB, 2 * GIB, (180, 600))
+    values = values + np.clip(t - leak_from, 0.0, None) * rate
     estimator = GrowthEstimator(SETTINGS)
-    flagged_at = None
+    rates = []
     for start in range(0, len(t), 60):
         estimator.add_many(t[start : start + 60], values[start : start + 60])
-        now = float(t[start + 59])
-        since = estimator.growing_since
-        if flagged_at is None and since is not None and since >= leak_from:
-            flagged_at = now
-        if flagged_at is not None and now - flagged_at >= 600:
-            break
-    assert flagged_at is not None and estimator.growing
-    assert estimator.rate == pytest.approx(rate, rel=0.25)
+        if estimator.growing_since is not None:
+            rates.append(estimator.rate)
+            if len(rates) == 3:
+                break
+    assert rate == 100 * MIB_MIN and len(rates) == 3
+    assert all(r is not None and r == pytest.approx(rate, rel=0.25) for r in rates)
 
 
 def test_a_leak_climbing_in_stairs_is_given_its_rate_over_the_stairs_not_within_one() -> None:
