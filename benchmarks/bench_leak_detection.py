@@ -267,6 +267,11 @@ def traces(
                 yield family, make_trace(family, 1000 + seed, leak_rate_mib_min=rate)
 
 
+def _rate_close(got: float | None, trace: Trace) -> bool:
+    """Whether a reported rate is within 25 % of the trace's leak rate."""
+    return got is not None and abs(got - trace.leak_rate) <= 0.25 * trace.leak_rate
+
+
 def _median(values: list[float]) -> float | None:
     return statistics.median(values) if values else None
 
@@ -324,10 +329,7 @@ def measure(families: tuple[Family, ...], seeds: int, benign_seeds: int, label: 
                 for mark in (0.0, AFTER_FLAG_S):
                     if mark not in outcome.rate_at:
                         continue
-                    got = outcome.rate_at[mark]
-                    rate_ok[name][mark].append(
-                        got is not None and abs(got - trace.leak_rate) <= 0.25 * trace.leak_rate
-                    )
+                    rate_ok[name][mark].append(_rate_close(outcome.rate_at[mark], trace))
                     estimate, truth = outcome.ttl_at[mark]
                     ttl_present[name][mark].append(estimate is not None)
                     if estimate is not None and truth > 0:
@@ -429,11 +431,11 @@ def slow_teeth(seeds: int) -> None:
         (1800.0, 2700.0),
     ):
         cells = []
-        for amount in heights:
+        for height in heights:
             spells, shares = [], []
             for seed in range(seeds):
                 minutes_growing, spells_seen = 0, 0
-                for _, estimator in _minutes(t, _teeth(t, seed, amount, periods)):
+                for _, estimator in _minutes(t, _teeth(t, seed, height, periods)):
                     minutes_growing += estimator.growing
                     spells_seen = estimator.spells
                 spells.append(spells_seen)
@@ -486,10 +488,7 @@ def tune_workload_leaks(seeds: int) -> None:
                     delays.append(outcome.first_right - trace.leak_start)
                     if AFTER_FLAG_S in outcome.rate_at:
                         rated += 1
-                        got = outcome.rate_at[AFTER_FLAG_S]
-                        close += got is not None and abs(got - trace.leak_rate) <= (
-                            0.25 * trace.leak_rate
-                        )
+                        close += _rate_close(outcome.rate_at[AFTER_FLAG_S], trace)
             totals[0] += close
             totals[1] += rated
             print(

@@ -546,28 +546,21 @@ def sawtooth_with_drifting_period(
     t: np.ndarray, amount: float, shortest: float, longest: float, seed: int
 ) -> np.ndarray:
     """A heap climbing by ``amount`` and released, each tooth ``shortest``-``longest`` s."""
-    rng = np.random.default_rng(seed)
-    out = np.empty(len(t))
-    at = 0
-    while at < len(t):
-        period = int(rng.uniform(shortest, longest))
-        span = min(period, len(t) - at)
-        out[at : at + span] = np.arange(span) / period * amount
-        at += span
-    return out
+    return teeth_of_varying_height(t, amount, amount, shortest, longest, seed)
 
 
 def teeth_of_varying_height(
     t: np.ndarray, lowest: float, highest: float, shortest: float, longest: float, seed: int
 ) -> np.ndarray:
     """A heap climbing by ``lowest``-``highest`` bytes and released, each tooth
-    ``shortest``-``longest`` s."""
+    ``shortest``-``longest`` s (a height is drawn for each tooth only when they differ, so a
+    fixed height leaves the periods drawn as they were)."""
     rng = np.random.default_rng(seed)
     out = np.empty(len(t))
     at = 0
     while at < len(t):
         period = int(rng.uniform(shortest, longest))
-        height = rng.uniform(lowest, highest)
+        height = rng.uniform(lowest, highest) if highest > lowest else lowest
         span = min(period, len(t) - at)
         out[at : at + span] = np.arange(span) / period * height
         at += span
