@@ -34,13 +34,14 @@ tooth, without a leak (what the families leave out).
 from __future__ import annotations
 
 import argparse
+import functools
 import itertools
 import math
 import statistics
 import sys
 import time
 from collections import defaultdict
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -55,7 +56,14 @@ from raylens.simulation.trace_families import (
     make_trace,
     sawtooth,
 )
-from raylens.telemetry.growth import GrowthEstimator, GrowthSettings, MemoryHistory, kill_line
+from raylens.telemetry.growth import (
+    DEFAULT_GROWTH_WINDOW_S,
+    GrowthEstimator,
+    GrowthSettings,
+    MemoryHistory,
+    check_growth_window,
+    kill_line,
+)
 
 MIB_MIN = MIB / 60.0
 CHUNK_S = 60
@@ -88,8 +96,10 @@ def _ttl_truth(trace: Trace, upto: int, line: float) -> float:
     return max(0.0, (line - level) / trace.leak_rate)
 
 
-def run_raylens(trace: Trace, *, phases_marked: bool = False) -> Outcome:
-    history = MemoryHistory()
+def run_raylens(
+    trace: Trace, *, phases_marked: bool = False, settings: GrowthSettings | None = None
+) -> Outcome:
+    history = MemoryHistory(settings)
     line = kill_line(trace.total)
     assert line is not None
     outcome = Outcome()
@@ -237,17 +247,20 @@ def run_deriv(trace: Trace) -> Outcome:
     return outcome
 
 
-def run_raylens_with_phases(trace: Trace) -> Outcome:
-    return run_raylens(trace, phases_marked=True)
-
-
-DETECTORS = {
-    "raylens": run_raylens,
-    "raylens, phases marked": run_raylens_with_phases,
-    "predict_linear": run_predict_linear,
-    "deriv": run_deriv,
-}
+Detector = Callable[[Trace], Outcome]
 RAYLENS = ("raylens", "raylens, phases marked")
+
+
+def detectors(settings: GrowthSettings) -> dict[str, Detector]:
+    """The detectors compared, raylens judging with ``settings``."""
+    return {
+        "raylens": functools.partial(run_raylens, settings=settings),
+        "raylens, phases marked": functools.partial(
+            run_raylens, phases_marked=True, settings=settings
+        ),
+        "predict_linear": run_predict_linear,
+        "deriv": run_deriv,
+    }
 
 
 # --- the table ----------------------------------------------------------------------
@@ -291,10 +304,17 @@ def _median_latency(by_rate: dict[float, list[float | None]], rate: float) -> st
     return _fmt_min(_median(sorted(d if d is not None else math.inf for d in delays)))
 
 
-def measure(families: tuple[Family, ...], seeds: int, benign_seeds: int, label: str) -> None:
+def measure(
+    families: tuple[Family, ...],
+    seeds: int,
+    benign_seeds: int,
+    label: str,
+    settings: GrowthSettings,
+) -> None:
+    compared = detectors(settings)
     benign_hours = 0.0
-    totals: dict[str, dict[str, float]] = {d: defaultdict(float) for d in DETECTORS}
-    latency: dict[str, dict[float, list[float | None]]] = {d: defaultdict(list) for d in DETECTORS}
+    totals: dict[str, dict[str, float]] = {d: defaultdict(float) for d in compared}
+    latency: dict[str, dict[float, list[float | None]]] = {d: defaultdict(list) for d in compared}
     rate_ok: dict[str, dict[float, list[bool]]] = {d: {0.0: [], AFTER_FLAG_S: []} for d in RAYLENS}
     ttl_err: dict[str, dict[float, list[float]]] = {d: {0.0: [], AFTER_FLAG_S: []} for d in RAYLENS}
     ttl_present: dict[str, dict[float, list[bool]]] = {
@@ -307,7 +327,7 @@ def measure(families: tuple[Family, ...], seeds: int, benign_seeds: int, label: 
         leak = trace.leak_group is not None
         if not leak:
             benign_hours += trace.hours
-        for name, detector in DETECTORS.items():
+        for name, detector in compared.items():
             began = time.thread_time()
             outcome = detector(trace)
             if name == "raylens":
@@ -344,7 +364,7 @@ def measure(families: tuple[Family, ...], seeds: int, benign_seeds: int, label: 
         "latency 50 MiB/min | latency 5 MiB/min |"
     )
     print("|---|---:|---:|---:|---:|---:|---:|")
-    for name in DETECTORS:
+    for name in compared:
         tally = totals[name]
         by_rate = latency[name]
         big = [d for r, ds in by_rate.items() if r >= 5 for d in ds]
@@ -402,16 +422,18 @@ def _teeth(
     return values + rng.normal(0.0, 8 * MIB, len(t))
 
 
-def _minutes(t: np.ndarray, values: np.ndarray) -> Iterable[tuple[float, GrowthEstimator]]:
+def _minutes(
+    t: np.ndarray, values: np.ndarray, settings: GrowthSettings
+) -> Iterable[tuple[float, GrowthEstimator]]:
     """The estimator with the documented defaults after each minute of ``values``, and the
     minute's last time."""
-    estimator = GrowthEstimator(GrowthSettings())
+    estimator = GrowthEstimator(settings)
     for start in range(0, len(t), CHUNK_S):
         estimator.add_many(t[start : start + CHUNK_S], values[start : start + CHUNK_S])
         yield float(t[min(start + CHUNK_S, len(t)) - 1]), estimator
 
 
-def slow_teeth(seeds: int) -> None:
+def slow_teeth(seeds: int, settings: GrowthSettings) -> None:
     """Spells, and the share of minutes flagged growing, on memory that climbs for minutes and
     is freed, tooth after tooth, with no leak: memory the families leave out (their teeth last
     at most 5 minutes)."""
@@ -435,7 +457,7 @@ def slow_teeth(seeds: int) -> None:
             spells, shares = [], []
             for seed in range(seeds):
                 minutes_growing, spells_seen = 0, 0
-                for _, estimator in _minutes(t, _teeth(t, seed, height, periods)):
+                for _, estimator in _minutes(t, _teeth(t, seed, height, periods), settings):
                     minutes_growing += estimator.growing
                     spells_seen = estimator.spells
                 spells.append(spells_seen)
@@ -452,9 +474,8 @@ def slow_teeth(seeds: int) -> None:
         delays = []
         for seed in range(seeds):
             leak = np.clip(t - 3600.0, 0.0, None) * rate * MIB_MIN
-            for now, estimator in _minutes(
-                t, _teeth(t, seed, (1 * GIB, 1 * GIB), (540.0, 660.0)) + leak
-            ):
+            teeth = _teeth(t, seed, (1 * GIB, 1 * GIB), (540.0, 660.0))
+            for now, estimator in _minutes(t, teeth + leak, settings):
                 if estimator.growing_since is not None and estimator.growing_since >= 3600.0:
                     delays.append(now - 3600.0)
                     break
@@ -462,7 +483,7 @@ def slow_teeth(seeds: int) -> None:
     print("| raylens | " + " | ".join(cells) + " |")
 
 
-def tune_workload_leaks(seeds: int) -> None:
+def tune_workload_leaks(seeds: int, settings: GrowthSettings) -> None:
     """Leaks that start mid-run or run only while training, under every tune-side workload
     (the tune families carry only three of these pairings): how soon each is found and how
     close its rate is ten minutes after the flag. Tune side only: the test workloads keep
@@ -481,7 +502,7 @@ def tune_workload_leaks(seeds: int) -> None:
             for rate in (5.0, 20.0, 50.0, 200.0):
                 for seed in range(seeds):
                     trace = make_trace(family, 2000 + seed, leak_rate_mib_min=rate)
-                    outcome = run_raylens(trace)
+                    outcome = run_raylens(trace, settings=settings)
                     if outcome.first_right is None:
                         continue
                     found += 1
@@ -513,17 +534,32 @@ def main(argv: list[str] | None = None) -> int:
         action="store_true",
         help="only leaks mid-run and while training under every tune workload (3 seeds each)",
     )
+    parser.add_argument(
+        "--window",
+        type=float,
+        default=DEFAULT_GROWTH_WINDOW_S,
+        help="raylens' growth window in seconds, as RAYLENS_GROWTH_WINDOW sets it (default"
+        f" {DEFAULT_GROWTH_WINDOW_S:g}): what a shorter or a longer one gives and costs",
+    )
     args = parser.parse_args(argv)
+    try:
+        window = check_growth_window(args.window, name="--window")
+    except ValueError as error:
+        parser.error(str(error))
+    settings = GrowthSettings.from_env({}, window_s=window)
     if args.tune_workload_leaks:
-        tune_workload_leaks(3)
+        tune_workload_leaks(3, settings)
         return 0
     if args.slow_teeth:
-        slow_teeth(args.seeds)
+        slow_teeth(args.seeds, settings)
         return 0
-    if args.side in ("tune", "both"):
-        measure(TUNE_FAMILIES, args.seeds, args.benign_seeds, "tune families")
-    if args.side in ("test", "both"):
-        measure(TEST_FAMILIES, args.seeds, args.benign_seeds, "test families (never tuned on)")
+    note = "" if window == DEFAULT_GROWTH_WINDOW_S else f", {window:g} s window"
+    for side, families, label in (
+        ("tune", TUNE_FAMILIES, "tune families"),
+        ("test", TEST_FAMILIES, "test families (never tuned on)"),
+    ):
+        if args.side in (side, "both"):
+            measure(families, args.seeds, args.benign_seeds, label + note, settings)
     return 0
 
 
