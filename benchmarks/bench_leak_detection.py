@@ -126,7 +126,7 @@ def run_raylens(
             next_mark += 1
         start = a
         ends: list[tuple[int, float | None]] = [*marks, (b, None)]
-        for split, at in ends:
+        for split, boundary in ends:
             if split > start:
                 history.record_node_many(
                     "n",
@@ -134,8 +134,8 @@ def run_raylens(
                     trace.used[start:split],
                     {g: v[start:split] for g, v in trace.groups.items()},
                 )
-            if at is not None:
-                history.mark_phase("n", at)
+            if boundary is not None:
+                history.mark_phase("n", boundary)
             start = split
         view = history.node("n")
         assert view is not None
@@ -228,7 +228,8 @@ def run_predict_linear(trace: Trace) -> Outcome:
 
 def run_deriv(trace: Trace) -> Outcome:
     outcome = Outcome()
-    series = {**trace.groups, None: trace.other}
+    series: dict[str | None, np.ndarray] = {name: v for name, v in trace.groups.items()}
+    series[None] = trace.other
     for name, values in series.items():
         grid, scraped = _scraped(trace, values)
         per_min = 60 // SCRAPE_S
