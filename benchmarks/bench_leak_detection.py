@@ -579,13 +579,15 @@ def main(argv: list[str] | None = None) -> int:
     except ValueError as error:
         parser.error(str(error))
     settings = GrowthSettings.from_env({}, window_s=window)
+    note = "" if window == DEFAULT_GROWTH_WINDOW_S else f", {window:g} s window"
+    if note and (args.tune_workload_leaks or args.slow_teeth):
+        print(f"\nraylens judging with a {window:g} s growth window")
     if args.tune_workload_leaks:
         tune_workload_leaks(3, settings)
         return 0
     if args.slow_teeth:
         slow_teeth(args.seeds, settings)
         return 0
-    note = "" if window == DEFAULT_GROWTH_WINDOW_S else f", {window:g} s window"
     for side, families, label in (
         ("tune", TUNE_FAMILIES, "tune families"),
         ("test", TEST_FAMILIES, "test families (never tuned on)"),
